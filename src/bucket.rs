@@ -1,0 +1,242 @@
+//! The bucket as pure arithmetic: no atomics, no clock.
+//!
+//! A bucket of capacity `C` tokens refilled one token per `T` ns is stored as
+//! one number, its *theoretical arrival time* `tat` (GCRA): the instant at
+//! which the bucket will be full again. At time `now` its debt is
+//! `max(0, tat - now)` ns and it holds `C - ceil(debt / T)` whole tokens, so
+//! `tat` is exactly a fixed-point token counter (`(now + C*T - tat) / T`
+//! tokens, in units of 1/T) fused with its refill stamp. DESIGN.md shows the
+//! equivalence. A state `tat <= now` is a *full* bucket, which is the same
+//! as no bucket at all; the value 0 is therefore the state of a fresh row.
+//!
+//! The atomic layers publish the results of these functions with one CAS; they
+//! add no arithmetic of their own.
+
+/// The largest representable `tat`: about 146 years of nanoseconds.
+pub(crate) const MAX_TIME: u64 = (1 << 62) - 1;
+/// A row being removed. Entered only from a full bucket; never left.
+pub(crate) const DEAD: u64 = 1 << 62;
+/// Flag set on a row whose word has been copied to a newer table array.
+pub(crate) const FROZEN: u64 = 1 << 63;
+/// The largest refill time of an empty bucket (`capacity x interval`).
+pub(crate) const MAX_TAU: u64 = MAX_TIME / 2;
+
+/// A bucket's shape: `capacity` tokens refilled one per `interval` ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Limits {
+    interval: u64,
+    capacity: u64,
+    /// `capacity * interval`: time for an empty bucket to refill.
+    tau: u64,
+}
+
+/// What a reserve does to a bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Admitted: store this `tat`.
+    Admit(u64),
+    /// Denied now; admitted after this many ns if nothing else happens.
+    Wait(u64),
+    /// Denied forever: more tokens than the bucket holds.
+    Never,
+    /// Denied: the answer would leave the representable time space.
+    TimeExhausted,
+}
+
+/// What a refund does to a bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refund {
+    /// Nothing of the reservation is left to return.
+    Unchanged,
+    /// Store this `tat`.
+    Set(u64),
+    /// The bucket is full again: the row may be removed.
+    Full,
+}
+
+impl Limits {
+    /// `None` if `capacity` is zero or `capacity * interval` does not fit.
+    pub(crate) fn new(interval: u64, capacity: u64) -> Option<Limits> {
+        if interval == 0 || capacity == 0 {
+            return None;
+        }
+        let tau = interval.checked_mul(capacity)?;
+        (tau <= MAX_TAU).then_some(Limits {
+            interval,
+            capacity,
+            tau,
+        })
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Time for an empty bucket to become full: the horizon after which every
+    /// row that has not exchanged is full, hence removable.
+    pub(crate) fn tau(&self) -> u64 {
+        self.tau
+    }
+
+    /// Debit `n` tokens from the bucket `tat` at `now`, or say why not.
+    ///
+    /// Admits iff the debt after the debit is at most `capacity * interval`.
+    /// The new `tat` is `max(tat, now) + n * interval`: it never moves
+    /// backwards, whatever `now` says.
+    #[inline]
+    pub(crate) fn reserve(&self, tat: u64, now: u64, n: u64) -> Decision {
+        if n > self.capacity {
+            return Decision::Never;
+        }
+        let base = tat.max(now);
+        // n <= capacity, so n * interval <= tau <= MAX_TAU: no overflow;
+        // `base` comes from the clock and may be anything.
+        let new = match base.checked_add(n * self.interval) {
+            Some(t) if t <= MAX_TIME => t,
+            _ => return Decision::TimeExhausted,
+        };
+        // Admit iff new - now <= tau; compare without underflow.
+        let limit = now.saturating_add(self.tau);
+        if new <= limit {
+            Decision::Admit(new)
+        } else {
+            Decision::Wait(new - limit)
+        }
+    }
+
+    /// Return the undrained part of a reservation of `n` tokens whose debit
+    /// ended at `own_tat`, onto a bucket now at `tat`.
+    ///
+    /// The part returned is `min(n * interval, own_tat - now)`: all of it when
+    /// refunded at once, nothing once `own_tat` has passed (the tokens would
+    /// have refilled anyway). The result never goes below `now`, so a refund
+    /// can at most make the bucket full.
+    #[inline]
+    pub(crate) fn refund(&self, tat: u64, now: u64, n: u64, own_tat: u64) -> Refund {
+        if tat <= now {
+            return Refund::Unchanged; // already full
+        }
+        let back = n
+            .min(self.capacity)
+            .saturating_mul(self.interval)
+            .min(own_tat.saturating_sub(now));
+        if back == 0 {
+            return Refund::Unchanged;
+        }
+        let new = tat - back.min(tat);
+        if new <= now {
+            Refund::Full
+        } else {
+            Refund::Set(new)
+        }
+    }
+
+    /// Known-wrong refund for mutation tests: returns a full `n * interval`
+    /// whether or not it has drained.
+    #[cfg(pace_mutant = "refund_full_interval")]
+    pub(crate) fn refund_ignoring_drain(&self, tat: u64, now: u64, n: u64) -> Refund {
+        self.refund(tat, now, n, u64::MAX)
+    }
+
+    /// Whole tokens available in bucket `tat` at `now`.
+    #[inline]
+    pub(crate) fn tokens(&self, tat: u64, now: u64) -> u64 {
+        let debt = tat.saturating_sub(now);
+        if debt >= self.tau {
+            0
+        } else {
+            (self.tau - debt) / self.interval
+        }
+    }
+}
+
+/// A live row's `tat` (neither DEAD nor FROZEN).
+#[inline]
+pub(crate) fn is_live(word: u64) -> bool {
+    word <= MAX_TIME
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: u64 = 100;
+
+    fn lim(cap: u64) -> Limits {
+        Limits::new(T, cap).unwrap()
+    }
+
+    #[test]
+    fn fresh_bucket_admits_capacity_then_waits_exactly() {
+        let l = lim(3);
+        let mut tat = 0;
+        for i in 1..=3 {
+            match l.reserve(tat, 1_000, 1) {
+                Decision::Admit(t) => {
+                    assert_eq!(t, 1_000 + i * T);
+                    tat = t;
+                }
+                d => panic!("{d:?}"),
+            }
+        }
+        assert_eq!(l.reserve(tat, 1_000, 1), Decision::Wait(T));
+        assert_eq!(l.reserve(tat, 1_050, 1), Decision::Wait(50));
+        assert_eq!(l.reserve(tat, 1_100, 1), Decision::Admit(1_400));
+        assert_eq!(l.reserve(tat, 1_000, 2), Decision::Wait(2 * T));
+        assert_eq!(l.reserve(tat, 1_000, 4), Decision::Never);
+        assert_eq!(l.tokens(tat, 1_000), 0);
+        assert_eq!(l.tokens(tat, 1_150), 1);
+        assert_eq!(l.tokens(tat, 1_300), 3);
+        assert_eq!(l.tokens(tat, 9_999), 3);
+    }
+
+    #[test]
+    fn idle_time_does_not_accumulate_beyond_capacity() {
+        let l = lim(2);
+        assert_eq!(l.tokens(0, u64::MAX / 4), 2);
+        assert_eq!(l.reserve(0, 1 << 40, 2), Decision::Admit((1 << 40) + 2 * T));
+    }
+
+    #[test]
+    fn a_clock_stepping_back_mints_nothing() {
+        let l = lim(2);
+        let tat = match l.reserve(0, 1_000, 2) {
+            Decision::Admit(t) => t,
+            d => panic!("{d:?}"),
+        };
+        // Stepping back makes the debt look larger: fewer tokens, later tat.
+        assert_eq!(l.tokens(tat, 500), 0);
+        assert_eq!(l.reserve(tat, 500, 1), Decision::Wait(tat + T - 500 - 2 * T));
+        // A bucket that was full at 1_000 and is read at 0 still starts from tat.
+        assert_eq!(l.reserve(1_000, 0, 1), Decision::Wait(1_000 + T - 2 * T));
+    }
+
+    #[test]
+    fn refund_returns_only_what_has_not_drained() {
+        let l = lim(4);
+        // Reserve 2 at now=1_000 from full: tat = 1_200.
+        let own = 1_200;
+        assert_eq!(l.refund(own, 1_000, 2, own), Refund::Full);
+        assert_eq!(l.refund(own, 1_100, 2, own), Refund::Full);
+        // Someone else reserved after us: bucket tat 1_400.
+        assert_eq!(l.refund(1_400, 1_000, 2, own), Refund::Set(1_200));
+        assert_eq!(l.refund(1_400, 1_150, 2, own), Refund::Set(1_350));
+        assert_eq!(l.refund(1_400, 1_200, 2, own), Refund::Unchanged);
+        assert_eq!(l.refund(1_400, 1_300, 2, own), Refund::Unchanged);
+        // Never below now, whatever the claim.
+        assert_eq!(l.refund(1_050, 1_000, 4, 1_400), Refund::Full);
+        assert_eq!(l.refund(900, 1_000, 2, own), Refund::Unchanged);
+    }
+
+    #[test]
+    fn time_space_is_bounded() {
+        let l = lim(1);
+        assert_eq!(l.reserve(0, MAX_TIME, 1), Decision::TimeExhausted);
+        assert_eq!(l.reserve(0, u64::MAX, 1), Decision::TimeExhausted);
+        assert_eq!(l.reserve(0, MAX_TIME - T, 1), Decision::Admit(MAX_TIME));
+        assert!(Limits::new(1, MAX_TAU + 1).is_none());
+        assert!(Limits::new(u64::MAX, 2).is_none());
+        assert!(Limits::new(T, 0).is_none());
+        assert!(is_live(MAX_TIME) && !is_live(DEAD) && !is_live(FROZEN | 5));
+    }
+}

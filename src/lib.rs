@@ -1,0 +1,33 @@
+//! # pace
+//!
+//! A lock-free, per-key pace limiter: "requests per second per key" for the
+//! surfaces that issue credentials and answer requests.
+//!
+//! * One token bucket per key, holding one second of the declared rate,
+//!   refilled continuously ([`Pace`], [`Rate`]).
+//! * [`Pace::reserve`] debits and decides in ONE atomic operation: a single
+//!   CAS loop on one `u64` per key. Asking and debiting separately would let
+//!   parallel requests through and turn the ceiling into rate x parallelism.
+//! * The caller [`refund`](Reservation::refund)s a reservation when the
+//!   exchange did not happen, so only accepted presentations spend a
+//!   client's pace.
+//! * A full bucket is the same as no bucket: full rows are removed, so memory
+//!   is bounded by who exchanged within the last horizon, not by who was
+//!   named. Removed rows and outgrown arrays are reclaimed with
+//!   crossbeam-epoch.
+//!
+//! The limit is per process: N replicas give a client up to N x the rate.
+//! DESIGN.md explains the encoding, the row lifecycle and why it cannot
+//! over-admit.
+#![warn(missing_docs)]
+
+mod bucket;
+pub mod clock;
+mod pace;
+mod rate;
+mod sync;
+mod table;
+
+pub use crate::clock::{Clock, ManualClock, QuantaClock, StdClock};
+pub use crate::pace::{Builder, Denied, DenyReason, Pace, Reservation};
+pub use crate::rate::{ConfigError, Rate};

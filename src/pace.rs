@@ -1,0 +1,526 @@
+//! The keyed limiter: the table, the bucket rule and the sweep policy.
+
+use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use crate::bucket::{Decision, Limits};
+use crate::clock::{Clock, QuantaClock};
+use crate::rate::{ConfigError, Rate};
+use crate::sync::epoch::Guard;
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::table::Table;
+
+/// Default smallest slot array: the table shrinks back to this.
+const DEFAULT_MIN_SLOTS: usize = 64;
+/// Below this many rows, growth alone does not trigger a sweep.
+const SWEEP_FLOOR: usize = 64;
+/// The shortest time between two time-driven sweeps.
+const MIN_HORIZON_NS: u64 = 1_000_000;
+
+/// A lock-free keyed pace limiter: one token bucket per key.
+///
+/// Each key gets a bucket holding (by default) one second of the declared
+/// rate, refilled continuously. [`reserve`](Pace::reserve) debits and decides
+/// in one atomic step; the caller [`refund`](Reservation::refund)s a
+/// reservation when the exchange did not happen. A full bucket is the same as
+/// no bucket, so rows that refilled are removed and memory follows the keys
+/// that exchanged within the last horizon, not the keys anyone named.
+///
+/// The limit is per process: N replicas behind a balancer give a client up
+/// to N times the rate.
+///
+/// ```
+/// use pace::{Pace, Rate};
+///
+/// let pace: Pace<String> = Pace::new(Rate::per_second(2)?);
+/// let first = pace.reserve("client-7").expect("a fresh key is full");
+/// let _second = pace.reserve("client-7").expect("capacity is 2");
+/// let denied = pace.reserve("client-7").unwrap_err();
+/// assert!(denied.retry_after() > std::time::Duration::ZERO);
+/// first.refund(); // that exchange did not happen after all
+/// assert!(pace.reserve("client-7").is_ok());
+/// # Ok::<(), pace::ConfigError>(())
+/// ```
+pub struct Pace<K, S = RandomState, C = QuantaClock> {
+    table: Table<K>,
+    limits: Limits,
+    rate: Rate,
+    hasher: S,
+    clock: C,
+    horizon: u64,
+    /// When the next time-driven sweep is due (ns on the clock).
+    next_sweep: CachePadded<AtomicU64>,
+    /// Rows left by the last sweep; a sweep also runs when `len` doubles it.
+    sweep_mark: AtomicUsize,
+    #[cfg(loom)]
+    collector: crossbeam_epoch::Collector,
+}
+
+/// Builds a [`Pace`] with a non-default capacity, clock or hasher.
+#[must_use = "a builder does nothing until build() is called"]
+pub struct Builder<K, S = RandomState, C = QuantaClock> {
+    rate: Rate,
+    capacity: Option<u64>,
+    hasher: S,
+    clock: C,
+    min_slots: usize,
+    _keys: PhantomData<fn() -> K>,
+}
+
+/// Why a reservation was denied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DenyReason {
+    /// Not enough tokens now; [`Denied::retry_after`] says when.
+    Exhausted,
+    /// More tokens were asked than the bucket holds: never admitted.
+    ExceedsCapacity,
+    /// The clock reads past the limiter's time space (about 146 years after
+    /// the clock's origin): nothing is admitted any more.
+    TimeExhausted,
+}
+
+/// A denied reservation. Nothing was written and no row was created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Denied {
+    reason: DenyReason,
+    wait_ns: u64,
+}
+
+impl Denied {
+    fn from_decision(d: Decision) -> Denied {
+        match d {
+            Decision::Wait(ns) => Denied {
+                reason: DenyReason::Exhausted,
+                wait_ns: ns,
+            },
+            Decision::Never | Decision::Admit(_) => Denied {
+                reason: DenyReason::ExceedsCapacity,
+                wait_ns: u64::MAX,
+            },
+            Decision::TimeExhausted => Denied {
+                reason: DenyReason::TimeExhausted,
+                wait_ns: u64::MAX,
+            },
+        }
+    }
+
+    /// The exact wait until this request would be admitted if nothing else
+    /// touched the key. [`Duration::MAX`] when it never will be (see
+    /// [`is_permanent`](Denied::is_permanent)).
+    pub fn retry_after(&self) -> Duration {
+        match self.reason {
+            DenyReason::Exhausted => Duration::from_nanos(self.wait_ns),
+            _ => Duration::MAX,
+        }
+    }
+
+    /// Why it was denied.
+    pub fn reason(&self) -> DenyReason {
+        self.reason
+    }
+
+    /// True when waiting will not help: the request exceeds the capacity or
+    /// the time space is exhausted.
+    pub fn is_permanent(&self) -> bool {
+        self.reason != DenyReason::Exhausted
+    }
+}
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.reason {
+            DenyReason::Exhausted => write!(f, "pace exceeded; retry after {:?}", self.retry_after()),
+            DenyReason::ExceedsCapacity => f.write_str("request exceeds the bucket's capacity"),
+            DenyReason::TimeExhausted => f.write_str("the limiter's time space is exhausted"),
+        }
+    }
+}
+
+impl std::error::Error for Denied {}
+
+/// An admitted request's debit. Dropping it keeps the debit; call
+/// [`refund`](Reservation::refund) when the exchange did not happen.
+///
+/// A reservation neither pins an epoch nor keeps its row alive: it is a
+/// record of what was debited (`n` tokens, ending at a `tat`).
+#[must_use = "dropping a Reservation keeps the debit; refund() it if the exchange did not happen"]
+pub struct Reservation<'a, K, Q: ?Sized, S = RandomState, C = QuantaClock> {
+    pace: &'a Pace<K, S, C>,
+    key: &'a Q,
+    n: u64,
+    tat: u64,
+}
+
+impl<K, Q: ?Sized, S, C> fmt::Debug for Reservation<'_, K, Q, S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reservation")
+            .field("tokens", &self.n)
+            .field("tat_ns", &self.tat)
+            .finish()
+    }
+}
+
+impl<K, Q, S, C> Reservation<'_, K, Q, S, C>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    /// Tokens this reservation debited.
+    pub fn tokens(&self) -> u64 {
+        self.n
+    }
+
+    /// Returns the part of this debit that has not drained yet: all of it
+    /// right away, less as time passes, nothing once the bucket would have
+    /// refilled it anyway. A refund never creates a row and never makes a
+    /// bucket fuller than full; a refund that fills the bucket removes the row.
+    pub fn refund(self) {
+        let now = self.pace.clock.now_ns();
+        self.refund_at(now)
+    }
+
+    /// [`refund`](Reservation::refund) at an explicit time (for models).
+    #[doc(hidden)]
+    pub fn refund_at(self, now: u64) {
+        if self.n == 0 {
+            return;
+        }
+        let p = self.pace;
+        let hash = p.hasher.hash_one(self.key);
+        let guard = p.pin();
+        p.table
+            .refund(&p.limits, hash, self.key, self.n, self.tat, now, &guard);
+    }
+}
+
+impl<K> Pace<K> {
+    /// A limiter at `rate` with one second of it as capacity, the quanta
+    /// clock and a randomly seeded SipHash.
+    pub fn new(rate: Rate) -> Pace<K> {
+        Pace::builder(rate)
+            .build()
+            .expect("one second of a valid rate always fits")
+    }
+
+    /// A builder starting from `rate`.
+    pub fn builder(rate: Rate) -> Builder<K> {
+        Builder {
+            rate,
+            capacity: None,
+            hasher: RandomState::new(),
+            clock: QuantaClock::new(),
+            min_slots: DEFAULT_MIN_SLOTS,
+            _keys: PhantomData,
+        }
+    }
+}
+
+impl<K, S, C> Builder<K, S, C> {
+    /// Bucket capacity in tokens (default: one second of the rate, at least 1).
+    pub fn capacity(mut self, tokens: u64) -> Self {
+        self.capacity = Some(tokens);
+        self
+    }
+
+    /// The clock (default [`QuantaClock`]).
+    pub fn clock<C2: Clock>(self, clock: C2) -> Builder<K, S, C2> {
+        Builder {
+            rate: self.rate,
+            capacity: self.capacity,
+            hasher: self.hasher,
+            clock,
+            min_slots: self.min_slots,
+            _keys: PhantomData,
+        }
+    }
+
+    /// The hasher (default: `RandomState`, randomly seeded SipHash). Keys are
+    /// chosen by clients, so a predictable hasher invites collision floods.
+    pub fn hasher<S2: BuildHasher>(self, hasher: S2) -> Builder<K, S2, C> {
+        Builder {
+            rate: self.rate,
+            capacity: self.capacity,
+            hasher,
+            clock: self.clock,
+            min_slots: self.min_slots,
+            _keys: PhantomData,
+        }
+    }
+
+    /// The smallest slot array the table keeps (rounded up to a power of two,
+    /// at least 4; default 64). It grows past this with live rows and shrinks
+    /// back to it when they leave.
+    pub fn min_slots(mut self, slots: usize) -> Self {
+        self.min_slots = slots;
+        self
+    }
+
+    /// Builds the limiter.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroCapacity`] for a capacity of 0;
+    /// [`ConfigError::CapacityTooLarge`] when refilling an empty bucket would
+    /// take longer than the time space allows.
+    pub fn build(self) -> Result<Pace<K, S, C>, ConfigError> {
+        let capacity = self.capacity.unwrap_or_else(|| self.rate.one_second());
+        if capacity == 0 {
+            return Err(ConfigError::ZeroCapacity);
+        }
+        let limits = Limits::new(self.rate.interval_ns(), capacity)
+            .ok_or(ConfigError::CapacityTooLarge)?;
+        let horizon = limits.tau().max(MIN_HORIZON_NS);
+        Ok(Pace {
+            table: Table::new(self.min_slots),
+            limits,
+            rate: self.rate,
+            hasher: self.hasher,
+            clock: self.clock,
+            horizon,
+            next_sweep: CachePadded::new(AtomicU64::new(horizon)),
+            sweep_mark: AtomicUsize::new(0),
+            #[cfg(loom)]
+            collector: crossbeam_epoch::Collector::new(),
+        })
+    }
+}
+
+impl<K, S, C> Pace<K, S, C> {
+    /// The declared rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// Tokens a bucket holds when full.
+    pub fn capacity(&self) -> u64 {
+        self.limits.capacity()
+    }
+
+    /// The time an empty bucket takes to refill (`capacity x interval`): after
+    /// this long without exchanges every row is full, hence removable.
+    pub fn horizon(&self) -> Duration {
+        Duration::from_nanos(self.limits.tau())
+    }
+
+    /// Rows held now: keys whose bucket is not known to be full.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// True when no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Slots in the table's current array (capacity of the open-addressing
+    /// table, not of buckets).
+    pub fn table_slots(&self) -> usize {
+        self.table.slots(&self.pin())
+    }
+
+    /// Bytes of the table's current slot array. Each row adds one entry
+    /// allocation of [`entry_bytes`](Pace::entry_bytes) plus what its key owns.
+    pub fn table_bytes(&self) -> usize {
+        self.table.array_bytes(&self.pin())
+    }
+
+    /// Bytes of one row's entry allocation (hash and key, not what the key
+    /// owns on the heap).
+    pub fn entry_bytes() -> usize {
+        Table::<K>::entry_bytes()
+    }
+
+    #[inline]
+    fn pin(&self) -> Guard {
+        #[cfg(not(loom))]
+        {
+            crate::sync::epoch::pin()
+        }
+        #[cfg(loom)]
+        {
+            self.collector.register().pin()
+        }
+    }
+}
+
+impl<K, S, C> Pace<K, S, C>
+where
+    K: Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    /// Debits one token from `key`'s bucket, or says when it could succeed.
+    ///
+    /// # Errors
+    /// [`Denied`] when the bucket lacks the tokens; nothing is written then.
+    #[inline]
+    pub fn reserve<'a, Q>(&'a self, key: &'a Q) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.reserve_n(key, 1)
+    }
+
+    /// Debits `n` tokens at once, or none. `n == 0` is always admitted and
+    /// touches nothing; `n > capacity` is denied permanently.
+    ///
+    /// # Errors
+    /// [`Denied`] as for [`reserve`](Pace::reserve).
+    #[inline]
+    pub fn reserve_n<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let now = self.clock.now_ns();
+        self.reserve_n_at(key, n, now)
+    }
+
+    /// [`reserve_n`](Pace::reserve_n) at an explicit time (for models).
+    #[doc(hidden)]
+    pub fn reserve_n_at<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        now: u64,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        if n == 0 {
+            return Ok(Reservation {
+                pace: self,
+                key,
+                n: 0,
+                tat: 0,
+            });
+        }
+        if n > self.limits.capacity() {
+            return Err(Denied::from_decision(Decision::Never));
+        }
+        let hash = self.hasher.hash_one(key);
+        let guard = self.pin();
+        let result = self.table.reserve(&self.limits, hash, key, n, now, &guard);
+        let created = matches!(result, Ok(a) if a.created);
+        self.maybe_sweep(now, created, &guard);
+        match result {
+            Ok(a) => Ok(Reservation {
+                pace: self,
+                key,
+                n,
+                tat: a.tat,
+            }),
+            Err(d) => Err(Denied::from_decision(d)),
+        }
+    }
+
+    /// Whole tokens `key` could reserve now. A pure load: it writes nothing
+    /// and creates no row. For observability only: deciding on it and then
+    /// reserving is exactly the check-then-act race `reserve` exists to avoid.
+    pub fn peek<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let now = self.clock.now_ns();
+        self.peek_at(key, now)
+    }
+
+    /// [`peek`](Pace::peek) at an explicit time (for models).
+    #[doc(hidden)]
+    pub fn peek_at<Q>(&self, key: &Q, now: u64) -> u64
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let hash = self.hasher.hash_one(key);
+        let guard = self.pin();
+        match self.table.peek(hash, key, &guard) {
+            Some(tat) => self.limits.tokens(tat, now),
+            None => self.limits.capacity(),
+        }
+    }
+
+    /// Removes every row whose bucket has refilled, and shrinks the table if
+    /// it became sparse. Runs automatically (see DESIGN.md, "Sweeps"); call it
+    /// to reclaim memory at a moment of your choosing. Returns rows removed.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_ns();
+        self.sweep_at(now)
+    }
+
+    /// [`sweep`](Pace::sweep) at an explicit time (for models).
+    #[doc(hidden)]
+    pub fn sweep_at(&self, now: u64) -> usize {
+        let guard = self.pin();
+        self.sweep_with(now, &guard)
+    }
+
+    fn sweep_with(&self, now: u64, guard: &Guard) -> usize {
+        let removed = self.table.sweep(now, guard);
+        self.sweep_mark.store(self.table.len(), Ordering::Relaxed);
+        removed
+    }
+
+    /// The sweep policy: a pass when the horizon has passed since the last
+    /// time-driven pass, or when the table has doubled since the last pass.
+    #[inline]
+    fn maybe_sweep(&self, now: u64, created: bool, guard: &Guard) {
+        let due = self.next_sweep.load(Ordering::Relaxed);
+        // A due time more than a horizon ahead means the clock stepped back:
+        // treat it as due, so sweeps do not stall until the clock catches up.
+        if now >= due || due - now > self.horizon {
+            let next = now.saturating_add(self.horizon);
+            if self
+                .next_sweep
+                .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.sweep_with(now, guard);
+            }
+            return;
+        }
+        if created {
+            let mark = self.sweep_mark.load(Ordering::Relaxed);
+            let len = self.table.len();
+            if len >= mark.max(SWEEP_FLOOR).saturating_mul(2)
+                && self
+                    .sweep_mark
+                    .compare_exchange(mark, len, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.sweep_with(now, guard);
+            }
+        }
+    }
+}
+
+impl<K, S, C: fmt::Debug> fmt::Debug for Pace<K, S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pace")
+            .field("rate", &self.rate)
+            .field("capacity", &self.limits.capacity())
+            .field("rows", &self.len())
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,171 @@
+//! Declared rates and their validation.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::bucket::MAX_TIME;
+
+const NANOS_PER_SEC: u128 = 1_000_000_000;
+
+/// A declared pace: `count` tokens per `per`.
+///
+/// Internally a rate is one integer *interval*: the nanoseconds one token
+/// takes to refill, rounded **up** so that rounding always admits fewer, never
+/// more. `Rate::per_second(3)` refills a token every 333,333,334 ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rate {
+    count: u64,
+    per_ns: u64,
+    interval_ns: u64,
+}
+
+impl Rate {
+    /// `n` tokens per second.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroRate`] for `n == 0`; [`ConfigError::IntervalTooShort`]
+    /// above one token per nanosecond.
+    pub fn per_second(n: u64) -> Result<Rate, ConfigError> {
+        Rate::new(n, Duration::from_secs(1))
+    }
+
+    /// `count` tokens per `per`.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroRate`] for `count == 0`, [`ConfigError::ZeroPeriod`]
+    /// for a zero `per`, [`ConfigError::IntervalTooShort`] when one token would
+    /// refill in less than 1 ns, [`ConfigError::IntervalTooLong`] when one
+    /// token would take longer than the time space holds (about 146 years).
+    pub fn new(count: u64, per: Duration) -> Result<Rate, ConfigError> {
+        if count == 0 {
+            return Err(ConfigError::ZeroRate);
+        }
+        let per_ns = per.as_nanos();
+        if per_ns == 0 {
+            return Err(ConfigError::ZeroPeriod);
+        }
+        if (count as u128) > per_ns {
+            return Err(ConfigError::IntervalTooShort);
+        }
+        let interval = per_ns.div_ceil(count as u128);
+        if interval > MAX_TIME as u128 || per_ns > u64::MAX as u128 {
+            return Err(ConfigError::IntervalTooLong);
+        }
+        Ok(Rate {
+            count,
+            per_ns: per_ns as u64,
+            interval_ns: interval as u64,
+        })
+    }
+
+    /// Tokens per period, as declared.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The period, as declared.
+    pub fn per(&self) -> Duration {
+        Duration::from_nanos(self.per_ns)
+    }
+
+    /// Nanoseconds for one token to refill (rounded up).
+    pub fn interval(&self) -> Duration {
+        Duration::from_nanos(self.interval_ns)
+    }
+
+    pub(crate) fn interval_ns(&self) -> u64 {
+        self.interval_ns
+    }
+
+    /// One second of this rate in whole tokens, rounded down, at least one:
+    /// the default capacity of a bucket.
+    pub fn one_second(&self) -> u64 {
+        let per_sec = (self.count as u128 * NANOS_PER_SEC) / self.per_ns as u128;
+        per_sec.clamp(1, u64::MAX as u128) as u64
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} per {:?}", self.count, self.per())
+    }
+}
+
+/// Why a rate or a limiter could not be built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The rate's count is zero: nothing would ever be admitted.
+    ZeroRate,
+    /// The rate's period is zero.
+    ZeroPeriod,
+    /// One token would refill in less than one nanosecond.
+    IntervalTooShort,
+    /// One token would take longer to refill than the time space holds.
+    IntervalTooLong,
+    /// A capacity of zero tokens admits nothing.
+    ZeroCapacity,
+    /// `capacity x interval` (the time to refill an empty bucket) does not fit
+    /// the time space.
+    CapacityTooLarge,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ConfigError::ZeroRate => "rate count must be at least 1",
+            ConfigError::ZeroPeriod => "rate period must be longer than zero",
+            ConfigError::IntervalTooShort => {
+                "rate is faster than one token per nanosecond, the clock's resolution"
+            }
+            ConfigError::IntervalTooLong => "one token would take longer than ~146 years",
+            ConfigError::ZeroCapacity => "capacity must be at least 1 token",
+            ConfigError::CapacityTooLarge => {
+                "capacity x interval (time to refill an empty bucket) exceeds ~73 years"
+            }
+        })
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_round_up() {
+        let r = Rate::per_second(3).unwrap();
+        assert_eq!(r.interval_ns(), 333_333_334);
+        assert_eq!(r.one_second(), 3);
+        let r = Rate::new(100, Duration::from_secs(60)).unwrap();
+        assert_eq!(r.interval_ns(), 600_000_000);
+        assert_eq!(r.one_second(), 1, "at least one token");
+        let r = Rate::per_second(1_000_000_000).unwrap();
+        assert_eq!(r.interval_ns(), 1);
+        assert_eq!(r.one_second(), 1_000_000_000);
+    }
+
+    #[test]
+    fn bad_rates_are_typed_errors() {
+        assert_eq!(Rate::per_second(0), Err(ConfigError::ZeroRate));
+        assert_eq!(Rate::new(1, Duration::ZERO), Err(ConfigError::ZeroPeriod));
+        assert_eq!(
+            Rate::per_second(1_000_000_001),
+            Err(ConfigError::IntervalTooShort)
+        );
+        assert_eq!(
+            Rate::new(1, Duration::from_nanos(1) * 0),
+            Err(ConfigError::ZeroPeriod)
+        );
+        assert_eq!(
+            Rate::new(1, Duration::from_secs(200 * 365 * 86_400)),
+            Err(ConfigError::IntervalTooLong)
+        );
+        assert_eq!(
+            Rate::new(1, Duration::MAX),
+            Err(ConfigError::IntervalTooLong)
+        );
+        assert!(!ConfigError::ZeroRate.to_string().is_empty());
+    }
+}

@@ -1,0 +1,724 @@
+//! The unsafe core: a lock-free open-addressing table of bucket words.
+//!
+//! # Layout
+//! A table is a power-of-two array of [`Slot`]s, probed linearly from the
+//! key's hash. A slot holds the bucket word *inline* (so a reserve never
+//! allocates) and an atomic pointer to a heap [`Entry`] with the key and its
+//! hash. Only entries and whole arrays go through crossbeam-epoch.
+//!
+//! # Slot lifecycle (one array)
+//! The key pointer of a slot moves only forward:
+//!
+//! ```text
+//! VACANT (null) --insert--> ENTRY --unlink--> TOMBSTONE
+//!       \--migration--> SEALED
+//! ```
+//!
+//! A slot is never reused within one array, so a key lives in at most one
+//! slot of an array: every inserter of a key probes the same sequence and
+//! claims its first vacant slot, and slots before it stay non-vacant forever.
+//! Tombstones are cleared by migrating to a fresh array (same, larger or
+//! smaller), which is also how the table shrinks.
+//!
+//! The bucket word of a slot with an entry:
+//!
+//! ```text
+//! tat (live) --reserve/refund--> tat' (live)
+//! tat <= now (full) --sweep / refund / migration--> DEAD --> key unlinked
+//! tat (live) --migration--> tat | FROZEN (copied to the next array)
+//! ```
+//!
+//! DEAD is entered only from a full bucket and never left; FROZEN is never
+//! left either. Anyone who meets DEAD helps unlink and looks the key up again;
+//! anyone who meets FROZEN or SEALED helps the migration and retries in the
+//! next array. Because the CAS that debits a row expects a live word, no debit
+//! can land on a dead or frozen row.
+
+use std::borrow::Borrow;
+use std::mem::size_of;
+
+use crossbeam_utils::{Backoff, CachePadded};
+
+use crate::bucket::{is_live, Decision, Limits, Refund, DEAD, FROZEN};
+use crate::sync::epoch::{self, Atomic, Guard, Owned, Shared};
+use crate::sync::{cas_retry, snooze, AtomicU64, AtomicUsize, Ordering};
+
+/// Tag on a null key pointer: the slot held an entry that was unlinked.
+const TOMBSTONE: usize = 1;
+/// Tag on a null key pointer: the slot was vacant when a migration closed it.
+const SEALED: usize = 2;
+/// Tag on a null `next` pointer: a migration target is being allocated.
+const PENDING: usize = 1;
+/// Slots copied per migration chunk (the unit of cooperative copying).
+const CHUNK: usize = 256;
+/// The smallest array the table uses.
+pub(crate) const MIN_SLOTS: usize = 4;
+
+/// A key and its hash, published by pointer.
+pub(crate) struct Entry<K> {
+    hash: u64,
+    key: K,
+}
+
+struct Slot<K> {
+    key: Atomic<Entry<K>>,
+    state: AtomicU64,
+}
+
+struct Array<K> {
+    slots: Box<[Slot<K>]>,
+    /// Key slots claimed in this array (entries and tombstones) plus claims
+    /// in flight. Bounded by `grow_at` so that vacant slots always remain.
+    used: CachePadded<AtomicUsize>,
+    /// The migration target: null, null tagged PENDING, or the next array.
+    next: Atomic<Array<K>>,
+    /// Next chunk to copy.
+    claim: AtomicUsize,
+    /// Chunks copied.
+    copied: AtomicUsize,
+}
+
+impl<K> Array<K> {
+    fn new(slots: usize) -> Array<K> {
+        debug_assert!(slots.is_power_of_two() && slots >= MIN_SLOTS);
+        // Loom atomics cannot be made by zeroing memory: build each slot.
+        let slots = (0..slots)
+            .map(|_| Slot {
+                key: Atomic::null(),
+                state: AtomicU64::new(0),
+            })
+            .collect();
+        Array {
+            slots,
+            used: CachePadded::new(AtomicUsize::new(0)),
+            next: Atomic::null(),
+            claim: AtomicUsize::new(0),
+            copied: AtomicUsize::new(0),
+        }
+    }
+
+    #[inline]
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// Claims allowed before the array must migrate (3/4 of its slots).
+    #[inline]
+    fn grow_at(&self) -> usize {
+        self.slots.len() - self.slots.len() / 4
+    }
+
+    #[inline]
+    fn chunks(&self) -> usize {
+        self.slots.len().div_ceil(CHUNK)
+    }
+
+    /// Places a frozen row's entry and word into this (unpublished) array.
+    ///
+    /// Only migration copiers write here before publication, each with a
+    /// distinct entry, and the array is sized to keep a vacant slot for each.
+    fn insert_copy(&self, entry: Shared<'_, Entry<K>>, hash: u64, word: u64, guard: &Guard) {
+        let mask = self.mask();
+        let mut idx = hash as usize & mask;
+        loop {
+            let slot = &self.slots[idx];
+            if slot
+                .key
+                .compare_exchange(
+                    Shared::null(),
+                    entry,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                    guard,
+                )
+                .is_ok()
+            {
+                // Published to readers by `copied` (Release) and then the
+                // table's `current` (Release): nobody reads it before.
+                slot.state.store(word, Ordering::Relaxed);
+                self.used.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            idx = (idx + 1) & mask;
+        }
+    }
+}
+
+/// The outcome of a probe for a key.
+enum Probe<'g, K> {
+    Found(&'g Slot<K>),
+    /// The key is absent; this is the first vacant slot of its sequence.
+    Vacant(usize),
+    /// A migration has closed part of the sequence: help it, then retry.
+    Migrating,
+    /// Every slot was probed without a vacancy (cannot happen while `used`
+    /// respects `grow_at`; handled by migrating anyway).
+    Full,
+}
+
+/// What [`Table::reserve`] did.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Admitted {
+    /// The bucket's new `tat`: the end of this reservation's debit.
+    pub(crate) tat: u64,
+    /// Whether this call created the row.
+    pub(crate) created: bool,
+}
+
+enum Step<T> {
+    Done(T),
+    Retry,
+}
+
+/// A concurrent map from keys to bucket words.
+pub(crate) struct Table<K> {
+    current: Atomic<Array<K>>,
+    /// Rows: entries linked into the current array (live or DEAD-not-yet-
+    /// unlinked) plus insertions in flight.
+    len: CachePadded<AtomicUsize>,
+    min_slots: usize,
+}
+
+impl<K> Table<K> {
+    /// A table that never shrinks below `min_slots` (rounded up to a power of
+    /// two, at least [`MIN_SLOTS`]).
+    pub(crate) fn new(min_slots: usize) -> Table<K> {
+        let min_slots = min_slots.max(MIN_SLOTS).next_power_of_two();
+        Table {
+            current: Atomic::new(Array::new(min_slots)),
+            len: CachePadded::new(AtomicUsize::new(0)),
+            min_slots,
+        }
+    }
+
+    /// Rows in the table (exact when no operation is in flight).
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Slots in the current array.
+    pub(crate) fn slots(&self, guard: &Guard) -> usize {
+        self.array(guard).1.slots.len()
+    }
+
+    /// Bytes held by the current array (not counting entries).
+    pub(crate) fn array_bytes(&self, guard: &Guard) -> usize {
+        size_of::<Array<K>>() + self.slots(guard) * size_of::<Slot<K>>()
+    }
+
+    /// Bytes of one entry allocation (key and hash), not counting what the
+    /// key itself owns.
+    pub(crate) fn entry_bytes() -> usize {
+        size_of::<Entry<K>>()
+    }
+
+    #[inline]
+    fn array<'g>(&self, guard: &'g Guard) -> (Shared<'g, Array<K>>, &'g Array<K>) {
+        let ptr = self.current.load(Ordering::Acquire, guard);
+        // SAFETY: `current` is never null (set in `new`, replaced only by a
+        // non-null array in `help_migrate`), and an array unpublished from
+        // `current` is retired with `defer_destroy`, so it stays allocated
+        // while `guard`, pinned before this load, is alive.
+        (ptr, unsafe { ptr.deref() })
+    }
+
+    fn probe<'g, Q>(&self, arr: &'g Array<K>, hash: u64, key: &Q, guard: &'g Guard) -> Probe<'g, K>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        let mask = arr.mask();
+        let mut idx = hash as usize & mask;
+        for _ in 0..arr.slots.len() {
+            let slot = &arr.slots[idx];
+            let k = slot.key.load(Ordering::Acquire, guard);
+            if k.is_null() {
+                match k.tag() {
+                    TOMBSTONE => {}
+                    SEALED => return Probe::Migrating,
+                    _ => return Probe::Vacant(idx),
+                }
+            } else {
+                // SAFETY: a non-null key pointer read under `guard` points to
+                // an entry that is retired (with `defer_destroy`) only after
+                // being unlinked from this slot, or after this array was
+                // unpublished; both happen after `guard` was pinned, since we
+                // reached this array through `current` under `guard`.
+                let e = unsafe { k.deref() };
+                if e.hash == hash && e.key.borrow() == key {
+                    return Probe::Found(slot);
+                }
+            }
+            idx = (idx + 1) & mask;
+        }
+        Probe::Full
+    }
+
+    /// Debits `n` tokens from `key`'s bucket at `now`, creating the row if the
+    /// key is absent (an absent row is a full bucket). A denial writes nothing
+    /// and creates nothing.
+    pub(crate) fn reserve<Q>(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: &Q,
+        n: u64,
+        now: u64,
+        guard: &Guard,
+    ) -> Result<Admitted, Decision>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq + ToOwned<Owned = K>,
+    {
+        let mut fresh: Option<Owned<Entry<K>>> = None;
+        loop {
+            let (arr_ptr, arr) = self.array(guard);
+            match self.probe(arr, hash, key, guard) {
+                Probe::Found(slot) => match self.debit(arr, slot, limits, n, now, guard) {
+                    Step::Done(r) => return r.map(|tat| Admitted { tat, created: false }),
+                    Step::Retry => continue,
+                },
+                Probe::Migrating => self.help_migrate(arr, now, guard),
+                Probe::Full => self.start_migration(arr_ptr, now, guard),
+                Probe::Vacant(idx) => {
+                    // Absent is full: decide before creating anything.
+                    if let d @ (Decision::Wait(_) | Decision::Never | Decision::TimeExhausted) =
+                        limits.reserve(0, now, n)
+                    {
+                        return Err(d);
+                    }
+                    if !self.claim_slot(arr_ptr, arr, now, guard) {
+                        continue;
+                    }
+                    let entry = match fresh.take() {
+                        Some(e) => e,
+                        None => Owned::new(Entry {
+                            hash,
+                            key: key.to_owned(),
+                        }),
+                    };
+                    let slot = &arr.slots[idx];
+                    match slot.key.compare_exchange(
+                        Shared::null(),
+                        entry,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                        guard,
+                    ) {
+                        Ok(_) => match self.debit(arr, slot, limits, n, now, guard) {
+                            Step::Done(r) => {
+                                return r.map(|tat| Admitted { tat, created: true })
+                            }
+                            Step::Retry => continue,
+                        },
+                        Err(e) => {
+                            // Someone else took the slot (maybe with our key):
+                            // give the claim back and look again.
+                            fresh = Some(e.new);
+                            arr.used.fetch_sub(1, Ordering::Relaxed);
+                            self.len.fetch_sub(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts one more row and one more used slot in `arr`, unless `arr` is
+    /// migrating or full (then helps or starts the migration and says no).
+    fn claim_slot(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, now: u64, guard: &Guard) -> bool {
+        if !arr.next.load(Ordering::SeqCst, guard).is_null()
+            || arr.next.load(Ordering::SeqCst, guard).tag() != 0
+        {
+            self.help_migrate(arr, now, guard);
+            return false;
+        }
+        // The row is counted before it is linked, and the migration check
+        // comes after the count (both SeqCst): a migration that sizes its
+        // target from `len` after sealing `next` counts every row that can
+        // still be linked into `arr`. See `start_migration`.
+        self.len.fetch_add(1, Ordering::SeqCst);
+        let next = arr.next.load(Ordering::SeqCst, guard);
+        if !next.is_null() || next.tag() != 0 {
+            self.len.fetch_sub(1, Ordering::SeqCst);
+            self.help_migrate(arr, now, guard);
+            return false;
+        }
+        if arr.used.fetch_add(1, Ordering::Relaxed) >= arr.grow_at() {
+            arr.used.fetch_sub(1, Ordering::Relaxed);
+            self.len.fetch_sub(1, Ordering::SeqCst);
+            self.start_migration(arr_ptr, now, guard);
+            return false;
+        }
+        true
+    }
+
+    /// The single CAS loop that debits a row.
+    #[inline]
+    fn debit(
+        &self,
+        arr: &Array<K>,
+        slot: &Slot<K>,
+        limits: &Limits,
+        n: u64,
+        now: u64,
+        guard: &Guard,
+    ) -> Step<Result<u64, Decision>> {
+        let backoff = Backoff::new();
+        let mut word = slot.state.load(Ordering::Acquire);
+        loop {
+            if !is_live(word) {
+                if word == DEAD {
+                    self.unlink(slot, guard);
+                } else {
+                    self.help_migrate(arr, now, guard);
+                }
+                return Step::Retry;
+            }
+            match limits.reserve(word, now, n) {
+                Decision::Admit(tat) => {
+                    #[cfg(pace_mutant = "check_then_debit")]
+                    {
+                        // Known-wrong: decide on a load, then write blindly.
+                        slot.state.store(tat, Ordering::Release);
+                        return Step::Done(Ok(tat));
+                    }
+                    #[allow(unreachable_code)]
+                    match slot.state.compare_exchange_weak(
+                        word,
+                        tat,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => return Step::Done(Ok(tat)),
+                        Err(actual) => {
+                            word = actual;
+                            cas_retry(&backoff);
+                        }
+                    }
+                }
+                denied => return Step::Done(Err(denied)),
+            }
+        }
+    }
+
+    /// Returns the undrained part of a reservation (`n` tokens whose debit
+    /// ended at `own_tat`) to `key`'s row. An absent or dead row is full
+    /// already: nothing is created or resurrected.
+    pub(crate) fn refund<Q>(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: &Q,
+        n: u64,
+        own_tat: u64,
+        now: u64,
+        guard: &Guard,
+    ) where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        let backoff = Backoff::new();
+        'outer: loop {
+            let (_, arr) = self.array(guard);
+            let slot = match self.probe(arr, hash, key, guard) {
+                Probe::Found(slot) => slot,
+                Probe::Migrating => {
+                    self.help_migrate(arr, now, guard);
+                    continue;
+                }
+                Probe::Vacant(_) | Probe::Full => return,
+            };
+            let mut word = slot.state.load(Ordering::Acquire);
+            loop {
+                if word == DEAD {
+                    return;
+                }
+                if !is_live(word) {
+                    self.help_migrate(arr, now, guard);
+                    continue 'outer;
+                }
+                #[cfg(pace_mutant = "refund_full_interval")]
+                let outcome = limits.refund_ignoring_drain(word, now, n);
+                #[cfg(not(pace_mutant = "refund_full_interval"))]
+                let outcome = limits.refund(word, now, n, own_tat);
+                let (target, full) = match outcome {
+                    Refund::Unchanged => return,
+                    Refund::Set(tat) => (tat, false),
+                    Refund::Full => (DEAD, true),
+                };
+                match slot.state.compare_exchange_weak(
+                    word,
+                    target,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        if full {
+                            self.unlink(slot, guard);
+                        }
+                        return;
+                    }
+                    Err(actual) => {
+                        word = actual;
+                        cas_retry(&backoff);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The `tat` of `key`'s row, if it has one. A pure load.
+    pub(crate) fn peek<Q>(&self, hash: u64, key: &Q, guard: &Guard) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        let backoff = Backoff::new();
+        loop {
+            let (_, arr) = self.array(guard);
+            match self.probe(arr, hash, key, guard) {
+                Probe::Found(slot) => {
+                    let word = slot.state.load(Ordering::Acquire);
+                    if word == DEAD {
+                        return None;
+                    }
+                    if is_live(word) {
+                        return Some(word);
+                    }
+                    // Frozen: the row's word is final here; read it as is.
+                    return Some(word & !FROZEN);
+                }
+                Probe::Vacant(_) | Probe::Full => return None,
+                // Do not write while peeking: wait for the migration instead.
+                Probe::Migrating => snooze(&backoff),
+            }
+        }
+    }
+
+    /// Removes every row whose bucket is full at `now`, then shrinks the
+    /// array if it has become sparse. Returns the rows this pass removed.
+    pub(crate) fn sweep(&self, now: u64, guard: &Guard) -> usize {
+        let (arr_ptr, arr) = self.array(guard);
+        let mut removed = 0;
+        for slot in arr.slots.iter() {
+            if slot.key.load(Ordering::Acquire, guard).is_null() {
+                continue;
+            }
+            let word = slot.state.load(Ordering::Acquire);
+            if word == DEAD {
+                self.unlink(slot, guard);
+            } else if !is_live(word) {
+                // A migration is copying this array; it drops full rows itself.
+                self.help_migrate(arr, now, guard);
+                return removed;
+            } else if word <= now && self.kill(slot, word, guard) {
+                removed += 1;
+            }
+        }
+        if arr.slots.len() > self.min_slots && self.len().saturating_mul(8) < arr.slots.len() {
+            self.start_migration(arr_ptr, now, guard);
+        }
+        removed
+    }
+
+    /// Moves a full row (`word <= now`) to DEAD and unlinks it. False if the
+    /// word changed first.
+    fn kill(&self, slot: &Slot<K>, word: u64, guard: &Guard) -> bool {
+        #[cfg(pace_mutant = "unlink_without_dead")]
+        {
+            // Known-wrong: unlink a full row without closing its word, so a
+            // racing debit can land on a row that is no longer reachable.
+            let _ = word;
+            return self.unlink(slot, guard);
+        }
+        #[allow(unreachable_code)]
+        if slot
+            .state
+            .compare_exchange(word, DEAD, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.unlink(slot, guard)
+        } else {
+            false
+        }
+    }
+
+    /// Unlinks the entry of a DEAD slot and retires it. True for the one
+    /// caller that did it.
+    fn unlink(&self, slot: &Slot<K>, guard: &Guard) -> bool {
+        let k = slot.key.load(Ordering::Acquire, guard);
+        if k.is_null() {
+            return false;
+        }
+        let tomb = Shared::null().with_tag(TOMBSTONE);
+        if slot
+            .key
+            .compare_exchange(k, tomb, Ordering::AcqRel, Ordering::Acquire, guard)
+            .is_ok()
+        {
+            self.len.fetch_sub(1, Ordering::SeqCst);
+            // SAFETY: the entry was just unlinked from its only live slot (an
+            // entry is linked live in exactly one array; older arrays keep it
+            // only in FROZEN slots, which are never unlinked, and those arrays
+            // were unpublished before this entry could die here). No new
+            // reader can reach it, and readers that already did are pinned,
+            // so destruction is deferred past them. We won the CAS, so it is
+            // retired exactly once.
+            unsafe { guard.defer_destroy(k) };
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Seals `arr` for migration (if nobody has), sizes and allocates the
+    /// target, and helps copy.
+    fn start_migration(&self, arr_ptr: Shared<'_, Array<K>>, now: u64, guard: &Guard) {
+        // SAFETY: as in `array`: `arr_ptr` was loaded from `current` under
+        // `guard` and arrays are retired with `defer_destroy`.
+        let arr = unsafe { arr_ptr.deref() };
+        let pending = Shared::null().with_tag(PENDING);
+        if arr
+            .next
+            .compare_exchange(
+                Shared::null(),
+                pending,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+                guard,
+            )
+            .is_ok()
+        {
+            // Every row that can still be linked into `arr` is counted in
+            // `len` by now (see `claim_slot`), and rows are only copied from
+            // `arr`, so the target keeps at least half its slots vacant.
+            let rows = self.len.load(Ordering::SeqCst);
+            let slots = rows
+                .saturating_mul(2)
+                .saturating_add(2)
+                .max(self.min_slots)
+                .next_power_of_two();
+            let target = Owned::new(Array::new(slots));
+            arr.next.store(target, Ordering::Release);
+        }
+        self.help_migrate(arr, now, guard);
+    }
+
+    /// Copies chunks of `arr` into its target until none are left, waits for
+    /// the other copiers, and makes sure the target is published.
+    fn help_migrate(&self, arr: &Array<K>, now: u64, guard: &Guard) {
+        let backoff = Backoff::new();
+        let next = loop {
+            let next = arr.next.load(Ordering::Acquire, guard);
+            if !next.is_null() {
+                break next;
+            }
+            if next.tag() == 0 {
+                return; // no migration (any more): the caller retries
+            }
+            snooze(&backoff); // the sealer is allocating the target
+        };
+        // SAFETY: `next` is retired only after it was published and then
+        // unpublished by a later migration, all while `arr` (reached under
+        // `guard`) was unpublished earlier; so it is alive under `guard`.
+        let target = unsafe { next.deref() };
+        let chunks = arr.chunks();
+        loop {
+            let chunk = arr.claim.fetch_add(1, Ordering::AcqRel);
+            if chunk >= chunks {
+                break;
+            }
+            self.copy_chunk(arr, target, chunk, now, guard);
+            arr.copied.fetch_add(1, Ordering::AcqRel);
+        }
+        while arr.copied.load(Ordering::Acquire) < chunks {
+            snooze(&backoff);
+        }
+        let old = Shared::from(arr as *const Array<K>);
+        if self
+            .current
+            .compare_exchange(old, next, Ordering::AcqRel, Ordering::Acquire, guard)
+            .is_ok()
+        {
+            // SAFETY: `arr` is no longer reachable from `current`; readers
+            // that reached it are pinned. Its Drop frees only its slot array
+            // (entries are owned by the table's live slots), and only the
+            // thread that won this CAS retires it.
+            unsafe { guard.defer_destroy(old) };
+        }
+    }
+
+    fn copy_chunk(&self, arr: &Array<K>, target: &Array<K>, chunk: usize, now: u64, guard: &Guard) {
+        let end = ((chunk + 1) * CHUNK).min(arr.slots.len());
+        for slot in &arr.slots[chunk * CHUNK..end] {
+            loop {
+                let k = slot.key.load(Ordering::Acquire, guard);
+                if k.is_null() {
+                    if k.tag() != 0 {
+                        break; // tombstone
+                    }
+                    let sealed = Shared::null().with_tag(SEALED);
+                    if slot
+                        .key
+                        .compare_exchange(k, sealed, Ordering::AcqRel, Ordering::Acquire, guard)
+                        .is_ok()
+                    {
+                        break;
+                    }
+                    continue; // an insert won the slot: copy it
+                }
+                let word = slot.state.load(Ordering::Acquire);
+                if word == DEAD {
+                    self.unlink(slot, guard);
+                    break;
+                }
+                debug_assert!(is_live(word), "a chunk is copied once");
+                if word <= now {
+                    // Full: drop it rather than copy it.
+                    if self.kill(slot, word, guard) {
+                        break;
+                    }
+                    continue;
+                }
+                if slot
+                    .state
+                    .compare_exchange(word, word | FROZEN, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    // SAFETY: as in `probe`.
+                    let hash = unsafe { k.deref() }.hash;
+                    target.insert_copy(k, hash, word, guard);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl<K> Drop for Table<K> {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self` means no other thread holds a reference into
+        // the table, so no guard protects anything we free here. Entries
+        // linked in the current array are owned by it and freed once; a
+        // target array left by an unfinished migration holds only copies of
+        // those pointers, so only its slot array is freed. Unlinked entries
+        // and unpublished arrays were handed to the collector already.
+        unsafe {
+            let guard = epoch::unprotected();
+            let cur = self.current.load(Ordering::Relaxed, guard);
+            let arr = cur.deref();
+            for slot in arr.slots.iter() {
+                let k = slot.key.load(Ordering::Relaxed, guard);
+                if !k.is_null() {
+                    drop(k.into_owned());
+                }
+            }
+            let next = arr.next.load(Ordering::Relaxed, guard);
+            if !next.is_null() {
+                drop(next.into_owned());
+            }
+            drop(cur.into_owned());
+        }
+    }
+}
