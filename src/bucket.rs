@@ -206,7 +206,10 @@ mod tests {
         };
         // Stepping back makes the debt look larger: fewer tokens, later tat.
         assert_eq!(l.tokens(tat, 500), 0);
-        assert_eq!(l.reserve(tat, 500, 1), Decision::Wait(tat + T - 500 - 2 * T));
+        assert_eq!(
+            l.reserve(tat, 500, 1),
+            Decision::Wait(tat + T - 500 - 2 * T)
+        );
         // A bucket that was full at 1_000 and is read at 0 still starts from tat.
         assert_eq!(l.reserve(1_000, 0, 1), Decision::Wait(1_000 + T - 2 * T));
     }

@@ -18,17 +18,28 @@ pub trait Clock: Send + Sync {
     fn now_ns(&self) -> u64;
 }
 
+/// The clock a [`Pace`](crate::Pace) uses unless told otherwise:
+/// [`QuantaClock`] with the default `quanta` feature, else [`StdClock`].
+#[cfg(feature = "quanta")]
+pub type DefaultClock = QuantaClock;
+/// The clock a [`Pace`](crate::Pace) uses unless told otherwise:
+/// [`QuantaClock`] with the default `quanta` feature, else [`StdClock`].
+#[cfg(not(feature = "quanta"))]
+pub type DefaultClock = StdClock;
+
 /// The default clock: [`quanta`]'s TSC-calibrated counter, read relative to
 /// the moment the clock was created.
 ///
 /// Some CPUs give quanta readings that are not monotonic across cores; the
 /// limiter tolerates that by construction (a step back never mints tokens).
+#[cfg(feature = "quanta")]
 #[derive(Clone, Debug)]
 pub struct QuantaClock {
     clock: quanta::Clock,
     origin: u64,
 }
 
+#[cfg(feature = "quanta")]
 impl QuantaClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
@@ -38,12 +49,14 @@ impl QuantaClock {
     }
 }
 
+#[cfg(feature = "quanta")]
 impl Default for QuantaClock {
     fn default() -> Self {
         Self::new()
     }
 }
 
+#[cfg(feature = "quanta")]
 impl Clock for QuantaClock {
     #[inline]
     fn now_ns(&self) -> u64 {
@@ -160,6 +173,7 @@ mod tests {
         assert_eq!(c.now_ns(), u64::MAX, "advance saturates");
     }
 
+    #[cfg(feature = "quanta")]
     #[test]
     fn real_clocks_start_near_zero_and_move_forward() {
         let q = QuantaClock::new();

@@ -28,6 +28,8 @@ mod rate;
 mod sync;
 mod table;
 
-pub use crate::clock::{Clock, ManualClock, QuantaClock, StdClock};
+#[cfg(feature = "quanta")]
+pub use crate::clock::QuantaClock;
+pub use crate::clock::{Clock, DefaultClock, ManualClock, StdClock};
 pub use crate::pace::{Builder, Denied, DenyReason, Pace, Reservation};
 pub use crate::rate::{ConfigError, Rate};

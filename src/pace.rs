@@ -10,7 +10,7 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 
 use crate::bucket::{Decision, Limits};
-use crate::clock::{Clock, QuantaClock};
+use crate::clock::{Clock, DefaultClock};
 use crate::rate::{ConfigError, Rate};
 use crate::sync::epoch::Guard;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
@@ -47,7 +47,7 @@ const MIN_HORIZON_NS: u64 = 1_000_000;
 /// assert!(pace.reserve("client-7").is_ok());
 /// # Ok::<(), pace::ConfigError>(())
 /// ```
-pub struct Pace<K, S = RandomState, C = QuantaClock> {
+pub struct Pace<K, S = RandomState, C = DefaultClock> {
     table: Table<K>,
     limits: Limits,
     rate: Rate,
@@ -64,7 +64,7 @@ pub struct Pace<K, S = RandomState, C = QuantaClock> {
 
 /// Builds a [`Pace`] with a non-default capacity, clock or hasher.
 #[must_use = "a builder does nothing until build() is called"]
-pub struct Builder<K, S = RandomState, C = QuantaClock> {
+pub struct Builder<K, S = RandomState, C = DefaultClock> {
     rate: Rate,
     capacity: Option<u64>,
     hasher: S,
@@ -136,7 +136,9 @@ impl Denied {
 impl fmt::Display for Denied {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.reason {
-            DenyReason::Exhausted => write!(f, "pace exceeded; retry after {:?}", self.retry_after()),
+            DenyReason::Exhausted => {
+                write!(f, "pace exceeded; retry after {:?}", self.retry_after())
+            }
             DenyReason::ExceedsCapacity => f.write_str("request exceeds the bucket's capacity"),
             DenyReason::TimeExhausted => f.write_str("the limiter's time space is exhausted"),
         }
@@ -151,7 +153,7 @@ impl std::error::Error for Denied {}
 /// A reservation neither pins an epoch nor keeps its row alive: it is a
 /// record of what was debited (`n` tokens, ending at a `tat`).
 #[must_use = "dropping a Reservation keeps the debit; refund() it if the exchange did not happen"]
-pub struct Reservation<'a, K, Q: ?Sized, S = RandomState, C = QuantaClock> {
+pub struct Reservation<'a, K, Q: ?Sized, S = RandomState, C = DefaultClock> {
     pace: &'a Pace<K, S, C>,
     key: &'a Q,
     n: u64,
@@ -203,7 +205,7 @@ where
 }
 
 impl<K> Pace<K> {
-    /// A limiter at `rate` with one second of it as capacity, the quanta
+    /// A limiter at `rate` with one second of it as capacity, the default
     /// clock and a randomly seeded SipHash.
     pub fn new(rate: Rate) -> Pace<K> {
         Pace::builder(rate)
@@ -217,7 +219,7 @@ impl<K> Pace<K> {
             rate,
             capacity: None,
             hasher: RandomState::new(),
-            clock: QuantaClock::new(),
+            clock: DefaultClock::new(),
             min_slots: DEFAULT_MIN_SLOTS,
             _keys: PhantomData,
         }
@@ -231,7 +233,7 @@ impl<K, S, C> Builder<K, S, C> {
         self
     }
 
-    /// The clock (default [`QuantaClock`]).
+    /// The clock (default [`DefaultClock`]: quanta with the default feature).
     pub fn clock<C2: Clock>(self, clock: C2) -> Builder<K, S, C2> {
         Builder {
             rate: self.rate,
@@ -275,8 +277,8 @@ impl<K, S, C> Builder<K, S, C> {
         if capacity == 0 {
             return Err(ConfigError::ZeroCapacity);
         }
-        let limits = Limits::new(self.rate.interval_ns(), capacity)
-            .ok_or(ConfigError::CapacityTooLarge)?;
+        let limits =
+            Limits::new(self.rate.interval_ns(), capacity).ok_or(ConfigError::CapacityTooLarge)?;
         let horizon = limits.tau().max(MIN_HORIZON_NS);
         Ok(Pace {
             table: Table::new(self.min_slots),

@@ -275,7 +275,12 @@ impl<K> Table<K> {
             let (arr_ptr, arr) = self.array(guard);
             match self.probe(arr, hash, key, guard) {
                 Probe::Found(slot) => match self.debit(arr, slot, limits, n, now, guard) {
-                    Step::Done(r) => return r.map(|tat| Admitted { tat, created: false }),
+                    Step::Done(r) => {
+                        return r.map(|tat| Admitted {
+                            tat,
+                            created: false,
+                        })
+                    }
                     Step::Retry => continue,
                 },
                 Probe::Migrating => self.help_migrate(arr, now, guard),
@@ -306,9 +311,7 @@ impl<K> Table<K> {
                         guard,
                     ) {
                         Ok(_) => match self.debit(arr, slot, limits, n, now, guard) {
-                            Step::Done(r) => {
-                                return r.map(|tat| Admitted { tat, created: true })
-                            }
+                            Step::Done(r) => return r.map(|tat| Admitted { tat, created: true }),
                             Step::Retry => continue,
                         },
                         Err(e) => {
@@ -326,7 +329,13 @@ impl<K> Table<K> {
 
     /// Counts one more row and one more used slot in `arr`, unless `arr` is
     /// migrating or full (then helps or starts the migration and says no).
-    fn claim_slot(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, now: u64, guard: &Guard) -> bool {
+    fn claim_slot(
+        &self,
+        arr_ptr: Shared<'_, Array<K>>,
+        arr: &Array<K>,
+        now: u64,
+        guard: &Guard,
+    ) -> bool {
         if !arr.next.load(Ordering::SeqCst, guard).is_null()
             || arr.next.load(Ordering::SeqCst, guard).tag() != 0
         {
