@@ -33,3 +33,38 @@ pub use crate::clock::QuantaClock;
 pub use crate::clock::{Clock, DefaultClock, ManualClock, StdClock};
 pub use crate::pace::{Builder, Denied, DenyReason, Pace, Reservation};
 pub use crate::rate::{ConfigError, Rate};
+
+/// Internals exposed for benchmarks, fuzz targets and models only. Not a
+/// stable API: anything here may change in any release.
+#[doc(hidden)]
+pub mod __private {
+    /// The bucket rule (`src/bucket.rs`) on plain integers, so that baseline
+    /// limiters in benchmarks and exact models can share the crate's math.
+    #[derive(Clone, Copy, Debug)]
+    pub struct BucketMath(crate::bucket::Limits);
+
+    impl BucketMath {
+        /// `capacity` tokens refilled one per `interval_ns`; `None` when
+        /// either is zero or their product does not fit the time space.
+        pub fn new(interval_ns: u64, capacity: u64) -> Option<BucketMath> {
+            crate::bucket::Limits::new(interval_ns, capacity).map(BucketMath)
+        }
+
+        /// Debits `n` tokens from bucket state `tat` at `now`: `Ok(new_tat)`,
+        /// or `Err(wait_ns)` (`u64::MAX` when never admissible).
+        #[inline]
+        pub fn reserve(&self, tat: u64, now: u64, n: u64) -> Result<u64, u64> {
+            use crate::bucket::Decision;
+            match self.0.reserve(tat, now, n) {
+                Decision::Admit(t) => Ok(t),
+                Decision::Wait(w) => Err(w),
+                Decision::Never | Decision::TimeExhausted => Err(u64::MAX),
+            }
+        }
+
+        /// Whole tokens in bucket `tat` at `now`.
+        pub fn tokens(&self, tat: u64, now: u64) -> u64 {
+            self.0.tokens(tat, now)
+        }
+    }
+}
