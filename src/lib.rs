@@ -38,6 +38,15 @@ pub use crate::rate::{ConfigError, Rate};
 /// stable API: anything here may change in any release.
 #[doc(hidden)]
 pub mod __private {
+    /// Pins and flushes the current thread's epoch handle until deferred
+    /// frees have run, so memory tests can measure what is really held.
+    #[cfg(not(loom))]
+    pub fn collect_garbage() {
+        for _ in 0..1024 {
+            crossbeam_epoch::pin().flush();
+        }
+    }
+
     /// The bucket rule (`src/bucket.rs`) on plain integers, so that baseline
     /// limiters in benchmarks and exact models can share the crate's math.
     #[derive(Clone, Copy, Debug)]

@@ -516,6 +516,15 @@ where
     }
 }
 
+impl<K: Clone, S, C> Pace<K, S, C> {
+    /// Keys of the rows held now, for invariant checks in tests: call it only
+    /// when no other operation is in flight.
+    #[doc(hidden)]
+    pub fn row_keys(&self) -> Vec<K> {
+        self.table.live_keys(&self.pin())
+    }
+}
+
 impl<K, S, C: fmt::Debug> fmt::Debug for Pace<K, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pace")

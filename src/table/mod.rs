@@ -144,6 +144,12 @@ impl<K> Array<K> {
     }
 }
 
+/// Whether an array's `next` says a migration has started.
+#[inline]
+fn is_migrating<K>(next: Shared<'_, Array<K>>) -> bool {
+    !next.is_null() || next.tag() != 0
+}
+
 /// The outcome of a probe for a key.
 enum Probe<'g, K> {
     Found(&'g Slot<K>),
@@ -283,8 +289,8 @@ impl<K> Table<K> {
                     }
                     Step::Retry => continue,
                 },
-                Probe::Migrating => self.help_migrate(arr, now, guard),
-                Probe::Full => self.start_migration(arr_ptr, now, guard),
+                Probe::Migrating => self.help_migrate(arr, guard),
+                Probe::Full => self.start_migration(arr_ptr, guard),
                 Probe::Vacant(idx) => {
                     // Absent is full: decide before creating anything.
                     if let d @ (Decision::Wait(_) | Decision::Never | Decision::TimeExhausted) =
@@ -292,7 +298,7 @@ impl<K> Table<K> {
                     {
                         return Err(d);
                     }
-                    if !self.claim_slot(arr_ptr, arr, now, guard) {
+                    if !self.claim_slot(arr_ptr, arr, guard) {
                         continue;
                     }
                     let entry = match fresh.take() {
@@ -333,13 +339,10 @@ impl<K> Table<K> {
         &self,
         arr_ptr: Shared<'_, Array<K>>,
         arr: &Array<K>,
-        now: u64,
         guard: &Guard,
     ) -> bool {
-        if !arr.next.load(Ordering::SeqCst, guard).is_null()
-            || arr.next.load(Ordering::SeqCst, guard).tag() != 0
-        {
-            self.help_migrate(arr, now, guard);
+        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+            self.help_migrate(arr, guard);
             return false;
         }
         // The row is counted before it is linked, and the migration check
@@ -347,16 +350,15 @@ impl<K> Table<K> {
         // target from `len` after sealing `next` counts every row that can
         // still be linked into `arr`. See `start_migration`.
         self.len.fetch_add(1, Ordering::SeqCst);
-        let next = arr.next.load(Ordering::SeqCst, guard);
-        if !next.is_null() || next.tag() != 0 {
+        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
             self.len.fetch_sub(1, Ordering::SeqCst);
-            self.help_migrate(arr, now, guard);
+            self.help_migrate(arr, guard);
             return false;
         }
         if arr.used.fetch_add(1, Ordering::Relaxed) >= arr.grow_at() {
             arr.used.fetch_sub(1, Ordering::Relaxed);
             self.len.fetch_sub(1, Ordering::SeqCst);
-            self.start_migration(arr_ptr, now, guard);
+            self.start_migration(arr_ptr, guard);
             return false;
         }
         true
@@ -380,7 +382,7 @@ impl<K> Table<K> {
                 if word == DEAD {
                     self.unlink(slot, guard);
                 } else {
-                    self.help_migrate(arr, now, guard);
+                    self.help_migrate(arr, guard);
                 }
                 return Step::Retry;
             }
@@ -433,7 +435,7 @@ impl<K> Table<K> {
             let slot = match self.probe(arr, hash, key, guard) {
                 Probe::Found(slot) => slot,
                 Probe::Migrating => {
-                    self.help_migrate(arr, now, guard);
+                    self.help_migrate(arr, guard);
                     continue;
                 }
                 Probe::Vacant(_) | Probe::Full => return,
@@ -444,7 +446,7 @@ impl<K> Table<K> {
                     return;
                 }
                 if !is_live(word) {
-                    self.help_migrate(arr, now, guard);
+                    self.help_migrate(arr, guard);
                     continue 'outer;
                 }
                 #[cfg(pace_mutant = "refund_full_interval")]
@@ -519,14 +521,14 @@ impl<K> Table<K> {
                 self.unlink(slot, guard);
             } else if !is_live(word) {
                 // A migration is copying this array; it drops full rows itself.
-                self.help_migrate(arr, now, guard);
+                self.help_migrate(arr, guard);
                 return removed;
             } else if word <= now && self.kill(slot, word, guard) {
                 removed += 1;
             }
         }
         if arr.slots.len() > self.min_slots && self.len().saturating_mul(8) < arr.slots.len() {
-            self.start_migration(arr_ptr, now, guard);
+            self.start_migration(arr_ptr, guard);
         }
         removed
     }
@@ -583,7 +585,7 @@ impl<K> Table<K> {
 
     /// Seals `arr` for migration (if nobody has), sizes and allocates the
     /// target, and helps copy.
-    fn start_migration(&self, arr_ptr: Shared<'_, Array<K>>, now: u64, guard: &Guard) {
+    fn start_migration(&self, arr_ptr: Shared<'_, Array<K>>, guard: &Guard) {
         // SAFETY: as in `array`: `arr_ptr` was loaded from `current` under
         // `guard` and arrays are retired with `defer_destroy`.
         let arr = unsafe { arr_ptr.deref() };
@@ -611,12 +613,12 @@ impl<K> Table<K> {
             let target = Owned::new(Array::new(slots));
             arr.next.store(target, Ordering::Release);
         }
-        self.help_migrate(arr, now, guard);
+        self.help_migrate(arr, guard);
     }
 
     /// Copies chunks of `arr` into its target until none are left, waits for
     /// the other copiers, and makes sure the target is published.
-    fn help_migrate(&self, arr: &Array<K>, now: u64, guard: &Guard) {
+    fn help_migrate(&self, arr: &Array<K>, guard: &Guard) {
         let backoff = Backoff::new();
         let next = loop {
             let next = arr.next.load(Ordering::Acquire, guard);
@@ -638,7 +640,7 @@ impl<K> Table<K> {
             if chunk >= chunks {
                 break;
             }
-            self.copy_chunk(arr, target, chunk, now, guard);
+            self.copy_chunk(arr, target, chunk, guard);
             arr.copied.fetch_add(1, Ordering::AcqRel);
         }
         while arr.copied.load(Ordering::Acquire) < chunks {
@@ -658,7 +660,7 @@ impl<K> Table<K> {
         }
     }
 
-    fn copy_chunk(&self, arr: &Array<K>, target: &Array<K>, chunk: usize, now: u64, guard: &Guard) {
+    fn copy_chunk(&self, arr: &Array<K>, target: &Array<K>, chunk: usize, guard: &Guard) {
         let end = ((chunk + 1) * CHUNK).min(arr.slots.len());
         for slot in &arr.slots[chunk * CHUNK..end] {
             loop {
@@ -683,13 +685,6 @@ impl<K> Table<K> {
                     break;
                 }
                 debug_assert!(is_live(word), "a chunk is copied once");
-                if word <= now {
-                    // Full: drop it rather than copy it.
-                    if self.kill(slot, word, guard) {
-                        break;
-                    }
-                    continue;
-                }
                 if slot
                     .state
                     .compare_exchange(word, word | FROZEN, Ordering::AcqRel, Ordering::Acquire)
@@ -702,6 +697,25 @@ impl<K> Table<K> {
                 }
             }
         }
+    }
+}
+
+impl<K: Clone> Table<K> {
+    /// Keys of the rows linked in the current array and not DEAD, for
+    /// invariant checks when no operation is in flight.
+    pub(crate) fn live_keys(&self, guard: &Guard) -> Vec<K> {
+        let (_, arr) = self.array(guard);
+        arr.slots
+            .iter()
+            .filter_map(|slot| {
+                let k = slot.key.load(Ordering::Acquire, guard);
+                if k.is_null() || slot.state.load(Ordering::Acquire) == DEAD {
+                    return None;
+                }
+                // SAFETY: as in `probe`.
+                Some(unsafe { k.deref() }.key.clone())
+            })
+            .collect()
     }
 }
 
