@@ -50,7 +50,11 @@ fn refill_is_continuous_and_never_beyond_capacity() {
     clock.advance(ms(350));
     assert_eq!(p.peek(&7), 3);
     clock.advance(Duration::from_secs(3600));
-    assert_eq!(p.peek(&7), 10, "an hour of silence buys one second, not an hour");
+    assert_eq!(
+        p.peek(&7),
+        10,
+        "an hour of silence buys one second, not an hour"
+    );
     for _ in 0..10 {
         let _ = p.reserve(&7).unwrap();
     }
@@ -195,7 +199,10 @@ fn a_clock_far_ahead_is_a_typed_permanent_denial() {
     assert!(d.is_permanent());
     assert_eq!(p.len(), 0);
     clock.set(Duration::MAX);
-    assert_eq!(p.reserve(&1).unwrap_err().reason(), DenyReason::TimeExhausted);
+    assert_eq!(
+        p.reserve(&1).unwrap_err().reason(),
+        DenyReason::TimeExhausted
+    );
     assert_eq!(p.peek(&1), 2);
 }
 
@@ -301,7 +308,10 @@ fn builder_errors_are_typed() {
     let p = Pace::<u64>::builder(r).capacity(25).build().unwrap();
     assert_eq!(p.capacity(), 25);
     assert_eq!(p.horizon(), Duration::from_millis(2_500));
-    assert_eq!(Pace::<u64>::new(Rate::new(100, Duration::from_secs(60)).unwrap()).capacity(), 1);
+    assert_eq!(
+        Pace::<u64>::new(Rate::new(100, Duration::from_secs(60)).unwrap()).capacity(),
+        1
+    );
 }
 
 #[test]

@@ -335,12 +335,7 @@ impl<K> Table<K> {
 
     /// Counts one more row and one more used slot in `arr`, unless `arr` is
     /// migrating or full (then helps or starts the migration and says no).
-    fn claim_slot(
-        &self,
-        arr_ptr: Shared<'_, Array<K>>,
-        arr: &Array<K>,
-        guard: &Guard,
-    ) -> bool {
+    fn claim_slot(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, guard: &Guard) -> bool {
         if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
             self.help_migrate(arr, guard);
             return false;
