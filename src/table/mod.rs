@@ -411,6 +411,7 @@ impl<K> Table<K> {
     /// Returns the undrained part of a reservation (`n` tokens whose debit
     /// ended at `own_tat`) to `key`'s row. An absent or dead row is full
     /// already: nothing is created or resurrected.
+    #[allow(clippy::too_many_arguments)] // the rule's inputs, each used once
     pub(crate) fn refund<Q>(
         &self,
         limits: &Limits,

@@ -1,0 +1,134 @@
+//! Memory follows the keys that exchanged, not the keys anyone named.
+//!
+//! Measured with a counting global allocator. This file holds one test so
+//! that nothing else allocates concurrently in this binary.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::hash_map::RandomState;
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use pace::{ManualClock, Pace, Rate};
+
+struct Counting;
+
+static HELD: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every method forwards to `System` with the caller's arguments
+// unchanged, so `System`'s guarantees are ours; the counter is a side effect.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            HELD.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        HELD.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: `ptr` was allocated by `System` with `layout` (via `alloc`).
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller upholds `GlobalAlloc::realloc`'s contract.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            HELD.fetch_add(
+                new_size as isize - layout.size() as isize,
+                Ordering::Relaxed,
+            );
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn held() -> isize {
+    pace::__private::collect_garbage();
+    HELD.load(Ordering::Relaxed)
+}
+
+/// What an idle run of the collector may keep (thread-local garbage bags).
+const SLACK: isize = 64 * 1024;
+const FLOOD: u64 = if cfg!(debug_assertions) {
+    200_000
+} else {
+    1_000_000
+};
+
+#[test]
+fn memory_is_bounded_by_recent_exchanges() {
+    let clock = ManualClock::new();
+    let rate = Rate::per_second(10).unwrap();
+
+    // 1. A flood of distinct claimed ids, each reserved and refunded (the
+    //    presenter could not prove the id): no row survives, the table keeps
+    //    its size.
+    let ids: Pace<String, RandomState, ManualClock> =
+        Pace::builder(rate).clock(clock.clone()).build().unwrap();
+    let slots = ids.table_slots();
+    let base = held();
+    for i in 0..FLOOD {
+        let claimed = format!("client-{i:012}");
+        ids.reserve(claimed.as_str()).unwrap().refund();
+    }
+    assert_eq!(ids.len(), 0);
+    assert_eq!(ids.table_slots(), slots);
+    let after = held();
+    assert!(after - base <= SLACK, "flood left {} bytes", after - base);
+
+    // 2. A flood of keys that each really exchanged once: rows live for one
+    //    horizon, then the first call after it sweeps them and the table
+    //    shrinks back to its minimum.
+    let keys: Pace<u64, RandomState, ManualClock> =
+        Pace::builder(rate).clock(clock.clone()).build().unwrap();
+    let slots = keys.table_slots();
+    let base = held();
+    for k in 0..FLOOD {
+        let _kept = keys.reserve(&k).unwrap();
+    }
+    assert_eq!(keys.len(), FLOOD as usize);
+    let peak = held();
+    eprintln!(
+        "{FLOOD} live u64 rows: {} bytes, {:.1} bytes per row ({} table slots)",
+        peak - base,
+        (peak - base) as f64 / FLOOD as f64,
+        keys.table_slots()
+    );
+    clock.advance(keys.horizon());
+    let _ = keys.reserve(&u64::MAX).unwrap(); // past the horizon: sweeps
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys.table_slots(), slots);
+    let after = held();
+    assert!(
+        after - base <= SLACK,
+        "{} bytes left after the horizon",
+        after - base
+    );
+
+    // 3. The same with String keys (what a claimed id usually is).
+    let base = held();
+    let names: Pace<String, RandomState, ManualClock> =
+        Pace::builder(rate).clock(clock.clone()).build().unwrap();
+    let n = FLOOD / 4;
+    for i in 0..n {
+        let _kept = names.reserve(format!("client-{i:08}").as_str()).unwrap();
+    }
+    let peak = held();
+    eprintln!(
+        "{n} live String rows (15-byte keys): {:.1} bytes per row",
+        (peak - base) as f64 / n as f64
+    );
+    clock.advance(names.horizon());
+    assert_eq!(names.sweep(), n as usize);
+    assert_eq!(names.table_slots(), slots);
+    drop(names);
+    drop(keys);
+    drop(ids);
+    let end = held();
+    assert!(end - base <= SLACK, "{} bytes left after drop", end - base);
+}
