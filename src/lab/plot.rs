@@ -14,6 +14,9 @@ pub struct Panel {
     pub title: String,
     /// `(limiter label, admitted times)` per line.
     pub series: Vec<(String, Vec<u64>)>,
+    /// The first arrival of the shape (ns); the panel starts one window
+    /// before it.
+    pub first_arrival: u64,
     /// The last arrival of the shape (ns); the panel runs one window past it.
     pub last_arrival: u64,
 }
@@ -31,17 +34,27 @@ const COLORS: [RGBColor; 10] = [
     RGBColor(23, 190, 207),
 ];
 
-/// Writes the panels to an SVG file at `path`, two panels per row.
+/// Writes the panels to an SVG file at `path`, two panels per row, one
+/// legend for all of them on top.
 ///
 /// # Errors
 /// [`LabError::Plot`] when the file cannot be written.
 pub fn write_svg(path: &Path, settings: &Settings, panels: &[Panel]) -> Result<(), LabError> {
     let cols = if panels.len() > 1 { 2 } else { 1 };
     let rows = panels.len().div_ceil(cols).max(1);
-    let size = (760 * cols as u32, 460 * rows as u32);
+    let labels: Vec<String> = panels
+        .first()
+        .map(|p| p.series.iter().map(|(l, _)| l.clone()).collect())
+        .unwrap_or_default();
+    let width = 760 * cols as u32;
+    let per_line = (width as usize / 260).max(1);
+    let legend_height = 24 * (labels.len() + 1).div_ceil(per_line) as u32 + 16;
+    let size = (width, 440 * rows as u32 + legend_height);
     let root = SVGBackend::new(path, size).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
-    for (panel, area) in panels.iter().zip(root.split_evenly((rows, cols)).iter()) {
+    let (legend, grid) = root.split_vertically(legend_height);
+    draw_legend(&legend, settings, &labels, per_line)?;
+    for (panel, area) in panels.iter().zip(grid.split_evenly((rows, cols)).iter()) {
         draw_panel(area, settings, panel)?;
     }
     root.present().map_err(plot_err)?;
@@ -52,33 +65,66 @@ fn plot_err<E: std::fmt::Display>(e: E) -> LabError {
     LabError::Plot(e.to_string())
 }
 
-fn draw_panel(
-    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// Line width of series `i` of `n`: earlier lines are drawn wider, so lines
+/// lying on each other stay visible as coloured edges.
+fn line_width(i: usize, n: usize) -> u32 {
+    2 + (5 * (n - 1 - i) / (n.max(2) - 1)) as u32
+}
+
+fn draw_legend(
+    area: &Area<'_>,
     settings: &Settings,
-    panel: &Panel,
+    labels: &[String],
+    per_line: usize,
 ) -> Result<(), LabError> {
+    let font = ("sans-serif", 15).into_font();
+    let entries = labels
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.clone(), COLORS[i % COLORS.len()].stroke_width(4)))
+        .chain([(
+            format!("limit {} (dashed)", settings.limit()),
+            BLACK.stroke_width(2),
+        )]);
+    for (i, (label, style)) in entries.enumerate() {
+        let x = 16 + 260 * (i % per_line) as i32;
+        let y = 16 + 24 * (i / per_line) as i32;
+        area.draw(&PathElement::new(vec![(x, y), (x + 28, y)], style))
+            .map_err(plot_err)?;
+        area.draw(&Text::new(label, (x + 36, y - 8), font.clone()))
+            .map_err(plot_err)?;
+    }
+    Ok(())
+}
+
+fn draw_panel(area: &Area<'_>, settings: &Settings, panel: &Panel) -> Result<(), LabError> {
     let window = settings.window_ns();
     let secs = |ns: u64| ns as f64 / 1e9;
-    let series: Vec<(&str, Vec<(u64, u64)>)> = panel
+    let series: Vec<Vec<(u64, u64)>> = panel
         .series
         .iter()
-        .map(|(name, times)| (name.as_str(), trailing_series(times, window)))
+        .map(|(_, times)| trailing_series(times, window))
         .collect();
     let peak = series
         .iter()
-        .flat_map(|(_, pts)| pts.iter().map(|p| p.1))
+        .flat_map(|pts| pts.iter().map(|p| p.1))
         .chain([settings.limit()])
         .max()
         .unwrap_or(1);
+    // From one window before the first arrival (or 0) to one window after
+    // the last.
+    let x_start = secs(panel.first_arrival.saturating_sub(window));
     let x_end = secs(panel.last_arrival.saturating_add(window));
-    let y_end = (peak as f64 * 1.15).ceil();
+    let y_end = (peak as f64 * 1.12).ceil();
 
     let mut chart = ChartBuilder::on(area)
-        .caption(&panel.title, ("sans-serif", 22))
+        .caption(&panel.title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
-        .build_cartesian_2d(0f64..x_end, 0f64..y_end)
+        .build_cartesian_2d(x_start..x_end, 0f64..y_end)
         .map_err(plot_err)?;
     chart
         .configure_mesh()
@@ -87,45 +133,32 @@ fn draw_panel(
             "admitted in trailing {:?}",
             std::time::Duration::from_nanos(window)
         ))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .light_line_style(WHITE)
         .draw()
         .map_err(plot_err)?;
 
-    // Earlier lines are drawn wider, so lines lying on each other stay
-    // visible as coloured edges.
     let n = series.len();
-    for (i, (name, pts)) in series.iter().enumerate() {
+    for (i, pts) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let width = 2 + 2 * (n - 1 - i) as u32 / 2;
         chart
             .draw_series(LineSeries::new(
-                pts.iter().map(|&(x, y)| (secs(x), y as f64)),
-                color.stroke_width(width),
+                pts.iter()
+                    .filter(|p| secs(p.0) >= x_start)
+                    .map(|&(x, y)| (secs(x), y as f64)),
+                color.stroke_width(line_width(i, n)),
             ))
-            .map_err(plot_err)?
-            .label(*name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3))
-            });
+            .map_err(plot_err)?;
     }
     let limit = settings.limit() as f64;
     chart
         .draw_series(DashedLineSeries::new(
-            [(0.0, limit), (x_end, limit)],
+            [(x_start, limit), (x_end, limit)],
             8,
             6,
             BLACK.stroke_width(2),
         ))
-        .map_err(plot_err)?
-        .label(format!("limit {}", settings.limit()))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(2)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 13))
-        .draw()
         .map_err(plot_err)?;
     Ok(())
 }

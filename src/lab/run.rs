@@ -251,6 +251,7 @@ pub fn compare(
         let mut panel = Panel {
             title: shape_name.clone(),
             series: Vec::new(),
+            first_arrival: arrivals.first().copied().unwrap_or(0),
             last_arrival: arrivals.last().copied().unwrap_or(0),
         };
         for spec in specs {
