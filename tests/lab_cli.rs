@@ -160,7 +160,7 @@ fn nodes_add_three_deployments_per_limiter() {
     let out = stdout(&o);
     assert_eq!(out.lines().count(), 8 * 3);
     assert!(out.contains(
-        r#"{"limiter":"fixed-window per node, limit/3","shape":"quiet-burst (3 nodes, sticky)","admitted":33,"worst_window":33,"refused_with_right":67,"bytes_per_key":48}"#
+        r#"{"limiter":"fixed-window per node, limit/3","shape":"quiet-burst (3 nodes, sticky)","admitted":33,"worst_window":33,"refused_with_right":67,"bytes_per_key":16}"#
     ), "{out}");
 }
 

@@ -127,12 +127,16 @@ fn several_nodes_leak_n_fold_and_dividing_throws_away_under_sticky_traffic() {
     assert_eq!(o.bytes_per_key, 48, "3 counters");
     let o = run(&spec, &s, &arrivals, &rr, Deployment::PerNodeDivided).unwrap();
     assert_eq!((o.admitted.len(), o.refused_with_right), (99, 1));
+    assert_eq!(o.bytes_per_key, 48);
     let o = run(&spec, &s, &arrivals, &sticky, Deployment::PerNodeDivided).unwrap();
     assert_eq!(
         (o.admitted.len(), o.refused_with_right),
         (33, 67),
         "two thirds thrown away"
     );
+    assert_eq!(o.bytes_per_key, 16, "only node 0 ever sees the key");
+    let o = run(&spec, &s, &arrivals, &sticky, Deployment::PerNode).unwrap();
+    assert_eq!((o.admitted.len(), o.bytes_per_key), (100, 16));
     let o = run(&spec, &s, &arrivals, &sticky, Deployment::Shared).unwrap();
     assert_eq!((o.admitted.len(), o.bytes_per_key), (100, 16));
 }
