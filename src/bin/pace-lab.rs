@@ -14,7 +14,7 @@ use pace::lab::{
 /// Compare rate limiters on traffic shapes by the worst window of what they
 /// admit.
 #[derive(Parser, Debug)]
-#[command(name = "pace-lab", version, about, long_about = None)]
+#[command(name = "pace-lab", version)]
 struct Args {
     /// Requests allowed per window.
     #[arg(long, default_value_t = 100)]
