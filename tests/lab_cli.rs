@@ -191,3 +191,24 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn the_json_rows_in_docs_lab_md_are_what_the_lab_prints() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/lab.md")).unwrap();
+    let block = doc
+        .split("```json\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("docs/lab.md has a json block");
+    let o = lab(&[
+        "--limit",
+        "100",
+        "--window",
+        "60s",
+        "--shape",
+        "documents",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(block, stdout(&o));
+}
