@@ -400,7 +400,7 @@ impl Limiter for SubWindow {
             // Clear the slots that fell out of the span (all of them after a
             // long silence).
             let first = self.slot + 1;
-            let last = slot.min(self.slot + ring);
+            let last = slot.min(self.slot.saturating_add(ring));
             for s in first..=last {
                 self.counts[(s % ring) as usize] = 0;
             }
