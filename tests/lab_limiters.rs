@@ -83,6 +83,24 @@ fn sub_window_costs_at_most_one_slot_of_throughput() {
 }
 
 #[test]
+fn a_clock_stepping_back_frees_nothing() {
+    // Spend the whole limit at 10 W, then show every limiter readings from
+    // the past: none of them may admit again.
+    let s = settings(10, Duration::from_secs(1));
+    let now = 10 * s.window_ns();
+    for spec in LimiterSpec::lineup(&s, 10, 6) {
+        let mut l = spec.build(&s).unwrap();
+        for _ in 0..10 {
+            assert!(l.admit(now), "{spec:?}");
+        }
+        assert!(!l.admit(now), "{spec:?}");
+        for back in [1, s.window_ns() / 2, s.window_ns(), 5 * s.window_ns(), now] {
+            assert!(!l.admit(now - back), "{spec:?} at -{back} ns");
+        }
+    }
+}
+
+#[test]
 fn worst_window_matches_brute_force_on_the_shapes() {
     let s = settings(10, Duration::from_secs(1));
     for shape in Shape::BUILT_IN {

@@ -144,9 +144,9 @@ fn draw_panel(area: &Area<'_>, settings: &Settings, panel: &Panel) -> Result<(),
         let color = COLORS[i % COLORS.len()];
         chart
             .draw_series(LineSeries::new(
-                pts.iter()
-                    .filter(|p| secs(p.0) >= x_start)
-                    .map(|&(x, y)| (secs(x), y as f64)),
+                thin(pts, (x_end - x_start) / 700.0, secs)
+                    .into_iter()
+                    .filter(|p| p.0 >= x_start),
                 color.stroke_width(line_width(i, n)),
             ))
             .map_err(plot_err)?;
@@ -161,4 +161,46 @@ fn draw_panel(area: &Area<'_>, settings: &Settings, panel: &Panel) -> Result<(),
         ))
         .map_err(plot_err)?;
     Ok(())
+}
+
+/// The points of a step series in seconds, thinned to what a picture of a
+/// few thousand pixels can show: within each `column` of x, the first, the
+/// lowest, the highest and the last point, in order. Peaks survive.
+fn thin(pts: &[(u64, u64)], column: f64, secs: impl Fn(u64) -> f64) -> Vec<(f64, f64)> {
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    let mut i = 0;
+    while i < pts.len() {
+        let col = (secs(pts[i].0) / column).floor();
+        let mut j = i;
+        while j < pts.len() && (secs(pts[j].0) / column).floor() == col {
+            j += 1;
+        }
+        let group = &pts[i..j];
+        let lo = group.iter().enumerate().min_by_key(|p| p.1 .1).map(|p| p.0);
+        let hi = group.iter().enumerate().max_by_key(|p| p.1 .1).map(|p| p.0);
+        let mut keep = vec![0, group.len() - 1];
+        keep.extend(lo);
+        keep.extend(hi);
+        keep.sort_unstable();
+        keep.dedup();
+        out.extend(keep.iter().map(|&k| (secs(group[k].0), group[k].1 as f64)));
+        i = j;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thin;
+
+    #[test]
+    fn thinning_keeps_first_last_and_extremes_of_each_column() {
+        let pts: Vec<(u64, u64)> = vec![(0, 0), (1, 5), (2, 1), (3, 9), (4, 2), (10, 3), (11, 4)];
+        // Columns of width 5: x in [0, 5) and [10, 15).
+        assert_eq!(
+            thin(&pts, 5.0, |x| x as f64),
+            vec![(0.0, 0.0), (3.0, 9.0), (4.0, 2.0), (10.0, 3.0), (11.0, 4.0)]
+        );
+        assert!(thin(&[], 1.0, |x| x as f64).is_empty());
+    }
 }
