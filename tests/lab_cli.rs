@@ -212,3 +212,78 @@ fn the_json_rows_in_docs_lab_md_are_what_the_lab_prints() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(block, stdout(&o));
 }
+
+/// The `| \`limiter\` | a / b / c | ... |` rows of the markdown table that
+/// follows `heading` in docs/lab.md.
+fn doc_table(heading: &str) -> Vec<(String, Vec<String>)> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/lab.md")).unwrap();
+    let after = doc.split(heading).nth(1).expect("heading in docs/lab.md");
+    after
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<String> = l
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().replace("**", "").replace('`', ""))
+                .collect();
+            (cells[0].clone(), cells[1..].to_vec())
+        })
+        .collect()
+}
+
+#[test]
+fn the_tables_in_docs_lab_md_are_what_the_lab_prints() {
+    let rows = |shapes: &str| -> Vec<serde_json::Value> {
+        let o = lab(&["--shape", shapes, "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let cell = |rows: &[serde_json::Value], limiter: &str, shape: &str, key: &str| {
+        rows.iter()
+            .find(|r| r["limiter"] == limiter && r["shape"] == shape)
+            .unwrap_or_else(|| panic!("{limiter} {shape}"))[key]
+            .to_string()
+    };
+
+    let docs = rows("documents");
+    let table = doc_table("### The documents' table");
+    assert_eq!(table.len(), 8);
+    for (limiter, cells) in &table {
+        let shapes = ["boundary", "steady-2x", "steady-1.1x", "quiet-burst"];
+        for (shape, got) in shapes.iter().zip(cells) {
+            assert_eq!(
+                got,
+                &cell(&docs, limiter, shape, "worst_window"),
+                "{limiter} {shape}"
+            );
+        }
+        let quiet = format!(
+            "{} / {}",
+            cell(&docs, limiter, "quiet-burst", "admitted"),
+            cell(&docs, limiter, "quiet-burst", "refused_with_right")
+        );
+        assert_eq!(cells[4], quiet, "{limiter}");
+        assert_eq!(cells[5], cell(&docs, limiter, "boundary", "bytes_per_key"));
+    }
+
+    let random = rows("poisson-1.5x,on-off");
+    let table = doc_table("Random shapes");
+    assert_eq!(table.len(), 6);
+    for (limiter, cells) in &table {
+        for (shape, got) in ["poisson-1.5x", "on-off"].iter().zip(cells) {
+            let want = format!(
+                "{} / {} / {}",
+                cell(&random, limiter, shape, "worst_window"),
+                cell(&random, limiter, shape, "admitted"),
+                cell(&random, limiter, shape, "refused_with_right")
+            );
+            assert_eq!(got, &want, "{limiter} {shape}");
+        }
+    }
+}

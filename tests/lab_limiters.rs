@@ -387,3 +387,41 @@ proptest! {
         prop_assert_eq!(worst_window(&arrivals, window), brute_worst(&arrivals, window));
     }
 }
+
+#[test]
+fn a_shared_pace_fed_by_skewed_node_clocks() {
+    // Three nodes whose clocks are 0, 5 and 10 s ahead share one Pace with
+    // capacity = limit. Its stored time only moves forward, so the node
+    // furthest ahead sets the pace: a little less than 199 on steady 2x, and
+    // on the quiet burst the nodes behind see a bucket emptier than it is.
+    let s = settings(100, Duration::from_secs(60));
+    let t = Topology {
+        nodes: 3,
+        clocks: Clocks {
+            offset_ns: 5_000_000_000,
+            jitter_ns: 0,
+        },
+        ..Topology::default()
+    };
+    let spec = LimiterSpec::Pace {
+        capacity: Some(100),
+    };
+    let o = run(
+        &spec,
+        &s,
+        &Shape::Steady2x.arrivals(&s, 1),
+        &t,
+        Deployment::Shared,
+    )
+    .unwrap();
+    assert_eq!((o.admitted.len(), o.worst_window), (1092, 189));
+    let o = run(
+        &spec,
+        &s,
+        &Shape::QuietBurst.arrivals(&s, 1),
+        &t,
+        Deployment::Shared,
+    )
+    .unwrap();
+    assert_eq!((o.admitted.len(), o.refused_with_right), (102, 6));
+}

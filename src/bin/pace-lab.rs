@@ -112,10 +112,8 @@ fn lab(args: &Args) -> Result<(), LabError> {
         (None, None) => Shape::BUILT_IN.to_vec(),
     };
     if let Some(path) = &args.arrivals {
-        let text = std::fs::read_to_string(path).map_err(|e| LabError::Arrivals {
-            line: 0,
-            message: format!("cannot read {}: {e}", path.display()),
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| LabError::Read(format!("cannot read {}: {e}", path.display())))?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

@@ -123,6 +123,8 @@ pub enum LabError {
     },
     /// An arrivals file held no timestamp.
     NoArrivals,
+    /// A file could not be read.
+    Read(String),
     /// A limiter could not be configured (a capacity of zero, a capacity too
     /// large for its arithmetic, or a rate `Pace` rejects).
     Config(String),
@@ -149,6 +151,7 @@ impl fmt::Display for LabError {
                 write!(f, "arrivals file, line {line}: {message}")
             }
             LabError::NoArrivals => f.write_str("the arrivals file holds no timestamp"),
+            LabError::Read(m) => f.write_str(m),
             LabError::Config(m) => write!(f, "limiter configuration: {m}"),
             LabError::Plot(m) => write!(f, "could not draw the SVG: {m}"),
         }
