@@ -106,16 +106,16 @@ fn exact_admission() {
         let handles: Vec<_> = (0..2)
             .map(|_| {
                 let (p, k) = (p.clone(), k.clone());
-                thread::spawn(move || {
-                    (0..2)
-                        .filter(|_| p.reserve_n_at(&k, 1, 0).is_ok())
-                        .count()
-                })
+                thread::spawn(move || (0..2).filter(|_| p.reserve_n_at(&k, 1, 0).is_ok()).count())
             })
             .collect();
         let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
         assert_eq!(admitted, 2, "exactly the tokens left are admitted");
-        assert_eq!(p.row_tat(&k), Some(3 * T), "state equals the sequential one");
+        assert_eq!(
+            p.row_tat(&k),
+            Some(3 * T),
+            "state equals the sequential one"
+        );
         assert_eq!(ids(&p), vec![1]);
     });
 }
@@ -135,7 +135,11 @@ fn reserve_vs_unlink() {
         let end = p.reserve_n_at(&k, 1, T).unwrap().debit_end_ns();
         let removed = sweeper.join().unwrap();
         assert_eq!(end, 2 * T);
-        assert_eq!(p.row_tat(&k), Some(2 * T), "the debit is held by a live row");
+        assert_eq!(
+            p.row_tat(&k),
+            Some(2 * T),
+            "the debit is held by a live row"
+        );
         assert_eq!(p.len(), 1);
         assert!(removed <= 1);
     });
@@ -184,7 +188,11 @@ fn refund_vs_sweep() {
         held.refund_at(T); // returns the undrained T: full, row removed
         sweeper.join().unwrap();
         assert_eq!(p.row_tat(&a), None, "no resurrection");
-        assert_eq!(p.row_tat(&b), None, "a refund that fills the bucket removes the row");
+        assert_eq!(
+            p.row_tat(&b),
+            None,
+            "a refund that fills the bucket removes the row"
+        );
         assert_eq!(p.len(), 0);
     });
 }
@@ -279,8 +287,16 @@ fn stale_clocks() {
         assert!(theirs.windows(2).all(|w| w[0] < w[1]));
         all.sort_unstable();
         all.dedup();
-        assert_eq!(all.len(), mine.len() + theirs.len(), "no two debits share an end");
-        assert_eq!(p.row_tat(&k), all.last().copied(), "the word holds the latest end");
+        assert_eq!(
+            all.len(),
+            mine.len() + theirs.len(),
+            "no two debits share an end"
+        );
+        assert_eq!(
+            p.row_tat(&k),
+            all.last().copied(),
+            "the word holds the latest end"
+        );
         // Never more than capacity + what 100 intervals refill.
         assert!(all.len() <= 4);
         assert_eq!(mine.len(), 2, "the up-to-date thread is never starved");
