@@ -287,3 +287,18 @@ fn the_tables_in_docs_lab_md_are_what_the_lab_prints() {
         }
     }
 }
+
+#[test]
+fn the_readme_shows_the_documents_table_of_docs_lab_md() {
+    let read =
+        |p: &str| std::fs::read_to_string(format!("{}/{p}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let (doc, readme) = (read("docs/lab.md"), read("README.md"));
+    let start = doc
+        .find("| limiter | boundary |")
+        .expect("table in docs/lab.md");
+    let end = doc[start..].find("\n\n").map_or(doc.len(), |e| start + e);
+    assert!(
+        readme.contains(&doc[start..end]),
+        "README's lab table differs from docs/lab.md"
+    );
+}
