@@ -359,7 +359,24 @@ impl<K, S, C> Pace<K, S, C> {
         }
         #[cfg(loom)]
         {
-            self.collector.register().pin()
+            // One handle per (loom thread, collector), kept in a loom thread
+            // local: registering on every call would multiply the model's
+            // state space. A handle keeps its collector's global state alive,
+            // so the equality check cannot be fooled by address reuse.
+            loom::thread_local! {
+                static HANDLES: std::cell::RefCell<Vec<crossbeam_epoch::LocalHandle>> =
+                    std::cell::RefCell::new(Vec::new());
+            }
+            HANDLES.with(|handles| {
+                let mut handles = handles.borrow_mut();
+                if let Some(h) = handles.iter().find(|h| h.collector() == &self.collector) {
+                    return h.pin();
+                }
+                let h = self.collector.register();
+                let guard = h.pin();
+                handles.push(h);
+                guard
+            })
         }
     }
 }
