@@ -153,7 +153,9 @@ fn reserve_vs_unlink() {
             "the debit is held by a live row"
         );
         assert_eq!(p.len(), 1);
-        assert!(removed <= 1);
+        // The old row, and possibly the reserver's fresh row (a fresh row is
+        // full until its creator's debit lands; the creator then retries).
+        assert!(removed <= 2);
     });
 }
 
