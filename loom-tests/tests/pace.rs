@@ -97,7 +97,9 @@ fn model<F: Fn() + Sync + Send + 'static>(f: F) {
         "loom: {} executions in {:.1?} (LOOM_MAX_PREEMPTIONS={})",
         executions.load(std::sync::atomic::Ordering::Relaxed),
         started.elapsed(),
-        builder.preemption_bound.map_or("unbounded".into(), |b| b.to_string()),
+        builder
+            .preemption_bound
+            .map_or("unbounded".into(), |b| b.to_string()),
     );
 }
 
@@ -245,7 +247,10 @@ fn shrink_vs_reserve() {
     model(|| {
         let p = pace(2);
         let keys: Vec<Key> = (0..4).map(key).collect();
-        let held: Vec<_> = keys.iter().map(|k| p.reserve_n_at(k, 1, 0).unwrap()).collect();
+        let held: Vec<_> = keys
+            .iter()
+            .map(|k| p.reserve_n_at(k, 1, 0).unwrap())
+            .collect();
         assert_eq!(p.table_slots(), 8, "the 4th row grew the table");
         for r in held {
             r.refund_at(0); // each refund fills its bucket: the row goes
