@@ -104,7 +104,7 @@ fn memory_is_bounded_by_recent_exchanges() {
     // large each call sweeps one chunk of 4,096 slots, so callers finish it.
     let chunks = keys.table_slots().div_ceil(4_096);
     let mut calls = 0;
-    while keys.len() > 0 || calls == 0 {
+    while !keys.is_empty() || calls == 0 {
         keys.reserve(&u64::MAX).unwrap().refund(); // a rejected presentation
         calls += 1;
         assert!(calls <= chunks, "the pass ends after one call per chunk");
