@@ -11,6 +11,14 @@ pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+// The gate's waiting path (`Gate::admit`) parks on these; under loom they are
+// modelled too, so a lost wake-up shows up as a loom deadlock.
+#[cfg(loom)]
+pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
+
 pub(crate) use crossbeam_epoch as epoch;
 
 /// Wait politely for another thread to finish a short step (a migration chunk).
