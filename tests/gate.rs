@@ -386,6 +386,38 @@ fn cancelled_head_waiter_leaves_nothing_and_passes_the_turn() {
     assert_clean(&g);
 }
 
+/// A waiter behind the first one gives up: it leaves the queue holding
+/// nothing, reports what the first waiter lacks, and the first one is still
+/// served when capacity comes back.
+#[test]
+fn cancelled_waiter_behind_the_head_leaves_nothing() {
+    let g = gate(1, 100, 100);
+    let hold = g.try_admit(Some(10)).unwrap();
+    let g1 = g.clone();
+    let first = thread::spawn(move || g1.admit(Some(10), far()).map(|t| t.reserved_bytes()));
+    wait_until(|| g.stats().waiting == 1);
+    assert_eq!(
+        g.admit(Some(1), Instant::now() + Duration::from_millis(5))
+            .unwrap_err(),
+        AdmitError::TimedOut {
+            resource: Resource::Slots
+        }
+    );
+    assert_eq!(g.stats().waiting, 1);
+    assert_eq!(held(&g), (1, 10));
+    assert_eq!(
+        g.try_admit(Some(1)).unwrap_err(),
+        AdmitError::Saturated {
+            resource: Resource::Slots
+        }
+    );
+    drop(hold);
+    assert_eq!(first.join().unwrap(), Ok(10));
+    let s = g.stats();
+    assert_eq!((s.timed_out, s.saturated_slots), (1, 2));
+    assert_clean(&g);
+}
+
 #[test]
 fn stats_count_saturations_by_reason_and_peaks() {
     let g = gate(2, 10, 10);

@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
-use crate::sync::{cas_retry, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{cas_retry, fence, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
 #[doc(hidden)]
 pub mod model;
@@ -450,6 +450,10 @@ impl Gate {
         w.next_id = w.next_id.wrapping_add(1);
         w.queue.push_back(id);
         inner.queued.fetch_add(1, Ordering::SeqCst);
+        // The waiter's side of the Dekker pair in `wake_if_queued`: any
+        // release that does not see us in `queued` is seen by the check below.
+        #[cfg(not(pace_mutant = "gate_no_fence"))]
+        fence(Ordering::SeqCst);
         loop {
             let short = if w.queue.front() == Some(&id) {
                 // First in line: try for real. A failed byte reservation rolls
@@ -514,15 +518,11 @@ impl Gate {
     }
 
     fn ticket(&self, bytes: u64) -> Ticket {
-        Ticket {
-            slot: SlotPermit {
-                gate: Arc::clone(&self.inner),
-            },
-            bytes: BytePermit {
-                gate: Arc::clone(&self.inner),
-                bytes,
-            },
-        }
+        Ticket(Hold {
+            gate: Arc::clone(&self.inner),
+            slots: 1,
+            bytes,
+        })
     }
 }
 
@@ -633,115 +633,53 @@ impl Inner {
         }
     }
 
-    fn release_slot(&self) {
-        self.held.slots.fetch_sub(1, Ordering::SeqCst);
-        self.wake_if_queued();
-    }
-
-    fn release_bytes(&self, bytes: u64) {
+    /// Give back `slots` and `bytes`, then wake the queue if anyone waits.
+    fn release(&self, slots: usize, bytes: u64) {
+        if slots != 0 {
+            self.held.slots.fetch_sub(slots, Ordering::SeqCst);
+        }
         if bytes != 0 {
             self.held.bytes.fetch_sub(bytes, Ordering::SeqCst);
+        }
+        if slots != 0 || bytes != 0 {
             self.wake_if_queued();
         }
     }
 
-    /// After a counter went down: if anyone waits, wake them. The decrement
-    /// and this load are SeqCst, as are the waiter's increment of `queued`
-    /// and its reservation, so either we see the waiter or it sees our
-    /// decrement (no lost wake-up). Taking the lock orders the notify after
-    /// the waiter went to sleep.
+    /// After a counter went down: if anyone waits, wake them.
+    ///
+    /// This is one side of a store-load (Dekker) pair: here "decrement a
+    /// counter, then read `queued`"; in `admit`, "increment `queued`, then
+    /// read the counters". The SeqCst fence on each side means at least one
+    /// of them sees the other's write: either we see the waiter and wake it,
+    /// or its check sees our decrement. (Fences rather than SeqCst accesses:
+    /// loom models SeqCst fences exactly, SeqCst accesses only as AcqRel.)
+    /// Taking the lock orders our notify after the waiter went to sleep.
     fn wake_if_queued(&self) {
-        if self.queued.load(Ordering::SeqCst) != 0 {
+        #[cfg(not(pace_mutant = "gate_no_fence"))]
+        fence(Ordering::SeqCst);
+        if self.queued.load(Ordering::Relaxed) != 0 {
             drop(self.lock());
             self.cv.notify_all();
         }
     }
 }
 
-/// One admitted job: a slot and a byte share, released when dropped (or
-/// [`split`](Ticket::split) to release them at different times).
-#[must_use = "dropping a ticket releases its slot and bytes at once"]
-#[derive(Debug)]
-pub struct Ticket {
-    slot: SlotPermit,
-    bytes: BytePermit,
-}
-
-impl Ticket {
-    /// The byte share held.
-    pub fn reserved_bytes(&self) -> u64 {
-        self.bytes.bytes
-    }
-
-    /// Shrink the byte share to `to`, returning the excess to the gate now.
-    ///
-    /// # Errors
-    /// [`ShrinkError`] when `to` is above the share (nothing changes).
-    pub fn shrink_to(&mut self, to: u64) -> Result<u64, ShrinkError> {
-        self.bytes.shrink_to(to)
-    }
-
-    /// The slot (for the job) and the byte share (for the buffer).
-    pub fn split(self) -> (SlotPermit, BytePermit) {
-        (self.slot, self.bytes)
-    }
-}
-
-/// One job slot; dropping it releases the slot (once).
-#[must_use = "dropping a slot permit releases the slot at once"]
-pub struct SlotPermit {
+/// What a ticket or permit holds; dropping it gives that back, once.
+struct Hold {
     gate: Arc<Inner>,
-}
-
-impl fmt::Debug for SlotPermit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SlotPermit")
-    }
-}
-
-impl Drop for SlotPermit {
-    fn drop(&mut self) {
-        self.gate.release_slot();
-    }
-}
-
-/// A byte share; dropping it releases what it still holds (once).
-#[must_use = "dropping a byte permit releases its bytes at once"]
-pub struct BytePermit {
-    gate: Arc<Inner>,
+    slots: usize,
     bytes: u64,
 }
 
-impl fmt::Debug for BytePermit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BytePermit")
-            .field("bytes", &self.bytes)
-            .finish()
-    }
-}
-
-impl Drop for BytePermit {
+impl Drop for Hold {
     fn drop(&mut self) {
-        self.gate.release_bytes(self.bytes);
+        self.gate.release(self.slots, self.bytes);
     }
 }
 
-/// First read size when the share is larger; the buffer then doubles, never
-/// past the share.
-const FIRST_CHUNK: usize = 8 * 1024;
-
-impl BytePermit {
-    /// The share held now.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    /// Shrink the share to `to` bytes, returning the excess to the gate at
-    /// once. Returns how many bytes were released.
-    ///
-    /// # Errors
-    /// [`ShrinkError`] when `to` is above the share (nothing changes).
-    pub fn shrink_to(&mut self, to: u64) -> Result<u64, ShrinkError> {
+impl Hold {
+    fn shrink_to(&mut self, to: u64) -> Result<u64, ShrinkError> {
         if to > self.bytes {
             return Err(ShrinkError {
                 requested: to,
@@ -753,8 +691,93 @@ impl BytePermit {
         // Known-wrong variant for the model checker: the excess is never
         // returned to the gate.
         #[cfg(not(pace_mutant = "gate_shrink_keeps_excess"))]
-        self.gate.release_bytes(excess);
+        self.gate.release(0, excess);
         Ok(excess)
+    }
+}
+
+/// One admitted job: a slot and a byte share, released when dropped (or
+/// [`split`](Ticket::split) to release them at different times).
+#[must_use = "dropping a ticket releases its slot and bytes at once"]
+pub struct Ticket(Hold);
+
+impl fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("bytes", &self.0.bytes)
+            .finish()
+    }
+}
+
+impl Ticket {
+    /// The byte share held.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.0.bytes
+    }
+
+    /// Shrink the byte share to `to`, returning the excess to the gate now.
+    /// Returns how many bytes were released.
+    ///
+    /// # Errors
+    /// [`ShrinkError`] when `to` is above the share (nothing changes).
+    pub fn shrink_to(&mut self, to: u64) -> Result<u64, ShrinkError> {
+        self.0.shrink_to(to)
+    }
+
+    /// The slot (for the job) and the byte share (for the buffer).
+    pub fn split(self) -> (SlotPermit, BytePermit) {
+        let Ticket(mut slot) = self;
+        let bytes = Hold {
+            gate: Arc::clone(&slot.gate),
+            slots: 0,
+            bytes: slot.bytes,
+        };
+        slot.bytes = 0;
+        (SlotPermit { _hold: slot }, BytePermit(bytes))
+    }
+}
+
+/// One job slot; dropping it releases the slot (once).
+#[must_use = "dropping a slot permit releases the slot at once"]
+pub struct SlotPermit {
+    _hold: Hold,
+}
+
+impl fmt::Debug for SlotPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SlotPermit")
+    }
+}
+
+/// A byte share; dropping it releases what it still holds (once).
+#[must_use = "dropping a byte permit releases its bytes at once"]
+pub struct BytePermit(Hold);
+
+impl fmt::Debug for BytePermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BytePermit")
+            .field("bytes", &self.0.bytes)
+            .finish()
+    }
+}
+
+/// First read size when the share is larger; the buffer then doubles, never
+/// past the share.
+const FIRST_CHUNK: usize = 8 * 1024;
+
+impl BytePermit {
+    /// The share held now.
+    pub fn bytes(&self) -> u64 {
+        self.0.bytes
+    }
+
+    /// Shrink the share to `to` bytes, returning the excess to the gate at
+    /// once. Returns how many bytes were released.
+    ///
+    /// # Errors
+    /// [`ShrinkError`] when `to` is above the share (nothing changes).
+    pub fn shrink_to(&mut self, to: u64) -> Result<u64, ShrinkError> {
+        self.0.shrink_to(to)
     }
 
     /// Read a whole body under this share. The cap is enforced while
@@ -767,14 +790,15 @@ impl BytePermit {
     /// [`BodyError::TooLong`] past the share, [`BodyError::Io`] when the
     /// reader fails. Either way the share is released.
     pub fn read_body<R: Read>(mut self, mut reader: R) -> Result<Body, BodyError> {
-        let limit = usize::try_from(self.bytes).unwrap_or(usize::MAX);
+        let share = self.0.bytes;
+        let limit = usize::try_from(share).unwrap_or(usize::MAX);
         let mut buf: Vec<u8> = Vec::new();
         let mut filled = 0usize;
         loop {
             if filled == buf.len() {
                 if filled == limit {
                     if has_more(&mut reader)? {
-                        return Err(BodyError::TooLong { limit: self.bytes });
+                        return Err(BodyError::TooLong { limit: share });
                     }
                     break;
                 }
@@ -796,7 +820,7 @@ impl BytePermit {
         buf.shrink_to_fit();
         // Charge what the buffer really holds: its capacity, which after
         // `shrink_to_fit` is its length, and which never exceeds the share.
-        let charged = (buf.capacity() as u64).clamp(filled as u64, self.bytes);
+        let charged = (buf.capacity() as u64).clamp(filled as u64, share);
         let _ = self.shrink_to(charged);
         Ok(Body { buf, permit: self })
     }
@@ -825,7 +849,7 @@ pub struct Body {
 impl Body {
     /// Bytes counted against the gate for this buffer.
     pub fn charged(&self) -> u64 {
-        self.permit.bytes
+        self.permit.0.bytes
     }
 
     /// Make it a `Bytes` whose owner holds the byte share: clones and slices
@@ -855,7 +879,7 @@ impl fmt::Debug for Body {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Body")
             .field("len", &self.buf.len())
-            .field("charged", &self.permit.bytes)
+            .field("charged", &self.permit.0.bytes)
             .finish()
     }
 }

@@ -1,0 +1,139 @@
+//! loom models of `pace::Gate`: held slots never exceed N and held bytes
+//! never exceed B under any interleaving (within the preemption bound), a
+//! refused admission leaves nothing behind, and a waiter is never left
+//! asleep while what it waits for is free (a lost wake-up is a loom
+//! deadlock).
+//!
+//! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" CARGO_TARGET_DIR=target/loom \
+//!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release --test gate
+#![cfg(loom)]
+
+use std::time::{Duration, Instant};
+
+use loom::thread;
+use pace::gate::{AdmitError, Gate, Resource};
+
+fn gate(slots: usize, bytes: u64) -> Gate {
+    Gate::builder().slots(slots).bytes(bytes).build().unwrap()
+}
+
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(3600)
+}
+
+/// While a thread holds a ticket, the counters it can see are within the
+/// bounds and include its own share.
+fn check_bounds(g: &Gate, mine: u64) {
+    let s = g.stats();
+    assert!(s.slots_held >= 1 && s.slots_held <= g.slots(), "{s:?}");
+    assert!(s.bytes_held >= mine && s.bytes_held <= g.bytes(), "{s:?}");
+}
+
+/// Two admissions that cannot both fit (6 + 6 > 10) race; the winner
+/// shrinks its share, which may let the other in. Never over the budget,
+/// never both refused, and the loser's rolled-back slot is really returned.
+#[test]
+fn racing_admissions_stay_within_budget() {
+    loom::model(|| {
+        let g = gate(2, 10);
+        let g2 = g.clone();
+        let t = thread::spawn(move || match g2.try_admit(Some(6)) {
+            Ok(mut t) => {
+                check_bounds(&g2, 6);
+                assert_eq!(t.shrink_to(2), Ok(4));
+                check_bounds(&g2, 2);
+                true
+            }
+            Err(e) => {
+                assert_eq!(
+                    e,
+                    AdmitError::Saturated {
+                        resource: Resource::Bytes
+                    }
+                );
+                false
+            }
+        });
+        let main_ok = match g.try_admit(Some(6)) {
+            Ok(t) => {
+                check_bounds(&g, 6);
+                let (slot, bytes) = t.split();
+                drop(bytes);
+                drop(slot);
+                true
+            }
+            Err(e) => {
+                assert_eq!(
+                    e,
+                    AdmitError::Saturated {
+                        resource: Resource::Bytes
+                    }
+                );
+                false
+            }
+        };
+        let t_ok = t.join().unwrap();
+        assert!(main_ok || t_ok, "one of two must get in");
+        let s = g.stats();
+        assert_eq!((s.slots_held, s.bytes_held), (0, 0), "{s:?}");
+        assert!(s.peak_bytes <= 10 && s.peak_slots <= 2, "{s:?}");
+        assert_eq!(s.saturated_bytes, u64::from(!main_ok) + u64::from(!t_ok));
+    });
+}
+
+/// One slot, two admissions: exactly the slot bound.
+#[test]
+fn one_slot_is_never_held_twice() {
+    loom::model(|| {
+        let g = gate(1, 10);
+        let g2 = g.clone();
+        let t = thread::spawn(move || {
+            if let Ok(t) = g2.try_admit(Some(1)) {
+                check_bounds(&g2, 1);
+                drop(t);
+            }
+        });
+        if let Ok(t) = g.try_admit(Some(1)) {
+            check_bounds(&g, 1);
+            drop(t);
+        }
+        t.join().unwrap();
+        let s = g.stats();
+        assert_eq!(
+            (s.slots_held, s.bytes_held, s.peak_slots),
+            (0, 0, 1),
+            "{s:?}"
+        );
+    });
+}
+
+/// A waiter in `admit` must be woken when its slot frees, even when the
+/// only release it could see was hidden by another caller's transient
+/// slot (a `try_admit` that took the slot and then rolled back for lack of
+/// bytes). Slots: 2, bytes: 10; `p` holds 8 bytes throughout, `q` a slot.
+#[test]
+fn waiter_is_woken_after_release_and_rollback() {
+    loom::model(|| {
+        let g = gate(2, 10);
+        let p = g.try_admit(Some(8)).unwrap();
+        let q = g.try_admit(Some(0)).unwrap();
+        let g1 = g.clone();
+        let waiter = thread::spawn(move || {
+            let t = g1.admit(Some(0), far()).unwrap();
+            check_bounds(&g1, 0);
+            drop(t);
+        });
+        let g2 = g.clone();
+        let barger = thread::spawn(move || match g2.try_admit(Some(5)) {
+            Ok(_) => panic!("5 more bytes can never fit beside 8 of 10"),
+            Err(AdmitError::Saturated { .. }) => {}
+            Err(e) => panic!("{e:?}"),
+        });
+        drop(q);
+        barger.join().unwrap();
+        waiter.join().unwrap();
+        drop(p);
+        let s = g.stats();
+        assert_eq!((s.slots_held, s.bytes_held, s.waiting), (0, 0, 0), "{s:?}");
+    });
+}
