@@ -6,8 +6,17 @@
 //!
 //! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" CARGO_TARGET_DIR=target/loom \
 //!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release --test gate
+//!
+//! Mutants: built with `--cfg pace_mutant="gate_…"`, the crate swaps in a
+//! known-wrong variant and the `mutant_*` test for it asserts that a model
+//! here fails: `gate_unchecked_bytes` (check the budget, then add blindly),
+//! `gate_no_wake_on_rollback` (a refused admission gives its slot back
+//! without waking the queue) and `gate_no_fence` (no SeqCst fence between a
+//! release and its look at the queue). The last two leave a waiter asleep,
+//! which loom reports as a deadlock.
 #![cfg(loom)]
 
+use std::mem::ManuallyDrop;
 use std::time::{Duration, Instant};
 
 use loom::thread;
@@ -25,14 +34,19 @@ fn far() -> Instant {
 /// bounds and include its own share.
 fn check_bounds(g: &Gate, mine: u64) {
     let s = g.stats();
-    assert!(s.slots_held >= 1 && s.slots_held <= g.slots(), "{s:?}");
-    assert!(s.bytes_held >= mine && s.bytes_held <= g.bytes(), "{s:?}");
+    assert!(
+        s.slots_held >= 1 && s.slots_held <= g.slots(),
+        "slots over the bound: {s:?}"
+    );
+    assert!(
+        s.bytes_held >= mine && s.bytes_held <= g.bytes(),
+        "bytes over the bound: {s:?}"
+    );
 }
 
 /// Two admissions that cannot both fit (6 + 6 > 10) race; the winner
 /// shrinks its share, which may let the other in. Never over the budget,
 /// never both refused, and the loser's rolled-back slot is really returned.
-#[test]
 fn racing_admissions_stay_within_budget() {
     loom::model(|| {
         let g = gate(2, 10);
@@ -82,7 +96,6 @@ fn racing_admissions_stay_within_budget() {
 }
 
 /// One slot, two admissions: exactly the slot bound.
-#[test]
 fn one_slot_is_never_held_twice() {
     loom::model(|| {
         let g = gate(1, 10);
@@ -111,11 +124,13 @@ fn one_slot_is_never_held_twice() {
 /// only release it could see was hidden by another caller's transient
 /// slot (a `try_admit` that took the slot and then rolled back for lack of
 /// bytes). Slots: 2, bytes: 10; `p` holds 8 bytes throughout, `q` a slot.
-#[test]
 fn waiter_is_woken_after_release_and_rollback() {
     loom::model(|| {
         let g = gate(2, 10);
-        let p = g.try_admit(Some(8)).unwrap();
+        // Not dropped while unwinding from a loom failure: a permit's
+        // release touches loom atomics, which would then abort the process
+        // instead of failing the test.
+        let p = ManuallyDrop::new(g.try_admit(Some(8)).unwrap());
         let q = g.try_admit(Some(0)).unwrap();
         let g1 = g.clone();
         let waiter = thread::spawn(move || {
@@ -132,8 +147,47 @@ fn waiter_is_woken_after_release_and_rollback() {
         drop(q);
         barger.join().unwrap();
         waiter.join().unwrap();
-        drop(p);
+        drop(ManuallyDrop::into_inner(p));
         let s = g.stats();
         assert_eq!((s.slots_held, s.bytes_held, s.waiting), (0, 0, 0), "{s:?}");
     });
+}
+
+macro_rules! models {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(not(pace_mutant))]
+        #[test]
+        fn $name() {
+            super::$name();
+        }
+    )*};
+}
+
+mod model {
+    models!(
+        racing_admissions_stay_within_budget,
+        one_slot_is_never_held_twice,
+        waiter_is_woken_after_release_and_rollback,
+    );
+}
+
+#[cfg(pace_mutant = "gate_unchecked_bytes")]
+#[test]
+#[should_panic(expected = "bytes over the bound")]
+fn mutant_gate_unchecked_bytes_is_caught() {
+    racing_admissions_stay_within_budget();
+}
+
+#[cfg(pace_mutant = "gate_no_wake_on_rollback")]
+#[test]
+#[should_panic(expected = "deadlock")]
+fn mutant_gate_no_wake_on_rollback_is_caught() {
+    waiter_is_woken_after_release_and_rollback();
+}
+
+#[cfg(pace_mutant = "gate_no_fence")]
+#[test]
+#[should_panic(expected = "deadlock")]
+fn mutant_gate_no_fence_is_caught() {
+    waiter_is_woken_after_release_and_rollback();
 }
