@@ -33,6 +33,8 @@ use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::sync::{cas_retry, fence, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
+#[cfg(feature = "journal")]
+pub mod journal;
 #[doc(hidden)]
 pub mod model;
 
