@@ -258,3 +258,32 @@ fn torn_tail_is_detected_ignored_and_truncated() {
     );
     let _ = fs::remove_dir_all(&dir);
 }
+
+proptest::proptest! {
+    /// Any bytes after a valid journal: parsing never panics, keeps every
+    /// valid record before them, and reports a torn tail exactly when it
+    /// stops short of the end.
+    #[test]
+    fn garbage_after_a_journal_is_a_torn_tail(garbage in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+        let dir = std::env::temp_dir().join(format!("pace-journal-{}-garbage", std::process::id()));
+        let bytes = {
+            static SAMPLE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+            SAMPLE.get_or_init(|| {
+                let _ = fs::remove_dir_all(&dir);
+                fs::create_dir_all(&dir).unwrap();
+                let (_, bytes) = sample_journal(&dir);
+                let _ = fs::remove_dir_all(&dir);
+                bytes
+            }).clone()
+        };
+        let mut data = bytes.clone();
+        data.extend_from_slice(&garbage);
+        let r = parse(&data);
+        proptest::prop_assert!(r.records >= 6);
+        proptest::prop_assert!(r.valid_len >= bytes.len() as u64 && r.valid_len <= data.len() as u64);
+        proptest::prop_assert_eq!(r.torn_tail.is_none(), r.valid_len == data.len() as u64);
+        if r.records == 6 {
+            proptest::prop_assert_eq!(r.jobs, parse(&bytes).jobs);
+        }
+    }
+}
