@@ -153,6 +153,32 @@ fn waiter_is_woken_after_release_and_rollback() {
     });
 }
 
+/// Two callers wait in `admit` for the only slot; one release must let
+/// both through in turn (the first one's release, or its success, wakes
+/// the next). A waiter left asleep is a loom deadlock.
+fn two_waiters_are_both_served() {
+    loom::model(|| {
+        let g = gate(1, 10);
+        let t = g.try_admit(Some(10)).unwrap();
+        let spawn_waiter = |want: u64| {
+            let g = g.clone();
+            thread::spawn(move || {
+                let t = g.admit(Some(want), far()).unwrap();
+                check_bounds(&g, want);
+                drop(t);
+            })
+        };
+        let w1 = spawn_waiter(4);
+        let w2 = spawn_waiter(6);
+        drop(t);
+        w1.join().unwrap();
+        w2.join().unwrap();
+        let s = g.stats();
+        assert_eq!((s.slots_held, s.bytes_held, s.waiting), (0, 0, 0), "{s:?}");
+        assert_eq!((s.peak_slots, s.timed_out), (1, 0), "{s:?}");
+    });
+}
+
 macro_rules! models {
     ($($name:ident),* $(,)?) => {$(
         #[cfg(not(pace_mutant))]
@@ -168,6 +194,7 @@ mod model {
         racing_admissions_stay_within_budget,
         one_slot_is_never_held_twice,
         waiter_is_woken_after_release_and_rollback,
+        two_waiters_are_both_served,
     );
 }
 
