@@ -681,3 +681,45 @@ fn stress_never_exceeds_slots_or_bytes() {
     assert_eq!(shadow_bytes.load(SeqCst), 0);
     assert_clean(&g);
 }
+
+/// Admissions that cannot fit two at a time (600 + 600 > 1000), hammered
+/// from several threads: the shadow count (raised after an admission,
+/// lowered before its release) must never see two at once.
+#[test]
+fn stress_racing_admissions_never_share_the_budget() {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    use std::sync::Arc;
+
+    const ROUNDS: usize = 50_000;
+    let g = gate(64, 1000, 1000);
+    let shadow = Arc::new(AtomicU64::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (g, shadow, admitted) = (g.clone(), shadow.clone(), admitted.clone());
+            thread::spawn(move || {
+                for _ in 0..ROUNDS {
+                    let Ok(t) = g.try_admit(Some(600)) else {
+                        continue;
+                    };
+                    let before = shadow.fetch_add(600, SeqCst);
+                    assert_eq!(before, 0, "two 600-byte shares in a 1000-byte budget");
+                    admitted.fetch_add(1, SeqCst);
+                    shadow.fetch_sub(600, SeqCst);
+                    drop(t);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = g.stats();
+    assert!(admitted.load(SeqCst) > 0);
+    assert_eq!(s.peak_bytes, 600, "{s:?}");
+    assert_eq!(
+        admitted.load(SeqCst) + s.saturated_bytes + s.saturated_slots,
+        4 * ROUNDS as u64
+    );
+    assert_clean(&g);
+}

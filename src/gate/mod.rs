@@ -214,9 +214,10 @@ pub struct GateStats {
     pub slots_held: usize,
     /// Bytes held now.
     pub bytes_held: u64,
-    /// Highest `slots_held` ever reached.
+    /// Highest `slots_held` reached by a successful admission (a refused
+    /// admission's transient slot is not counted).
     pub peak_slots: usize,
-    /// Highest `bytes_held` ever reached.
+    /// Highest `bytes_held` reached by a successful admission.
     pub peak_bytes: u64,
     /// Refusals ([`AdmitError::Saturated`] or [`AdmitError::TimedOut`])
     /// because of slots.
