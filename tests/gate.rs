@@ -7,8 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use pace::gate::{
-    AdmitError, BodyError, BytePermit, Gate, GateConfigError, GateStats, Resource, ShrinkError,
-    SlotPermit,
+    AdmitError, BodyError, BytePermit, Cancel, Gate, GateConfigError, GateStats, Resource,
+    ShrinkError, SlotPermit,
 };
 
 fn gate(slots: usize, bytes: u64, cap: u64) -> Gate {
@@ -418,6 +418,70 @@ fn cancelled_waiter_behind_the_head_leaves_nothing() {
     assert_clean(&g);
 }
 
+/// Cancelling the first waiter from another thread: it leaves holding
+/// nothing, and the waiter behind it, which fits, is served. No timing
+/// involved: both deadlines are far away.
+#[test]
+fn cancelled_waiter_leaves_nothing_and_passes_the_turn() {
+    let g = gate(8, 100, 100);
+    let hold = g.try_admit(Some(50)).unwrap();
+    let cancel = Cancel::new();
+    let (g1, c1) = (g.clone(), cancel.clone());
+    let first = thread::spawn(move || {
+        g1.admit_cancellable(Some(60), far(), &c1)
+            .map(|t| t.reserved_bytes())
+    });
+    wait_until(|| g.stats().waiting == 1);
+    let g2 = g.clone();
+    let second = thread::spawn(move || g2.admit(Some(40), far()).map(|t| t.reserved_bytes()));
+    wait_until(|| g.stats().waiting == 2);
+    assert_eq!(held(&g), (1, 50), "40 fits but must wait behind 60");
+    g.cancel(&cancel);
+    assert!(cancel.is_cancelled());
+    assert_eq!(
+        first.join().unwrap(),
+        Err(AdmitError::Cancelled {
+            resource: Resource::Bytes
+        })
+    );
+    assert_eq!(second.join().unwrap(), Ok(40));
+    assert_eq!(held(&g), (1, 50));
+    let s = g.stats();
+    assert_eq!(
+        (s.cancelled, s.timed_out, s.saturated_bytes, s.waiting),
+        (1, 0, 1, 0)
+    );
+    drop(hold);
+    assert_clean(&g);
+    assert_eq!(
+        AdmitError::Cancelled {
+            resource: Resource::Slots
+        }
+        .to_string(),
+        "cancelled while waiting for job slots"
+    );
+}
+
+/// A token cancelled before the call cancels the waiting, not an admission
+/// that fits at once.
+#[test]
+fn cancelled_token_refuses_only_what_would_wait() {
+    let g = gate(1, 100, 100);
+    let cancel = Cancel::new();
+    g.cancel(&cancel);
+    let t = g.admit_cancellable(Some(10), far(), &cancel).unwrap();
+    assert_eq!(
+        g.admit_cancellable(Some(10), far(), &cancel).unwrap_err(),
+        AdmitError::Cancelled {
+            resource: Resource::Slots
+        }
+    );
+    assert_eq!(held(&g), (1, 10));
+    drop(t);
+    assert_clean(&g);
+    assert_eq!(g.stats().cancelled, 1);
+}
+
 #[test]
 fn stats_count_saturations_by_reason_and_peaks() {
     let g = gate(2, 10, 10);
@@ -438,6 +502,7 @@ fn stats_count_saturations_by_reason_and_peaks() {
             saturated_slots: 2,
             saturated_bytes: 1,
             timed_out: 0,
+            cancelled: 0,
             too_large: 1,
             waiting: 0,
         }
@@ -626,6 +691,7 @@ fn stress_never_exceeds_slots_or_bytes() {
                         Err(AdmitError::Saturated { .. } | AdmitError::TimedOut { .. }) => {
                             continue;
                         }
+                        Err(e @ AdmitError::Cancelled { .. }) => panic!("nobody cancels: {e:?}"),
                     };
                     admitted.fetch_add(1, SeqCst);
                     let want = declared.unwrap_or(CAP);

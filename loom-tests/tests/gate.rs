@@ -11,16 +11,17 @@
 //! known-wrong variant and the `mutant_*` test for it asserts that a model
 //! here fails: `gate_unchecked_bytes` (check the budget, then add blindly),
 //! `gate_no_wake_on_rollback` (a refused admission gives its slot back
-//! without waking the queue) and `gate_no_fence` (no SeqCst fence between a
-//! release and its look at the queue). The last two leave a waiter asleep,
-//! which loom reports as a deadlock.
+//! without waking the queue), `gate_no_fence` (no SeqCst fence between a
+//! release and its look at the queue) and `gate_cancel_no_notify` (cancelling
+//! sets the flag without waking the waiters). The last three leave a waiter
+//! asleep, which loom reports as a deadlock.
 #![cfg(loom)]
 
 use std::mem::ManuallyDrop;
 use std::time::{Duration, Instant};
 
 use loom::thread;
-use pace::gate::{AdmitError, Gate, Resource};
+use pace::gate::{AdmitError, Cancel, Gate, Resource};
 
 fn gate(slots: usize, bytes: u64) -> Gate {
     Gate::builder().slots(slots).bytes(bytes).build().unwrap()
@@ -179,6 +180,28 @@ fn two_waiters_are_both_served() {
     });
 }
 
+/// A waiter that can never fit is cancelled from another thread: it must
+/// wake, leave the queue and hold nothing (a missed wake-up is a deadlock).
+fn cancel_wakes_the_waiter() {
+    loom::model(|| {
+        let g = gate(1, 10);
+        let hold = ManuallyDrop::new(g.try_admit(Some(1)).unwrap());
+        let cancel = Cancel::new();
+        let (g1, c1) = (g.clone(), cancel.clone());
+        let waiter = thread::spawn(move || g1.admit_cancellable(Some(1), far(), &c1).map(|_| ()));
+        g.cancel(&cancel);
+        assert_eq!(
+            waiter.join().unwrap(),
+            Err(AdmitError::Cancelled {
+                resource: Resource::Slots
+            })
+        );
+        let s = g.stats();
+        assert_eq!((s.slots_held, s.waiting, s.cancelled), (1, 0, 1), "{s:?}");
+        drop(ManuallyDrop::into_inner(hold));
+    });
+}
+
 macro_rules! models {
     ($($name:ident),* $(,)?) => {$(
         #[cfg(not(pace_mutant))]
@@ -195,6 +218,7 @@ mod model {
         one_slot_is_never_held_twice,
         waiter_is_woken_after_release_and_rollback,
         two_waiters_are_both_served,
+        cancel_wakes_the_waiter,
     );
 }
 
@@ -217,4 +241,11 @@ fn mutant_gate_no_wake_on_rollback_is_caught() {
 #[should_panic(expected = "deadlock")]
 fn mutant_gate_no_fence_is_caught() {
     waiter_is_woken_after_release_and_rollback();
+}
+
+#[cfg(pace_mutant = "gate_cancel_no_notify")]
+#[test]
+#[should_panic(expected = "deadlock")]
+fn mutant_gate_cancel_no_notify_is_caught() {
+    cancel_wakes_the_waiter();
 }

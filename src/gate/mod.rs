@@ -31,7 +31,9 @@ use std::time::Instant;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
-use crate::sync::{cas_retry, fence, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{
+    cas_retry, fence, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering,
+};
 
 #[cfg(feature = "journal")]
 pub mod journal;
@@ -124,6 +126,11 @@ pub enum AdmitError {
         /// was not first in line: what the first one lacked).
         resource: Resource,
     },
+    /// [`Gate::admit_cancellable`]: the caller cancelled while waiting.
+    Cancelled {
+        /// What was still short when the caller cancelled.
+        resource: Resource,
+    },
     /// The declared length is over the gate's body cap (and so possibly over
     /// the budget, or `u64::MAX`). Waiting would not help.
     TooLarge {
@@ -140,6 +147,9 @@ impl fmt::Display for AdmitError {
             AdmitError::Saturated { resource } => write!(f, "saturated: no free {resource}"),
             AdmitError::TimedOut { resource } => {
                 write!(f, "deadline passed while waiting for {resource}")
+            }
+            AdmitError::Cancelled { resource } => {
+                write!(f, "cancelled while waiting for {resource}")
             }
             AdmitError::TooLarge { declared, body_cap } => write!(
                 f,
@@ -226,6 +236,9 @@ pub struct GateStats {
     pub saturated_bytes: u64,
     /// How many of those refusals were [`Gate::admit`] deadlines passing.
     pub timed_out: u64,
+    /// How many of those refusals were cancellations
+    /// ([`Gate::admit_cancellable`]).
+    pub cancelled: u64,
     /// [`AdmitError::TooLarge`] refusals.
     pub too_large: u64,
     /// Callers waiting in [`Gate::admit`] now.
@@ -243,6 +256,7 @@ struct Counters {
     saturated_slots: AtomicU64,
     saturated_bytes: AtomicU64,
     timed_out: AtomicU64,
+    cancelled: AtomicU64,
     too_large: AtomicU64,
 }
 
@@ -370,6 +384,7 @@ impl GateBuilder {
                     saturated_slots: AtomicU64::new(0),
                     saturated_bytes: AtomicU64::new(0),
                     timed_out: AtomicU64::new(0),
+                    cancelled: AtomicU64::new(0),
                     too_large: AtomicU64::new(0),
                 }),
                 waiters: Mutex::new(Waiters {
@@ -443,6 +458,46 @@ impl Gate {
     /// [`AdmitError::TooLarge`] when `declared` is over the body cap,
     /// [`AdmitError::TimedOut`] when the deadline passed first.
     pub fn admit(&self, declared: Option<u64>, deadline: Instant) -> Result<Ticket, AdmitError> {
+        self.wait_for(declared, deadline, None)
+    }
+
+    /// [`Gate::admit`] that another thread can also call off, with
+    /// [`Gate::cancel`]: the caller leaves the queue holding nothing and
+    /// hears [`AdmitError::Cancelled`]. A token cancelled before the call
+    /// still lets an admission that fits at once through (the cancellation
+    /// is of the *waiting*).
+    ///
+    /// # Errors
+    /// As [`Gate::admit`], plus [`AdmitError::Cancelled`].
+    pub fn admit_cancellable(
+        &self,
+        declared: Option<u64>,
+        deadline: Instant,
+        cancel: &Cancel,
+    ) -> Result<Ticket, AdmitError> {
+        self.wait_for(declared, deadline, Some(cancel))
+    }
+
+    /// Cancel `token`: every `admit_cancellable` waiting with it returns
+    /// [`AdmitError::Cancelled`] (or is admitted, if it already was).
+    pub fn cancel(&self, token: &Cancel) {
+        token.flag.store(true, Ordering::SeqCst);
+        // Under the lock, so that a waiter either sees the flag before it
+        // sleeps or is asleep and gets the notification. (Known-wrong
+        // variant for the loom model: no notification.)
+        #[cfg(not(pace_mutant = "gate_cancel_no_notify"))]
+        {
+            drop(self.inner.lock());
+            self.inner.cv.notify_all();
+        }
+    }
+
+    fn wait_for(
+        &self,
+        declared: Option<u64>,
+        deadline: Instant,
+        cancel: Option<&Cancel>,
+    ) -> Result<Ticket, AdmitError> {
         let inner = &*self.inner;
         let want = inner.want(declared)?;
         if inner.queued.load(Ordering::SeqCst) == 0 && inner.reserve_unlocked(want).is_ok() {
@@ -483,7 +538,8 @@ impl Gate {
                 Resource::from_code(inner.head_short.load(Ordering::Relaxed))
             };
             let now = Instant::now();
-            if now >= deadline {
+            let cancelled = cancel.is_some_and(|c| c.flag.load(Ordering::SeqCst));
+            if cancelled || now >= deadline {
                 let was_head = w.queue.front() == Some(&id);
                 w.queue.retain(|&x| x != id);
                 inner.queued.fetch_sub(1, Ordering::SeqCst);
@@ -492,9 +548,14 @@ impl Gate {
                 if was_head && more {
                     inner.cv.notify_all();
                 }
-                inner.counters.timed_out.fetch_add(1, Ordering::Relaxed);
                 inner.count_saturation(short);
-                return Err(AdmitError::TimedOut { resource: short });
+                return Err(if cancelled {
+                    inner.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                    AdmitError::Cancelled { resource: short }
+                } else {
+                    inner.counters.timed_out.fetch_add(1, Ordering::Relaxed);
+                    AdmitError::TimedOut { resource: short }
+                });
             }
             w = match inner.cv.wait_timeout(w, deadline - now) {
                 Ok((guard, _)) => guard,
@@ -515,6 +576,7 @@ impl Gate {
             saturated_slots: c.saturated_slots.load(Ordering::Relaxed),
             saturated_bytes: c.saturated_bytes.load(Ordering::Relaxed),
             timed_out: c.timed_out.load(Ordering::Relaxed),
+            cancelled: c.cancelled.load(Ordering::Relaxed),
             too_large: c.too_large.load(Ordering::Relaxed),
             waiting: i.queued.load(Ordering::SeqCst),
         }
@@ -665,6 +727,25 @@ impl Inner {
             drop(self.lock());
             self.cv.notify_all();
         }
+    }
+}
+
+/// Calls off an [`Gate::admit_cancellable`] wait from another thread (a
+/// client that disconnected, a shutdown). Clones share the flag.
+#[derive(Clone, Debug, Default)]
+pub struct Cancel {
+    flag: Arc<AtomicBool>,
+}
+
+impl Cancel {
+    /// A token not yet cancelled.
+    pub fn new() -> Cancel {
+        Cancel::default()
+    }
+
+    /// Whether [`Gate::cancel`] was called with this token (or a clone).
+    pub fn is_cancelled(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
     }
 }
 

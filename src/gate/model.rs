@@ -164,6 +164,7 @@ impl Model {
             saturated_slots: self.saturated_slots,
             saturated_bytes: self.saturated_bytes,
             timed_out: self.timed_out,
+            cancelled: 0,
             too_large: self.too_large,
             waiting: 0,
         }
