@@ -193,6 +193,19 @@ fn body_is_read_under_its_share_and_shrinks_to_its_size() {
     assert_eq!(held(&g), (1, 0));
     drop(slot);
 
+    // The buffer and its share can be taken apart; the share still counts.
+    let (slot, bytes) = g.try_admit(Some(300)).unwrap().split();
+    let (buf, permit) = bytes
+        .read_body(io::repeat(2).take(200))
+        .unwrap()
+        .into_parts();
+    assert_eq!((buf.len(), permit.bytes()), (200, 200));
+    drop(buf);
+    assert_eq!(held(&g), (1, 200));
+    drop(permit);
+    drop(slot);
+    assert_clean(&g);
+
     // Exactly the share: accepted.
     let (_slot, bytes) = g.try_admit(Some(1000)).unwrap().split();
     let body = bytes.read_body(io::repeat(1).take(1000)).unwrap();

@@ -936,6 +936,13 @@ impl Body {
         self.permit.0.bytes
     }
 
+    /// The buffer and its byte share, for callers that keep them together
+    /// some other way. Drop the permit only after the last use of the
+    /// buffer (or of anything borrowing from it).
+    pub fn into_parts(self) -> (Vec<u8>, BytePermit) {
+        (self.buf, self.permit)
+    }
+
     /// Make it a `Bytes` whose owner holds the byte share: clones and slices
     /// share the owner, so the share is released only when the last of them
     /// is dropped. A short slice of a large body keeps the whole body counted,
