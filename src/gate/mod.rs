@@ -16,7 +16,11 @@
 //!
 //! * [`Gate::try_admit`] answers at once and is lock-free (two CAS loops).
 //! * [`Gate::admit`] waits, first come first served, until the caller's
-//!   deadline; a waiter that gives up leaves no permit behind.
+//!   deadline ([`Gate::admit_cancellable`]: or until another thread calls
+//!   it off); a waiter that gives up leaves no permit behind.
+//! * With the `bytes` feature, `Body::into_bytes` attaches the byte share
+//!   to a `bytes::Bytes` owner; with `journal`, `gate::journal` records what
+//!   each job already did, for recovery after a crash.
 //!
 //! Held slots never exceed `N` and held bytes never exceed `B`, at any
 //! instant: both are changed only by a CAS that checks the bound, or by a
@@ -924,7 +928,7 @@ fn has_more<R: Read>(reader: &mut R) -> Result<bool, BodyError> {
 
 /// A body read under a byte share. The share is attached to the buffer:
 /// dropping the body releases it. With the `bytes` feature,
-/// [`Body::into_bytes`] moves both into a `bytes::Bytes` owner.
+/// `Body::into_bytes` moves both into a `bytes::Bytes` owner.
 pub struct Body {
     buf: Vec<u8>,
     permit: BytePermit,
