@@ -58,7 +58,7 @@ proptest! {
 ///
 /// That the checker can fail is shown with the mutants: building with
 /// `RUSTFLAGS='--cfg pace_mutant="gate_shrink_keeps_excess"'` makes
-/// `gate_matches_sequential_model` fail (docs/gate-design.md).
+/// `gate_matches_sequential_model` fail (DESIGN.md, section 10).
 #[test]
 fn fixed_run_matches_model() {
     use pace::gate::model::expected_config;

@@ -45,3 +45,11 @@ for entry in "${mutants[@]}"; do
     fi
     echo "caught: $(grep -F "$expected" <<<"$out" | head -1)"
 done
+
+# The gate's mutants (loom-tests/tests/gate.rs): each `mutant_*` test there is
+# `#[should_panic]` on its model's failure message, so it must pass.
+for mutant in gate_unchecked_bytes gate_no_wake_on_rollback gate_no_fence gate_cancel_no_notify; do
+    echo "gate mutant $mutant: its model must fail"
+    RUSTFLAGS="$RUSTFLAGS --cfg pace_mutant=\"$mutant\"" CARGO_TARGET_DIR=target/loom-mutant \
+        cargo test -p loom-tests --release --test gate -- mutant_ --test-threads=1
+done

@@ -24,7 +24,7 @@
 //!
 //! Held slots never exceed `N` and held bytes never exceed `B`, at any
 //! instant: both are changed only by a CAS that checks the bound, or by a
-//! release of what a permit took. docs/gate-design.md gives the argument.
+//! release of what a permit took. DESIGN.md, section 10, gives the argument.
 
 use std::collections::VecDeque;
 use std::fmt;
