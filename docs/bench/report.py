@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Turns criterion's results into docs/bench/results.md and throughput.svg.
+
+Reads target/criterion/**/new/{benchmark,estimates}.json written by
+`cargo bench --bench throughput` (groups `<regime>/<workload>/<key>`,
+benchmarks `<contender>/<threads>`), takes the MEDIAN time per reserve of
+each benchmark, and writes:
+
+  * a table per group: million reserves/s for each contender and thread
+    count, and pace's ratio to each contender;
+  * the issue's targets as ratios, met or missed;
+  * an SVG with one panel per group: throughput vs threads per contender.
+
+Python 3 standard library only.
+
+    python3 docs/bench/report.py [--criterion target/criterion] [--out docs/bench]
+        [--note "free text put under the title"] [--extra file.md ...]
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+from collections import defaultdict
+
+ORDER = ["pace", "pace-std", "pace-coarse", "governor", "dashmap", "mutex"]
+COLORS = {
+    "pace": "#1f77b4",
+    "pace-std": "#6baed6",
+    "pace-coarse": "#17becf",
+    "governor": "#d62728",
+    "dashmap": "#ff7f0e",
+    "mutex": "#7f7f7f",
+}
+GROUP_ORDER = ["admit", "real", "churn"]
+
+
+def load(root):
+    """{group: {contender: {threads: reserves_per_second}}}"""
+    out = defaultdict(lambda: defaultdict(dict))
+    for bpath in glob.glob(os.path.join(root, "**", "new", "benchmark.json"), recursive=True):
+        with open(bpath) as f:
+            b = json.load(f)
+        epath = os.path.join(os.path.dirname(bpath), "estimates.json")
+        if not os.path.exists(epath):
+            continue
+        with open(epath) as f:
+            e = json.load(f)
+        group = b["group_id"]
+        contender = b.get("function_id")
+        threads = b.get("value_str")
+        if contender is None or threads is None:
+            continue
+        ns = e["median"]["point_estimate"]
+        elems = (b.get("throughput") or {}).get("Elements", 1)
+        out[group][contender][int(threads)] = elems * 1e9 / ns
+    return out
+
+
+def group_key(g):
+    parts = g.split("/")
+    reg = GROUP_ORDER.index(parts[0]) if parts[0] in GROUP_ORDER else 9
+    wl = {"hot": 0, "1k": 1, "1M": 2, "new": 3}.get(parts[1] if len(parts) > 1 else "", 9)
+    key = parts[2] if len(parts) > 2 else ""
+    return (reg, key != "u64", wl, g)
+
+
+def contenders(gdata):
+    names = [c for c in ORDER if c in gdata] + sorted(c for c in gdata if c not in ORDER)
+    return names
+
+
+def fmt(x):
+    return "—" if x is None else f"{x / 1e6:.2f}"
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def tables(data):
+    lines = []
+    for g in sorted(data, key=group_key):
+        gd = data[g]
+        threads = sorted({t for c in gd.values() for t in c})
+        lines.append(f"### `{g}`\n")
+        head = "| contender | " + " | ".join(f"{t} thr" for t in threads) + " |"
+        lines.append(head)
+        lines.append("|---|" + "---:|" * len(threads))
+        for c in contenders(gd):
+            row = [fmt(gd[c].get(t)) for t in threads]
+            lines.append(f"| {c} | " + " | ".join(row) + " |")
+        pace = gd.get("pace", {})
+        for c in contenders(gd):
+            if c == "pace":
+                continue
+            rs = [ratio(pace.get(t), gd[c].get(t)) for t in threads]
+            lines.append(
+                f"| *pace / {c}* | "
+                + " | ".join("—" if r is None else f"{r:.2f}x" for r in rs)
+                + " |"
+            )
+        lines.append("")
+    return lines
+
+
+def get(data, g, c, t):
+    return data.get(g, {}).get(c, {}).get(t)
+
+
+def targets(data):
+    rows = []
+
+    def add(name, value, need, detail):
+        if value is None:
+            rows.append(f"| {name} | — | {need} | not measured | {detail} |")
+            return
+        ok = value >= need
+        rows.append(
+            f"| {name} | {value:.2f}x | >= {need}x | {'met' if ok else '**missed**'} | {detail} |"
+        )
+
+    p = lambda g, t, c="pace": get(data, g, c, t)
+    add(
+        "warm key, 1 thread, vs governor",
+        ratio(p("admit/hot/u64", 1), p("admit/hot/u64", 1, "governor")),
+        2,
+        f"admit/hot/u64: pace {fmt(p('admit/hot/u64', 1))} vs governor "
+        f"{fmt(p('admit/hot/u64', 1, 'governor'))} M/s",
+    )
+    add(
+        "warm 1k keys, 1 thread, vs governor",
+        ratio(p("admit/1k/u64", 1), p("admit/1k/u64", 1, "governor")),
+        2,
+        f"admit/1k/u64: pace {fmt(p('admit/1k/u64', 1))} vs governor "
+        f"{fmt(p('admit/1k/u64', 1, 'governor'))} M/s",
+    )
+    add(
+        "1M live keys, 1 thread, vs governor",
+        ratio(p("admit/1M/u64", 1), p("admit/1M/u64", 1, "governor")),
+        1.5,
+        f"admit/1M/u64: pace {fmt(p('admit/1M/u64', 1))} vs governor "
+        f"{fmt(p('admit/1M/u64', 1, 'governor'))} M/s",
+    )
+    for g in ["admit/1k/u64", "admit/1M/u64"]:
+        add(
+            f"distinct keys ({g.split('/')[1]}), 2 threads vs own 1 thread",
+            ratio(p(g, 2), p(g, 1)),
+            1.7,
+            f"{g}: {fmt(p(g, 2))} vs {fmt(p(g, 1))} M/s",
+        )
+    for g in ["admit/hot/u64", "real/hot/u64"]:
+        one = p(g, 1)
+        for t in [2, 4, 8]:
+            add(
+                f"hot key ({g.split('/')[0]}), {t} threads vs own 1 thread",
+                ratio(p(g, t), one),
+                0.5,
+                f"{g}: {fmt(p(g, t))} vs {fmt(one)} M/s",
+            )
+            add(
+                f"hot key ({g.split('/')[0]}), {t} threads vs governor",
+                ratio(p(g, t), p(g, t, "governor")),
+                1,
+                f"{g}: pace {fmt(p(g, t))} vs governor {fmt(p(g, t, 'governor'))} M/s",
+            )
+    for k in ["u64", "str"]:
+        g = f"churn/new/{k}"
+        for t in [1, 2]:
+            add(
+                f"churn {k}, {t} thread(s), vs governor",
+                ratio(p(g, t), p(g, t, "governor")),
+                3,
+                f"{g}: pace {fmt(p(g, t))} vs governor {fmt(p(g, t, 'governor'))} M/s",
+            )
+    return [
+        "| target | ratio | need | verdict | figures |",
+        "|---|---:|---:|---|---|",
+    ] + rows
+
+
+def svg(data, path):
+    groups = sorted(data, key=group_key)
+    cols = 3
+    pw, ph = 300, 210
+    ml, mr, mt, mb = 48, 10, 28, 30
+    rows = (len(groups) + cols - 1) // cols
+    legend_h = 30
+    W, H = cols * pw, rows * ph + legend_h
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+        f'viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{W}" height="{H}" fill="white"/>',
+    ]
+    # legend
+    x = 10
+    for c in ORDER:
+        out.append(f'<line x1="{x}" y1="15" x2="{x + 22}" y2="15" stroke="{COLORS[c]}" stroke-width="2.5"/>')
+        out.append(f'<text x="{x + 26}" y="19">{c}</text>')
+        x += 40 + 7 * len(c)
+    out.append(f'<text x="{x + 10}" y="19" fill="#555">million reserves/s (median) vs threads</text>')
+    xs = [1, 2, 4, 8]
+    for i, g in enumerate(groups):
+        gx, gy = (i % cols) * pw, legend_h + (i // cols) * ph
+        gd = data[g]
+        ymax = max((v for c in gd.values() for v in c.values()), default=1) / 1e6
+        ymax = nice(ymax)
+        x0, x1 = gx + ml, gx + pw - mr
+        y0, y1 = gy + ph - mb, gy + mt
+        out.append(f'<text x="{(x0 + x1) / 2}" y="{gy + 16}" text-anchor="middle" font-weight="bold">{g}</text>')
+        out.append(f'<rect x="{x0}" y="{y1}" width="{x1 - x0}" height="{y0 - y1}" fill="none" stroke="#ccc"/>')
+        for k in range(5):
+            v = ymax * k / 4
+            yy = y0 - (y0 - y1) * k / 4
+            out.append(f'<line x1="{x0}" y1="{yy:.1f}" x2="{x1}" y2="{yy:.1f}" stroke="#eee"/>')
+            out.append(f'<text x="{x0 - 4}" y="{yy + 4:.1f}" text-anchor="end" fill="#555">{v:g}</text>')
+
+        def px(t):
+            return x0 + (x1 - x0) * (xs.index(t) if t in xs else 0) / (len(xs) - 1)
+
+        for t in xs:
+            out.append(f'<text x="{px(t):.1f}" y="{y0 + 14}" text-anchor="middle" fill="#555">{t}</text>')
+        for c in contenders(gd):
+            pts = sorted(gd[c].items())
+            coords = [
+                (px(t), y0 - (y0 - y1) * min(v / 1e6 / ymax, 1.0)) for t, v in pts if t in xs
+            ]
+            if not coords:
+                continue
+            color = COLORS.get(c, "#000")
+            out.append(
+                f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
+                + " ".join(f"{a:.1f},{b:.1f}" for a, b in coords)
+                + '"/>'
+            )
+            for a, b in coords:
+                out.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5" fill="{color}"/>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def nice(v):
+    if v <= 0:
+        return 1
+    import math
+
+    e = 10 ** math.floor(math.log10(v))
+    for m in [1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10]:
+        if m * e >= v:
+            return m * e
+    return 10 * e
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--criterion", default="target/criterion")
+    ap.add_argument("--out", default="docs/bench")
+    ap.add_argument("--note", default="")
+    ap.add_argument("--extra", nargs="*", default=[])
+    a = ap.parse_args()
+    data = load(a.criterion)
+    if not data:
+        sys.exit(f"no criterion results under {a.criterion}")
+    lines = ["# Benchmark results", ""]
+    if a.note:
+        lines += [a.note, ""]
+    lines += [
+        "Million reserves per second across all threads (criterion median;",
+        "higher is better). Generated by `python3 docs/bench/report.py` from",
+        "`cargo bench --bench throughput`. Plot: [throughput.svg](throughput.svg).",
+        "",
+        "## Targets (issue 6), as ratios from this one run",
+        "",
+    ]
+    lines += targets(data)
+    lines += ["", "## Throughput per group", ""]
+    lines += tables(data)
+    for extra in a.extra:
+        with open(extra) as f:
+            lines += ["", f.read().rstrip(), ""]
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    svg(data, os.path.join(a.out, "throughput.svg"))
+    print(f"wrote {a.out}/results.md and {a.out}/throughput.svg ({len(data)} groups)")
+
+
+if __name__ == "__main__":
+    main()
