@@ -91,10 +91,21 @@ fn since(a: Mem) -> Mem {
 }
 
 /// Frees what crossbeam-epoch holds back for readers that are gone: pins
-/// and flushes until the deferred garbage of every bag has run.
+/// and flushes until the deferred garbage of every bag has run. (A thread
+/// that exited hands its bag over in a TLS destructor that can run after
+/// `join` returns: wait for it first. One collect frees at most 8 bags of
+/// 64 items, so keep going until nothing more is freed.)
 fn flush_epoch() {
-    for _ in 0..512 {
-        crossbeam_epoch::pin().flush();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut last = usize::MAX;
+    let mut same = 0;
+    while same < 64 {
+        for _ in 0..64 {
+            crossbeam_epoch::pin().flush();
+        }
+        let now = BYTES.load(Ordering::Relaxed);
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
     }
 }
 
