@@ -139,14 +139,12 @@ fn keyed<K: Key>(c: &mut Criterion, r: &Regime, workload: &str, n: usize, clocks
             &pattern,
         );
         let coarse = CoarseClock::new(Duration::from_millis(1));
-        run(
-            &mut g,
-            "pace-coarse",
-            PaceC::new(r, coarse),
-            r,
-            &keys,
-            &pattern,
-        );
+        let lim = PaceC::new(r, coarse.clone());
+        run(&mut g, "pace-coarse", lim, r, &keys, &pattern);
+        let lim = pace_foldhash(r, QuantaClock::new());
+        run(&mut g, "pace-foldhash", lim, r, &keys, &pattern);
+        let lim = pace_foldhash(r, coarse);
+        run(&mut g, "pace-foldhash-coarse", lim, r, &keys, &pattern);
     }
     run(&mut g, "governor", Governor::new(r), r, &keys, &pattern);
     run(&mut g, "dashmap", DashAtomic::new(r), r, &keys, &pattern);
@@ -167,6 +165,9 @@ fn churn<K: Key>(c: &mut Criterion, clocks: bool) {
         bench_churn::<K, _>(&mut g, "pace-std", || PaceC::new(&r, StdClock::new()));
         let coarse = CoarseClock::new(Duration::from_millis(1));
         bench_churn::<K, _>(&mut g, "pace-coarse", || PaceC::new(&r, coarse.clone()));
+        bench_churn::<K, _>(&mut g, "pace-foldhash", || {
+            pace_foldhash(&r, QuantaClock::new())
+        });
     }
     bench_churn::<K, _>(&mut g, "governor", || Governor::new(&r));
     bench_churn::<K, _>(&mut g, "dashmap", || DashAtomic::new(&r));

@@ -7,8 +7,9 @@
 #![allow(dead_code)] // each bench binary uses a different part of this module
 
 use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
@@ -147,22 +148,38 @@ pub trait Contender<K: Key>: Sync {
     fn rows(&self) -> usize;
 }
 
-/// `Pace` with clock `C` (and the default SipHash).
-pub struct PaceC<K, C>(pub Pace<K, std::collections::hash_map::RandomState, C>);
+/// `Pace` with clock `C` and hasher `S` (default: randomly seeded SipHash).
+pub struct PaceC<K, C, S = RandomState>(pub Pace<K, S, C>);
 
 impl<K: Key, C: Clock> PaceC<K, C> {
     pub fn new(r: &Regime, clock: C) -> Self {
+        PaceC::with_hasher(r, clock, RandomState::new())
+    }
+}
+
+impl<K: Key, C: Clock, S: BuildHasher> PaceC<K, C, S> {
+    pub fn with_hasher(r: &Regime, clock: C, hasher: S) -> Self {
         PaceC(
             Pace::builder(r.rate())
                 .capacity(u64::from(r.capacity))
                 .clock(clock)
+                .hasher(hasher)
                 .build()
                 .expect("valid limiter"),
         )
     }
 }
 
-impl<K: Key, C: Clock> Contender<K> for PaceC<K, C> {
+/// `pace-fast`: `Pace` with foldhash's randomly seeded fast hasher (what
+/// hashbrown uses by default) instead of SipHash, to show the hasher's share.
+pub fn pace_foldhash<K: Key, C: Clock>(
+    r: &Regime,
+    clock: C,
+) -> PaceC<K, C, foldhash::fast::RandomState> {
+    PaceC::with_hasher(r, clock, foldhash::fast::RandomState::default())
+}
+
+impl<K: Key, C: Clock, S: BuildHasher + Sync> Contender<K> for PaceC<K, C, S> {
     #[inline]
     fn reserve(&self, key: &K) -> bool {
         self.0.reserve(key.q()).is_ok()
