@@ -248,9 +248,9 @@ def svg(data, path):
         y0, y1 = gy + ph - mb, gy + mt
         out.append(f'<text x="{(x0 + x1) / 2}" y="{gy + 16}" text-anchor="middle" font-weight="bold">{g}</text>')
         out.append(f'<rect x="{x0}" y="{y1}" width="{x1 - x0}" height="{y0 - y1}" fill="none" stroke="#ccc"/>')
-        for k in range(5):
-            v = ymax * k / 4
-            yy = y0 - (y0 - y1) * k / 4
+        for k in range(6):
+            v = round(ymax * k / 5, 6)
+            yy = y0 - (y0 - y1) * k / 5
             out.append(f'<line x1="{x0}" y1="{yy:.1f}" x2="{x1}" y2="{yy:.1f}" stroke="#eee"/>')
             out.append(f'<text x="{x0 - 4}" y="{yy + 4:.1f}" text-anchor="end" fill="#555">{v:g}</text>')
 
