@@ -161,7 +161,12 @@ def targets(data):
             f"distinct keys ({g.split('/')[1]}), 2 threads vs own 1 thread",
             ratio(p(g, 2), p(g, 1)),
             1.7,
-            f"{g}: {fmt(p(g, 2))} vs {fmt(p(g, 1))} M/s",
+            f"{g}: {fmt(p(g, 2))} vs {fmt(p(g, 1))} M/s; same run, 2-vs-1 of "
+            + ", ".join(
+                f"{c} {r:.2f}x"
+                for c in ["governor", "dashmap", "mutex"]
+                if (r := ratio(p(g, 2, c), p(g, 1, c))) is not None
+            ),
         )
     for g in ["admit/hot/u64", "real/hot/u64"]:
         one = p(g, 1)
