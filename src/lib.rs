@@ -23,6 +23,8 @@
 
 mod bucket;
 pub mod clock;
+#[cfg(feature = "lab")]
+pub mod lab;
 mod pace;
 mod rate;
 mod sync;

@@ -181,6 +181,12 @@ where
         self.n
     }
 
+    /// Where this debit ends on the bucket's timeline (ns; for models).
+    #[doc(hidden)]
+    pub fn debit_end_ns(&self) -> u64 {
+        self.tat
+    }
+
     /// Returns the part of this debit that has not drained yet: all of it
     /// right away, less as time passes, nothing once the bucket would have
     /// refilled it anyway. A refund never creates a row and never makes a
@@ -460,6 +466,17 @@ where
             Some(tat) => self.limits.tokens(tat, now),
             None => self.limits.capacity(),
         }
+    }
+
+    /// The raw bucket word (`tat`, ns) of `key`'s row, if any (for models).
+    #[doc(hidden)]
+    pub fn row_tat<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let hash = self.hasher.hash_one(key);
+        self.table.peek(hash, key, &self.pin())
     }
 
     /// Removes every row whose bucket has refilled, and shrinks the table if

@@ -8,6 +8,10 @@ use pace::{ConfigError, DenyReason, ManualClock, Pace, Rate};
 
 type P<K> = Pace<K, RandomState, ManualClock>;
 
+/// Loop sizes, smaller under Miri.
+const MANY: u64 = if cfg!(miri) { 300 } else { 5_000 };
+const CHURN: u64 = if cfg!(miri) { 1_000 } else { 50_000 };
+
 fn pace<K>(per_second: u64) -> (P<K>, ManualClock) {
     let clock = ManualClock::new();
     let p = Pace::builder(Rate::per_second(per_second).unwrap())
@@ -254,18 +258,22 @@ fn the_table_grows_and_shrinks_back_without_losing_state() {
         .build()
         .unwrap();
     assert_eq!(p.table_slots(), 4);
-    for k in 0..5_000 {
+    for k in 0..MANY {
         let _ = p.reserve(&k).unwrap();
     }
-    assert_eq!(p.len(), 5_000);
-    assert!(p.table_slots() >= 5_000 * 4 / 3, "{}", p.table_slots());
-    for k in 0..5_000 {
+    assert_eq!(p.len(), MANY as usize);
+    assert!(
+        p.table_slots() as u64 >= MANY * 4 / 3,
+        "{}",
+        p.table_slots()
+    );
+    for k in 0..MANY {
         assert_eq!(p.peek(&k), 3, "key {k} kept its debit through migrations");
     }
     let keys: HashSet<u64> = p.row_keys().into_iter().collect();
-    assert_eq!(keys.len(), 5_000);
+    assert_eq!(keys.len(), MANY as usize);
     clock.advance(p.horizon());
-    assert_eq!(p.sweep(), 5_000);
+    assert_eq!(p.sweep(), MANY as usize);
     assert_eq!(p.len(), 0);
     assert_eq!(p.table_slots(), 4, "shrinks back to the minimum");
 }
@@ -274,7 +282,7 @@ fn the_table_grows_and_shrinks_back_without_losing_state() {
 fn churn_of_refunded_keys_keeps_the_table_small() {
     let (p, _clock) = pace::<String>(3);
     let start = p.table_slots();
-    for i in 0..50_000 {
+    for i in 0..CHURN {
         let key = format!("claimed-{i}");
         p.reserve(&key).unwrap().refund();
     }

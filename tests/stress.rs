@@ -16,12 +16,15 @@ use pace::{Clock, Pace, Rate, StdClock};
 use rand::{Rng, SeedableRng};
 
 const THREADS: u64 = 4;
-const OPS: u64 = if cfg!(debug_assertions) {
+const OPS: u64 = if cfg!(miri) {
+    400
+} else if cfg!(debug_assertions) {
     60_000
 } else {
     400_000
 };
-const KEYS: u64 = 4_096;
+const KEYS: u64 = if cfg!(miri) { 64 } else { 4_096 };
+const ROUNDS: u64 = if cfg!(miri) { 2 } else { 200 };
 const HOT: u64 = 4;
 
 #[test]
@@ -117,7 +120,7 @@ fn effective_exchanges_never_exceed_capacity_plus_rate_times_elapsed() {
 fn racing_creators_of_one_key_make_one_row_and_count_every_debit() {
     // Many threads reserve a key that does not exist yet, at one instant of a
     // frozen clock: exactly `capacity` are admitted, in exactly one row.
-    for round in 0..200u64 {
+    for round in 0..ROUNDS {
         let clock = pace::ManualClock::new();
         let pace: Pace<u64, RandomState, pace::ManualClock> =
             Pace::builder(Rate::per_second(3).unwrap())
@@ -149,8 +152,8 @@ fn racing_creators_of_one_key_make_one_row_and_count_every_debit() {
 fn a_contended_bucket_admits_exactly_its_tokens() {
     // A frozen clock: nothing refills, so exactly `capacity` reserves succeed
     // however the threads interleave, and the bucket ends exactly empty.
-    let capacity = 5_000u64;
-    for round in 0..20u64 {
+    let capacity = if cfg!(miri) { 50u64 } else { 5_000 };
+    for round in 0..ROUNDS.min(20) {
         let clock = pace::ManualClock::new();
         clock.set(Duration::from_secs(1));
         let pace: Pace<u64, RandomState, pace::ManualClock> =

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# cargo-fuzz smoke runs: each target for a bounded time from the committed
+# seed corpus; any crash (a disagreement with a model panics) fails CI.
+set -euo pipefail
+SECONDS_PER_TARGET="${FUZZ_SECONDS:-60}"
+rustup toolchain install nightly --profile minimal >/dev/null 2>&1 || true
+if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    cargo install cargo-fuzz --locked
+fi
+cd fuzz
+for target in $(cargo +nightly fuzz list); do
+    mkdir -p "corpus/$target"
+    work=$(mktemp -d)
+    cp -r "corpus/$target"/. "$work"/
+    log=$(mktemp)
+    echo "fuzz $target for ${SECONDS_PER_TARGET}s"
+    status=0
+    cargo +nightly fuzz run "$target" "$work" -- \
+        -max_total_time="$SECONDS_PER_TARGET" -max_len=4096 -print_final_stats=1 >"$log" 2>&1 || status=$?
+    grep -E "stat::number_of_executed_units|stat::peak_rss_mb|ERROR|panicked|SUMMARY" "$log" || true
+    if [ "$status" -ne 0 ]; then
+        tail -50 "$log"
+        echo "fuzz target $target failed (exit $status); crash input under fuzz/artifacts/$target/"
+        exit "$status"
+    fi
+    rm -rf "$work" "$log"
+done

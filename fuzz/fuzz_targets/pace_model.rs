@@ -1,0 +1,17 @@
+//! `Pace` against the exact 128-bit sequential model, step by step: arbitrary
+//! sequences of reserve / reserve_n / refund / advance / set-backwards /
+//! sweep / peek over a small key space (decisions, retry_after, len()).
+#![no_main]
+
+#[path = "../../tests/support/debt_model.rs"]
+mod debt_model;
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Some((params, ops)) = debt_model::decode(data, false) {
+        if let Err(e) = debt_model::check(params, &ops) {
+            panic!("pace disagrees with the model: {e}");
+        }
+    }
+});

@@ -1,0 +1,340 @@
+//! loom models of `Pace`: every interleaving (up to the preemption bound) of
+//! the real table, bucket and epoch code, with `now` passed explicitly.
+//!
+//! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" \
+//!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release
+//!
+//! Keys carry a `loom::sync::Arc`, so an entry that is never freed shows up as
+//! a leak at the end of each model and one freed twice as a refcount error;
+//! every model drops its limiter (and with it the collector) at the end.
+//!
+//! Mutants: built with `--cfg pace_mutant="…"`, the crate swaps in a
+//! known-wrong variant and the `mutant_*` test for it asserts that a model
+//! here fails (`.ci/suites/loom.sh` runs each).
+#![cfg(loom)]
+
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::time::Duration;
+
+use loom::sync::Arc;
+use loom::thread;
+use pace::{Pace, Rate, StdClock};
+
+/// One token per `T` ns.
+const T: u64 = 1_000;
+
+/// A key that the model can see leak: it holds a loom `Arc`.
+#[derive(Clone, Debug)]
+struct Key {
+    id: u64,
+    _alive: Arc<()>,
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.id == other.id
+    }
+}
+impl Eq for Key {}
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.id);
+    }
+}
+
+fn key(id: u64) -> Key {
+    Key {
+        id,
+        _alive: Arc::new(()),
+    }
+}
+
+/// Hash = key id: slot positions are chosen by the model (ids 0 and 4
+/// collide in a 4-slot array) and identical in every execution.
+#[derive(Default)]
+struct IdHasher(u64);
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type P = Pace<Key, BuildHasherDefault<IdHasher>, StdClock>;
+
+fn pace(capacity: u64) -> Arc<P> {
+    Arc::new(
+        Pace::builder(Rate::new(1, Duration::from_nanos(T)).unwrap())
+            .capacity(capacity)
+            .min_slots(4)
+            .hasher(BuildHasherDefault::<IdHasher>::default())
+            .clock(StdClock::new())
+            .build()
+            .unwrap(),
+    )
+}
+
+/// `loom::model` with room for the spin-waits of a migration: each wait is a
+/// branch. The preemption bound comes from LOOM_MAX_PREEMPTIONS.
+fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 100_000;
+    builder.check(f);
+}
+
+fn ids(p: &P) -> Vec<u64> {
+    let mut v: Vec<u64> = p.row_keys().iter().map(|k| k.id).collect();
+    v.sort_unstable();
+    v
+}
+
+/// 1. Two threads race for the last tokens of one bucket: exactly the
+///    tokens left are admitted, and the word ends exactly where the
+///    sequential execution puts it.
+fn exact_admission() {
+    model(|| {
+        let p = pace(3);
+        let k = key(1);
+        drop(p.reserve_n_at(&k, 1, 0).unwrap()); // 2 tokens left
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let (p, k) = (p.clone(), k.clone());
+                thread::spawn(move || (0..2).filter(|_| p.reserve_n_at(&k, 1, 0).is_ok()).count())
+            })
+            .collect();
+        let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(admitted, 2, "exactly the tokens left are admitted");
+        assert_eq!(
+            p.row_tat(&k),
+            Some(3 * T),
+            "state equals the sequential one"
+        );
+        assert_eq!(ids(&p), vec![1]);
+    });
+}
+
+/// 2. A reserve races the sweep that unlinks its full row: the debit lands
+///    on a live row (the old one before it dies, or a fresh one), never on a
+///    dead one.
+fn reserve_vs_unlink() {
+    model(|| {
+        let p = pace(2);
+        let k = key(1);
+        drop(p.reserve_n_at(&k, 1, 0).unwrap()); // full again at T
+        let sweeper = {
+            let p = p.clone();
+            thread::spawn(move || p.sweep_at(T))
+        };
+        let end = p.reserve_n_at(&k, 1, T).unwrap().debit_end_ns();
+        let removed = sweeper.join().unwrap();
+        assert_eq!(end, 2 * T);
+        assert_eq!(
+            p.row_tat(&k),
+            Some(2 * T),
+            "the debit is held by a live row"
+        );
+        assert_eq!(p.len(), 1);
+        assert!(removed <= 1);
+    });
+}
+
+/// 3a. A late refund (its debit drained) races a sweep: nothing is minted.
+fn late_refund_vs_sweep() {
+    model(|| {
+        let p = pace(2);
+        let k = key(1);
+        let early = p.reserve_n_at(&k, 1, 0).unwrap(); // ends at T
+        drop(p.reserve_n_at(&k, 1, T).unwrap()); // from full at T: ends at 2T
+        let sweeper = {
+            let p = p.clone();
+            thread::spawn(move || p.sweep_at(T))
+        };
+        early.refund_at(T);
+        assert_eq!(sweeper.join().unwrap(), 0);
+        assert_eq!(p.row_tat(&k), Some(2 * T), "a late refund returns nothing");
+    });
+}
+
+/// 3b. A refund races the sweep of its (full) row, and an undrained refund
+///     races a sweep: no row is resurrected, and a refund that fills the
+///     bucket leaves no row.
+fn refund_vs_sweep() {
+    model(|| {
+        let p = pace(2);
+        let (a, b) = (key(1), key(2));
+        let swept = p.reserve_n_at(&a, 1, 0).unwrap(); // full at T
+        let held = p.reserve_n_at(&b, 2, 0).unwrap(); // full at 2T
+        let sweeper = {
+            let p = p.clone();
+            thread::spawn(move || p.sweep_at(T))
+        };
+        swept.refund_at(T);
+        held.refund_at(T); // returns the undrained T: full, row removed
+        sweeper.join().unwrap();
+        assert_eq!(p.row_tat(&a), None, "no resurrection");
+        assert_eq!(
+            p.row_tat(&b),
+            None,
+            "a refund that fills the bucket removes the row"
+        );
+        assert_eq!(p.len(), 0);
+    });
+}
+
+/// 4. Two threads create the same key's row at once: one row, both debits.
+fn create_same_key() {
+    model(|| {
+        let p = pace(2);
+        let other = {
+            let p = p.clone();
+            thread::spawn(move || p.reserve_n_at(&key(7), 1, 0).is_ok())
+        };
+        let mine = p.reserve_n_at(&key(7), 1, 0).is_ok();
+        assert!(other.join().unwrap() && mine);
+        assert_eq!(ids(&p), vec![7], "one live row");
+        assert_eq!(p.row_tat(&key(7)), Some(2 * T), "both debits counted");
+        assert_eq!(p.len(), 1);
+    });
+}
+
+/// 5a. Growth (migration) races a debit of an existing row.
+fn growth_vs_reserve() {
+    model(|| {
+        let p = pace(2);
+        for id in [0, 4, 2] {
+            drop(p.reserve_n_at(&key(id), 1, 0).unwrap()); // 3 of 4 slots: next insert migrates
+        }
+        let grower = {
+            let p = p.clone();
+            thread::spawn(move || p.reserve_n_at(&key(3), 1, 0).is_ok())
+        };
+        let debited = p.reserve_n_at(&key(4), 1, 0).is_ok();
+        assert!(grower.join().unwrap() && debited);
+        assert_eq!(ids(&p), vec![0, 2, 3, 4], "no row lost, none duplicated");
+        assert_eq!(p.row_tat(&key(4)), Some(2 * T), "no debit lost or doubled");
+        assert_eq!(p.row_tat(&key(3)), Some(T));
+        assert_eq!(p.len(), 4);
+        assert_eq!(p.table_slots(), 8);
+    });
+}
+
+/// 5b. A sweep that shrinks the table (a migration to a smaller array) races
+///     a reserve that creates a row.
+fn shrink_vs_reserve() {
+    model(|| {
+        let p = pace(2);
+        let keys: Vec<Key> = (0..4).map(key).collect();
+        let held: Vec<_> = keys.iter().map(|k| p.reserve_n_at(k, 1, 0).unwrap()).collect();
+        assert_eq!(p.table_slots(), 8, "the 4th row grew the table");
+        for r in held {
+            r.refund_at(0); // each refund fills its bucket: the row goes
+        }
+        assert_eq!(p.len(), 0);
+        let sweeper = {
+            let p = p.clone();
+            thread::spawn(move || p.sweep_at(T)) // sparse: shrinks to 4 slots
+        };
+        let end = p.reserve_n_at(&key(9), 1, T).unwrap().debit_end_ns();
+        sweeper.join().unwrap();
+        assert_eq!(end, 2 * T);
+        assert_eq!(ids(&p), vec![9], "the new row survives the migration");
+        assert_eq!(p.row_tat(&key(9)), Some(2 * T));
+        assert_eq!(p.len(), 1);
+        assert!([4, 8].contains(&p.table_slots()));
+    });
+}
+
+/// 7. Stale and out-of-order `now` per thread: the state's time never moves
+///    backwards, and each admission's debit ends after every earlier one.
+fn stale_clocks() {
+    model(|| {
+        let p = pace(2);
+        let k = key(1);
+        let late = {
+            let (p, k) = (p.clone(), k.clone());
+            // This thread's clock is 100 intervals behind.
+            thread::spawn(move || {
+                [0, 50 * T]
+                    .iter()
+                    .filter_map(|&now| p.reserve_n_at(&k, 1, now).ok())
+                    .map(|r| r.debit_end_ns())
+                    .collect::<Vec<_>>()
+            })
+        };
+        let mine: Vec<u64> = [100 * T, 100 * T]
+            .iter()
+            .filter_map(|&now| p.reserve_n_at(&k, 1, now).ok())
+            .map(|r| r.debit_end_ns())
+            .collect();
+        let theirs = late.join().unwrap();
+        let mut all: Vec<u64> = mine.iter().chain(theirs.iter()).copied().collect();
+        assert!(mine.windows(2).all(|w| w[0] < w[1]));
+        assert!(theirs.windows(2).all(|w| w[0] < w[1]));
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(
+            all.len(),
+            mine.len() + theirs.len(),
+            "no two debits share an end"
+        );
+        assert_eq!(
+            p.row_tat(&k),
+            all.last().copied(),
+            "the word holds the latest end"
+        );
+        // Never more than capacity + what 100 intervals refill.
+        assert!(all.len() <= 4);
+        assert_eq!(mine.len(), 2, "the up-to-date thread is never starved");
+    });
+}
+
+macro_rules! models {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(not(pace_mutant))]
+        #[test]
+        fn $name() {
+            super::$name();
+        }
+    )*};
+}
+
+mod model {
+    models!(
+        exact_admission,
+        reserve_vs_unlink,
+        late_refund_vs_sweep,
+        refund_vs_sweep,
+        create_same_key,
+        growth_vs_reserve,
+        shrink_vs_reserve,
+        stale_clocks,
+    );
+}
+
+#[cfg(pace_mutant = "check_then_debit")]
+#[test]
+#[should_panic(expected = "exactly the tokens left are admitted")]
+fn mutant_check_then_debit_is_caught() {
+    exact_admission();
+}
+
+#[cfg(pace_mutant = "unlink_without_dead")]
+#[test]
+#[should_panic(expected = "the debit is held by a live row")]
+fn mutant_unlink_without_dead_is_caught() {
+    reserve_vs_unlink();
+}
+
+#[cfg(pace_mutant = "refund_full_interval")]
+#[test]
+#[should_panic(expected = "a late refund returns nothing")]
+fn mutant_refund_full_interval_is_caught() {
+    late_refund_vs_sweep();
+}

@@ -1,0 +1,266 @@
+//! The exact sequential model of `Pace` (shared by `tests/model.rs` and the
+//! fuzz targets in `fuzz/`): signed 128-bit arithmetic over "debt" — how far
+//! a key's bucket is below full — written from the rules in README's
+//! semantics table, with none of the implementation's encodings, sentinels or
+//! saturations.
+#![allow(dead_code)]
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::time::Duration;
+
+use pace::{DenyReason, ManualClock, Pace, Rate};
+
+const MIN_HORIZON: i128 = 1_000_000;
+const SWEEP_FLOOR: usize = 64;
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    Reserve { key: u16, n: u64 },
+    Refund { pick: usize },
+    Advance { ns: u64 },
+    SetBack { ns: u64 },
+    Sweep,
+    Peek { key: u16 },
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Admitted,
+    Wait(u128),
+    Never,
+}
+
+/// Debt model. A key's state is `full_at`: the instant its debt reaches zero.
+/// Absent keys have no debt.
+pub struct Model {
+    interval: i128,
+    capacity: i128,
+    horizon: i128,
+    full_at: HashMap<u16, i128>,
+    due: i128,
+    mark: usize,
+}
+
+impl Model {
+    fn tau(&self) -> i128 {
+        self.interval * self.capacity
+    }
+
+    fn debt(&self, key: u16, now: i128) -> i128 {
+        self.full_at.get(&key).map_or(0, |&f| (f - now).max(0))
+    }
+
+    /// Returns the outcome and, when admitted, the end of this debit.
+    fn reserve(&mut self, key: u16, n: u64, now: i128) -> (Outcome, i128) {
+        let n = n as i128;
+        if n == 0 {
+            return (Outcome::Admitted, 0);
+        }
+        if n > self.capacity {
+            return (Outcome::Never, 0);
+        }
+        let room = self.tau() - self.debt(key, now);
+        let need = n * self.interval;
+        let created = !self.full_at.contains_key(&key);
+        let result = if need <= room {
+            // The debit starts where the previous debt ends (or now) and time
+            // stored in the row never moves back.
+            let start = self.full_at.get(&key).map_or(now, |&f| f.max(now));
+            self.full_at.insert(key, start + need);
+            (Outcome::Admitted, start + need)
+        } else {
+            (Outcome::Wait((need - room) as u128), 0)
+        };
+        let created = created && result.0 == Outcome::Admitted;
+        self.policy(now, created);
+        result
+    }
+
+    /// The sweep policy of the README: a pass when the horizon has passed (or
+    /// the clock went back by more than a horizon), or the row count doubled.
+    fn policy(&mut self, now: i128, created: bool) {
+        if now >= self.due || self.due - now > self.horizon {
+            self.due = now + self.horizon;
+            self.sweep(now);
+        } else if created && self.full_at.len() >= 2 * self.mark.max(SWEEP_FLOOR) {
+            self.sweep(now);
+        }
+    }
+
+    fn sweep(&mut self, now: i128) -> usize {
+        let before = self.full_at.len();
+        self.full_at.retain(|_, f| *f > now);
+        self.mark = self.full_at.len();
+        before - self.full_at.len()
+    }
+
+    fn refund(&mut self, key: u16, n: u64, own_end: i128, now: i128) {
+        let Some(&full_at) = self.full_at.get(&key) else {
+            return; // swept: a refund creates nothing
+        };
+        if full_at <= now || n == 0 {
+            return;
+        }
+        let undrained = (n as i128 * self.interval).min((own_end - now).max(0));
+        let new = full_at - undrained;
+        if new <= now {
+            self.full_at.remove(&key);
+        } else {
+            self.full_at.insert(key, new);
+        }
+    }
+
+    fn peek(&self, key: u16, now: i128) -> u64 {
+        let room = self.tau() - self.debt(key, now);
+        (room.max(0) / self.interval) as u64
+    }
+}
+
+/// A limiter's shape and table size for one run.
+#[derive(Clone, Copy, Debug)]
+pub struct Params {
+    pub interval: u64,
+    pub capacity: u64,
+    pub min_slots: usize,
+    pub keys: u16,
+}
+
+/// Runs `ops` on a real `Pace` (ManualClock) and on the model, step by step:
+/// every decision, `retry_after`, peek, sweep count and `len()` must agree,
+/// and so must the set of rows at the end.
+pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
+    let clock = ManualClock::new();
+    let rate = Rate::new(1, Duration::from_nanos(p.interval)).map_err(|e| e.to_string())?;
+    let pace: Pace<u16, RandomState, ManualClock> = Pace::builder(rate)
+        .capacity(p.capacity)
+        .min_slots(p.min_slots)
+        .clock(clock.clone())
+        .build()
+        .map_err(|e| e.to_string())?;
+    let tau = (p.interval * p.capacity) as i128;
+    let mut model = Model {
+        interval: p.interval as i128,
+        capacity: p.capacity as i128,
+        horizon: tau.max(MIN_HORIZON),
+        full_at: HashMap::new(),
+        due: tau.max(MIN_HORIZON),
+        mark: 0,
+    };
+    let names: Vec<u16> = (0..p.keys).collect();
+    let mut held = Vec::new();
+    let mut now: u64 = 0;
+    for (step, op) in ops.iter().enumerate() {
+        let fail = |what: String| Err(format!("step {step} ({op:?}): {what}"));
+        match *op {
+            Op::Reserve { key, n } => {
+                let key = key % p.keys;
+                let (expect, end) = model.reserve(key, n, now as i128);
+                let got = pace.reserve_n(&names[key as usize], n);
+                match (&got, &expect) {
+                    (Ok(_), Outcome::Admitted) => {}
+                    (Err(d), Outcome::Wait(ns))
+                        if d.reason() == DenyReason::Exhausted
+                            && d.retry_after().as_nanos() == *ns => {}
+                    (Err(d), Outcome::Never) if d.reason() == DenyReason::ExceedsCapacity => {}
+                    _ => return fail(format!("got {got:?}, model {expect:?}")),
+                }
+                if let Ok(r) = got {
+                    held.push((r, key, n, end));
+                }
+            }
+            Op::Refund { pick } => {
+                if !held.is_empty() {
+                    let (r, key, n, end) = held.swap_remove(pick % held.len());
+                    model.refund(key, n, end, now as i128);
+                    r.refund();
+                }
+            }
+            Op::Advance { ns } => {
+                now = now.saturating_add(ns);
+                clock.set(Duration::from_nanos(now));
+            }
+            Op::SetBack { ns } => {
+                now = now.saturating_sub(ns);
+                clock.set(Duration::from_nanos(now));
+            }
+            Op::Sweep => {
+                let (got, expect) = (pace.sweep(), model.sweep(now as i128));
+                if got != expect {
+                    return fail(format!("swept {got}, model {expect}"));
+                }
+            }
+            Op::Peek { key } => {
+                let key = key % p.keys;
+                let (got, expect) = (
+                    pace.peek(&names[key as usize]),
+                    model.peek(key, now as i128),
+                );
+                if got != expect {
+                    return fail(format!("peek {got}, model {expect}"));
+                }
+            }
+        }
+        if pace.len() != model.full_at.len() {
+            return fail(format!("len {}, model {}", pace.len(), model.full_at.len()));
+        }
+    }
+    let mut rows = pace.row_keys();
+    rows.sort_unstable();
+    let mut expect: Vec<u16> = model.full_at.keys().copied().collect();
+    expect.sort_unstable();
+    if rows != expect {
+        return Err(format!("rows {rows:?}, model {expect:?}"));
+    }
+    Ok(())
+}
+
+/// Decodes fuzzer bytes: 6 bytes of parameters, then 4 bytes per op.
+pub fn decode(data: &[u8], big_tables: bool) -> Option<(Params, Vec<Op>)> {
+    if data.len() < 6 {
+        return None;
+    }
+    let interval = 1_000 + u64::from(u16::from_le_bytes([data[0], data[1]])) * 30;
+    let capacity = if big_tables {
+        1
+    } else {
+        1 + u64::from(data[2] % 6)
+    };
+    let min_slots = if data[3] & 1 == 0 { 4 } else { 64 };
+    let keys = if big_tables {
+        1 + u16::from_le_bytes([data[4], data[5]]) % 2_000
+    } else {
+        [3, 12, 300][usize::from(data[4] % 3)]
+    };
+    let tau = interval * capacity;
+    let ops = data[6..]
+        .chunks_exact(4)
+        .map(|c| {
+            let arg = u16::from_le_bytes([c[1], c[2]]);
+            let frac = |range: u64| range * u64::from(arg) / u64::from(u16::MAX);
+            match c[0] % 16 {
+                0..=5 => Op::Reserve { key: arg, n: 1 },
+                6 | 7 => Op::Reserve {
+                    key: arg,
+                    n: u64::from(c[3]) % (capacity + 2),
+                },
+                8..=10 => Op::Refund {
+                    pick: usize::from(arg),
+                },
+                11 | 12 => Op::Advance { ns: frac(2 * tau) },
+                13 => Op::SetBack { ns: frac(tau) },
+                14 => Op::Sweep,
+                _ => Op::Peek { key: arg },
+            }
+        })
+        .collect();
+    Some((
+        Params {
+            interval,
+            capacity,
+            min_slots,
+            keys,
+        },
+        ops,
+    ))
+}
