@@ -110,7 +110,11 @@ fn flush_epoch() {
 }
 
 fn mib(b: usize) -> String {
-    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+    if b < 1 << 20 {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    } else {
+        format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+    }
 }
 
 /// Bytes per live row for `n` keys of type `K`. Keys are built before the
@@ -188,7 +192,9 @@ fn flood<K: Key>(n: usize) {
     };
 
     // Ours, with no user code beyond ordinary reserves.
+    flush_epoch(); // earlier garbage must not be freed inside this count
     let base = mem();
+    PEAK.store(base.bytes, Ordering::Relaxed);
     let clock = ManualClock::new();
     let pace: Pace<K, _, ManualClock> = Pace::builder(r.rate())
         .capacity(u64::from(r.capacity))
@@ -265,6 +271,7 @@ fn flood<K: Key>(n: usize) {
 
     // governor, whose user must call retain_recent (and shrink_to_fit).
     let base = mem();
+    PEAK.store(base.bytes, Ordering::Relaxed);
     let fake = FakeRelativeClock::default();
     let gov = RateLimiter::dashmap_with_clock(r.quota(), fake.clone());
     let t = Instant::now();
@@ -278,6 +285,10 @@ fn flood<K: Key>(n: usize) {
         gov.len(),
         since(base),
         t.elapsed(),
+    );
+    println!(
+        "| governor | peak during flood | | {} | | |",
+        mib(PEAK.load(Ordering::Relaxed) - base.bytes)
     );
     fake.advance(Duration::from_secs(1) + Duration::from_nanos(1));
     for i in 0..10_000u64 {
