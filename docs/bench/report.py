@@ -296,6 +296,60 @@ def nice(v):
     return 10 * e
 
 
+def memory_targets(path):
+    """Rows for 'bytes per live u64 row <= 1.5x governor' from memory.md."""
+    rows = []
+    if not path or not os.path.exists(path):
+        return rows
+    with open(path) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) >= 9 and cells[0] in ("u64", "str") and cells[1].isdigit():
+                key, n, ours, theirs, r, _, _, rg = cells[:8]
+                if key != "u64":
+                    continue
+                verdict = "met" if float(r) <= 1.5 else "**missed**"
+                rows.append(
+                    f"| bytes per live u64 row, {int(n):,} rows (<= 1.5x governor) | {r}x | "
+                    f"<= 1.5x | {verdict} | pace {ours} vs governor {theirs} B/row requested; "
+                    f"glibc chunk estimate {rg}x |"
+                )
+    return rows
+
+
+def update_readme(path, data, machine, memory=None):
+    """Replaces the block between the results markers with this run's targets."""
+    begin, end = "<!-- results:begin -->", "<!-- results:end -->"
+    with open(path) as f:
+        text = f.read()
+    if begin not in text or end not in text:
+        sys.exit(f"{path} has no {begin} ... {end} block")
+    head = ""
+    if machine:
+        with open(machine) as f:
+            m = dict(
+                line.split(":", 1) for line in f.read().splitlines() if ":" in line
+            )
+        head = (
+            f"Run of {m.get('date (UTC)', '?').strip()} UTC, commit "
+            f"{m.get('commit', '?').strip()}, {m.get('nproc', '?').strip()} cores "
+            f"({m.get('Model name', '?').strip()}, {m.get('Hypervisor vendor', '').strip()}); "
+            f"{m.get('uptime before', '').strip()}\n\n"
+        )
+    block = "\n".join(
+        [begin, "", head + "Targets (issue 6) as ratios from this one run:", ""]
+        + targets(data)
+        + memory_targets(memory)
+        + ["", "What the hasher and the clock cost (same run):", ""]
+        + diagnostics(data)
+        + ["", end]
+    )
+    pre, rest = text.split(begin, 1)
+    post = rest.split(end, 1)[1]
+    with open(path, "w") as f:
+        f.write(pre + block + post)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--criterion", default="target/criterion")
@@ -304,6 +358,8 @@ def main():
     ap.add_argument("--extra", nargs="*", default=[])
     ap.add_argument("--machine", help="file with date, nproc, lscpu, uptime")
     ap.add_argument("--loads", help="file with the load average at each group's start")
+    ap.add_argument("--readme", help="README whose <!-- results --> block gets the targets")
+    ap.add_argument("--memory", help="memory.md from benches/memory.rs (bytes-per-row target)")
     a = ap.parse_args()
     data = load(a.criterion)
     if not data:
@@ -322,7 +378,7 @@ def main():
         "## Targets (issue 6), as ratios from this one run",
         "",
     ]
-    lines += targets(data)
+    lines += targets(data) + memory_targets(a.memory)
     lines += [
         "",
         "## Diagnostics: the hasher's and the clock's share",
@@ -351,6 +407,8 @@ def main():
     with open(os.path.join(a.out, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     svg(data, os.path.join(a.out, "throughput.svg"))
+    if a.readme:
+        update_readme(a.readme, data, a.machine, a.memory)
     print(f"wrote {a.out}/results.md and {a.out}/throughput.svg ({len(data)} groups)")
 
 

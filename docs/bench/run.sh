@@ -27,6 +27,8 @@ cargo bench --bench tails 2>/dev/null | tee "$out/tails.md"
 cargo bench --bench memory 2>/dev/null | tee "$out/memory.md"
 echo "uptime after all: $(uptime)" >> "$out/machine.txt"
 
+readme=()
+[ "$out" = docs/bench ] && readme=(--readme docs/bench/README.md)
 python3 docs/bench/report.py --out "$out" --machine "$out/machine.txt" --loads "$out/loads.txt" \
-    --extra "$out/tails.md" "$out/memory.md"
+    --memory "$out/memory.md" --extra "$out/tails.md" "$out/memory.md" "${readme[@]}"
 rm -f "$log"
