@@ -16,6 +16,10 @@
 //!   named. Removed rows and outgrown arrays are reclaimed with
 //!   crossbeam-epoch.
 //!
+//! [`Gate`] is the other half of surviving load: N job slots plus a byte
+//! budget, reserved together at admission and held by RAII permits until
+//! the job and its buffer are really gone (see [`gate`]).
+//!
 //! The limit is per process: N replicas give a client up to N x the rate.
 //! DESIGN.md explains the encoding, the row lifecycle and why it cannot
 //! over-admit.
@@ -23,6 +27,7 @@
 
 mod bucket;
 pub mod clock;
+pub mod gate;
 #[cfg(feature = "lab")]
 pub mod lab;
 mod pace;
@@ -33,6 +38,7 @@ mod table;
 #[cfg(feature = "quanta")]
 pub use crate::clock::QuantaClock;
 pub use crate::clock::{Clock, DefaultClock, ManualClock, StdClock};
+pub use crate::gate::{AdmitError, Gate, GateStats, Resource, Ticket};
 pub use crate::pace::{Builder, Denied, DenyReason, Pace, Reservation};
 pub use crate::rate::{ConfigError, Rate};
 

@@ -359,7 +359,24 @@ impl<K, S, C> Pace<K, S, C> {
         }
         #[cfg(loom)]
         {
-            self.collector.register().pin()
+            // One handle per (loom thread, collector), kept in a loom thread
+            // local: registering on every call would multiply the model's
+            // state space. A handle keeps its collector's global state alive,
+            // so the equality check cannot be fooled by address reuse.
+            loom::thread_local! {
+                static HANDLES: std::cell::RefCell<Vec<crossbeam_epoch::LocalHandle>> =
+                    std::cell::RefCell::new(Vec::new());
+            }
+            HANDLES.with(|handles| {
+                let mut handles = handles.borrow_mut();
+                if let Some(h) = handles.iter().find(|h| h.collector() == &self.collector) {
+                    return h.pin();
+                }
+                let h = self.collector.register();
+                let guard = h.pin();
+                handles.push(h);
+                guard
+            })
         }
     }
 }
@@ -500,8 +517,10 @@ where
         removed
     }
 
-    /// The sweep policy: a pass when the horizon has passed since the last
-    /// time-driven pass, or when the table has doubled since the last pass.
+    /// The sweep policy: a pass starts when the horizon has passed since the
+    /// last time-driven pass, or when the table has doubled since the last
+    /// pass. A pass over a large table runs a chunk per call (see
+    /// `Table::start_sweep`), so every call also advances a running pass.
     #[inline]
     fn maybe_sweep(&self, now: u64, created: bool, guard: &Guard) {
         let due = self.next_sweep.load(Ordering::Relaxed);
@@ -514,11 +533,10 @@ where
                 .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
             {
-                self.sweep_with(now, guard);
+                self.start_pass(now, guard);
+                return;
             }
-            return;
-        }
-        if created {
+        } else if created {
             let mark = self.sweep_mark.load(Ordering::Relaxed);
             let len = self.table.len();
             if len >= mark.max(SWEEP_FLOOR).saturating_mul(2)
@@ -527,9 +545,18 @@ where
                     .compare_exchange(mark, len, Ordering::Relaxed, Ordering::Relaxed)
                     .is_ok()
             {
-                self.sweep_with(now, guard);
+                self.start_pass(now, guard);
+                return;
             }
         }
+        self.table.sweep_step(now, guard);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn start_pass(&self, now: u64, guard: &Guard) {
+        self.table.start_sweep(now, guard);
+        self.sweep_mark.store(self.table.len(), Ordering::Relaxed);
     }
 }
 

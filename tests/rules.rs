@@ -9,8 +9,8 @@ use pace::{ConfigError, DenyReason, ManualClock, Pace, Rate};
 type P<K> = Pace<K, RandomState, ManualClock>;
 
 /// Loop sizes, smaller under Miri.
-const MANY: u64 = if cfg!(miri) { 300 } else { 5_000 };
-const CHURN: u64 = if cfg!(miri) { 1_000 } else { 50_000 };
+const MANY: u64 = if cfg!(miri) { 100 } else { 5_000 };
+const CHURN: u64 = if cfg!(miri) { 100 } else { 50_000 };
 
 fn pace<K>(per_second: u64) -> (P<K>, ManualClock) {
     let clock = ManualClock::new();

@@ -1,17 +1,55 @@
 #!/usr/bin/env bash
 # loom: every model in loom-tests/ under a preemption bound, then each
-# known-wrong variant of the crate, asserting that a model catches it.
+# known-wrong variant of the crate, asserting that its model catches it.
 set -euo pipefail
 export RUSTFLAGS="--cfg loom --cfg crossbeam_loom"
 export CARGO_TARGET_DIR=target/loom
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
 
 echo "models (LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS)"
-time cargo test -p loom-tests --release -- --test-threads=1
+cargo test -p loom-tests --release -- --test-threads=1 --nocapture 2>&1 |
+    grep -E "^test |loom:|test result|panicked|error" || true
+test "${PIPESTATUS[0]}" -eq 0
 
-for mutant in check_then_debit unlink_without_dead refund_full_interval; do
-    echo "mutant $mutant: a model must fail"
-    RUSTFLAGS="$RUSTFLAGS --cfg pace_mutant=\"$mutant\"" \
-        CARGO_TARGET_DIR=target/loom-mutant \
-        cargo test -p loom-tests --release --test pace -- mutant_ --test-threads=1
+# The models that stay small also run with one more preemption (bound 3);
+# exact_admission would take far longer there.
+echo "models at LOOM_MAX_PREEMPTIONS=3 (all but exact_admission)"
+LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --release --test pace -- \
+    --test-threads=1 --nocapture --skip exact_admission 2>&1 |
+    grep -E "^test |loom:|test result|panicked|error" || true
+test "${PIPESTATUS[0]}" -eq 0
+
+# mutant = the invariant message its model must fail with
+mutants=(
+    "check_then_debit=exactly the tokens left are admitted"
+    "unlink_without_dead=the debit is held by a live row"
+    "refund_full_interval=a late refund returns nothing"
+)
+for entry in "${mutants[@]}"; do
+    mutant=${entry%%=*}
+    expected=${entry#*=}
+    echo "mutant $mutant: the model must fail with \"$expected\""
+    status=0
+    out=$(RUSTFLAGS="$RUSTFLAGS --cfg pace_mutant=\"$mutant\"" CARGO_TARGET_DIR=target/loom-mutant \
+        cargo test -p loom-tests --release --test pace -- "mutant_$mutant" --exact --test-threads=1 2>&1) ||
+        status=$?
+    if [ "$status" -eq 0 ]; then
+        echo "$out" | tail -20
+        echo "mutant $mutant SURVIVED: no model caught it"
+        exit 1
+    fi
+    if ! grep -qF "$expected" <<<"$out"; then
+        echo "$out" | tail -40
+        echo "mutant $mutant failed, but not with the expected invariant"
+        exit 1
+    fi
+    echo "caught: $(grep -F "$expected" <<<"$out" | head -1)"
+done
+
+# The gate's mutants (loom-tests/tests/gate.rs): each `mutant_*` test there is
+# `#[should_panic]` on its model's failure message, so it must pass.
+for mutant in gate_unchecked_bytes gate_no_wake_on_rollback gate_no_fence gate_cancel_no_notify; do
+    echo "gate mutant $mutant: its model must fail"
+    RUSTFLAGS="$RUSTFLAGS --cfg pace_mutant=\"$mutant\"" CARGO_TARGET_DIR=target/loom-mutant \
+        cargo test -p loom-tests --release --test gate -- mutant_ --test-threads=1
 done

@@ -6,5 +6,9 @@ rustup toolchain install nightly --profile minimal --component miri,rust-src >/d
 cargo +nightly miri setup >/dev/null 2>&1
 # crossbeam-epoch stores tags in pointer bits (int-to-ptr casts) and trips
 # Stacked Borrows inside its own Local; Tree Borrows is the model it supports.
-export MIRIFLAGS="${MIRIFLAGS:--Zmiri-disable-isolation -Zmiri-tree-borrows -Zmiri-permissive-provenance}"
+# Its global collector keeps retired garbage behind integer-typed pointers,
+# which Miri cannot trace at exit and reports as leaks: leaks are checked by
+# tests/memory.rs (allocated bytes return to the baseline) and by loom
+# (loom Arcs inside keys) instead.
+export MIRIFLAGS="${MIRIFLAGS:--Zmiri-disable-isolation -Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-ignore-leaks}"
 time cargo +nightly miri test --no-default-features --lib --test rules --test stress

@@ -9,8 +9,8 @@
 //! every model drops its limiter (and with it the collector) at the end.
 //!
 //! Mutants: built with `--cfg pace_mutant="…"`, the crate swaps in a
-//! known-wrong variant and the `mutant_*` test for it asserts that a model
-//! here fails (`.ci/suites/loom.sh` runs each).
+//! known-wrong variant; `.ci/suites/10-loom.sh` runs the `mutant_*` test for
+//! it and asserts that the model fails with its invariant's message.
 #![cfg(loom)]
 
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -84,9 +84,23 @@ fn pace(capacity: u64) -> Arc<P> {
 /// `loom::model` with room for the spin-waits of a migration: each wait is a
 /// branch. The preemption bound comes from LOOM_MAX_PREEMPTIONS.
 fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    let executions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = executions.clone();
+    let started = std::time::Instant::now();
     let mut builder = loom::model::Builder::new();
     builder.max_branches = 100_000;
-    builder.check(f);
+    builder.check(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    eprintln!(
+        "loom: {} executions in {:.1?} (LOOM_MAX_PREEMPTIONS={})",
+        executions.load(std::sync::atomic::Ordering::Relaxed),
+        started.elapsed(),
+        builder
+            .preemption_bound
+            .map_or("unbounded".into(), |b| b.to_string()),
+    );
 }
 
 fn ids(p: &P) -> Vec<u64> {
@@ -141,7 +155,9 @@ fn reserve_vs_unlink() {
             "the debit is held by a live row"
         );
         assert_eq!(p.len(), 1);
-        assert!(removed <= 1);
+        // The old row, and possibly the reserver's fresh row (a fresh row is
+        // full until its creator's debit lands; the creator then retries).
+        assert!(removed <= 2);
     });
 }
 
@@ -231,7 +247,10 @@ fn shrink_vs_reserve() {
     model(|| {
         let p = pace(2);
         let keys: Vec<Key> = (0..4).map(key).collect();
-        let held: Vec<_> = keys.iter().map(|k| p.reserve_n_at(k, 1, 0).unwrap()).collect();
+        let held: Vec<_> = keys
+            .iter()
+            .map(|k| p.reserve_n_at(k, 1, 0).unwrap())
+            .collect();
         assert_eq!(p.table_slots(), 8, "the 4th row grew the table");
         for r in held {
             r.refund_at(0); // each refund fills its bucket: the row goes
@@ -318,23 +337,25 @@ mod model {
     );
 }
 
+// Mutants: each runs the model that must catch it. loom aborts the process
+// on a failed model (a panic while unwinding its scheduler), so these are not
+// `#[should_panic]`: `.ci/suites/10-loom.sh` runs each and asserts that it
+// fails with the model's assertion message.
+
 #[cfg(pace_mutant = "check_then_debit")]
 #[test]
-#[should_panic(expected = "exactly the tokens left are admitted")]
-fn mutant_check_then_debit_is_caught() {
+fn mutant_check_then_debit() {
     exact_admission();
 }
 
 #[cfg(pace_mutant = "unlink_without_dead")]
 #[test]
-#[should_panic(expected = "the debit is held by a live row")]
-fn mutant_unlink_without_dead_is_caught() {
+fn mutant_unlink_without_dead() {
     reserve_vs_unlink();
 }
 
 #[cfg(pace_mutant = "refund_full_interval")]
 #[test]
-#[should_panic(expected = "a late refund returns nothing")]
-fn mutant_refund_full_interval_is_caught() {
+fn mutant_refund_full_interval() {
     late_refund_vs_sweep();
 }

@@ -53,6 +53,12 @@ const PENDING: usize = 1;
 const CHUNK: usize = 256;
 /// The smallest array the table uses.
 pub(crate) const MIN_SLOTS: usize = 4;
+/// Sweep passes over larger arrays run in chunks of this many slots, one
+/// chunk per caller; smaller arrays are swept in one go.
+pub(crate) const SWEEP_CHUNK: usize = 4096;
+/// `sweep_next` when no pass is running. Far above any array length, and far
+/// below `usize::MAX`, so that late `fetch_add`s cannot wrap it.
+const SWEEP_IDLE: usize = usize::MAX / 2;
 
 /// A key and its hash, published by pointer.
 pub(crate) struct Entry<K> {
@@ -76,6 +82,8 @@ struct Array<K> {
     claim: AtomicUsize,
     /// Chunks copied.
     copied: AtomicUsize,
+    /// Next slot of the running incremental sweep pass, or `SWEEP_IDLE`.
+    sweep_next: CachePadded<AtomicUsize>,
 }
 
 impl<K> Array<K> {
@@ -94,6 +102,7 @@ impl<K> Array<K> {
             next: Atomic::null(),
             claim: AtomicUsize::new(0),
             copied: AtomicUsize::new(0),
+            sweep_next: CachePadded::new(AtomicUsize::new(SWEEP_IDLE)),
         }
     }
 
@@ -507,8 +516,67 @@ impl<K> Table<K> {
     /// array if it has become sparse. Returns the rows this pass removed.
     pub(crate) fn sweep(&self, now: u64, guard: &Guard) -> usize {
         let (arr_ptr, arr) = self.array(guard);
+        let removed = self.sweep_range(arr, 0, arr.slots.len(), now, guard);
+        if removed.is_some() {
+            self.shrink_if_sparse(arr_ptr, arr, guard);
+        }
+        removed.unwrap_or(0)
+    }
+
+    /// Starts a sweep pass: arrays of at most [`SWEEP_CHUNK`] slots are swept
+    /// at once; larger ones are handed out a chunk at a time to the callers
+    /// of [`sweep_step`](Table::sweep_step), so no caller scans more than one
+    /// chunk. A pass already running continues.
+    pub(crate) fn start_sweep(&self, now: u64, guard: &Guard) {
+        let (_, arr) = self.array(guard);
+        if arr.slots.len() <= SWEEP_CHUNK {
+            self.sweep(now, guard);
+            return;
+        }
+        let _ =
+            arr.sweep_next
+                .compare_exchange(SWEEP_IDLE, 0, Ordering::Relaxed, Ordering::Relaxed);
+        self.sweep_step(now, guard);
+    }
+
+    /// Sweeps one chunk of the running pass, if there is one: two loads
+    /// otherwise.
+    #[inline]
+    pub(crate) fn sweep_step(&self, now: u64, guard: &Guard) {
+        let (arr_ptr, arr) = self.array(guard);
+        if arr.sweep_next.load(Ordering::Relaxed) < arr.slots.len() {
+            self.sweep_chunk(arr_ptr, arr, now, guard);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn sweep_chunk(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, now: u64, guard: &Guard) {
+        let len = arr.slots.len();
+        let start = arr.sweep_next.fetch_add(SWEEP_CHUNK, Ordering::Relaxed);
+        if start >= len {
+            return;
+        }
+        let end = (start + SWEEP_CHUNK).min(len);
+        // A migration met on the way abandons the pass (the array is going).
+        if self.sweep_range(arr, start, end, now, guard).is_some() && end == len {
+            arr.sweep_next.store(SWEEP_IDLE, Ordering::Relaxed);
+            self.shrink_if_sparse(arr_ptr, arr, guard);
+        }
+    }
+
+    /// Removes the full rows among slots `start..end`; `None` if it met a
+    /// migration (then it helped it and stopped).
+    fn sweep_range(
+        &self,
+        arr: &Array<K>,
+        start: usize,
+        end: usize,
+        now: u64,
+        guard: &Guard,
+    ) -> Option<usize> {
         let mut removed = 0;
-        for slot in arr.slots.iter() {
+        for slot in &arr.slots[start..end] {
             if slot.key.load(Ordering::Acquire, guard).is_null() {
                 continue;
             }
@@ -516,17 +584,21 @@ impl<K> Table<K> {
             if word == DEAD {
                 self.unlink(slot, guard);
             } else if !is_live(word) {
-                // A migration is copying this array; it drops full rows itself.
+                // This array is being copied: its rows are swept in the next.
                 self.help_migrate(arr, guard);
-                return removed;
+                return None;
             } else if word <= now && self.kill(slot, word, guard) {
                 removed += 1;
             }
         }
+        Some(removed)
+    }
+
+    /// Migrates to a smaller array when rows fill less than 1/8 of the slots.
+    fn shrink_if_sparse(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, guard: &Guard) {
         if arr.slots.len() > self.min_slots && self.len().saturating_mul(8) < arr.slots.len() {
             self.start_migration(arr_ptr, guard);
         }
-        removed
     }
 
     /// Moves a full row (`word <= now`) to DEAD and unlinks it. False if the
