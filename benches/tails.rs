@@ -1,0 +1,201 @@
+//! Latency distribution of single reserves with 1M live keys while sweeps
+//! happen: a sweep runs inside the reserve that finds it due, so whoever
+//! calls then pays for it. Each reserve is timed on its own (TSC via quanta)
+//! into an HDR histogram.
+//!
+//! Regime TAIL: 10/s per key, burst 20, so the horizon (and the period of
+//! time-driven sweeps) is 2 s; every key is primed with 20 tokens (2 s of
+//! debt). The first time-driven sweep finds ~1M live rows (a full scan that
+//! removes little), the next finds them refilled and removes them (and
+//! shrinks the table); random reserves go on throughout, so whoever calls
+//! `reserve` when a sweep is due pays for it.
+//!
+//! ```text
+//! cargo bench --bench tails                 # ~40 s
+//! PACE_TAIL_SECS=10 cargo bench --bench tails
+//! ```
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use hdrhistogram::Histogram;
+use pace::{Clock, ManualClock, QuantaClock};
+
+const KEYS: usize = 1_000_000;
+
+const TAIL: Regime = Regime {
+    name: "tail",
+    interval_ns: 100_000_000,
+    capacity: 20,
+    prime: 20,
+};
+
+struct Outcome {
+    hist: Histogram<u64>,
+    over_5ms: u64,
+    rows_min: usize,
+    rows_max: usize,
+}
+
+/// `threads` threads reserve random keys for `secs`, timing each reserve.
+fn measure<L: Contender<u64>>(
+    lim: &L,
+    threads: usize,
+    secs: f64,
+    side: Option<&(dyn Fn() + Sync)>,
+) -> Outcome {
+    let keys: Vec<u64> = keys(KEYS);
+    for k in &keys {
+        lim.prime(k, TAIL.prime);
+    }
+    let pattern = access_pattern(KEYS, 1 << 22, 0x7a11);
+    let stop = AtomicBool::new(false);
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let results: Vec<(Histogram<u64>, u64, usize, usize)> = std::thread::scope(|s| {
+        if let Some(side) = side {
+            let stop = &stop;
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_secs(1));
+                    side();
+                }
+            });
+        }
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (keys, pattern) = (&keys, &pattern);
+                s.spawn(move || {
+                    let clock = QuantaClock::new();
+                    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+                    let mask = pattern.len() - 1;
+                    let mut i = t * 1_000_003;
+                    let (mut over, mut lo, mut hi) = (0u64, usize::MAX, 0usize);
+                    'run: loop {
+                        for _ in 0..4096 {
+                            let k = &keys[pattern[i & mask] as usize];
+                            i = i.wrapping_add(1);
+                            let a = clock.now_ns();
+                            std::hint::black_box(lim.reserve(k));
+                            let d = clock.now_ns().saturating_sub(a).max(1);
+                            h.record(d).unwrap();
+                            over += u64::from(d > 5_000_000);
+                        }
+                        let rows = lim.rows();
+                        lo = lo.min(rows);
+                        hi = hi.max(rows);
+                        if Instant::now() >= deadline {
+                            break 'run;
+                        }
+                    }
+                    (h, over, lo, hi)
+                })
+            })
+            .collect();
+        let r = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        stop.store(true, Ordering::Relaxed);
+        r
+    });
+    let mut out = Outcome {
+        hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap(),
+        over_5ms: 0,
+        rows_min: usize::MAX,
+        rows_max: 0,
+    };
+    for (h, over, lo, hi) in results {
+        out.hist.add(&h).unwrap();
+        out.over_5ms += over;
+        out.rows_min = out.rows_min.min(lo);
+        out.rows_max = out.rows_max.max(hi);
+    }
+    out
+}
+
+fn row(name: &str, threads: usize, secs: f64, o: &Outcome) {
+    let h = &o.hist;
+    let us = |v: u64| format!("{:.2}", v as f64 / 1000.0);
+    println!(
+        "| {name} | {threads} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {}..{} |",
+        h.len() as f64 / secs / 1e6,
+        us(h.value_at_quantile(0.5)),
+        us(h.value_at_quantile(0.99)),
+        us(h.value_at_quantile(0.999)),
+        us(h.value_at_quantile(0.9999)),
+        us(h.max()),
+        o.over_5ms,
+        h.len(),
+        o.rows_min,
+        o.rows_max,
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    if !args.is_empty() && !args.iter().any(|a| "tails".contains(a.as_str())) {
+        return;
+    }
+    let secs: f64 = std::env::var("PACE_TAIL_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5.0);
+    let r = TAIL;
+    println!(
+        "## Latency of single reserves, 1M keys, sweeps running (load {})\n",
+        loadavg()
+    );
+    println!(
+        "Regime `tail` (10/s, burst 20, horizon 2 s, keys primed with 20 tokens), \
+         {secs} s per line; times in µs (including two timer reads). Stalls of \
+         several ms also come from preemption on a loaded 2-core machine.\n"
+    );
+    println!("| limiter | threads | M reserves/s | p50 | p99 | p99.9 | p99.99 | max | > 5 ms | reserves | rows (min..max) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    for threads in [1, 2] {
+        let p = PaceC::<u64, _>::new(&r, QuantaClock::new());
+        let o = measure(&p, threads, secs, None);
+        row("pace (sweeps inside reserve)", threads, secs, &o);
+        drop(p);
+
+        let g = Governor::<u64>::new(&r);
+        let o = measure(&g, threads, secs, None);
+        row("governor, no cleanup", threads, secs, &o);
+        drop(g);
+
+        let g = Governor::<u64>::new(&r);
+        let retain = || g.0.retain_recent();
+        let o = measure(&g, threads, secs, Some(&retain));
+        row(
+            "governor + retain_recent() every 1 s (extra thread)",
+            threads,
+            secs,
+            &o,
+        );
+        drop(g);
+    }
+
+    // What one sweep costs the caller that runs it: 1M rows, manual clock.
+    println!("\n| one sweep of pace's table ({KEYS} rows) | time |\n|---|---:|");
+    let clock = ManualClock::new();
+    let p = PaceC::<u64, _>::new(&r, clock.clone());
+    for k in keys::<u64>(KEYS) {
+        p.prime(&k, r.prime);
+    }
+    let t = Instant::now();
+    let removed = p.0.sweep();
+    println!(
+        "| all rows live, nothing removed ({removed}) | {:.2?} |",
+        t.elapsed()
+    );
+    clock.advance(p.0.horizon());
+    let t = Instant::now();
+    let removed = p.0.sweep();
+    println!(
+        "| all rows full, {removed} removed (+ shrink migration) | {:.2?} |",
+        t.elapsed()
+    );
+}

@@ -1,0 +1,110 @@
+//! A loop of reserves for profilers (callgrind, perf): instruction counts do
+//! not depend on the machine's load, so they compare contenders robustly.
+//!
+//! ```text
+//! cargo build --release --example profile_reserve
+//! B=target/release/examples/profile_reserve
+//! # instructions per op = (Ir with N ops - Ir with 0 ops) / N
+//! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.0 $B pace 0 1
+//! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.n $B pace 200000 1
+//! ```
+//!
+//! Modes: `pace`, `pace-foldhash`, `pace-foldhash-fixed` (foldhash and a
+//! clock that is one relaxed load), `governor` (regime `admit`: 1 µs per
+//! token, burst 2^32-1, keys primed with 2^31 tokens), and `pace-churn`,
+//! `governor-churn` (a new key per op, refunded by pace). Arguments: mode,
+//! ops, keys (cycled in order).
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use pace::{Clock, Pace, Rate};
+
+struct Fixed(AtomicU64);
+
+impl Clock for Fixed {
+    fn now_ns(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+fn key(i: u64) -> u64 {
+    i.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+fn run<S: std::hash::BuildHasher, C: Clock>(p: &Pace<u64, S, C>, keys: &[u64], ops: u64) {
+    for k in keys {
+        let _kept = p.reserve_n(k, 1 << 31).expect("primed");
+    }
+    let n = keys.len() as u64;
+    for i in 0..ops {
+        black_box(p.reserve(&keys[(i % n) as usize]).is_ok());
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: profile_reserve MODE OPS KEYS";
+    let mode = args.get(1).expect(usage).as_str();
+    let ops: u64 = args.get(2).expect(usage).parse().expect(usage);
+    let nkeys: u64 = args.get(3).map_or(1, |s| s.parse().expect(usage));
+    let keys: Vec<u64> = (0..nkeys).map(key).collect();
+    let rate = Rate::new(1, Duration::from_micros(1)).expect("rate");
+    let cap = u64::from(u32::MAX);
+    let t = Instant::now();
+    match mode {
+        "pace" => run(
+            &Pace::builder(rate).capacity(cap).build().unwrap(),
+            &keys,
+            ops,
+        ),
+        "pace-foldhash" => {
+            let h = foldhash::fast::RandomState::default();
+            run(
+                &Pace::builder(rate).capacity(cap).hasher(h).build().unwrap(),
+                &keys,
+                ops,
+            )
+        }
+        "pace-foldhash-fixed" => {
+            let h = foldhash::fast::RandomState::default();
+            let c = Fixed(AtomicU64::new(1));
+            let p = Pace::builder(rate).capacity(cap).hasher(h).clock(c).build();
+            run(&p.unwrap(), &keys, ops)
+        }
+        "governor" => {
+            let q = governor::Quota::with_period(Duration::from_micros(1))
+                .unwrap()
+                .allow_burst(NonZeroU32::new(u32::MAX).unwrap());
+            let g = governor::RateLimiter::keyed(q);
+            for k in &keys {
+                let _ = g.check_key_n(k, NonZeroU32::new(1 << 31).unwrap());
+            }
+            for i in 0..ops {
+                black_box(g.check_key(&keys[(i % nkeys) as usize]).is_ok());
+            }
+        }
+        "pace-churn" => {
+            let p: Pace<u64> = Pace::new(Rate::per_second(10).unwrap());
+            for i in 0..ops {
+                if let Ok(r) = p.reserve(&key(i)) {
+                    r.refund();
+                }
+            }
+        }
+        "governor-churn" => {
+            let q = governor::Quota::per_second(NonZeroU32::new(10).unwrap());
+            let g = governor::RateLimiter::keyed(q);
+            for i in 0..ops {
+                black_box(g.check_key(&key(i)).is_ok());
+            }
+        }
+        _ => panic!("{usage}"),
+    }
+    if ops > 0 {
+        let ns = t.elapsed().as_nanos() as f64 / ops as f64;
+        eprintln!("{mode}: {ns:.1} ns/op (wall, includes setup)");
+    }
+}
