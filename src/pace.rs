@@ -156,6 +156,8 @@ impl std::error::Error for Denied {}
 pub struct Reservation<'a, K, Q: ?Sized, S = RandomState, C = DefaultClock> {
     pace: &'a Pace<K, S, C>,
     key: &'a Q,
+    /// The key's hash, so a refund does not hash again.
+    hash: u64,
     n: u64,
     tat: u64,
 }
@@ -203,10 +205,10 @@ where
             return;
         }
         let p = self.pace;
-        let hash = p.hasher.hash_one(self.key);
         let guard = p.pin();
-        p.table
-            .refund(&p.limits, hash, self.key, self.n, self.tat, now, &guard);
+        p.table.refund(
+            &p.limits, self.hash, self.key, self.n, self.tat, now, &guard,
+        );
     }
 }
 
@@ -435,6 +437,7 @@ where
             return Ok(Reservation {
                 pace: self,
                 key,
+                hash: 0,
                 n: 0,
                 tat: 0,
             });
@@ -451,6 +454,7 @@ where
             Ok(a) => Ok(Reservation {
                 pace: self,
                 key,
+                hash,
                 n,
                 tat: a.tat,
             }),
