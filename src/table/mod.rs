@@ -24,7 +24,7 @@
 //!
 //! ```text
 //! tat (live) --reserve/refund--> tat' (live)
-//! tat <= now (full) --sweep / refund / migration--> DEAD --> key unlinked
+//! tat <= now (full) --sweep / refund--> DEAD --> key unlinked
 //! tat (live) --migration--> tat | FROZEN (copied to the next array)
 //! ```
 //!
