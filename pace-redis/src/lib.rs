@@ -1,0 +1,1057 @@
+//! pace's reserve/refund rule in Redis or Valkey: one limit shared by every
+//! replica of a service.
+//!
+//! Each key is one bucket of `capacity` tokens refilled one per `interval` ns,
+//! stored as one string, its *theoretical arrival time* `tat` (ns since the
+//! Unix epoch). A Lua script reads the server's `TIME`, decides and debits in
+//! one round trip; a full bucket is no key (the key expires when its bucket is
+//! full). The rule is the core crate's (`pace::Pace`), and a property test
+//! compares the two decision by decision.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use pace::Rate;
+//! use pace_redis::{Error, OnUnavailable, RedisPace};
+//!
+//! let limiter = RedisPace::builder(Rate::per_second(100)?)
+//!     .capacity(20)
+//!     .on_unavailable(OnUnavailable::LocalFallback { replicas: 3 })
+//!     .connect("redis://127.0.0.1:6379/")
+//!     .await?;
+//! match limiter.reserve("client-7").await {
+//!     Ok(reservation) => {
+//!         // serve; if the exchange did not happen after all:
+//!         limiter.refund(reservation).await?;
+//!     }
+//!     Err(Error::Denied(d)) => println!("retry after {:?}", d.retry_after()),
+//!     Err(e) => println!("limiter unavailable: {e}"),
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pace::{DenyReason, Pace, Rate};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, ErrorKind, RedisError, Script, Value};
+
+/// The largest `capacity x interval` (time for an empty bucket to refill):
+/// 2^50 ns, about 13 days. It keeps every number the script computes below
+/// 2^53, where Lua's doubles stop being exact (README: "Precision").
+pub const MAX_TAU_NS: u64 = 1 << 50;
+
+/// The script's source (with a known-wrong change under `cfg(pace_mutant)`).
+fn script_source() -> String {
+    let src = include_str!("pace.lua").to_string();
+    #[cfg(pace_mutant = "redis_admit_one_more")]
+    let src = src.replace("if nd > tau then", "if nd > tau + interval then");
+    #[cfg(pace_mutant = "redis_refund_unchecked")]
+    let src = src.replace("if cur ~= mine then", "if not cur then");
+    src
+}
+
+/// What happens when Redis cannot answer in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnUnavailable {
+    /// Return [`Error::Unavailable`]: nothing is admitted without Redis.
+    FailClosed,
+    /// Decide on a local [`pace::Pace`] at `rate / replicas` (capacity
+    /// `capacity / replicas`, at least 1), so that `replicas` processes
+    /// together stay near the shared limit while Redis is away.
+    LocalFallback {
+        /// How many replicas share the limit (at least 1).
+        replicas: u32,
+    },
+}
+
+/// A rejected configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The rate or capacity is invalid for the core crate as well.
+    Pace(pace::ConfigError),
+    /// `capacity x interval` exceeds [`MAX_TAU_NS`].
+    TauTooLarge {
+        /// The configured `capacity x interval` (saturated).
+        tau_ns: u64,
+        /// [`MAX_TAU_NS`].
+        max_ns: u64,
+    },
+    /// `LocalFallback { replicas: 0 }`.
+    ZeroReplicas,
+    /// A zero timeout would fail every call.
+    ZeroTimeout,
+    /// The key prefix alone exceeds the key size limit.
+    PrefixTooLong,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Pace(e) => write!(f, "{e}"),
+            ConfigError::TauTooLarge { tau_ns, max_ns } => write!(
+                f,
+                "capacity x interval = {tau_ns} ns exceeds {max_ns} ns (2^50, ~13 days): \
+                 Lua numbers would lose precision"
+            ),
+            ConfigError::ZeroReplicas => f.write_str("LocalFallback needs at least 1 replica"),
+            ConfigError::ZeroTimeout => f.write_str("the timeout must be longer than zero"),
+            ConfigError::PrefixTooLong => f.write_str("the key prefix exceeds the key size limit"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Why Redis gave no decision.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// No answer within the configured timeout.
+    Timeout(Duration),
+    /// A connection or server error.
+    Redis(RedisError),
+    /// A recent failure: Redis is not tried again until the backoff passes.
+    CircuitOpen,
+    /// The stored `tat` lies further ahead of the server's clock than any
+    /// bucket can (the server's clock went back by days).
+    ClockOutOfRange,
+    /// The script answered something this crate does not understand.
+    BadReply(String),
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::Timeout(d) => write!(f, "no answer from redis within {d:?}"),
+            BackendError::Redis(e) => write!(f, "redis: {e}"),
+            BackendError::CircuitOpen => f.write_str("redis failed recently; not retried yet"),
+            BackendError::ClockOutOfRange => {
+                f.write_str("stored state lies days ahead of the server's clock")
+            }
+            BackendError::BadReply(s) => write!(f, "unexpected script reply: {s}"),
+        }
+    }
+}
+
+/// Why a key was refused before any decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyError {
+    /// The empty key.
+    Empty,
+    /// Prefix plus key exceed the configured maximum size.
+    TooLong {
+        /// Bytes of prefix plus key.
+        bytes: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+}
+
+/// Where an answer came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The script, on the server.
+    Server,
+    /// The local cache of denials (no round trip).
+    Cache,
+    /// The local fallback limiter (Redis unavailable).
+    Local,
+    /// The request itself (`n == 0`, or `n` above the capacity): no round trip.
+    Request,
+}
+
+/// A denied request. Nothing was debited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Denied {
+    reason: DenyReason,
+    wait_ns: u64,
+    server_now_ns: Option<u64>,
+    source: Source,
+}
+
+impl Denied {
+    /// The wait until this request would be admitted if nothing else touched
+    /// the key; [`Duration::MAX`] when it never will be.
+    pub fn retry_after(&self) -> Duration {
+        match self.reason {
+            DenyReason::Exhausted => Duration::from_nanos(self.wait_ns),
+            _ => Duration::MAX,
+        }
+    }
+    /// Why.
+    pub fn reason(&self) -> DenyReason {
+        self.reason
+    }
+    /// True when waiting will not help (`n` above the capacity).
+    pub fn is_permanent(&self) -> bool {
+        self.reason != DenyReason::Exhausted
+    }
+    /// The server's time of the decision (ns since the Unix epoch), when the
+    /// server decided.
+    pub fn server_now_ns(&self) -> Option<u64> {
+        self.server_now_ns
+    }
+    /// Where the answer came from.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+}
+
+/// Everything that is not an admission.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The bucket lacks the tokens (or never will hold them).
+    Denied(Denied),
+    /// The key is empty or too long; nothing was sent.
+    InvalidKey(KeyError),
+    /// Redis gave no decision and the policy is [`OnUnavailable::FailClosed`].
+    Unavailable(BackendError),
+    /// An `_at` method was called without [`Builder::time_injection`].
+    TimeInjectionDisabled,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Denied(d) => match d.reason {
+                DenyReason::Exhausted => {
+                    write!(f, "rate exceeded; retry after {:?}", d.retry_after())
+                }
+                _ => f.write_str("request exceeds the bucket's capacity"),
+            },
+            Error::InvalidKey(KeyError::Empty) => f.write_str("empty key"),
+            Error::InvalidKey(KeyError::TooLong { bytes, max }) => {
+                write!(f, "key of {bytes} bytes exceeds {max}")
+            }
+            Error::Unavailable(e) => write!(f, "limiter unavailable: {e}"),
+            Error::TimeInjectionDisabled => {
+                f.write_str("time injection is disabled (Builder::time_injection)")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// An admitted debit. Dropping it keeps the debit; pass it to
+/// [`RedisPace::refund`] when the exchange did not happen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "dropping a Reservation keeps the debit; refund it if the exchange did not happen"]
+pub struct Reservation {
+    key: String,
+    n: u64,
+    prev: u64,
+    tat: u64,
+    server_now_ns: Option<u64>,
+    source: Source,
+}
+
+impl Reservation {
+    /// Tokens debited.
+    pub fn tokens(&self) -> u64 {
+        self.n
+    }
+    /// The key's `tat` before this debit (0: the bucket was full).
+    pub fn prev_ns(&self) -> u64 {
+        self.prev
+    }
+    /// The key's `tat` after this debit.
+    pub fn tat_ns(&self) -> u64 {
+        self.tat
+    }
+    /// The server's time of the decision (ns since the Unix epoch).
+    pub fn server_now_ns(&self) -> Option<u64> {
+        self.server_now_ns
+    }
+    /// Where the admission came from.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+}
+
+/// What a refund did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refund {
+    /// The key was back at its state before the debit.
+    Restored,
+    /// The state before the debit is a full bucket: the key was deleted.
+    Emptied,
+    /// Someone debited the key since (or it expired): nothing returned.
+    Nothing,
+    /// Nothing to return: `n == 0`, or a decision of the local fallback.
+    NotRefundable,
+}
+
+/// Counters since the limiter was built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests written to the server (a pipeline of k decisions counts 1;
+    /// a script load counts 1).
+    pub round_trips: u64,
+    /// `SCRIPT LOAD`s after a NOSCRIPT answer.
+    pub script_loads: u64,
+    /// Decisions (reserve or refund) the server made.
+    pub server_decisions: u64,
+    /// Denials answered from the local cache.
+    pub cache_denials: u64,
+    /// Decisions of the local fallback.
+    pub local_decisions: u64,
+    /// Calls that found Redis unavailable (timeout, error, open circuit).
+    pub unavailable: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    round_trips: AtomicU64,
+    script_loads: AtomicU64,
+    server_decisions: AtomicU64,
+    cache_denials: AtomicU64,
+    local_decisions: AtomicU64,
+    unavailable: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Ordering::Relaxed);
+}
+
+/// Builds a [`RedisPace`].
+#[must_use = "a builder does nothing until connect() is called"]
+pub struct Builder {
+    rate: Rate,
+    capacity: Option<u64>,
+    prefix: String,
+    timeout: Duration,
+    backoff: Duration,
+    policy: OnUnavailable,
+    deny_cache: bool,
+    deny_cache_entries: usize,
+    max_key_bytes: usize,
+    time_injection: bool,
+}
+
+impl Builder {
+    /// Bucket capacity in tokens (default: one second of the rate, at least 1).
+    pub fn capacity(mut self, tokens: u64) -> Self {
+        self.capacity = Some(tokens);
+        self
+    }
+    /// Prefix of every Redis key (default `"pace:"`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+    /// The longest a call waits for Redis, script reloads included
+    /// (default 250 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+    /// After a failed call, Redis is not tried again for this long: calls go
+    /// straight to the policy (default 100 ms).
+    pub fn backoff(mut self, backoff: Duration) -> Self {
+        self.backoff = backoff;
+        self
+    }
+    /// The policy when Redis gives no decision (default
+    /// [`OnUnavailable::FailClosed`]).
+    pub fn on_unavailable(mut self, policy: OnUnavailable) -> Self {
+        self.policy = policy;
+        self
+    }
+    /// Answer a key denied until `t` locally until `t` (default on).
+    pub fn deny_cache(mut self, on: bool) -> Self {
+        self.deny_cache = on;
+        self
+    }
+    /// Most keys the denial cache holds (default 65,536).
+    pub fn deny_cache_entries(mut self, entries: usize) -> Self {
+        self.deny_cache_entries = entries;
+        self
+    }
+    /// Largest prefix + key in bytes (default 1,024).
+    pub fn max_key_bytes(mut self, bytes: usize) -> Self {
+        self.max_key_bytes = bytes;
+        self
+    }
+    /// Enables [`RedisPace::reserve_n_at`] and [`RedisPace::refund_at`],
+    /// which pass the time to the script instead of its reading `TIME`
+    /// (tests only: keys then get no expiry).
+    pub fn time_injection(mut self, on: bool) -> Self {
+        self.time_injection = on;
+        self
+    }
+
+    /// Checks the configuration and connects to `url`
+    /// (`redis://host:port/db`).
+    ///
+    /// # Errors
+    /// [`ConnectError::Config`] for a rejected configuration,
+    /// [`ConnectError::Redis`] when the server cannot be reached in time.
+    pub async fn connect(self, url: &str) -> Result<RedisPace, ConnectError> {
+        let capacity = self.capacity.unwrap_or_else(|| self.rate.one_second());
+        // The core crate's own checks (zero capacity, tau overflow).
+        Pace::<String>::builder(self.rate)
+            .capacity(capacity)
+            .min_slots(1)
+            .build()
+            .map_err(|e| ConnectError::Config(ConfigError::Pace(e)))?;
+        let interval = u64::try_from(self.rate.interval().as_nanos()).unwrap_or(u64::MAX);
+        let tau = interval.saturating_mul(capacity);
+        if tau > MAX_TAU_NS {
+            return Err(ConnectError::Config(ConfigError::TauTooLarge {
+                tau_ns: tau,
+                max_ns: MAX_TAU_NS,
+            }));
+        }
+        if self.timeout.is_zero() {
+            return Err(ConnectError::Config(ConfigError::ZeroTimeout));
+        }
+        if self.prefix.len() >= self.max_key_bytes {
+            return Err(ConnectError::Config(ConfigError::PrefixTooLong));
+        }
+        let fallback = match self.policy {
+            OnUnavailable::FailClosed => None,
+            OnUnavailable::LocalFallback { replicas: 0 } => {
+                return Err(ConnectError::Config(ConfigError::ZeroReplicas))
+            }
+            OnUnavailable::LocalFallback { replicas } => {
+                let per = self
+                    .rate
+                    .per()
+                    .checked_mul(replicas)
+                    .ok_or(ConnectError::Config(ConfigError::Pace(
+                        pace::ConfigError::IntervalTooLong,
+                    )))?;
+                let rate = Rate::new(self.rate.count(), per)
+                    .map_err(|e| ConnectError::Config(ConfigError::Pace(e)))?;
+                let cap = (capacity / u64::from(replicas)).max(1);
+                Some(
+                    Pace::builder(rate)
+                        .capacity(cap)
+                        .build()
+                        .map_err(|e| ConnectError::Config(ConfigError::Pace(e)))?,
+                )
+            }
+        };
+        let client = redis::Client::open(url).map_err(ConnectError::Redis)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout)
+            .set_number_of_retries(2)
+            .set_factor(10)
+            .set_max_delay(self.timeout.as_millis().clamp(1, 1_000) as u64);
+        let conn = tokio::time::timeout(
+            self.timeout,
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| {
+            ConnectError::Redis(RedisError::from((ErrorKind::IoError, "connect timed out")))
+        })?
+        .map_err(ConnectError::Redis)?;
+        Ok(RedisPace {
+            inner: Arc::new(Inner {
+                conn,
+                script: Script::new(&script_source()),
+                rate: self.rate,
+                interval,
+                capacity,
+                prefix: self.prefix,
+                timeout: self.timeout,
+                backoff: self.backoff,
+                policy: self.policy,
+                fallback,
+                cache: self.deny_cache.then(|| Mutex::new(HashMap::new())),
+                cache_entries: self.deny_cache_entries.max(1),
+                max_key_bytes: self.max_key_bytes,
+                time_injection: self.time_injection,
+                origin: Instant::now(),
+                down_until: AtomicU64::new(0),
+                counters: Counters::default(),
+            }),
+        })
+    }
+}
+
+/// Why [`Builder::connect`] failed.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// The configuration is rejected.
+    Config(ConfigError),
+    /// The server could not be reached.
+    Redis(RedisError),
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectError::Config(e) => write!(f, "bad configuration: {e}"),
+            ConnectError::Redis(e) => write!(f, "cannot reach redis: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+/// A rate limit shared through one Redis or Valkey server. Cheap to clone;
+/// clones share the connection, the denial cache and the counters.
+#[derive(Clone)]
+pub struct RedisPace {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    script: Script,
+    rate: Rate,
+    interval: u64,
+    capacity: u64,
+    prefix: String,
+    timeout: Duration,
+    backoff: Duration,
+    policy: OnUnavailable,
+    fallback: Option<Pace<String>>,
+    cache: Option<Mutex<HashMap<String, CacheEntry>>>,
+    cache_entries: usize,
+    max_key_bytes: usize,
+    time_injection: bool,
+    origin: Instant,
+    /// ns since `origin` before which Redis is not tried (circuit open).
+    down_until: AtomicU64,
+    counters: Counters,
+}
+
+#[derive(Clone, Copy)]
+struct CacheEntry {
+    until: Instant,
+    n: u64,
+}
+
+/// A request as sent to the script, or answered without it.
+enum Prepared {
+    Done(Result<Reservation, Error>),
+    Send { key: String, n: u64 },
+}
+
+impl RedisPace {
+    /// A builder at `rate`.
+    pub fn builder(rate: Rate) -> Builder {
+        Builder {
+            rate,
+            capacity: None,
+            prefix: "pace:".to_string(),
+            timeout: Duration::from_millis(250),
+            backoff: Duration::from_millis(100),
+            policy: OnUnavailable::FailClosed,
+            deny_cache: true,
+            deny_cache_entries: 65_536,
+            max_key_bytes: 1_024,
+            time_injection: false,
+        }
+    }
+
+    /// The declared rate.
+    pub fn rate(&self) -> Rate {
+        self.inner.rate
+    }
+    /// Bucket capacity in tokens.
+    pub fn capacity(&self) -> u64 {
+        self.inner.capacity
+    }
+    /// The policy when Redis gives no decision.
+    pub fn policy(&self) -> OnUnavailable {
+        self.inner.policy
+    }
+    /// Nanoseconds per token.
+    pub fn interval_ns(&self) -> u64 {
+        self.inner.interval
+    }
+    /// The Redis key of `key`.
+    pub fn redis_key(&self, key: &str) -> String {
+        format!("{}{}", self.inner.prefix, key)
+    }
+    /// Counters since the limiter was built.
+    pub fn stats(&self) -> Stats {
+        let c = &self.inner.counters;
+        Stats {
+            round_trips: c.round_trips.load(Ordering::Relaxed),
+            script_loads: c.script_loads.load(Ordering::Relaxed),
+            server_decisions: c.server_decisions.load(Ordering::Relaxed),
+            cache_denials: c.cache_denials.load(Ordering::Relaxed),
+            local_decisions: c.local_decisions.load(Ordering::Relaxed),
+            unavailable: c.unavailable.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Debits one token from `key`'s bucket.
+    ///
+    /// # Errors
+    /// See [`reserve_n`](RedisPace::reserve_n).
+    pub async fn reserve(&self, key: &str) -> Result<Reservation, Error> {
+        self.reserve_n(key, 1).await
+    }
+
+    /// Debits `n` tokens at once, or none, on the server's clock. `n == 0` is
+    /// admitted and touches nothing; `n` above the capacity is denied
+    /// permanently; neither makes a round trip.
+    ///
+    /// # Errors
+    /// [`Error::Denied`], [`Error::InvalidKey`], or, under
+    /// [`OnUnavailable::FailClosed`], [`Error::Unavailable`].
+    pub async fn reserve_n(&self, key: &str, n: u64) -> Result<Reservation, Error> {
+        self.reserve_inner(key, n, None).await
+    }
+
+    /// [`reserve_n`](RedisPace::reserve_n) at `now_ns` instead of the server's
+    /// clock (tests; needs [`Builder::time_injection`]).
+    ///
+    /// # Errors
+    /// As `reserve_n`, and [`Error::TimeInjectionDisabled`].
+    pub async fn reserve_n_at(&self, key: &str, n: u64, now_ns: u64) -> Result<Reservation, Error> {
+        if !self.inner.time_injection {
+            return Err(Error::TimeInjectionDisabled);
+        }
+        self.reserve_inner(key, n, Some(now_ns)).await
+    }
+
+    /// Decides several requests with one round trip (one pipeline) for all
+    /// that need the server. Answers are in request order.
+    pub async fn reserve_many(&self, requests: &[(&str, u64)]) -> Vec<Result<Reservation, Error>> {
+        let sent_at = Instant::now();
+        let mut out: Vec<Option<Result<Reservation, Error>>> = Vec::with_capacity(requests.len());
+        let mut pipe = redis::pipe();
+        let mut pending = Vec::new();
+        for (i, &(key, n)) in requests.iter().enumerate() {
+            match self.prepare(key, n, sent_at) {
+                Prepared::Done(r) => out.push(Some(r)),
+                Prepared::Send { key, n } => {
+                    pipe.add_command(self.reserve_cmd(&key, n, None));
+                    pending.push((i, key, n));
+                    out.push(None);
+                }
+            }
+        }
+        if !pending.is_empty() {
+            match self.pipeline(&pipe, pending.len()).await {
+                Ok(values) => {
+                    for ((i, key, n), v) in pending.into_iter().zip(values) {
+                        out[i] = Some(self.finish_reserve(key, n, sent_at, Ok(v)));
+                    }
+                }
+                Err(e) => {
+                    let mut e = Some(e);
+                    for (i, key, n) in pending {
+                        let err = e.take().unwrap_or(BackendError::CircuitOpen);
+                        out[i] = Some(self.finish_reserve(key, n, sent_at, Err(err)));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or(Err(Error::Unavailable(BackendError::CircuitOpen))))
+            .collect()
+    }
+
+    /// Returns a reservation: if nothing was debited from its key since, the
+    /// key goes back to its state before the debit (a full bucket: no key);
+    /// otherwise nothing is returned. A refund therefore never makes a bucket
+    /// fuller than it would be had the reservation not happened.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when Redis gives no answer (whatever the policy:
+    /// the debit then stays).
+    pub async fn refund(&self, r: Reservation) -> Result<Refund, Error> {
+        self.refund_inner(r, None).await
+    }
+
+    /// [`refund`](RedisPace::refund) at `now_ns` (tests; needs
+    /// [`Builder::time_injection`]).
+    ///
+    /// # Errors
+    /// As `refund`, and [`Error::TimeInjectionDisabled`].
+    pub async fn refund_at(&self, r: Reservation, now_ns: u64) -> Result<Refund, Error> {
+        if !self.inner.time_injection {
+            return Err(Error::TimeInjectionDisabled);
+        }
+        self.refund_inner(r, Some(now_ns)).await
+    }
+
+    async fn reserve_inner(&self, key: &str, n: u64, now: Option<u64>) -> Result<Reservation, Error> {
+        let sent_at = Instant::now();
+        match self.prepare(key, n, sent_at) {
+            Prepared::Done(r) => r,
+            Prepared::Send { key, n } => {
+                let cmd = self.reserve_cmd(&key, n, now);
+                let reply = self.eval(&cmd).await;
+                self.finish_reserve(key, n, sent_at, reply)
+            }
+        }
+    }
+
+    /// Answers what needs no round trip: bad keys, `n == 0`, `n` above the
+    /// capacity, cached denials.
+    fn prepare(&self, key: &str, n: u64, now: Instant) -> Prepared {
+        let inner = &*self.inner;
+        if key.is_empty() {
+            return Prepared::Done(Err(Error::InvalidKey(KeyError::Empty)));
+        }
+        let bytes = inner.prefix.len().saturating_add(key.len());
+        if bytes > inner.max_key_bytes {
+            return Prepared::Done(Err(Error::InvalidKey(KeyError::TooLong {
+                bytes,
+                max: inner.max_key_bytes,
+            })));
+        }
+        let full = self.redis_key(key);
+        if n == 0 {
+            return Prepared::Done(Ok(Reservation {
+                key: full,
+                n: 0,
+                prev: 0,
+                tat: 0,
+                server_now_ns: None,
+                source: Source::Request,
+            }));
+        }
+        if n > inner.capacity {
+            return Prepared::Done(Err(Error::Denied(Denied {
+                reason: DenyReason::ExceedsCapacity,
+                wait_ns: u64::MAX,
+                server_now_ns: None,
+                source: Source::Request,
+            })));
+        }
+        if let Some(cache) = &inner.cache {
+            let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(e) = map.get(&full).copied() {
+                if now < e.until {
+                    if n >= e.n {
+                        bump(&inner.counters.cache_denials, 1);
+                        let wait = u64::try_from((e.until - now).as_nanos()).unwrap_or(u64::MAX);
+                        return Prepared::Done(Err(Error::Denied(Denied {
+                            reason: DenyReason::Exhausted,
+                            wait_ns: wait,
+                            server_now_ns: None,
+                            source: Source::Cache,
+                        })));
+                    }
+                } else {
+                    map.remove(&full);
+                }
+            }
+        }
+        Prepared::Send { key: full, n }
+    }
+
+    fn reserve_cmd(&self, key: &str, n: u64, now: Option<u64>) -> Cmd {
+        let inner = &*self.inner;
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(inner.script.get_hash())
+            .arg(1)
+            .arg(key)
+            .arg("r")
+            .arg(n)
+            .arg(inner.interval)
+            .arg(inner.capacity)
+            .arg(now.map(|t| t.to_string()).unwrap_or_default());
+        cmd
+    }
+
+    fn finish_reserve(
+        &self,
+        key: String,
+        n: u64,
+        sent_at: Instant,
+        reply: Result<Value, BackendError>,
+    ) -> Result<Reservation, Error> {
+        let inner = &*self.inner;
+        let err = match reply.and_then(|v| parse_reserve(&v)) {
+            Ok(ReserveReply::Admitted { prev, tat, now }) => {
+                bump(&inner.counters.server_decisions, 1);
+                return Ok(Reservation {
+                    key,
+                    n,
+                    prev,
+                    tat,
+                    server_now_ns: Some(now),
+                    source: Source::Server,
+                });
+            }
+            Ok(ReserveReply::Denied { wait, now }) => {
+                bump(&inner.counters.server_decisions, 1);
+                self.remember_denial(&key, n, sent_at, wait);
+                return Err(Error::Denied(Denied {
+                    reason: DenyReason::Exhausted,
+                    wait_ns: wait,
+                    server_now_ns: Some(now),
+                    source: Source::Server,
+                }));
+            }
+            Ok(ReserveReply::Never { now }) => {
+                bump(&inner.counters.server_decisions, 1);
+                return Err(Error::Denied(Denied {
+                    reason: DenyReason::ExceedsCapacity,
+                    wait_ns: u64::MAX,
+                    server_now_ns: Some(now),
+                    source: Source::Server,
+                }));
+            }
+            Err(e) => e,
+        };
+        bump(&inner.counters.unavailable, 1);
+        match &inner.fallback {
+            None => Err(Error::Unavailable(err)),
+            Some(local) => {
+                bump(&inner.counters.local_decisions, 1);
+                let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
+                match local.reserve_n(local_key, n) {
+                    Ok(_kept) => Ok(Reservation {
+                        key,
+                        n,
+                        prev: 0,
+                        tat: 0,
+                        server_now_ns: None,
+                        source: Source::Local,
+                    }),
+                    Err(d) => Err(Error::Denied(Denied {
+                        reason: d.reason(),
+                        wait_ns: u64::try_from(d.retry_after().as_nanos()).unwrap_or(u64::MAX),
+                        server_now_ns: None,
+                        source: Source::Local,
+                    })),
+                }
+            }
+        }
+    }
+
+    fn remember_denial(&self, key: &str, n: u64, sent_at: Instant, wait_ns: u64) {
+        let inner = &*self.inner;
+        let Some(cache) = &inner.cache else { return };
+        // The server decided no earlier than `sent_at`, so the key stays
+        // denied at least until `sent_at + wait` by the local clock.
+        let Some(until) = sent_at.checked_add(Duration::from_nanos(wait_ns)) else {
+            return;
+        };
+        let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= inner.cache_entries && !map.contains_key(key) {
+            let now = Instant::now();
+            map.retain(|_, e| e.until > now);
+            if map.len() >= inner.cache_entries {
+                return; // full of live denials: this one is simply not cached
+            }
+        }
+        let entry = map.entry(key.to_string()).or_insert(CacheEntry { until, n });
+        // Keep the entry that denies the most requests for longest.
+        if n < entry.n || (n == entry.n && until > entry.until) {
+            *entry = CacheEntry { until, n };
+        }
+    }
+
+    async fn refund_inner(&self, r: Reservation, now: Option<u64>) -> Result<Refund, Error> {
+        if r.source != Source::Server {
+            return Ok(Refund::NotRefundable);
+        }
+        let inner = &*self.inner;
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(inner.script.get_hash())
+            .arg(1)
+            .arg(&r.key)
+            .arg("f")
+            .arg(r.prev.to_string())
+            .arg(r.tat.to_string())
+            .arg("")
+            .arg(now.map(|t| t.to_string()).unwrap_or_default());
+        let reply = self.eval(&cmd).await.and_then(|v| parse_refund(&v));
+        match reply {
+            Ok(out) => {
+                bump(&inner.counters.server_decisions, 1);
+                if out != Refund::Nothing {
+                    if let Some(cache) = &inner.cache {
+                        cache.lock().unwrap_or_else(|p| p.into_inner()).remove(&r.key);
+                    }
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                bump(&inner.counters.unavailable, 1);
+                Err(Error::Unavailable(e))
+            }
+        }
+    }
+
+    fn circuit_open(&self) -> bool {
+        let now = self.inner.origin.elapsed().as_nanos() as u64;
+        now < self.inner.down_until.load(Ordering::Relaxed)
+    }
+
+    fn trip(&self, e: &BackendError) {
+        let opens = match e {
+            BackendError::Timeout(_) => true,
+            BackendError::Redis(r) => {
+                r.is_io_error()
+                    || r.is_connection_dropped()
+                    || r.is_connection_refusal()
+                    || r.is_timeout()
+                    || r.is_unrecoverable_error()
+            }
+            _ => false,
+        };
+        if opens {
+            let until = self.inner.origin.elapsed() + self.inner.backoff;
+            self.inner
+                .down_until
+                .fetch_max(until.as_nanos() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// One EVALSHA within the timeout; after NOSCRIPT, loads the script and
+    /// sends it again.
+    async fn eval(&self, cmd: &Cmd) -> Result<Value, BackendError> {
+        if self.circuit_open() {
+            return Err(BackendError::CircuitOpen);
+        }
+        let inner = &*self.inner;
+        let mut conn = inner.conn.clone();
+        let work = async {
+            bump(&inner.counters.round_trips, 1);
+            match cmd.query_async::<Value>(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                    self.load(&mut conn).await?;
+                    bump(&inner.counters.round_trips, 1);
+                    cmd.query_async::<Value>(&mut conn).await
+                }
+                other => other,
+            }
+        };
+        let result = match tokio::time::timeout(inner.timeout, work).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(BackendError::Redis(e)),
+            Err(_) => Err(BackendError::Timeout(inner.timeout)),
+        };
+        if let Err(e) = &result {
+            self.trip(e);
+        }
+        result
+    }
+
+    async fn load(&self, conn: &mut ConnectionManager) -> Result<(), RedisError> {
+        bump(&self.inner.counters.round_trips, 1);
+        bump(&self.inner.counters.script_loads, 1);
+        self.inner.script.load_async(conn).await.map(|_| ())
+    }
+
+    /// A pipeline of `count` EVALSHAs; those answered NOSCRIPT are sent again
+    /// after a load (the others ran and must not run twice).
+    async fn pipeline(&self, pipe: &redis::Pipeline, count: usize) -> Result<Vec<Value>, BackendError> {
+        if self.circuit_open() {
+            return Err(BackendError::CircuitOpen);
+        }
+        let inner = &*self.inner;
+        let mut conn = inner.conn.clone();
+        let work = async {
+            bump(&inner.counters.round_trips, 1);
+            let mut values = conn.send_packed_commands(pipe, 0, count).await?;
+            let missing: Vec<usize> = values
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| is_noscript(v))
+                .map(|(i, _)| i)
+                .collect();
+            if !missing.is_empty() {
+                self.load(&mut conn).await?;
+                let mut again = redis::pipe();
+                let cmds: Vec<&Cmd> = pipe.cmd_iter().collect();
+                for &i in &missing {
+                    again.add_command(cmds[i].clone());
+                }
+                bump(&inner.counters.round_trips, 1);
+                let redone = conn.send_packed_commands(&again, 0, missing.len()).await?;
+                for (i, v) in missing.into_iter().zip(redone) {
+                    values[i] = v;
+                }
+            }
+            Ok::<_, RedisError>(values)
+        };
+        let result = match tokio::time::timeout(inner.timeout, work).await {
+            Ok(Ok(v)) if v.len() == count => Ok(v),
+            Ok(Ok(v)) => Err(BackendError::BadReply(format!(
+                "{} replies to {count} commands",
+                v.len()
+            ))),
+            Ok(Err(e)) => Err(BackendError::Redis(e)),
+            Err(_) => Err(BackendError::Timeout(inner.timeout)),
+        };
+        if let Err(e) = &result {
+            self.trip(e);
+        }
+        result
+    }
+}
+
+fn is_noscript(v: &Value) -> bool {
+    match v {
+        Value::ServerError(e) => e.code() == "NOSCRIPT",
+        _ => false,
+    }
+}
+
+enum ReserveReply {
+    Admitted { prev: u64, tat: u64, now: u64 },
+    Denied { wait: u64, now: u64 },
+    Never { now: u64 },
+}
+
+fn num(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn bad(v: &Value) -> BackendError {
+    BackendError::BadReply(format!("{v:?}"))
+}
+
+fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
+    if let Value::ServerError(_) = v {
+        return Err(BackendError::Redis(RedisError::from(
+            v.clone().extract_error().err().unwrap_or_else(|| {
+                RedisError::from((ErrorKind::ResponseError, "server error"))
+            }),
+        )));
+    }
+    let Value::Array(items) = v else { return Err(bad(v)) };
+    let at = |i: usize| items.get(i).and_then(num).ok_or_else(|| bad(v));
+    match at(0)? {
+        1 => Ok(ReserveReply::Admitted {
+            prev: at(1)?,
+            tat: at(2)?,
+            now: at(3)?,
+        }),
+        0 => Ok(ReserveReply::Denied {
+            wait: at(1)?,
+            now: at(2)?,
+        }),
+        2 => Ok(ReserveReply::Never { now: at(2)? }),
+        3 => Err(BackendError::ClockOutOfRange),
+        _ => Err(bad(v)),
+    }
+}
+
+fn parse_refund(v: &Value) -> Result<Refund, BackendError> {
+    let Value::Array(items) = v else { return Err(bad(v)) };
+    match items.first().and_then(num) {
+        Some(1) => Ok(Refund::Restored),
+        Some(2) => Ok(Refund::Emptied),
+        Some(0) => Ok(Refund::Nothing),
+        _ => Err(bad(v)),
+    }
+}
