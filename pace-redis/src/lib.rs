@@ -443,9 +443,11 @@ impl Builder {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(self.timeout)
             .set_response_timeout(self.timeout)
-            .set_number_of_retries(2)
-            .set_factor(10)
-            .set_max_delay(self.timeout.as_millis().clamp(1, 1_000) as u64);
+            // One connection attempt per reconnect, no sleeping retries: the
+            // limiter's own backoff paces the attempts (a call after the
+            // backoff triggers the next one).
+            .set_number_of_retries(0)
+            .set_max_delay(10);
         let conn = tokio::time::timeout(
             self.timeout,
             ConnectionManager::new_with_config(client, config),
@@ -682,7 +684,12 @@ impl RedisPace {
         self.refund_inner(r, Some(now_ns)).await
     }
 
-    async fn reserve_inner(&self, key: &str, n: u64, now: Option<u64>) -> Result<Reservation, Error> {
+    async fn reserve_inner(
+        &self,
+        key: &str,
+        n: u64,
+        now: Option<u64>,
+    ) -> Result<Reservation, Error> {
         let sent_at = Instant::now();
         match self.prepare(key, n, sent_at) {
             Prepared::Done(r) => r,
@@ -846,7 +853,9 @@ impl RedisPace {
                 return; // full of live denials: this one is simply not cached
             }
         }
-        let entry = map.entry(key.to_string()).or_insert(CacheEntry { until, n });
+        let entry = map
+            .entry(key.to_string())
+            .or_insert(CacheEntry { until, n });
         // Keep the entry that denies the most requests for longest.
         if n < entry.n || (n == entry.n && until > entry.until) {
             *entry = CacheEntry { until, n };
@@ -873,7 +882,10 @@ impl RedisPace {
                 bump(&inner.counters.server_decisions, 1);
                 if out != Refund::Nothing {
                     if let Some(cache) = &inner.cache {
-                        cache.lock().unwrap_or_else(|p| p.into_inner()).remove(&r.key);
+                        cache
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .remove(&r.key);
                     }
                 }
                 Ok(out)
@@ -931,6 +943,7 @@ impl RedisPace {
         };
         let result = match tokio::time::timeout(inner.timeout, work).await {
             Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) if e.is_timeout() => Err(BackendError::Timeout(inner.timeout)),
             Ok(Err(e)) => Err(BackendError::Redis(e)),
             Err(_) => Err(BackendError::Timeout(inner.timeout)),
         };
@@ -948,7 +961,11 @@ impl RedisPace {
 
     /// A pipeline of `count` EVALSHAs; those answered NOSCRIPT are sent again
     /// after a load (the others ran and must not run twice).
-    async fn pipeline(&self, pipe: &redis::Pipeline, count: usize) -> Result<Vec<Value>, BackendError> {
+    async fn pipeline(
+        &self,
+        pipe: &redis::Pipeline,
+        count: usize,
+    ) -> Result<Vec<Value>, BackendError> {
         if self.circuit_open() {
             return Err(BackendError::CircuitOpen);
         }
@@ -984,6 +1001,7 @@ impl RedisPace {
                 "{} replies to {count} commands",
                 v.len()
             ))),
+            Ok(Err(e)) if e.is_timeout() => Err(BackendError::Timeout(inner.timeout)),
             Ok(Err(e)) => Err(BackendError::Redis(e)),
             Err(_) => Err(BackendError::Timeout(inner.timeout)),
         };
@@ -1023,12 +1041,15 @@ fn bad(v: &Value) -> BackendError {
 fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
     if let Value::ServerError(_) = v {
         return Err(BackendError::Redis(RedisError::from(
-            v.clone().extract_error().err().unwrap_or_else(|| {
-                RedisError::from((ErrorKind::ResponseError, "server error"))
-            }),
+            v.clone()
+                .extract_error()
+                .err()
+                .unwrap_or_else(|| RedisError::from((ErrorKind::ResponseError, "server error"))),
         )));
     }
-    let Value::Array(items) = v else { return Err(bad(v)) };
+    let Value::Array(items) = v else {
+        return Err(bad(v));
+    };
     let at = |i: usize| items.get(i).and_then(num).ok_or_else(|| bad(v));
     match at(0)? {
         1 => Ok(ReserveReply::Admitted {
@@ -1047,7 +1068,9 @@ fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
 }
 
 fn parse_refund(v: &Value) -> Result<Refund, BackendError> {
-    let Value::Array(items) = v else { return Err(bad(v)) };
+    let Value::Array(items) = v else {
+        return Err(bad(v));
+    };
     match items.first().and_then(num) {
         Some(1) => Ok(Refund::Restored),
         Some(2) => Ok(Refund::Emptied),

@@ -21,10 +21,18 @@ const BASE: u64 = 1_764_000_000_123_456_789;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Reserve { key: usize, n: u64 },
-    Refund { pick: usize },
+    Reserve {
+        key: usize,
+        n: u64,
+    },
+    Refund {
+        pick: usize,
+    },
     /// Advance by `num / 4` of tau plus `ns`.
-    Advance { quarters: u64, ns: u64 },
+    Advance {
+        quarters: u64,
+        ns: u64,
+    },
 }
 
 fn op(cap: u64) -> impl Strategy<Value = Op> {
@@ -223,7 +231,11 @@ fn script_pace_and_model_agree_on_every_decision() {
                 );
                 prop_assert_eq!(
                     pace.peek(*name),
-                    if model_debt >= tau { 0 } else { (tau - model_debt) / interval },
+                    if model_debt >= tau {
+                        0
+                    } else {
+                        (tau - model_debt) / interval
+                    },
                     "pace tokens of {}, step {}",
                     name,
                     step

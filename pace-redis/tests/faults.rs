@@ -1,0 +1,327 @@
+//! Redis down, slow, restarted, or without the script: typed errors, the
+//! chosen policy, reconnection, no panic, no call longer than the timeout.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use pace::Rate;
+use pace_redis::{BackendError, ConnectError, Error, OnUnavailable, RedisPace, Source};
+
+const TIMEOUT: Duration = Duration::from_millis(200);
+/// Scheduling slack on a loaded 2-core machine beyond the timeout.
+const SLACK: Duration = Duration::from_millis(150);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Server,
+    Local,
+    DeniedServer,
+    DeniedLocal,
+    Unavailable,
+}
+
+struct Call {
+    at: Duration,
+    took: Duration,
+    kind: Kind,
+}
+
+async fn limiter(url: &str, policy: OnUnavailable) -> RedisPace {
+    RedisPace::builder(Rate::per_second(300).unwrap())
+        .capacity(30)
+        .timeout(TIMEOUT)
+        .backoff(Duration::from_millis(50))
+        .deny_cache(false)
+        .on_unavailable(policy)
+        .connect(url)
+        .await
+        .unwrap()
+}
+
+/// Three clients hammer one key for `run` while `fault` runs beside them.
+async fn hammer<F: std::future::Future<Output = ()>>(
+    clients: &[RedisPace],
+    run: Duration,
+    fault: F,
+) -> Vec<Vec<Call>> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for client in clients {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut calls = Vec::new();
+            while start.elapsed() < run {
+                let t0 = Instant::now();
+                let r = client.reserve("k").await;
+                let kind = match r {
+                    Ok(r) if r.source() == Source::Server => Kind::Server,
+                    Ok(r) => {
+                        assert_eq!(r.source(), Source::Local);
+                        Kind::Local
+                    }
+                    Err(Error::Denied(d)) if d.source() == Source::Server => Kind::DeniedServer,
+                    Err(Error::Denied(d)) => {
+                        assert_eq!(d.source(), Source::Local);
+                        Kind::DeniedLocal
+                    }
+                    Err(Error::Unavailable(_)) => Kind::Unavailable,
+                    Err(e) => panic!("unexpected {e}"),
+                };
+                calls.push(Call {
+                    at: t0 - start,
+                    took: t0.elapsed(),
+                    kind,
+                });
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            calls
+        }));
+    }
+    fault.await;
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("a client task panicked"));
+    }
+    out
+}
+
+fn check_no_hang(calls: &[Vec<Call>]) {
+    for c in calls.iter().flatten() {
+        assert!(
+            c.took <= TIMEOUT + SLACK,
+            "a call took {:?} (timeout {TIMEOUT:?}), {:?}",
+            c.took,
+            c.kind
+        );
+    }
+}
+
+/// How long after `t_up` the first server decision came.
+fn reconnected_after(calls: &[Call], t_up: Duration) -> Option<Duration> {
+    calls
+        .iter()
+        .find(|c| c.at >= t_up && matches!(c.kind, Kind::Server | Kind::DeniedServer))
+        .map(|c| c.at + c.took - t_up)
+}
+
+fn count(calls: &[Call], kind: Kind, from: Duration, to: Duration) -> usize {
+    calls
+        .iter()
+        .filter(|c| c.kind == kind && c.at >= from && c.at < to)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_fail_closed_refuses_while_down_then_reconnects() {
+    let mut server = common::RedisServer::start();
+    let url = server.url();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(limiter(&url, OnUnavailable::FailClosed).await);
+    }
+    let down = std::sync::Mutex::new((Duration::ZERO, Duration::ZERO));
+    let start = Instant::now();
+    let calls = hammer(&clients, Duration::from_millis(3_000), async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let t_down = start.elapsed();
+        server.stop();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        server.restart();
+        *down.lock().unwrap() = (t_down, start.elapsed());
+    })
+    .await;
+    let (t_down, t_up) = *down.lock().unwrap();
+    check_no_hang(&calls);
+    for (i, c) in calls.iter().enumerate() {
+        // Fail closed: nothing local, ever.
+        assert_eq!(count(c, Kind::Local, Duration::ZERO, Duration::MAX), 0);
+        assert_eq!(
+            count(c, Kind::DeniedLocal, Duration::ZERO, Duration::MAX),
+            0
+        );
+        // While down (after the first 250 ms of it, when the kill is surely
+        // seen): only typed Unavailable errors.
+        let settled = t_down + Duration::from_millis(250);
+        assert_eq!(count(c, Kind::Server, settled, t_up), 0, "client {i}");
+        assert!(count(c, Kind::Unavailable, settled, t_up) > 0, "client {i}");
+        // Back up: admissions resume within a second.
+        assert!(
+            count(c, Kind::Server, t_up, t_up + Duration::from_secs(1)) > 0,
+            "client {i} did not reconnect"
+        );
+    }
+    // Both servers started without the script: it was loaded on each.
+    let loads: u64 = clients.iter().map(|c| c.stats().script_loads).sum();
+    assert!(loads >= 2, "{loads} script loads");
+    for c in &clients {
+        assert!(c.stats().unavailable > 0, "{:?}", c.stats());
+    }
+    println!(
+        "fail closed: down {:?}..{:?}; reconnected after {:?}; per client (admitted, unavailable): {:?}",
+        t_down,
+        t_up,
+        calls.iter().map(|c| reconnected_after(c, t_up)).collect::<Vec<_>>(),
+        calls
+            .iter()
+            .map(|c| (
+                count(c, Kind::Server, Duration::ZERO, Duration::MAX),
+                count(c, Kind::Unavailable, Duration::ZERO, Duration::MAX)
+            ))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_local_fallback_admits_at_rate_over_replicas() {
+    let mut server = common::RedisServer::start();
+    let url = server.url();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(limiter(&url, OnUnavailable::LocalFallback { replicas: 3 }).await);
+    }
+    let down = std::sync::Mutex::new((Duration::ZERO, Duration::ZERO));
+    let start = Instant::now();
+    let calls = hammer(&clients, Duration::from_millis(3_000), async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let t_down = start.elapsed();
+        server.stop();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        server.restart();
+        *down.lock().unwrap() = (t_down, start.elapsed());
+    })
+    .await;
+    let (t_down, t_up) = *down.lock().unwrap();
+    check_no_hang(&calls);
+    for (i, c) in calls.iter().enumerate() {
+        assert_eq!(
+            count(c, Kind::Unavailable, Duration::ZERO, Duration::MAX),
+            0
+        );
+        let local: Vec<&Call> = c
+            .iter()
+            .filter(|x| x.kind == Kind::Local || x.kind == Kind::DeniedLocal)
+            .collect();
+        assert!(!local.is_empty(), "client {i} never fell back");
+        // Local decisions only while the server was away (and until the
+        // client has reconnected: one backoff, one timeout).
+        for x in &local {
+            assert!(
+                x.at + x.took >= t_down && x.at <= t_up + Duration::from_millis(500),
+                "client {i}: a local decision at {:?} (took {:?}); down {t_down:?}..{t_up:?}",
+                x.at,
+                x.took
+            );
+        }
+        // The local bucket: 300/s over 3 replicas = 100/s, capacity 10.
+        let admitted = local.iter().filter(|x| x.kind == Kind::Local).count() as u64;
+        let span = local.last().unwrap().at + local.last().unwrap().took - local[0].at;
+        let bound = 10 + span.as_millis() as u64 / 10 + 1;
+        assert!(
+            admitted <= bound,
+            "client {i}: {admitted} local admissions in {span:?}; local bound {bound}"
+        );
+        assert!(
+            count(c, Kind::Server, t_up, t_up + Duration::from_secs(1)) > 0,
+            "client {i} did not go back to the server"
+        );
+    }
+    println!(
+        "local fallback: down {:?}..{:?}; reconnected after {:?}; per client (local admitted, local denied): {:?}",
+        t_down,
+        t_up,
+        calls.iter().map(|c| reconnected_after(c, t_up)).collect::<Vec<_>>(),
+        calls
+            .iter()
+            .map(|c| (
+                count(c, Kind::Local, Duration::ZERO, Duration::MAX),
+                count(c, Kind::DeniedLocal, Duration::ZERO, Duration::MAX)
+            ))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_gives_timeouts_not_hangs() {
+    let server = common::RedisServer::start();
+    let client = limiter(&server.url(), OnUnavailable::FailClosed).await;
+    client.reserve("k").await.unwrap();
+    // CLIENT PAUSE holds every client's commands for 1 s: a slow server.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1_000)
+        .arg("ALL")
+        .query(&mut server.admin())
+        .unwrap();
+    let t0 = Instant::now();
+    let r = client.reserve("k").await;
+    let took = t0.elapsed();
+    assert!(
+        matches!(r, Err(Error::Unavailable(BackendError::Timeout(_)))),
+        "{r:?}"
+    );
+    assert!(took >= TIMEOUT && took <= TIMEOUT + SLACK, "{took:?}");
+    // Within the backoff: no round trip, an immediate typed error.
+    let t0 = Instant::now();
+    let r = client.reserve("k").await;
+    assert!(
+        matches!(r, Err(Error::Unavailable(BackendError::CircuitOpen))),
+        "{r:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_millis(20));
+    // After the pause: decisions again.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let mut ok = false;
+    for _ in 0..20 {
+        if client.reserve("k").await.is_ok() {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ok, "no decision after the pause ended");
+}
+
+#[tokio::test]
+async fn noscript_reloads_for_single_calls_and_pipelines() {
+    let server = common::RedisServer::start();
+    let client = limiter(&server.url(), OnUnavailable::FailClosed).await;
+    let mut admin = server.admin();
+    client.reserve("a").await.unwrap();
+    assert_eq!(client.stats().script_loads, 1); // a fresh server has no script
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
+    client.reserve("a").await.unwrap();
+    assert_eq!(client.stats().script_loads, 2);
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
+    let reqs: Vec<(&str, u64)> = vec![("b", 1), ("c", 2), ("b", 1), ("d", 31), ("e", 0)];
+    let out = client.reserve_many(&reqs).await;
+    assert_eq!(client.stats().script_loads, 3);
+    assert!(out[0].is_ok() && out[1].is_ok() && out[2].is_ok() && out[4].is_ok());
+    assert!(matches!(&out[3], Err(Error::Denied(d)) if d.is_permanent()));
+    // Each reservation ran exactly once: the second "b" stacks on the first.
+    let (b1, b2) = (out[0].as_ref().unwrap(), out[2].as_ref().unwrap());
+    assert_eq!(b2.prev_ns(), b1.tat_ns());
+    assert_eq!(b2.tat_ns(), b1.tat_ns() + client.interval_ns());
+    let c = out[1].as_ref().unwrap();
+    assert_eq!(c.prev_ns(), 0);
+    assert_eq!(
+        c.tat_ns() - c.server_now_ns().unwrap(),
+        2 * client.interval_ns()
+    );
+    // Per call: EVALSHA (NOSCRIPT), SCRIPT LOAD, EVALSHA again.
+    assert_eq!(client.stats().round_trips, 3 + 3 + 3);
+}
+
+#[tokio::test]
+async fn connecting_to_a_dead_port_is_a_typed_error_within_the_timeout() {
+    let mut server = common::RedisServer::start();
+    let url = server.url();
+    server.stop();
+    let t0 = Instant::now();
+    let r = RedisPace::builder(Rate::per_second(10).unwrap())
+        .timeout(TIMEOUT)
+        .connect(&url)
+        .await;
+    assert!(matches!(r, Err(ConnectError::Redis(_))), "{:?}", r.err());
+    assert!(t0.elapsed() <= TIMEOUT + SLACK, "{:?}", t0.elapsed());
+}
