@@ -241,7 +241,7 @@ impl std::error::Error for Error {}
 
 /// An admitted debit. Dropping it keeps the debit; pass it to
 /// [`RedisPace::refund`] when the exchange did not happen.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 #[must_use = "dropping a Reservation keeps the debit; refund it if the exchange did not happen"]
 pub struct Reservation {
     key: String,
@@ -250,6 +250,8 @@ pub struct Reservation {
     tat: u64,
     server_now_ns: Option<u64>,
     source: Source,
+    /// The local fallback's debit, for a decision of the fallback.
+    local: Option<pace::Debit>,
 }
 
 impl Reservation {
@@ -284,7 +286,9 @@ pub enum Refund {
     Emptied,
     /// Someone debited the key since (or it expired): nothing returned.
     Nothing,
-    /// Nothing to return: `n == 0`, or a decision of the local fallback.
+    /// A decision of the local fallback: refunded there (by the core's rule).
+    Local,
+    /// Nothing to return: `n == 0`.
     NotRefundable,
 }
 
@@ -724,6 +728,7 @@ impl RedisPace {
                 tat: 0,
                 server_now_ns: None,
                 source: Source::Request,
+                local: None,
             }));
         }
         if n > inner.capacity {
@@ -788,6 +793,7 @@ impl RedisPace {
                     tat,
                     server_now_ns: Some(now),
                     source: Source::Server,
+                    local: None,
                 });
             }
             Ok(ReserveReply::Denied { wait, now }) => {
@@ -817,14 +823,16 @@ impl RedisPace {
             Some(local) => {
                 bump(&inner.counters.local_decisions, 1);
                 let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
-                match local.reserve_n(local_key, n) {
-                    Ok(_kept) => Ok(Reservation {
+                let decided = local.reserve_n(local_key, n).map(|kept| kept.detach());
+                match decided {
+                    Ok(debit) => Ok(Reservation {
                         key,
                         n,
                         prev: 0,
                         tat: 0,
                         server_now_ns: None,
                         source: Source::Local,
+                        local: Some(debit),
                     }),
                     Err(d) => Err(Error::Denied(Denied {
                         reason: d.reason(),
@@ -863,10 +871,15 @@ impl RedisPace {
     }
 
     async fn refund_inner(&self, r: Reservation, now: Option<u64>) -> Result<Refund, Error> {
+        let inner = &*self.inner;
+        if let (Some(debit), Some(local)) = (r.local, &inner.fallback) {
+            let local_key = r.key.strip_prefix(inner.prefix.as_str()).unwrap_or(&r.key);
+            local.refund(local_key, debit);
+            return Ok(Refund::Local);
+        }
         if r.source != Source::Server {
             return Ok(Refund::NotRefundable);
         }
-        let inner = &*self.inner;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(inner.script.get_hash())
             .arg(1)

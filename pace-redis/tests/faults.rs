@@ -325,3 +325,24 @@ async fn connecting_to_a_dead_port_is_a_typed_error_within_the_timeout() {
     assert!(matches!(r, Err(ConnectError::Redis(_))), "{:?}", r.err());
     assert!(t0.elapsed() <= TIMEOUT + SLACK, "{:?}", t0.elapsed());
 }
+
+#[tokio::test]
+async fn fallback_reservations_refund_on_the_local_limiter() {
+    let mut server = common::RedisServer::start();
+    // 3 tokens over 3 replicas: the local bucket holds 1.
+    let p = RedisPace::builder(Rate::per_second(3).unwrap())
+        .capacity(3)
+        .timeout(TIMEOUT)
+        .on_unavailable(OnUnavailable::LocalFallback { replicas: 3 })
+        .connect(&server.url())
+        .await
+        .unwrap();
+    server.stop();
+    let a = p.reserve("k").await.unwrap();
+    assert_eq!(a.source(), Source::Local);
+    assert!(matches!(p.reserve("k").await, Err(Error::Denied(d)) if d.source() == Source::Local));
+    assert_eq!(p.refund(a).await.unwrap(), pace_redis::Refund::Local);
+    assert_eq!(p.reserve("k").await.unwrap().source(), Source::Local);
+    let s = p.stats();
+    assert_eq!((s.local_decisions, s.server_decisions), (3, 0));
+}
