@@ -1053,12 +1053,12 @@ fn bad(v: &Value) -> BackendError {
 
 fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
     if let Value::ServerError(_) = v {
-        return Err(BackendError::Redis(RedisError::from(
+        return Err(BackendError::Redis(
             v.clone()
                 .extract_error()
                 .err()
                 .unwrap_or_else(|| RedisError::from((ErrorKind::ResponseError, "server error"))),
-        )));
+        ));
     }
     let Value::Array(items) = v else {
         return Err(bad(v));

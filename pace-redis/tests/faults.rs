@@ -245,7 +245,7 @@ async fn restart_local_fallback_admits_at_rate_over_replicas() {
 async fn a_paused_server_gives_timeouts_not_hangs() {
     let server = common::RedisServer::start();
     let client = limiter(&server.url(), OnUnavailable::FailClosed).await;
-    client.reserve("k").await.unwrap();
+    let _ = client.reserve("k").await.unwrap();
     // CLIENT PAUSE holds every client's commands for 1 s: a slow server.
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
@@ -287,10 +287,10 @@ async fn noscript_reloads_for_single_calls_and_pipelines() {
     let server = common::RedisServer::start();
     let client = limiter(&server.url(), OnUnavailable::FailClosed).await;
     let mut admin = server.admin();
-    client.reserve("a").await.unwrap();
+    let _ = client.reserve("a").await.unwrap();
     assert_eq!(client.stats().script_loads, 1); // a fresh server has no script
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
-    client.reserve("a").await.unwrap();
+    let _ = client.reserve("a").await.unwrap();
     assert_eq!(client.stats().script_loads, 2);
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
     let reqs: Vec<(&str, u64)> = vec![("b", 1), ("c", 2), ("b", 1), ("d", 31), ("e", 0)];

@@ -72,8 +72,8 @@ async fn bad_input_gets_a_clear_answer_without_a_round_trip() {
         .connect(&server.url())
         .await
         .unwrap();
-    big.reserve(&"k".repeat(100_000)).await.unwrap();
-    big.reserve("{tenant-1}:ключ ✓").await.unwrap();
+    let _ = big.reserve(&"k".repeat(100_000)).await.unwrap();
+    let _ = big.reserve("{tenant-1}:ключ ✓").await.unwrap();
 }
 
 #[tokio::test]
@@ -144,7 +144,7 @@ async fn a_flood_of_denials_is_answered_locally_until_the_retry_time() {
     let plain = limiter(&server.url(), rate, 1, false).await;
     const FLOOD: u64 = 1_000;
     for (p, key) in [(&cached, "c"), (&plain, "p")] {
-        p.reserve(key).await.unwrap();
+        let _ = p.reserve(key).await.unwrap();
         let before = p.stats().round_trips;
         let t0 = Instant::now();
         let mut denied = 0;
@@ -176,7 +176,7 @@ async fn a_flood_of_denials_is_answered_locally_until_the_retry_time() {
         - plain.stats().script_loads;
     assert_eq!(server_evalsha_calls(&server), client_calls);
     // Once the retry time has passed, the server is asked again and admits.
-    cached.reserve("c2").await.unwrap();
+    let _ = cached.reserve("c2").await.unwrap();
     let d = match cached.reserve("c2").await {
         Err(Error::Denied(d)) if d.source() == Source::Server => d,
         other => panic!("{other:?}"),
@@ -189,7 +189,7 @@ async fn a_flood_of_denials_is_answered_locally_until_the_retry_time() {
     assert_eq!(r.source(), Source::Server);
     // A request for fewer tokens than the cached denial goes to the server.
     let p3 = limiter(&server.url(), rate, 3, true).await;
-    p3.reserve_n("m", 3).await.unwrap();
+    let _ = p3.reserve_n("m", 3).await.unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert!(
         matches!(p3.reserve_n("m", 2).await, Err(Error::Denied(d)) if d.source() == Source::Server)
@@ -201,7 +201,7 @@ async fn a_flood_of_denials_is_answered_locally_until_the_retry_time() {
 async fn pipelines_decide_many_requests_in_one_round_trip() {
     let server = common::RedisServer::start();
     let p = limiter(&server.url(), Rate::per_second(100).unwrap(), 2, false).await;
-    p.reserve("warm").await.unwrap(); // loads the script
+    let _ = p.reserve("warm").await.unwrap(); // loads the script
     let before = p.stats().round_trips;
     let reqs: Vec<(&str, u64)> = (0..10).map(|i| (["x", "y"][i % 2], 1)).collect();
     let out = p.reserve_many(&reqs).await;
