@@ -67,6 +67,16 @@ fn start_server() -> (Server, String) {
     (server, format!("redis://127.0.0.1:{port}/"))
 }
 
+/// The server's own CPU time per EVALSHA since the last `CONFIG RESETSTAT`.
+fn server_usec_per_call(admin: &mut redis::Connection) -> String {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(admin).unwrap();
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
+        .unwrap_or("-")
+        .to_string()
+}
+
 #[derive(Clone)]
 enum Contender {
     Pace(RedisPace),
@@ -150,22 +160,31 @@ async fn main() {
     let plain = Contender::Plain(conn, Arc::new(Script::new(PLAIN_GCRA)));
     let ours = Contender::Pace(pace.clone());
 
+    let mut admin = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
     println!("== decisions on 10,000 keys (mostly admitted), {secs} s each");
     println!(
-        "{:<10} {:>5} {:>12} {:>9} {:>9} {:>9}",
-        "script", "tasks", "decisions/s", "p50 us", "p99 us", "p999 us"
+        "{:<10} {:>5} {:>12} {:>9} {:>9} {:>9} {:>14}",
+        "script", "tasks", "decisions/s", "p50 us", "p99 us", "p999 us", "server us/call"
     );
     for tasks in [1, 8, 64] {
         for (name, c) in [("pace-redis", &ours), ("plain", &plain)] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query(&mut admin)
+                .unwrap();
             let (_, rate, h) = run(c, tasks, secs, 10_000).await;
             println!(
-                "{:<10} {:>5} {:>12.0} {:>9} {:>9} {:>9}",
+                "{:<10} {:>5} {:>12.0} {:>9} {:>9} {:>9} {:>14}",
                 name,
                 tasks,
                 rate,
                 h.value_at_quantile(0.5),
                 h.value_at_quantile(0.99),
-                h.value_at_quantile(0.999)
+                h.value_at_quantile(0.999),
+                server_usec_per_call(&mut admin)
             );
         }
     }
