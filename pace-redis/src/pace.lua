@@ -11,9 +11,11 @@
 -- Times are u64 nanoseconds since the Unix epoch, stored and returned as
 -- decimal strings and handled in Lua as (seconds, nanoseconds) pairs: a Lua
 -- number is a double, exact only up to 2^53 (about 104 days of ns). Every
--- number computed below stays under 2^53: seconds (< 2^35), nanoseconds of a
--- second (< 1e9), and debts `tat - now`, which are at most tau + n * interval
--- <= 2 * 2^50 after the clamp on `ds` (the client rejects tau > 2^50).
+-- number computed below is an integer under 2^53: seconds (< 2^35),
+-- nanoseconds of a second (< 1e9), the debt `tat - now` (computed only when
+-- 0 <= tat_s - now_s <= MAX_AHEAD_S, so < 2e15 + 1e9), the debt after a debit
+-- (adds n * interval <= tau <= 2^50: < 3.2e15) and expiry milliseconds
+-- (< 2^45). The client rejects tau > 2^50 (README: "Precision").
 --
 -- Replies:
 -- reserve: {1, prev, tat, now} admitted; {0, wait_ns, now} denied;
@@ -21,10 +23,6 @@
 --          more than MAX_AHEAD_S seconds ahead of now (the clock went back).
 -- refund:  {1, now} restored prev; {2, now} the bucket is full: key deleted;
 --          {0, now} someone debited since (or the key is gone): nothing.
-
-if redis.replicate_commands then
-  redis.replicate_commands()
-end
 
 local E9 = 1000000000
 local MAX_AHEAD_S = 2000000 -- 2e6 s * 1e9 = 2e15 < 2^51
@@ -54,11 +52,14 @@ else
 end
 local now = fmt(now_s, now_n)
 
--- The key expires once its bucket is full (Redis drops a key when its clock
--- passes the millisecond; the ceiling keeps it at least until tat).
-local function expire_at(s, n)
-  if not injected then
-    redis.call('PEXPIREAT', key, s * 1000 + math.ceil(n / 1000000))
+-- Stores a tat (s, n); the key expires once its bucket is full (Redis drops
+-- a key when its clock passes the millisecond; the ceiling keeps it at least
+-- until tat). SET ... PXAT needs Redis >= 6.2 (or any Valkey).
+local function store(s, n)
+  if injected then
+    redis.call('SET', key, fmt(s, n))
+  else
+    redis.call('SET', key, fmt(s, n), 'PXAT', s * 1000 + math.ceil(n / 1000000))
   end
 end
 
@@ -108,10 +109,8 @@ if op == 'r' then
     r = r - E9
   end
   local tat_s = now_s + q
-  local tat = fmt(tat_s, r)
-  redis.call('SET', key, tat)
-  expire_at(tat_s, r)
-  return {1, prev, tat, now}
+  store(tat_s, r)
+  return {1, prev, fmt(tat_s, r), now}
 elseif op == 'f' then
   local prev = ARGV[2]
   local mine = ARGV[3]
@@ -122,8 +121,7 @@ elseif op == 'f' then
   if prev ~= '0' then
     local ps, pn = parse(prev)
     if ps > now_s or (ps == now_s and pn > now_n) then
-      redis.call('SET', key, prev)
-      expire_at(ps, pn)
+      store(ps, pn)
       return {1, now}
     end
   end
