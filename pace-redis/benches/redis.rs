@@ -141,8 +141,8 @@ async fn run(c: &Contender, tasks: usize, secs: f64, keys: u64) -> (u64, f64, Hi
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return; // `cargo bench -- --list` and `cargo test --benches`
+    if !std::env::args().any(|a| a == "--bench") {
+        return; // `cargo test --benches` runs bench targets without `--bench`
     }
     let secs: f64 = std::env::var("PACE_REDIS_BENCH_SECS")
         .ok()
