@@ -75,6 +75,9 @@ if op == 'r' then
   local d = 0
   local prev = '0'
   if cur then
+    if not string.find(cur, '^%d+$') or #cur > 20 then
+      return redis.error_reply('pace: the key holds something other than a tat')
+    end
     local ts, tn = parse(cur)
     local ds = ts - now_s
     if ds > MAX_AHEAD_S then

@@ -254,3 +254,46 @@ async fn a_full_bucket_is_no_key() {
     let dbsize: u64 = redis::cmd("DBSIZE").query(&mut admin).unwrap();
     assert_eq!(dbsize, 0);
 }
+
+#[tokio::test]
+async fn foreign_or_impossible_stored_state_is_a_typed_error() {
+    let server = common::RedisServer::start();
+    let p = limiter(&server.url(), Rate::per_second(10).unwrap(), 3, false).await;
+    let mut admin = server.admin();
+    let r = p.reserve("k").await.unwrap();
+    // A tat 30 days ahead of the server's clock: no bucket can be there.
+    let ahead = r.server_now_ns().unwrap() + 30 * 86_400 * 1_000_000_000;
+    let _: () = redis::cmd("SET")
+        .arg(p.redis_key("k"))
+        .arg(ahead)
+        .query(&mut admin)
+        .unwrap();
+    assert!(matches!(
+        p.reserve("k").await,
+        Err(Error::Unavailable(
+            pace_redis::BackendError::ClockOutOfRange
+        ))
+    ));
+    // Another program's value under the key: the script's error, typed.
+    let _: () = redis::cmd("SET")
+        .arg(p.redis_key("k"))
+        .arg("not a time")
+        .query(&mut admin)
+        .unwrap();
+    assert!(matches!(
+        p.reserve("k").await,
+        Err(Error::Unavailable(pace_redis::BackendError::Redis(_)))
+    ));
+    let _: () = redis::cmd("HSET")
+        .arg(p.redis_key("h"))
+        .arg("f")
+        .arg(1)
+        .query(&mut admin)
+        .unwrap();
+    assert!(matches!(
+        p.reserve("h").await,
+        Err(Error::Unavailable(pace_redis::BackendError::Redis(_)))
+    ));
+    // None of these opened the circuit: the next key is decided normally.
+    assert_eq!(p.reserve("fine").await.unwrap().source(), Source::Server);
+}
