@@ -435,6 +435,9 @@ impl Builder {
                 let rate = Rate::new(self.rate.count(), per)
                     .map_err(|e| ConnectError::Config(ConfigError::Pace(e)))?;
                 let cap = (capacity / u64::from(replicas)).max(1);
+                // Known-wrong for mutation tests: the fallback at the full rate.
+                #[cfg(pace_mutant = "redis_fallback_full_rate")]
+                let (rate, cap) = (self.rate, capacity);
                 Some(
                     Pace::builder(rate)
                         .capacity(cap)
@@ -742,7 +745,9 @@ impl RedisPace {
         if let Some(cache) = &inner.cache {
             let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(e) = map.get(&full).copied() {
-                if now < e.until {
+                // Known-wrong for mutation tests: a cached denial never ends.
+                let live = now < e.until || cfg!(pace_mutant = "redis_cache_forever");
+                if live {
                     if n >= e.n {
                         bump(&inner.counters.cache_denials, 1);
                         let wait = u64::try_from((e.until - now).as_nanos()).unwrap_or(u64::MAX);
