@@ -125,9 +125,9 @@ async fn restart_fail_closed_refuses_while_down_then_reconnects() {
     let calls = hammer(&clients, Duration::from_millis(3_000), async {
         tokio::time::sleep(Duration::from_millis(800)).await;
         let t_down = start.elapsed();
-        server.stop();
+        tokio::task::block_in_place(|| server.stop());
         tokio::time::sleep(Duration::from_millis(700)).await;
-        server.restart();
+        tokio::task::block_in_place(|| server.restart());
         *down.lock().unwrap() = (t_down, start.elapsed());
     })
     .await;
@@ -185,9 +185,9 @@ async fn restart_local_fallback_admits_at_rate_over_replicas() {
     let calls = hammer(&clients, Duration::from_millis(3_000), async {
         tokio::time::sleep(Duration::from_millis(800)).await;
         let t_down = start.elapsed();
-        server.stop();
+        tokio::task::block_in_place(|| server.stop());
         tokio::time::sleep(Duration::from_millis(900)).await;
-        server.restart();
+        tokio::task::block_in_place(|| server.restart());
         *down.lock().unwrap() = (t_down, start.elapsed());
     })
     .await;
@@ -268,7 +268,7 @@ async fn a_paused_server_gives_timeouts_not_hangs() {
         matches!(r, Err(Error::Unavailable(BackendError::CircuitOpen))),
         "{r:?}"
     );
-    assert!(t0.elapsed() < Duration::from_millis(20));
+    assert!(t0.elapsed() < Duration::from_millis(50));
     // After the pause: decisions again.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let mut ok = false;
