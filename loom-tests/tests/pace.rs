@@ -388,18 +388,19 @@ fn stale_refund_vs_later_reserve() {
     model(|| {
         let p = pace(1);
         let k = key(1);
-        let a = p.reserve_n_at(&k, 1, 10 * T).unwrap();
-        let other = {
+        let a = p.reserve_n_at(&k, 1, 10 * T).unwrap().detach();
+        let refunder = {
             let (p, k) = (p.clone(), k.clone());
-            thread::spawn(move || {
-                (0..2)
-                    .filter_map(|_| p.reserve_n_at(&k, 1, 11 * T).ok().map(|r| r.tokens()))
-                    .map(|n| (11 * T, n))
-                    .collect::<Vec<_>>()
-            })
+            thread::spawn(move || p.refund_at(&k, a, 10 * T))
         };
-        a.refund_at(10 * T);
-        let kept = other.join().unwrap();
+        let kept: Vec<(u64, u64)> = (0..2)
+            .filter_map(|_| {
+                p.reserve_n_at(&k, 1, 11 * T)
+                    .ok()
+                    .map(|r| (11 * T, r.tokens()))
+            })
+            .collect();
+        refunder.join().unwrap();
         assert!(!kept.is_empty(), "the first reserve at 11T always fits");
         assert_fits(&kept, 1);
     });
