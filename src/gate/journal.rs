@@ -584,7 +584,9 @@ pub fn parse(data: &[u8]) -> Recovery {
     r
 }
 
-/// The valid record starting at `at`, if there is one.
+/// The valid record starting at `at`, if there is one. The cheap checks
+/// (marker, length, stored offset, kind) come before the checksum, so a
+/// scan past damage hashes almost nothing but real records.
 fn decode(data: &[u8], at: usize) -> Option<Decoded<'_>> {
     let rest = data.get(at..)?;
     if rest.get(0..4)? != MARKER {
@@ -596,19 +598,15 @@ fn decode(data: &[u8], at: usize) -> Option<Decoded<'_>> {
         return None;
     }
     let size = HEADER + len as usize;
-    let covered = rest.get(8..size)?;
-    if crc32fast::hash(covered) != crc {
-        return None;
-    }
-    let body = &rest[HEADER..size];
+    let body = rest.get(HEADER..size)?;
     let offset = u64::from_le_bytes(body[0..8].try_into().ok()?);
-    if offset != at as u64 {
-        return None;
-    }
     let job = u64::from_le_bytes(body[8..16].try_into().ok()?);
     let kind = body[16];
     let known = Stage::from_code(kind).is_some() || (kind == KIND_ACK && len as usize == FIXED + 8);
-    known.then_some(Decoded {
+    if offset != at as u64 || !known || crc32fast::hash(&rest[8..size]) != crc {
+        return None;
+    }
+    Some(Decoded {
         job,
         kind,
         detail: &body[FIXED..],
