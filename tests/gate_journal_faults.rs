@@ -78,7 +78,7 @@ impl Storage for Mem {
         }
         data[offset..offset + n].copy_from_slice(&buf[..n]);
         match limit {
-            Some(_) => Err(io::Error::new(io::ErrorKind::StorageFull, "injected")),
+            Some(_) => Err(io::Error::other("injected: disk full")),
             None => Ok(()),
         }
     }
@@ -239,6 +239,7 @@ fn every_single_bit_flip_is_reported_or_dropped_as_a_tail_never_misclassified() 
         }
     }
     assert_eq!(flips, bytes.len() * 8);
+    eprintln!("journal bit flips: {flips} ({} records)", SEQ.len());
     let _ = fs::remove_dir_all(&dir);
 }
 
@@ -359,6 +360,7 @@ fn failed_record_at_every_byte_leaves_the_journal_as_it_was() {
         ranges.iter().map(|(s, e)| e - s + 1).sum::<usize>(),
         "every byte count of every record, plus a sync failure each"
     );
+    eprintln!("journal failed records: {cases} cases");
 }
 
 /// The same faults when truncating back fails too: the handle is poisoned,
