@@ -189,24 +189,32 @@ fn killed_worker_never_loses_a_completed_job_or_forgets_a_sent_write() {
     let _ = fs::remove_dir_all(&dir);
 }
 
-/// Crash the worker just before each of its first 12 steps in turn (a
-/// journal record or an external write; two and a half jobs, including the
-/// re-run of a job recovered as safe to retry), over one journal, so every
-/// gap between two steps is hit, not only those a timed kill lands in.
+/// Crash the worker just before its `first`-th step (a journal record or an
+/// external write), restart it on the same journal and crash it again just
+/// before its `second`-th step, for every `first` in 1..=6 (each gap around
+/// the first job's five steps) and `second` in 1..=5 (which includes
+/// re-running a job recovered as safe to retry), each pair on a fresh
+/// journal: every gap between two steps is hit, not only those a timed
+/// kill happens to land in.
 #[test]
 fn worker_crashed_at_every_step_never_loses_a_completed_job_or_forgets_a_sent_write() {
-    let dir = scratch("steps");
-    for (round, crash_at) in (1..=12).enumerate() {
-        let status = spawn_worker(&dir, Some(crash_at)).wait().unwrap();
-        assert!(
-            !status.success(),
-            "step {crash_at}: the worker did not crash"
-        );
-        check_after_crash(&dir, round);
+    let mut crashes = 0;
+    for first in 1..=6 {
+        for second in 1..=5 {
+            let dir = scratch(&format!("steps-{first}-{second}"));
+            for (round, crash_at) in [first, second].into_iter().enumerate() {
+                let status = spawn_worker(&dir, Some(crash_at)).wait().unwrap();
+                assert!(
+                    !status.success(),
+                    "step {crash_at}: the worker did not crash"
+                );
+                check_after_crash(&dir, round);
+                crashes += 1;
+            }
+            let _ = fs::remove_dir_all(&dir);
+        }
     }
-    let rec = recover(dir.join("journal")).unwrap();
-    assert!(rec.jobs.len() >= 3, "{:?}", rec.jobs);
-    let _ = fs::remove_dir_all(&dir);
+    assert_eq!(crashes, 60);
 }
 
 /// A live worker in another process holds the journal: opening it is
