@@ -308,7 +308,9 @@ pub struct Journal<S: Storage = File> {
 
 impl Journal<File> {
     /// Open (or create) the journal at `path` for appending: lock it,
-    /// recover what it holds, truncate a torn tail.
+    /// recover what it holds, truncate a torn tail. On Unix, when the file
+    /// is empty (new), its directory is synced too, so that the file
+    /// itself survives a power loss.
     ///
     /// # Errors
     /// [`JournalError::Locked`] if another [`Journal`] has it open;
@@ -350,6 +352,16 @@ fn open_locked(path: &Path) -> Result<File, JournalError> {
     }
     #[cfg(pace_mutant = "journal_no_lock")]
     let _ = TryLockError::WouldBlock;
+    // A journal with nothing in it may have just been created: make its
+    // directory entry durable before any record relies on it.
+    #[cfg(unix)]
+    if file.metadata()?.len() == 0 {
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        File::open(parent)?.sync_all()?;
+    }
     Ok(file)
 }
 
