@@ -1,5 +1,7 @@
 //! The intent journal: crash tests that kill a child process at random
-//! points, and torn tails.
+//! points and before every step, torn tails, one writer per file, and the
+//! issue's damaged-middle-record case. The exact fault-injection tests are
+//! in `gate_journal_faults.rs`.
 #![cfg(feature = "journal")]
 
 use std::collections::BTreeSet;

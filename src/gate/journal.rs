@@ -57,9 +57,11 @@
 //!   `repair` of the same file, from this process or another, gets
 //!   [`JournalError::Locked`] until the first [`Journal`] is dropped.
 //!
-//! Not covered: a file system that loses synced data, and a detail that
-//! embeds a whole valid record *at its own offset* (only then could a scan
-//! past damage mistake detail bytes for a record).
+//! Not covered: a file system that loses synced data; bit rot in the last
+//! record (dropped as a torn tail, so a rotten last `WriteSent` leaves its
+//! job classified by its `Admitted` record); and a detail that embeds a
+//! whole valid record *at its own offset* (only then could a scan past
+//! damage mistake detail bytes for a record).
 //!
 //! Record layout (little-endian): `marker: [u8; 4]`, `crc32: u32` (of the
 //! next `4 + len` bytes), `len: u32` (of what follows it), then
