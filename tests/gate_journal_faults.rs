@@ -469,3 +469,70 @@ fn second_writer_is_refused_until_the_first_is_dropped() {
     assert_eq!(recover(&path).unwrap().jobs[&1], JobState::Done);
     let _ = fs::remove_dir_all(&dir);
 }
+
+proptest::proptest! {
+    /// One or two bursts of random bytes anywhere (spanning record
+    /// boundaries or not): exactly the records with a changed byte are
+    /// lost; consecutive lost records form one damaged range, reported by
+    /// `open` (which then changes nothing) unless they run to the end,
+    /// where they are a torn tail `open` truncates; every other record is
+    /// kept and classified.
+    #[test]
+    fn random_bursts_lose_exactly_the_records_they_touch(
+        bursts in proptest::collection::vec(
+            (0usize..400, proptest::collection::vec(proptest::num::u8::ANY, 1..40)),
+            1..3,
+        )
+    ) {
+        let (bytes, ranges) = write_clean(SEQ);
+        let mut data = bytes.clone();
+        for (at, burst) in &bursts {
+            let at = at % data.len();
+            let end = (at + burst.len()).min(data.len());
+            data[at..end].copy_from_slice(&burst[..end - at]);
+        }
+        let touched: Vec<bool> = ranges.iter().map(|&(s, e)| data[s..e] != bytes[s..e]).collect();
+        let kept: Vec<Rec> = (0..SEQ.len()).filter(|&i| !touched[i]).map(|i| SEQ[i]).collect();
+        // The model's damage: maximal runs of touched records.
+        let mut damage = Vec::new();
+        let mut i = 0;
+        while i < SEQ.len() {
+            if touched[i] {
+                let first = i;
+                while i < SEQ.len() && touched[i] {
+                    i += 1;
+                }
+                damage.push((ranges[first].0, ranges[i - 1].1, i == SEQ.len()));
+            } else {
+                i += 1;
+            }
+        }
+        let tail = damage.last().filter(|d| d.2).map(|d| d.0);
+        let middle: Vec<Damage> = damage
+            .iter()
+            .filter(|d| !d.2)
+            .map(|&(s, e, _)| Damage { offset: s as u64, len: (e - s) as u64, acknowledged: false })
+            .collect();
+
+        let r = parse(&data);
+        proptest::prop_assert_eq!(&r.jobs, &classify(&kept));
+        proptest::prop_assert_eq!(r.records, kept.len() as u64);
+        proptest::prop_assert_eq!(&r.damage, &middle);
+        proptest::prop_assert_eq!(r.torn_tail, tail.map(|t| t as u64));
+        proptest::prop_assert_eq!(r.valid_len, tail.unwrap_or(bytes.len()) as u64);
+
+        let mem = Mem::default();
+        *mem.data.borrow_mut() = data.clone();
+        match (Journal::open_storage(mem.clone()), middle.first()) {
+            (Err(JournalError::Corrupt { offset, len }), Some(d)) => {
+                proptest::prop_assert_eq!((offset, len), (d.offset, d.len));
+                proptest::prop_assert_eq!(mem.bytes(), data);
+            }
+            (Ok((_, opened)), None) => {
+                proptest::prop_assert_eq!(opened, r);
+                proptest::prop_assert_eq!(mem.bytes(), bytes[..tail.unwrap_or(bytes.len())].to_vec());
+            }
+            (other, d) => proptest::prop_assert!(false, "open gave {:?}, damage {:?}", other.map(|x| x.1), d),
+        }
+    }
+}
