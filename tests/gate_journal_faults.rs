@@ -536,3 +536,39 @@ proptest::proptest! {
         }
     }
 }
+
+/// A file with bytes but no valid record that does not start like a record
+/// (a wrong path, zeros) is refused by `recover`, `open` and `repair` and
+/// left untouched; a torn first append (every proper prefix of the first
+/// record) is a torn tail, and `open` empties the file.
+#[test]
+fn a_file_that_is_not_a_journal_is_refused_untouched() {
+    let dir = scratch("foreign");
+    let path = dir.join("journal");
+    for content in [
+        &b"hello, world\n"[..],
+        &[0u8; 64][..],
+        &[0xA7, b'P', b'X'][..],
+    ] {
+        fs::write(&path, content).unwrap();
+        assert!(matches!(recover(&path), Err(JournalError::NotAJournal)));
+        assert!(matches!(
+            Journal::open(&path),
+            Err(JournalError::NotAJournal)
+        ));
+        assert!(matches!(
+            Journal::repair(&path),
+            Err(JournalError::NotAJournal)
+        ));
+        assert_eq!(fs::read(&path).unwrap(), content);
+    }
+    let (first, _) = write_clean(&SEQ[..1]);
+    for cut in 1..first.len() {
+        let mem = Mem::default();
+        *mem.data.borrow_mut() = first[..cut].to_vec();
+        let (_, rec) = Journal::open_storage(mem.clone()).unwrap();
+        assert_eq!((rec.records, rec.torn_tail), (0, Some(0)), "cut {cut}");
+        assert_eq!(mem.bytes(), Vec::<u8>::new(), "cut {cut}");
+    }
+    let _ = fs::remove_dir_all(&dir);
+}

@@ -43,7 +43,10 @@
 //!   append's `record` never returned, so nothing acted on it. It is
 //!   reported ([`Recovery::torn_tail`]), ignored, and [`Journal::open`]
 //!   truncates it, never cutting into a valid record. A damaged *last*
-//!   record looks exactly like a torn append and is treated as one.
+//!   record looks exactly like a torn append and is treated as one. A
+//!   file with bytes but no valid record that does not start with the
+//!   marker (a torn first append does) is not taken for a torn journal:
+//!   it is refused with [`JournalError::NotAJournal`] and left untouched.
 //! * **Classification** uses every valid record in the file, wherever it
 //!   lies: a job with a valid [`Stage::WriteSent`] or [`Stage::Completed`]
 //!   record is never [`JobState::SafeToRetry`].
@@ -206,6 +209,10 @@ pub enum JournalError {
         /// Its length in bytes.
         len: u64,
     },
+    /// The file holds bytes but no valid record, and does not start like
+    /// one: it is not a journal (or its first record is damaged). Nothing
+    /// was changed.
+    NotAJournal,
     /// Another [`Journal`] (in this process or another) has the file open.
     Locked,
     /// An earlier [`Journal::record`] failed and the file could not be
@@ -226,6 +233,9 @@ impl fmt::Display for JournalError {
                 "journal damaged: {len} bytes at offset {offset} are not a valid record \
                  but valid records follow"
             ),
+            JournalError::NotAJournal => {
+                write!(f, "file is not a journal: no valid record, no record start")
+            }
             JournalError::Locked => write!(f, "journal is already open for writing"),
             JournalError::Poisoned => write!(
                 f,
@@ -317,8 +327,10 @@ impl Journal<File> {
     /// # Errors
     /// [`JournalError::Locked`] if another [`Journal`] has it open;
     /// [`JournalError::Corrupt`] (the file left untouched) if it holds
-    /// unacknowledged damage; [`JournalError::Io`] if it cannot be opened,
-    /// read, truncated or synced.
+    /// unacknowledged damage; [`JournalError::NotAJournal`] (untouched) if
+    /// it holds no valid record and does not start like one;
+    /// [`JournalError::Io`] if it cannot be opened, read, truncated or
+    /// synced.
     pub fn open(path: impl AsRef<Path>) -> Result<(Journal, Recovery), JournalError> {
         Journal::open_storage(open_locked(path.as_ref())?)
     }
@@ -331,7 +343,8 @@ impl Journal<File> {
     /// [`Recovery::damage`] before retrying anything.
     ///
     /// # Errors
-    /// [`JournalError::Locked`], or an I/O failure.
+    /// [`JournalError::Locked`], [`JournalError::NotAJournal`], or an I/O
+    /// failure.
     pub fn repair(path: impl AsRef<Path>) -> Result<(Journal, Recovery), JournalError> {
         Journal::repair_storage(open_locked(path.as_ref())?)
     }
@@ -380,13 +393,17 @@ impl<S: Storage> Journal<S> {
     /// [`Journal::repair`] on any [`Storage`].
     ///
     /// # Errors
-    /// An I/O failure.
+    /// [`JournalError::NotAJournal`], or an I/O failure.
     pub fn repair_storage(store: S) -> Result<(Journal<S>, Recovery), JournalError> {
         Journal::open_inner(store, true)
     }
 
     fn open_inner(mut store: S, repair: bool) -> Result<(Journal<S>, Recovery), JournalError> {
-        let recovery = parse(&store.read_all()?);
+        let data = store.read_all()?;
+        let recovery = parse(&data);
+        if foreign(&data, &recovery) {
+            return Err(JournalError::NotAJournal);
+        }
         let damaged: Vec<Damage> = recovery
             .damage
             .iter()
@@ -516,11 +533,19 @@ fn encode(offset: u64, job: u64, kind: u8, detail: &[u8]) -> Result<Vec<u8>, Jou
 ///
 /// # Errors
 /// [`JournalError::Corrupt`] if it holds unacknowledged damage ([`parse`]
-/// the bytes to see what is readable anyway); [`JournalError::Io`] if it
-/// exists but cannot be opened or read.
+/// the bytes to see what is readable anyway); [`JournalError::NotAJournal`]
+/// if it holds no valid record and does not start like one;
+/// [`JournalError::Io`] if it exists but cannot be opened or read.
 pub fn recover(path: impl AsRef<Path>) -> Result<Recovery, JournalError> {
     let recovery = match File::open(path) {
-        Ok(mut file) => parse(&file.read_all()?),
+        Ok(mut file) => {
+            let data = file.read_all()?;
+            let recovery = parse(&data);
+            if foreign(&data, &recovery) {
+                return Err(JournalError::NotAJournal);
+            }
+            recovery
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Recovery::default(),
         Err(e) => return Err(e.into()),
     };
@@ -531,6 +556,16 @@ pub fn recover(path: impl AsRef<Path>) -> Result<Recovery, JournalError> {
         }),
         None => Ok(recovery),
     }
+}
+
+/// Bytes with no valid record that do not start like one: truncating them
+/// as a torn tail would destroy a file that was never a journal. (A torn
+/// first append is a prefix of a record, so it starts with the marker.)
+fn foreign(data: &[u8], recovery: &Recovery) -> bool {
+    if cfg!(pace_mutant = "journal_truncates_foreign") {
+        return false;
+    }
+    recovery.records == 0 && !data.is_empty() && !MARKER.starts_with(&data[..data.len().min(4)])
 }
 
 /// A valid record found in the bytes.
