@@ -39,13 +39,15 @@ mod table;
 pub use crate::clock::QuantaClock;
 pub use crate::clock::{Clock, DefaultClock, ManualClock, StdClock};
 pub use crate::gate::{AdmitError, Gate, GateStats, Resource, Ticket};
-pub use crate::pace::{Builder, Debit, Denied, DenyReason, Pace, Reservation};
+pub use crate::pace::{Builder, Debit, Denied, DenyReason, Memory, Pace, Reservation};
 pub use crate::rate::{ConfigError, Rate};
 
 /// Internals exposed for benchmarks, fuzz targets and models only. Not a
 /// stable API: anything here may change in any release.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::pace::{PaceInternals, ReservationInternals};
+
     /// Pins and flushes the current thread's epoch handle until deferred
     /// frees have run, so memory tests can measure what is really held.
     #[cfg(not(loom))]

@@ -86,6 +86,24 @@ pub enum DenyReason {
     TimeExhausted,
 }
 
+/// What a [`Pace`]'s table holds, from [`Pace::memory`]: the heap it uses is
+/// `table_bytes + rows x entry_bytes` plus what the keys own, plus arrays
+/// and rows retired and not yet freed by the epoch collector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Memory {
+    /// Rows held (as [`Pace::len`]).
+    pub rows: usize,
+    /// Slots in the table's current array (its capacity, not of buckets).
+    pub slots: usize,
+    /// Bytes of the current slot array and the floors, without the rows'
+    /// entries.
+    pub table_bytes: usize,
+    /// Bytes of one row's entry allocation (hash and key), not what the key
+    /// owns on the heap.
+    pub entry_bytes: usize,
+}
+
 /// A denied reservation. Nothing was written and no row was created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Denied {
@@ -208,8 +226,7 @@ where
     }
 
     /// Where this debit ends on the bucket's timeline (ns; for models).
-    #[doc(hidden)]
-    pub fn debit_end_ns(&self) -> u64 {
+    pub(crate) fn debit_end_ns_inner(&self) -> u64 {
         self.debit.tat
     }
 
@@ -222,12 +239,11 @@ where
     /// creates a row; a refund that fills the bucket removes the row.
     pub fn refund(self) {
         let now = self.pace.clock.now_ns();
-        self.refund_at(now)
+        self.refund_at_inner(now)
     }
 
     /// [`refund`](Reservation::refund) at an explicit time (for models).
-    #[doc(hidden)]
-    pub fn refund_at(self, now: u64) {
+    pub(crate) fn refund_at_inner(self, now: u64) {
         self.pace
             .refund_hashed(self.key, self.hash, self.debit, now);
     }
@@ -366,20 +382,31 @@ impl<K, S, C> Pace<K, S, C> {
         &self.clock
     }
 
-    /// Slots in the table's current array (capacity of the open-addressing
-    /// table, not of buckets).
+    /// What the table holds now: rows, slots and bytes (see [`Memory`]).
+    pub fn memory(&self) -> Memory {
+        let guard = self.pin();
+        Memory {
+            rows: self.len(),
+            slots: self.table.slots(&guard),
+            table_bytes: self.table.array_bytes(&guard) + self.table.floor_bytes(),
+            entry_bytes: Table::<K>::entry_bytes(),
+        }
+    }
+
+    /// Slots in the table's current array (see [`memory`](Pace::memory)).
+    #[doc(hidden)]
     pub fn table_slots(&self) -> usize {
         self.table.slots(&self.pin())
     }
 
-    /// Bytes of the table's current slot array. Each row adds one entry
-    /// allocation of [`entry_bytes`](Pace::entry_bytes) plus what its key owns.
+    /// Bytes of the table's current slot array (see [`memory`](Pace::memory)).
+    #[doc(hidden)]
     pub fn table_bytes(&self) -> usize {
         self.table.array_bytes(&self.pin()) + self.table.floor_bytes()
     }
 
-    /// Bytes of one row's entry allocation (hash and key, not what the key
-    /// owns on the heap).
+    /// Bytes of one row's entry allocation (see [`memory`](Pace::memory)).
+    #[doc(hidden)]
     pub fn entry_bytes() -> usize {
         Table::<K>::entry_bytes()
     }
@@ -453,8 +480,7 @@ where
     }
 
     /// [`reserve_n`](Pace::reserve_n) at an explicit time (for models).
-    #[doc(hidden)]
-    pub fn reserve_n_at<'a, Q>(
+    pub(crate) fn reserve_n_at_inner<'a, Q>(
         &'a self,
         key: &'a Q,
         n: u64,
@@ -525,12 +551,11 @@ where
         Q: ?Sized + Hash + Eq,
     {
         let now = self.clock.now_ns();
-        self.peek_at(key, now)
+        self.peek_at_inner(key, now)
     }
 
     /// [`peek`](Pace::peek) at an explicit time (for models).
-    #[doc(hidden)]
-    pub fn peek_at<Q>(&self, key: &Q, now: u64) -> u64
+    pub(crate) fn peek_at_inner<Q>(&self, key: &Q, now: u64) -> u64
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
@@ -553,12 +578,11 @@ where
         Q: ?Sized + Hash + Eq,
     {
         let now = self.clock.now_ns();
-        self.refund_at(key, debit, now)
+        self.refund_at_inner(key, debit, now)
     }
 
     /// [`refund`](Pace::refund) at an explicit time (for models).
-    #[doc(hidden)]
-    pub fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64)
+    pub(crate) fn refund_at_inner<Q>(&self, key: &Q, debit: Debit, now: u64)
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
@@ -593,8 +617,7 @@ where
 
     /// The stripe of floors `key` shares with other keys (for models: a fresh
     /// row starts from its stripe's floor, the largest `tat` removed there).
-    #[doc(hidden)]
-    pub fn floor_stripe<Q>(&self, key: &Q) -> usize
+    pub(crate) fn floor_stripe_inner<Q>(&self, key: &Q) -> usize
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
@@ -603,8 +626,7 @@ where
     }
 
     /// The raw bucket word (`tat`, ns) of `key`'s row, if any (for models).
-    #[doc(hidden)]
-    pub fn row_tat<Q>(&self, key: &Q) -> Option<u64>
+    pub(crate) fn row_tat_inner<Q>(&self, key: &Q) -> Option<u64>
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
@@ -618,12 +640,11 @@ where
     /// to reclaim memory at a moment of your choosing. Returns rows removed.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_ns();
-        self.sweep_at(now)
+        self.sweep_at_inner(now)
     }
 
     /// [`sweep`](Pace::sweep) at an explicit time (for models).
-    #[doc(hidden)]
-    pub fn sweep_at(&self, now: u64) -> usize {
+    pub(crate) fn sweep_at_inner(&self, now: u64) -> usize {
         let guard = self.pin();
         self.sweep_with(now, &guard)
     }
@@ -680,8 +701,7 @@ where
 impl<K: Clone, S, C> Pace<K, S, C> {
     /// Keys of the rows held now, for invariant checks in tests: call it only
     /// when no other operation is in flight.
-    #[doc(hidden)]
-    pub fn row_keys(&self) -> Vec<K> {
+    pub(crate) fn row_keys_inner(&self) -> Vec<K> {
         self.table.live_keys(&self.pin())
     }
 }
@@ -694,5 +714,136 @@ impl<K, S, C: fmt::Debug> fmt::Debug for Pace<K, S, C> {
             .field("rows", &self.len())
             .field("clock", &self.clock)
             .finish_non_exhaustive()
+    }
+}
+
+/// Explicit-time entry points and state probes of [`Pace`], for models, fuzz
+/// targets, benchmarks and tests: `use pace::__private::PaceInternals;`.
+/// Not a stable API.
+#[doc(hidden)]
+pub trait PaceInternals<K, S, C> {
+    /// [`Pace::reserve_n`] deciding with `now` instead of a clock reading.
+    fn reserve_n_at<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        now: u64,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>;
+    /// [`Pace::peek`] at `now`.
+    fn peek_at<Q>(&self, key: &Q, now: u64) -> u64
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq;
+    /// [`Pace::refund`] at `now`.
+    fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq;
+    /// [`Pace::sweep`] at `now`.
+    fn sweep_at(&self, now: u64) -> usize;
+    /// The raw bucket word (`tat`, ns) of `key`'s row, if it has one.
+    fn row_tat<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq;
+    /// The stripe of floors `key` shares with other keys.
+    fn floor_stripe<Q>(&self, key: &Q) -> usize
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq;
+    /// Keys of the rows held now; only when no other operation is in flight.
+    fn row_keys(&self) -> Vec<K>
+    where
+        K: Clone;
+}
+
+impl<K, S, C> PaceInternals<K, S, C> for Pace<K, S, C>
+where
+    K: Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    fn reserve_n_at<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        now: u64,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.reserve_n_at_inner(key, n, now)
+    }
+
+    fn peek_at<Q>(&self, key: &Q, now: u64) -> u64
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        self.peek_at_inner(key, now)
+    }
+
+    fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        self.refund_at_inner(key, debit, now)
+    }
+
+    fn sweep_at(&self, now: u64) -> usize {
+        self.sweep_at_inner(now)
+    }
+
+    fn row_tat<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        self.row_tat_inner(key)
+    }
+
+    fn floor_stripe<Q>(&self, key: &Q) -> usize
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        self.floor_stripe_inner(key)
+    }
+
+    fn row_keys(&self) -> Vec<K>
+    where
+        K: Clone,
+    {
+        self.row_keys_inner()
+    }
+}
+
+/// Explicit-time refund and the debit's end, for models. Not a stable API.
+#[doc(hidden)]
+pub trait ReservationInternals {
+    /// [`Reservation::refund`] at `now`.
+    fn refund_at(self, now: u64);
+    /// Where this debit ends on the bucket's timeline (ns).
+    fn debit_end_ns(&self) -> u64;
+}
+
+impl<K, Q, S, C> ReservationInternals for Reservation<'_, K, Q, S, C>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    fn refund_at(self, now: u64) {
+        self.refund_at_inner(now)
+    }
+
+    fn debit_end_ns(&self) -> u64 {
+        self.debit_end_ns_inner()
     }
 }

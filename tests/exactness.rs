@@ -52,7 +52,7 @@ impl Clock for Recording {
         // Pre-empted after the reading: a yield now and then, a pause of up
         // to 2 ms more rarely.
         let r = random();
-        if r % 16 == 0 {
+        if r.is_multiple_of(16) {
             std::thread::yield_now();
         }
         if r % 1024 == 1 {
@@ -102,7 +102,7 @@ fn run(c: &Config, run_for: Duration) -> (i128, usize) {
                     while Instant::now() < deadline {
                         i += 1;
                         let r = random();
-                        if i % 8 == 0 {
+                        if i.is_multiple_of(8) {
                             let k = fresh.fetch_add(1, Ordering::Relaxed);
                             if let Ok(res) = pace.reserve(&k) {
                                 res.refund();
@@ -110,7 +110,7 @@ fn run(c: &Config, run_for: Duration) -> (i128, usize) {
                             continue;
                         }
                         let k = (r % HOT) as usize;
-                        let n = if (r >> 8) % 8 == 0 {
+                        let n = if (r >> 8).is_multiple_of(8) {
                             c.capacity.min(2)
                         } else {
                             1
@@ -123,10 +123,10 @@ fn run(c: &Config, run_for: Duration) -> (i128, usize) {
                                 _ => kept.push((k as u64, now, n)),
                             }
                         }
-                        if held.len() > 6 || (!held.is_empty() && (r >> 24) % 5 == 0) {
+                        if held.len() > 6 || (!held.is_empty() && (r >> 24).is_multiple_of(5)) {
                             let pick = ((r >> 32) as usize) % held.len();
                             let (res, k, now, n) = held.swap_remove(pick);
-                            if (r >> 40) % 2 == 0 {
+                            if (r >> 40).is_multiple_of(2) {
                                 res.refund();
                             } else {
                                 drop(res);

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bound::{worst_excess_ns, worst_excess_ns_brute};
+use pace::__private::{PaceInternals, ReservationInternals};
 use pace::{ConfigError, DenyReason, ManualClock, Pace, Rate};
 use rand::{Rng, SeedableRng};
 

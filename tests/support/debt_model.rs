@@ -9,6 +9,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use pace::__private::PaceInternals;
 use pace::{DenyReason, ManualClock, Pace, Rate};
 
 const MIN_HORIZON: i128 = 1_000_000;
