@@ -28,8 +28,6 @@
 mod bucket;
 pub mod clock;
 pub mod gate;
-#[cfg(feature = "lab")]
-pub mod lab;
 mod pace;
 mod rate;
 mod sync;
