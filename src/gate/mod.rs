@@ -36,8 +36,6 @@ mod builder;
 mod error;
 #[cfg(feature = "journal")]
 pub mod journal;
-#[doc(hidden)]
-pub mod model;
 mod permit;
 mod queue;
 mod state;

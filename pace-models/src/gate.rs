@@ -1,12 +1,12 @@
 //! A sequential model of the gate and a checker that drives the real
 //! [`Gate`] and the model in lockstep. Shared by the proptest
 //! (`tests/gate_model.rs`) and the `gate_model` fuzz target, so both check
-//! the same rules. Not a public API.
+//! the same rules.
 
 use std::io::{self, Read};
 use std::time::Instant;
 
-use super::{
+use pace::gate::{
     AdmitError, Body, BodyError, BytePermit, Gate, GateConfigError, GateStats, Resource,
     ShrinkError, SlotPermit, Ticket,
 };
