@@ -104,17 +104,37 @@ impl Limits {
         }
     }
 
-    /// Return the undrained part of a reservation of `n` tokens whose debit
-    /// ended at `own_tat`, onto a bucket now at `tat`.
+    /// Undoes a reservation whose debit moved the bucket from `prev` to
+    /// `own_tat`, onto a bucket now at `tat`.
     ///
-    /// The part returned is `min(n * interval, own_tat - now)`: all of it when
-    /// refunded at once, nothing once `own_tat` has passed (the tokens would
-    /// have refilled anyway). The result never goes below `now`, so a refund
-    /// can at most make the bucket full.
+    /// The rule: a refund restores `prev` if the bucket still ends where its
+    /// reservation left it (`tat == own_tat`: nothing was debited from the key
+    /// since), and returns nothing otherwise. Restoring `prev` is exactly the
+    /// state in which the reservation never happened, so it cannot mint a
+    /// token whatever the refund's clock says; a refund of a reservation that
+    /// others have stacked on, or that arrives after a later debit, could only
+    /// return tokens that those later debits rely on, so it returns none.
+    /// When `prev` is not later than `now` the restored bucket is full: the
+    /// row may be removed (a late refund, after the debit drained, finds the
+    /// bucket full either way).
     #[inline]
-    pub(crate) fn refund(&self, tat: u64, now: u64, n: u64, own_tat: u64) -> Refund {
+    pub(crate) fn refund(&self, tat: u64, now: u64, n: u64, own_tat: u64, prev: u64) -> Refund {
+        #[cfg(pace_mutant = "refund_undrained")]
+        return self.refund_undrained(tat, now, n, own_tat);
+        #[cfg(not(pace_mutant = "refund_undrained"))]
+        {
+            let _ = n; // the rule needs only the two ends of the debit
+            refund_restoring(tat, now, own_tat, prev)
+        }
+    }
+
+    /// Known-wrong refund for mutation tests: subtracts the undrained part of
+    /// the reservation, `min(n x interval, own_tat - now)`, from whatever the
+    /// bucket holds now, so out-of-order and stale refunds mint tokens.
+    #[cfg(pace_mutant = "refund_undrained")]
+    fn refund_undrained(&self, tat: u64, now: u64, n: u64, own_tat: u64) -> Refund {
         if tat <= now {
-            return Refund::Unchanged; // already full
+            return Refund::Unchanged;
         }
         let back = n
             .min(self.capacity)
@@ -131,13 +151,6 @@ impl Limits {
         }
     }
 
-    /// Known-wrong refund for mutation tests: returns a full `n * interval`
-    /// whether or not it has drained.
-    #[cfg(pace_mutant = "refund_full_interval")]
-    pub(crate) fn refund_ignoring_drain(&self, tat: u64, now: u64, n: u64) -> Refund {
-        self.refund(tat, now, n, u64::MAX)
-    }
-
     /// Whole tokens available in bucket `tat` at `now`.
     #[inline]
     pub(crate) fn tokens(&self, tat: u64, now: u64) -> u64 {
@@ -147,6 +160,19 @@ impl Limits {
         } else {
             (self.tau - debt) / self.interval
         }
+    }
+}
+
+/// [`Limits::refund`]'s rule, which needs no limits: restore `prev` if the
+/// bucket still ends at `own_tat`.
+#[inline]
+fn refund_restoring(tat: u64, now: u64, own_tat: u64, prev: u64) -> Refund {
+    if tat != own_tat {
+        Refund::Unchanged
+    } else if prev <= now {
+        Refund::Full
+    } else {
+        Refund::Set(prev)
     }
 }
 
@@ -215,20 +241,24 @@ mod tests {
     }
 
     #[test]
-    fn refund_returns_only_what_has_not_drained() {
+    fn refund_restores_the_newest_debit_only() {
         let l = lim(4);
-        // Reserve 2 at now=1_000 from full: tat = 1_200.
-        let own = 1_200;
-        assert_eq!(l.refund(own, 1_000, 2, own), Refund::Full);
-        assert_eq!(l.refund(own, 1_100, 2, own), Refund::Full);
-        // Someone else reserved after us: bucket tat 1_400.
-        assert_eq!(l.refund(1_400, 1_000, 2, own), Refund::Set(1_200));
-        assert_eq!(l.refund(1_400, 1_150, 2, own), Refund::Set(1_350));
-        assert_eq!(l.refund(1_400, 1_200, 2, own), Refund::Unchanged);
-        assert_eq!(l.refund(1_400, 1_300, 2, own), Refund::Unchanged);
-        // Never below now, whatever the claim.
-        assert_eq!(l.refund(1_050, 1_000, 4, 1_400), Refund::Full);
-        assert_eq!(l.refund(900, 1_000, 2, own), Refund::Unchanged);
+        // Reserve 2 at now=1_000 from full (prev 0): tat = 1_200.
+        let (prev, own) = (0, 1_200);
+        assert_eq!(l.refund(own, 1_000, 2, own, prev), Refund::Full);
+        assert_eq!(l.refund(own, 1_100, 2, own, prev), Refund::Full);
+        // A late refund finds the bucket full either way.
+        assert_eq!(l.refund(own, 5_000, 2, own, prev), Refund::Full);
+        // Stacked on a debt ending at 1_050: restore it, even read early.
+        assert_eq!(l.refund(1_250, 900, 2, 1_250, 1_050), Refund::Set(1_050));
+        assert_eq!(l.refund(1_250, 1_050, 2, 1_250, 1_050), Refund::Full);
+        // Someone else reserved after us (bucket at 1_400): nothing returns,
+        // whatever the refund's clock reads.
+        for now in [0, 1_000, 1_150, 1_200, 1_300, 2_000] {
+            assert_eq!(l.refund(1_400, now, 2, own, prev), Refund::Unchanged);
+        }
+        // Someone refunded an earlier debit (bucket below our end): nothing.
+        assert_eq!(l.refund(1_000, 900, 2, own, prev), Refund::Unchanged);
     }
 
     #[test]

@@ -151,22 +151,46 @@ impl std::error::Error for Denied {}
 /// [`refund`](Reservation::refund) when the exchange did not happen.
 ///
 /// A reservation neither pins an epoch nor keeps its row alive: it is a
-/// record of what was debited (`n` tokens, ending at a `tat`).
+/// record of what was debited (`n` tokens, moving the bucket from one `tat`
+/// to another). [`detach`](Reservation::detach) turns it into a [`Debit`]
+/// that borrows nothing, for refunds decided later (after a response).
 #[must_use = "dropping a Reservation keeps the debit; refund() it if the exchange did not happen"]
 pub struct Reservation<'a, K, Q: ?Sized, S = RandomState, C = DefaultClock> {
     pace: &'a Pace<K, S, C>,
     key: &'a Q,
     /// The key's hash, so a refund does not hash again.
     hash: u64,
+    debit: Debit,
+}
+
+/// What an admitted reservation debited, detached from its borrows (see
+/// [`Reservation::detach`]): refund it with [`Pace::refund`] on the same
+/// limiter and key, or drop it to keep the debit.
+///
+/// Refunding a `Debit` on another limiter or another key is a logic error:
+/// it is memory-safe and panics nowhere, but what it returns is unspecified.
+#[must_use = "dropping a Debit keeps it; refund it with Pace::refund if the exchange did not happen"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Debit {
     n: u64,
+    /// Where the debit ends on the bucket's timeline.
     tat: u64,
+    /// The bucket's `tat` before the debit: what a refund restores.
+    prev: u64,
+}
+
+impl Debit {
+    /// Tokens debited.
+    pub fn tokens(&self) -> u64 {
+        self.n
+    }
 }
 
 impl<K, Q: ?Sized, S, C> fmt::Debug for Reservation<'_, K, Q, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reservation")
-            .field("tokens", &self.n)
-            .field("tat_ns", &self.tat)
+            .field("tokens", &self.debit.n)
+            .field("tat_ns", &self.debit.tat)
             .finish()
     }
 }
@@ -180,19 +204,22 @@ where
 {
     /// Tokens this reservation debited.
     pub fn tokens(&self) -> u64 {
-        self.n
+        self.debit.n
     }
 
     /// Where this debit ends on the bucket's timeline (ns; for models).
     #[doc(hidden)]
     pub fn debit_end_ns(&self) -> u64 {
-        self.tat
+        self.debit.tat
     }
 
-    /// Returns the part of this debit that has not drained yet: all of it
-    /// right away, less as time passes, nothing once the bucket would have
-    /// refilled it anyway. A refund never creates a row and never makes a
-    /// bucket fuller than full; a refund that fills the bucket removes the row.
+    /// Undoes this reservation if nothing has been debited from its key
+    /// since: the bucket returns to the state it had before, as if the
+    /// reservation never happened (so a refund after the debit drained finds
+    /// the bucket full either way). If the key was debited since, the refund
+    /// returns nothing: those later debits were decided on this one, and
+    /// returning it could admit more than the bucket allows. A refund never
+    /// creates a row; a refund that fills the bucket removes the row.
     pub fn refund(self) {
         let now = self.pace.clock.now_ns();
         self.refund_at(now)
@@ -201,14 +228,15 @@ where
     /// [`refund`](Reservation::refund) at an explicit time (for models).
     #[doc(hidden)]
     pub fn refund_at(self, now: u64) {
-        if self.n == 0 {
-            return;
-        }
-        let p = self.pace;
-        let guard = p.pin();
-        p.table.refund(
-            &p.limits, self.hash, self.key, self.n, self.tat, now, &guard,
-        );
+        self.pace
+            .refund_hashed(self.key, self.hash, self.debit, now);
+    }
+
+    /// Detaches the debit from its borrows, to refund it later with
+    /// [`Pace::refund`] (for example once a response says whether the
+    /// exchange happened) or to drop it and keep the debit.
+    pub fn detach(self) -> Debit {
+        self.debit
     }
 }
 
@@ -216,9 +244,12 @@ impl<K> Pace<K> {
     /// A limiter at `rate` with one second of it as capacity, the default
     /// clock and a randomly seeded SipHash.
     pub fn new(rate: Rate) -> Pace<K> {
+        // `Rate::new` bounds the interval by the largest refill time, and one
+        // second of a rate is at least 1 token and refills within about a
+        // second plus one interval: every `Rate` builds (tests/rules.rs).
         Pace::builder(rate)
             .build()
-            .expect("one second of a valid rate always fits")
+            .expect("one second of any Rate fits the time space")
     }
 
     /// A builder starting from `rate`.
@@ -344,7 +375,7 @@ impl<K, S, C> Pace<K, S, C> {
     /// Bytes of the table's current slot array. Each row adds one entry
     /// allocation of [`entry_bytes`](Pace::entry_bytes) plus what its key owns.
     pub fn table_bytes(&self) -> usize {
-        self.table.array_bytes(&self.pin())
+        self.table.array_bytes(&self.pin()) + self.table.floor_bytes()
     }
 
     /// Bytes of one row's entry allocation (hash and key, not what the key
@@ -418,7 +449,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let now = self.clock.now_ns();
-        self.reserve_n_at(key, n, now)
+        self.reserve_n_with(key, n, now, &|| self.clock.now_ns())
     }
 
     /// [`reserve_n`](Pace::reserve_n) at an explicit time (for models).
@@ -433,13 +464,31 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
+        self.reserve_n_with(key, n, now, &|| now)
+    }
+
+    #[inline]
+    fn reserve_n_with<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        now: u64,
+        reread: &dyn Fn() -> u64,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
         if n == 0 {
             return Ok(Reservation {
                 pace: self,
                 key,
                 hash: 0,
-                n: 0,
-                tat: 0,
+                debit: Debit {
+                    n: 0,
+                    tat: 0,
+                    prev: 0,
+                },
             });
         }
         if n > self.limits.capacity() {
@@ -447,7 +496,9 @@ where
         }
         let hash = self.hasher.hash_one(key);
         let guard = self.pin();
-        let result = self.table.reserve(&self.limits, hash, key, n, now, &guard);
+        let result = self
+            .table
+            .reserve(&self.limits, hash, key, n, now, reread, &guard);
         let created = matches!(result, Ok(a) if a.created);
         self.maybe_sweep(now, created, &guard);
         match result {
@@ -455,8 +506,11 @@ where
                 pace: self,
                 key,
                 hash,
-                n,
-                tat: a.tat,
+                debit: Debit {
+                    n,
+                    tat: a.tat,
+                    prev: a.prev,
+                },
             }),
             Err(d) => Err(Denied::from_decision(d)),
         }
@@ -483,10 +537,69 @@ where
     {
         let hash = self.hasher.hash_one(key);
         let guard = self.pin();
-        match self.table.peek(hash, key, &guard) {
-            Some(tat) => self.limits.tokens(tat, now),
-            None => self.limits.capacity(),
+        let tat = match self.table.peek(hash, key, &guard) {
+            Some(tat) if tat != 0 => tat,
+            // Absent, dead or never debited: the row starts from its floor.
+            _ => self.table.floor(hash),
+        };
+        self.limits.tokens(tat, now)
+    }
+
+    /// Refunds a detached [`Debit`] of `key` (see [`Reservation::refund`] for
+    /// what a refund returns).
+    pub fn refund<Q>(&self, key: &Q, debit: Debit)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let now = self.clock.now_ns();
+        self.refund_at(key, debit, now)
+    }
+
+    /// [`refund`](Pace::refund) at an explicit time (for models).
+    #[doc(hidden)]
+    pub fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        if debit.n == 0 {
+            return;
         }
+        let hash = self.hasher.hash_one(key);
+        self.refund_hashed(key, hash, debit, now);
+    }
+
+    fn refund_hashed<Q>(&self, key: &Q, hash: u64, debit: Debit, now: u64)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        if debit.n == 0 {
+            return;
+        }
+        let guard = self.pin();
+        self.table.refund(
+            &self.limits,
+            hash,
+            key,
+            debit.n,
+            debit.tat,
+            debit.prev,
+            now,
+            &guard,
+        );
+    }
+
+    /// The stripe of floors `key` shares with other keys (for models: a fresh
+    /// row starts from its stripe's floor, the largest `tat` removed there).
+    #[doc(hidden)]
+    pub fn floor_stripe<Q>(&self, key: &Q) -> usize
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        Table::<K>::floor_stripe(self.hasher.hash_one(key))
     }
 
     /// The raw bucket word (`tat`, ns) of `key`'s row, if any (for models).

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::bucket::MAX_TIME;
+use crate::bucket::MAX_TAU;
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
@@ -35,7 +35,7 @@ impl Rate {
     /// [`ConfigError::ZeroRate`] for `count == 0`, [`ConfigError::ZeroPeriod`]
     /// for a zero `per`, [`ConfigError::IntervalTooShort`] when one token would
     /// refill in less than 1 ns, [`ConfigError::IntervalTooLong`] when one
-    /// token would take longer than the time space holds (about 146 years).
+    /// token would take longer than the longest refill time (about 73 years).
     pub fn new(count: u64, per: Duration) -> Result<Rate, ConfigError> {
         if count == 0 {
             return Err(ConfigError::ZeroRate);
@@ -48,7 +48,7 @@ impl Rate {
             return Err(ConfigError::IntervalTooShort);
         }
         let interval = per_ns.div_ceil(count as u128);
-        if interval > MAX_TIME as u128 || per_ns > u64::MAX as u128 {
+        if interval > MAX_TAU as u128 || per_ns > u64::MAX as u128 {
             return Err(ConfigError::IntervalTooLong);
         }
         Ok(Rate {
@@ -118,7 +118,9 @@ impl fmt::Display for ConfigError {
             ConfigError::IntervalTooShort => {
                 "rate is faster than one token per nanosecond, the clock's resolution"
             }
-            ConfigError::IntervalTooLong => "one token would take longer than ~146 years",
+            ConfigError::IntervalTooLong => {
+                "one token would take longer than ~73 years (the longest refill time)"
+            }
             ConfigError::ZeroCapacity => "capacity must be at least 1 token",
             ConfigError::CapacityTooLarge => {
                 "capacity x interval (time to refill an empty bucket) exceeds ~73 years"

@@ -55,12 +55,16 @@ enum Outcome {
 }
 
 /// Debt model. A key's state is `full_at`: the instant its debt reaches zero.
-/// Absent keys have no debt.
+/// An absent key starts from its stripe's floor: the latest `full_at` of any
+/// row removed from the keys that share the stripe (`Pace::floor_stripe`).
 struct Model {
     interval: i128,
     capacity: i128,
     horizon: i128,
     full_at: HashMap<u16, i128>,
+    /// Stripe of each key, as the limiter reports it.
+    stripe: Vec<usize>,
+    floor: HashMap<usize, i128>,
     due: i128,
     mark: usize,
 }
@@ -70,18 +74,40 @@ impl Model {
         self.interval * self.capacity
     }
 
-    fn debt(&self, key: u16, now: i128) -> i128 {
-        self.full_at.get(&key).map_or(0, |&f| (f - now).max(0))
+    fn floor_of(&self, key: u16) -> i128 {
+        self.floor
+            .get(&self.stripe[key as usize])
+            .copied()
+            .unwrap_or(0)
     }
 
-    /// Returns the outcome and, when admitted, the end of this debit.
-    fn reserve(&mut self, key: u16, n: u64, now: i128) -> (Outcome, i128) {
+    /// Where the key's debt ends: its row's, or its stripe's floor.
+    fn state(&self, key: u16) -> i128 {
+        self.full_at
+            .get(&key)
+            .copied()
+            .unwrap_or_else(|| self.floor_of(key))
+    }
+
+    fn debt(&self, key: u16, now: i128) -> i128 {
+        (self.state(key) - now).max(0)
+    }
+
+    fn remove(&mut self, key: u16, last: i128) {
+        self.full_at.remove(&key);
+        let f = self.floor.entry(self.stripe[key as usize]).or_insert(0);
+        *f = (*f).max(last);
+    }
+
+    /// Returns the outcome and, when admitted, the end of this debit and the
+    /// state it replaced.
+    fn reserve(&mut self, key: u16, n: u64, now: i128) -> (Outcome, i128, i128) {
         let n = n as i128;
         if n == 0 {
-            return (Outcome::Admitted, 0);
+            return (Outcome::Admitted, 0, 0);
         }
         if n > self.capacity {
-            return (Outcome::Never, 0);
+            return (Outcome::Never, 0, 0);
         }
         let room = self.tau() - self.debt(key, now);
         let need = n * self.interval;
@@ -89,11 +115,12 @@ impl Model {
         let result = if need <= room {
             // The debit starts where the previous debt ends (or now) and time
             // stored in the row never moves back.
-            let start = self.full_at.get(&key).map_or(now, |&f| f.max(now));
+            let prev = self.state(key);
+            let start = prev.max(now);
             self.full_at.insert(key, start + need);
-            (Outcome::Admitted, start + need)
+            (Outcome::Admitted, start + need, prev)
         } else {
-            (Outcome::Wait((need - room) as u128), 0)
+            (Outcome::Wait((need - room) as u128), 0, 0)
         };
         let created = created && result.0 == Outcome::Admitted;
         self.policy(now, created);
@@ -112,25 +139,32 @@ impl Model {
     }
 
     fn sweep(&mut self, now: i128) -> usize {
-        let before = self.full_at.len();
-        self.full_at.retain(|_, f| *f > now);
+        let full: Vec<(u16, i128)> = self
+            .full_at
+            .iter()
+            .filter(|(_, &f)| f <= now)
+            .map(|(&k, &f)| (k, f))
+            .collect();
+        for &(key, last) in &full {
+            self.remove(key, last);
+        }
         self.mark = self.full_at.len();
-        before - self.full_at.len()
+        full.len()
     }
 
-    fn refund(&mut self, key: u16, n: u64, own_end: i128, now: i128) {
+    /// README's refund rule: a refund restores the state before its debit if
+    /// the key's debt still ends where that debit left it, else nothing.
+    fn refund(&mut self, key: u16, n: u64, own_end: i128, prev: i128, now: i128) {
         let Some(&full_at) = self.full_at.get(&key) else {
             return; // swept: a refund creates nothing
         };
-        if full_at <= now || n == 0 {
+        if n == 0 || full_at != own_end {
             return;
         }
-        let undrained = (n as i128 * self.interval).min((own_end - now).max(0));
-        let new = full_at - undrained;
-        if new <= now {
-            self.full_at.remove(&key);
+        if prev <= now {
+            self.remove(key, prev);
         } else {
-            self.full_at.insert(key, new);
+            self.full_at.insert(key, prev);
         }
     }
 
@@ -171,6 +205,8 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         capacity: p.capacity as i128,
         horizon: tau.max(MIN_HORIZON),
         full_at: HashMap::new(),
+        stripe: (0..p.keys).map(|k| pace.floor_stripe(&k)).collect(),
+        floor: HashMap::new(),
         due: tau.max(MIN_HORIZON),
         mark: 0,
     };
@@ -182,7 +218,7 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         match *op {
             Op::Reserve { key, n } => {
                 let key = key % p.keys;
-                let (expect, end) = model.reserve(key, n, now as i128);
+                let (expect, end, prev) = model.reserve(key, n, now as i128);
                 let got = pace.reserve_n(&names[key as usize], n);
                 match (&got, &expect) {
                     (Ok(_), Outcome::Admitted) => {}
@@ -193,13 +229,13 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                     _ => return fail(format!("got {got:?}, model {expect:?}")),
                 }
                 if let Ok(r) = got {
-                    held.push((r, key, n, end));
+                    held.push((r, key, n, end, prev));
                 }
             }
             Op::Refund { pick } => {
                 if !held.is_empty() {
-                    let (r, key, n, end) = held.swap_remove(pick % held.len());
-                    model.refund(key, n, end, now as i128);
+                    let (r, key, n, end, prev) = held.swap_remove(pick % held.len());
+                    model.refund(key, n, end, prev, now as i128);
                     r.refund();
                 }
             }

@@ -43,6 +43,9 @@ use crate::bucket::{is_live, Decision, Limits, Refund, DEAD, FROZEN};
 use crate::sync::epoch::{self, Atomic, Guard, Owned, Shared};
 use crate::sync::{cas_retry, snooze, AtomicU64, AtomicUsize, Ordering};
 
+mod floor;
+use floor::Floors;
+
 /// Tag on a null key pointer: the slot held an entry that was unlinked.
 const TOMBSTONE: usize = 1;
 /// Tag on a null key pointer: the slot was vacant when a migration closed it.
@@ -153,6 +156,25 @@ impl<K> Array<K> {
     }
 }
 
+/// Hands an unlinked entry to the collector. Dropping the key runs user code:
+/// a panicking `Drop` is caught so that it cannot unwind through the
+/// collector (and into whichever thread happens to run the deferred free).
+///
+/// # Safety
+/// As for `Guard::defer_destroy`: `entry` is unreachable for new readers and
+/// is retired exactly once.
+unsafe fn retire_entry<K>(guard: &Guard, entry: Shared<'_, Entry<K>>) {
+    let ptr = entry.as_raw() as usize;
+    // SAFETY: the caller's contract; the closure rebuilds the `Owned` once,
+    // after every guard that could see `entry` is gone.
+    unsafe {
+        guard.defer_unchecked(move || {
+            let owned = Owned::from_raw(ptr as *mut Entry<K>);
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(owned)));
+        })
+    };
+}
+
 /// Whether an array's `next` says a migration has started.
 #[inline]
 fn is_migrating<K>(next: Shared<'_, Array<K>>) -> bool {
@@ -176,6 +198,9 @@ enum Probe<'g, K> {
 pub(crate) struct Admitted {
     /// The bucket's new `tat`: the end of this reservation's debit.
     pub(crate) tat: u64,
+    /// The bucket's `tat` just before this debit (a fresh row's floor): what
+    /// a refund restores.
+    pub(crate) prev: u64,
     /// Whether this call created the row.
     pub(crate) created: bool,
 }
@@ -192,6 +217,8 @@ pub(crate) struct Table<K> {
     /// unlinked) plus insertions in flight.
     len: CachePadded<AtomicUsize>,
     min_slots: usize,
+    /// The largest `tat` removed per stripe of keys: where fresh rows start.
+    floors: Floors,
 }
 
 impl<K> Table<K> {
@@ -203,7 +230,25 @@ impl<K> Table<K> {
             current: Atomic::new(Array::new(min_slots)),
             len: CachePadded::new(AtomicUsize::new(0)),
             min_slots,
+            floors: Floors::new(),
         }
+    }
+
+    /// Where a fresh row of a key with this hash starts: the largest `tat`
+    /// removed from its stripe (see `floor.rs`).
+    #[inline]
+    pub(crate) fn floor(&self, hash: u64) -> u64 {
+        self.floors.get(hash)
+    }
+
+    /// The stripe whose floor a key with this hash shares (for models).
+    pub(crate) fn floor_stripe(hash: u64) -> usize {
+        Floors::stripe(hash)
+    }
+
+    /// Bytes held by the floors.
+    pub(crate) fn floor_bytes(&self) -> usize {
+        self.floors.bytes()
     }
 
     /// Rows in the table (exact when no operation is in flight).
@@ -270,15 +315,23 @@ impl<K> Table<K> {
     }
 
     /// Debits `n` tokens from `key`'s bucket at `now`, creating the row if the
-    /// key is absent (an absent row is a full bucket). A denial writes nothing
-    /// and creates nothing.
+    /// key is absent (an absent row starts from its floor). A denial writes
+    /// nothing and creates nothing.
+    ///
+    /// `reread` reads the clock again. It is called only when a row starts
+    /// from a floor later than `now`: the caller's reading is older than the
+    /// removal that raised the floor (the thread was pre-empted between its
+    /// reading and here), so the decision is taken on a fresh reading rather
+    /// than charging the delay to a fresh key. Models pass `|| now`.
+    #[allow(clippy::too_many_arguments)] // the rule's inputs, each used once
     pub(crate) fn reserve<Q>(
         &self,
         limits: &Limits,
         hash: u64,
         key: &Q,
         n: u64,
-        now: u64,
+        mut now: u64,
+        reread: &dyn Fn() -> u64,
         guard: &Guard,
     ) -> Result<Admitted, Decision>
     where
@@ -289,27 +342,34 @@ impl<K> Table<K> {
         loop {
             let (arr_ptr, arr) = self.array(guard);
             match self.probe(arr, hash, key, guard) {
-                Probe::Found(slot) => match self.debit(arr, slot, limits, n, now, guard) {
-                    Step::Done(r) => {
-                        return r.map(|tat| Admitted {
-                            tat,
-                            created: false,
-                        })
+                Probe::Found(slot) => {
+                    match self.debit(arr, slot, limits, hash, n, &mut now, reread, guard) {
+                        Step::Done(r) => {
+                            return r.map(|(tat, prev)| Admitted {
+                                tat,
+                                prev,
+                                created: false,
+                            })
+                        }
+                        Step::Retry => continue,
                     }
-                    Step::Retry => continue,
-                },
+                }
                 Probe::Migrating => self.help_migrate(arr, guard),
                 Probe::Full => self.start_migration(arr_ptr, guard),
                 Probe::Vacant(idx) => {
-                    // Absent is full: decide before creating anything.
+                    // An absent row starts from its floor: decide before
+                    // creating anything.
+                    let floor = self.floors.get(hash);
+                    if floor > now {
+                        now = now.max(reread());
+                    }
                     if let d @ (Decision::Wait(_) | Decision::Never | Decision::TimeExhausted) =
-                        limits.reserve(0, now, n)
+                        limits.reserve(floor, now, n)
                     {
                         return Err(d);
                     }
-                    if !self.claim_slot(arr_ptr, arr, guard) {
-                        continue;
-                    }
+                    // Copy the key before counting the row: a panicking
+                    // `Clone` must leave `len` and `used` as they were.
                     let entry = match fresh.take() {
                         Some(e) => e,
                         None => Owned::new(Entry {
@@ -317,6 +377,10 @@ impl<K> Table<K> {
                             key: key.to_owned(),
                         }),
                     };
+                    if !self.claim_slot(arr_ptr, arr, guard) {
+                        fresh = Some(entry);
+                        continue;
+                    }
                     let slot = &arr.slots[idx];
                     match slot.key.compare_exchange(
                         Shared::null(),
@@ -325,10 +389,18 @@ impl<K> Table<K> {
                         Ordering::Acquire,
                         guard,
                     ) {
-                        Ok(_) => match self.debit(arr, slot, limits, n, now, guard) {
-                            Step::Done(r) => return r.map(|tat| Admitted { tat, created: true }),
-                            Step::Retry => continue,
-                        },
+                        Ok(_) => {
+                            match self.debit(arr, slot, limits, hash, n, &mut now, reread, guard) {
+                                Step::Done(r) => {
+                                    return r.map(|(tat, prev)| Admitted {
+                                        tat,
+                                        prev,
+                                        created: true,
+                                    })
+                                }
+                                Step::Retry => continue,
+                            }
+                        }
                         Err(e) => {
                             // Someone else took the slot (maybe with our key):
                             // give the claim back and look again.
@@ -368,17 +440,21 @@ impl<K> Table<K> {
         true
     }
 
-    /// The single CAS loop that debits a row.
+    /// The single CAS loop that debits a row. A row never debited (word 0)
+    /// starts from its floor. Returns the new `tat` and the one it replaced.
     #[inline]
+    #[allow(clippy::too_many_arguments)] // the rule's inputs, each used once
     fn debit(
         &self,
         arr: &Array<K>,
         slot: &Slot<K>,
         limits: &Limits,
+        hash: u64,
         n: u64,
-        now: u64,
+        now: &mut u64,
+        reread: &dyn Fn() -> u64,
         guard: &Guard,
-    ) -> Step<Result<u64, Decision>> {
+    ) -> Step<Result<(u64, u64), Decision>> {
         let backoff = Backoff::new();
         let mut word = slot.state.load(Ordering::Acquire);
         loop {
@@ -390,13 +466,25 @@ impl<K> Table<K> {
                 }
                 return Step::Retry;
             }
-            match limits.reserve(word, now, n) {
+            // The floor is read after the row was found linked (its word was
+            // loaded after the key pointer), hence after any removal of an
+            // earlier row of this key raised it.
+            let prev = if word == 0 {
+                let floor = self.floors.get(hash);
+                if floor > *now {
+                    *now = (*now).max(reread());
+                }
+                floor
+            } else {
+                word
+            };
+            match limits.reserve(prev, *now, n) {
                 Decision::Admit(tat) => {
                     #[cfg(pace_mutant = "check_then_debit")]
                     {
                         // Known-wrong: decide on a load, then write blindly.
                         slot.state.store(tat, Ordering::Release);
-                        return Step::Done(Ok(tat));
+                        return Step::Done(Ok((tat, prev)));
                     }
                     #[allow(unreachable_code)]
                     match slot.state.compare_exchange_weak(
@@ -405,7 +493,7 @@ impl<K> Table<K> {
                         Ordering::AcqRel,
                         Ordering::Acquire,
                     ) {
-                        Ok(_) => return Step::Done(Ok(tat)),
+                        Ok(_) => return Step::Done(Ok((tat, prev))),
                         Err(actual) => {
                             word = actual;
                             cas_retry(&backoff);
@@ -417,9 +505,11 @@ impl<K> Table<K> {
         }
     }
 
-    /// Returns the undrained part of a reservation (`n` tokens whose debit
-    /// ended at `own_tat`) to `key`'s row. An absent or dead row is full
-    /// already: nothing is created or resurrected.
+    /// Undoes a reservation (`n` tokens that moved `key`'s row from `prev` to
+    /// `own_tat`) if the row still ends at `own_tat` (see `Limits::refund`).
+    /// An absent or dead row is full already: nothing is created or
+    /// resurrected. A refund that makes the row full raises its floor to
+    /// `prev` and removes it.
     #[allow(clippy::too_many_arguments)] // the rule's inputs, each used once
     pub(crate) fn refund<Q>(
         &self,
@@ -428,6 +518,7 @@ impl<K> Table<K> {
         key: &Q,
         n: u64,
         own_tat: u64,
+        prev: u64,
         now: u64,
         guard: &Guard,
     ) where
@@ -454,14 +545,15 @@ impl<K> Table<K> {
                     self.help_migrate(arr, guard);
                     continue 'outer;
                 }
-                #[cfg(pace_mutant = "refund_full_interval")]
-                let outcome = limits.refund_ignoring_drain(word, now, n);
-                #[cfg(not(pace_mutant = "refund_full_interval"))]
-                let outcome = limits.refund(word, now, n, own_tat);
-                let (target, full) = match outcome {
+                let (target, full) = match limits.refund(word, now, n, own_tat, prev) {
                     Refund::Unchanged => return,
                     Refund::Set(tat) => (tat, false),
-                    Refund::Full => (DEAD, true),
+                    Refund::Full => {
+                        // The row's last state is `prev`: whoever creates the
+                        // key again starts from at least that.
+                        self.floors.raise(hash, prev);
+                        (DEAD, true)
+                    }
                 };
                 match slot.state.compare_exchange_weak(
                     word,
@@ -601,9 +693,17 @@ impl<K> Table<K> {
         }
     }
 
-    /// Moves a full row (`word <= now`) to DEAD and unlinks it. False if the
-    /// word changed first.
+    /// Moves a full row (`word <= now`) to DEAD and unlinks it, after raising
+    /// its key's floor to `word`. False if the word changed first.
     fn kill(&self, slot: &Slot<K>, word: u64, guard: &Guard) -> bool {
+        let k = slot.key.load(Ordering::Acquire, guard);
+        if k.is_null() {
+            return false;
+        }
+        // SAFETY: as in `probe`: a non-null key pointer loaded under `guard`
+        // from an array reached through `current` under `guard`.
+        let hash = unsafe { k.deref() }.hash;
+        self.floors.raise(hash, word);
         #[cfg(pace_mutant = "unlink_without_dead")]
         {
             // Known-wrong: unlink a full row without closing its word, so a
@@ -644,7 +744,7 @@ impl<K> Table<K> {
             // reader can reach it, and readers that already did are pinned,
             // so destruction is deferred past them. We won the CAS, so it is
             // retired exactly once.
-            unsafe { guard.defer_destroy(k) };
+            unsafe { retire_entry(guard, k) };
             true
         } else {
             false
@@ -802,7 +902,9 @@ impl<K> Drop for Table<K> {
             for slot in arr.slots.iter() {
                 let k = slot.key.load(Ordering::Relaxed, guard);
                 if !k.is_null() {
-                    drop(k.into_owned());
+                    // A panicking key `Drop` must not leak the other rows.
+                    let owned = k.into_owned();
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(owned)));
                 }
             }
             let next = arr.next.load(Ordering::Relaxed, guard);
