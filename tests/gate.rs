@@ -7,8 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use pace::gate::{
-    AdmitError, BodyError, BytePermit, Cancel, Gate, GateConfigError, GateStats, Resource,
-    ShrinkError, SlotPermit,
+    AdmitError, BodyError, BytePermit, Cancel, ConfigError, Gate, GateStats, Resource, ShrinkError,
+    SlotPermit,
 };
 
 fn gate(slots: usize, bytes: u64, cap: u64) -> Gate {
@@ -47,26 +47,26 @@ fn bad_configs_are_typed_errors() {
     let b = || Gate::builder().slots(1).bytes(10);
     assert_eq!(
         Gate::builder().bytes(10).build().unwrap_err(),
-        GateConfigError::ZeroSlots
+        ConfigError::ZeroSlots
     );
     assert_eq!(
         Gate::builder().slots(1).build().unwrap_err(),
-        GateConfigError::ZeroBytes
+        ConfigError::ZeroBytes
     );
     assert_eq!(
         b().body_cap(0).build().unwrap_err(),
-        GateConfigError::ZeroBodyCap
+        ConfigError::ZeroBodyCap
     );
     assert_eq!(
         b().body_cap(11).build().unwrap_err(),
-        GateConfigError::BodyCapOverBudget {
+        ConfigError::BodyCapOverBudget {
             body_cap: 11,
             bytes: 10
         }
     );
     assert_eq!(
         b().body_cap(u64::MAX).build().unwrap_err(),
-        GateConfigError::BodyCapOverBudget {
+        ConfigError::BodyCapOverBudget {
             body_cap: u64::MAX,
             bytes: 10
         }
@@ -74,7 +74,7 @@ fn bad_configs_are_typed_errors() {
     // The default cap is the whole budget.
     let g = b().build().unwrap();
     assert_eq!((g.slots(), g.bytes(), g.body_cap()), (1, 10, 10));
-    let e: Box<dyn Error> = Box::new(GateConfigError::ZeroBytes);
+    let e: Box<dyn Error> = Box::new(ConfigError::ZeroBytes);
     assert_eq!(e.to_string(), "a gate needs a byte budget above zero");
 }
 
@@ -704,7 +704,7 @@ fn stress_never_exceeds_slots_or_bytes() {
                         Err(AdmitError::Saturated { .. } | AdmitError::TimedOut { .. }) => {
                             continue;
                         }
-                        Err(e @ AdmitError::Cancelled { .. }) => panic!("nobody cancels: {e:?}"),
+                        Err(e) => panic!("nobody cancels: {e:?}"),
                     };
                     admitted.fetch_add(1, SeqCst);
                     let want = declared.unwrap_or(CAP);

@@ -61,7 +61,7 @@ proptest! {
 /// `gate_matches_sequential_model` fail (DESIGN.md, section 10).
 #[test]
 fn fixed_run_matches_model() {
-    use pace::gate::GateConfigError;
+    use pace::gate::ConfigError;
     use pace_models::gate::expected_config;
     assert_eq!(
         expected_config(Config {
@@ -69,7 +69,7 @@ fn fixed_run_matches_model() {
             bytes: 10,
             body_cap: Some(11)
         }),
-        Err(GateConfigError::BodyCapOverBudget {
+        Err(ConfigError::BodyCapOverBudget {
             body_cap: 11,
             bytes: 10
         })

@@ -41,8 +41,8 @@ mod queue;
 mod state;
 
 pub use self::body::Body;
-pub use self::builder::GateBuilder;
-pub use self::error::{AdmitError, BodyError, GateConfigError, Resource, ShrinkError};
+pub use self::builder::Builder;
+pub use self::error::{AdmitError, BodyError, ConfigError, Resource, ShrinkError};
 pub use self::permit::{BytePermit, SlotPermit, Ticket};
 pub use self::queue::Cancel;
 use self::state::Inner;
@@ -113,9 +113,9 @@ impl fmt::Debug for Gate {
 }
 
 impl Gate {
-    /// Starts a [`GateBuilder`].
-    pub fn builder() -> GateBuilder {
-        GateBuilder::default()
+    /// Starts a [`Builder`].
+    pub fn builder() -> Builder {
+        Builder::default()
     }
 
     /// Number of job slots `N`.
