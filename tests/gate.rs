@@ -449,7 +449,7 @@ fn cancelled_waiter_leaves_nothing_and_passes_the_turn() {
     let second = thread::spawn(move || g2.admit(Some(40), far()).map(|t| t.reserved_bytes()));
     wait_until(|| g.stats().waiting == 2);
     assert_eq!(held(&g), (1, 50), "40 fits but must wait behind 60");
-    g.cancel(&cancel);
+    cancel.cancel();
     assert!(cancel.is_cancelled());
     assert_eq!(
         first.join().unwrap(),
@@ -475,13 +475,51 @@ fn cancelled_waiter_leaves_nothing_and_passes_the_turn() {
     );
 }
 
+/// One token calls off waits on two gates at once; afterwards it still
+/// refuses new waits on either.
+#[test]
+fn one_token_cancels_waits_on_several_gates() {
+    let (a, b) = (gate(1, 100, 100), gate(1, 100, 100));
+    let (ha, hb) = (a.try_admit(Some(1)).unwrap(), b.try_admit(Some(1)).unwrap());
+    let cancel = Cancel::new();
+    // A deadline that does not hang the test if the wake-up is lost.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let waiters: Vec<_> = [&a, &b]
+        .into_iter()
+        .map(|g| {
+            let (g, c) = (g.clone(), cancel.clone());
+            thread::spawn(move || g.admit_cancellable(Some(1), deadline, &c).map(drop))
+        })
+        .collect();
+    wait_until(|| a.stats().waiting == 1 && b.stats().waiting == 1);
+    cancel.cancel();
+    for w in waiters {
+        assert_eq!(
+            w.join().unwrap(),
+            Err(AdmitError::Cancelled {
+                resource: Resource::Slots
+            })
+        );
+    }
+    // A lost wake-up ends the waits at the deadline (as `Cancelled`, since
+    // the flag is set by then).
+    assert!(Instant::now() < deadline, "the cancel woke nobody");
+    for g in [&a, &b] {
+        let s = g.stats();
+        assert_eq!((s.cancelled, s.timed_out, s.waiting), (1, 0, 0), "{s:?}");
+    }
+    drop((ha, hb));
+    assert_clean(&a);
+    assert_clean(&b);
+}
+
 /// A token cancelled before the call cancels the waiting, not an admission
 /// that fits at once.
 #[test]
 fn cancelled_token_refuses_only_what_would_wait() {
     let g = gate(1, 100, 100);
     let cancel = Cancel::new();
-    g.cancel(&cancel);
+    cancel.cancel();
     let t = g.admit_cancellable(Some(10), far(), &cancel).unwrap();
     assert_eq!(
         g.admit_cancellable(Some(10), far(), &cancel).unwrap_err(),

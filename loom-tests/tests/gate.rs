@@ -189,7 +189,7 @@ fn cancel_wakes_the_waiter() {
         let cancel = Cancel::new();
         let (g1, c1) = (g.clone(), cancel.clone());
         let waiter = thread::spawn(move || g1.admit_cancellable(Some(1), far(), &c1).map(|_| ()));
-        g.cancel(&cancel);
+        cancel.cancel();
         assert_eq!(
             waiter.join().unwrap(),
             Err(AdmitError::Cancelled {
