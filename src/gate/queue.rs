@@ -7,9 +7,9 @@ use std::fmt;
 use std::sync::{Arc, PoisonError};
 use std::time::Instant;
 
-use super::state::Inner;
+use super::state::{wakeup_fence, Inner};
 use super::{AdmitError, Gate, Resource, Ticket};
-use crate::sync::{fence, AtomicBool, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering};
 
 pub(super) struct Waiters {
     /// FIFO of waiting callers' ids; only the front one tries to reserve.
@@ -200,8 +200,7 @@ impl Gate {
         inner.queued.fetch_add(1, Ordering::SeqCst);
         // The waiter's side of the Dekker pair in `wake_if_queued`: any
         // release that does not see us in `queued` is seen by the check below.
-        #[cfg(not(pace_mutant = "gate_no_fence"))]
-        fence(Ordering::SeqCst);
+        wakeup_fence();
         loop {
             let short = if w.queue.front() == Some(&id) {
                 // First in line: try for real. A failed byte reservation rolls
