@@ -39,11 +39,11 @@ const MIN_HORIZON_NS: u64 = 1_000_000;
 /// use pace::{Pace, Rate};
 ///
 /// let pace: Pace<String> = Pace::new(Rate::per_second(2)?);
-/// let first = pace.reserve("client-7").expect("a fresh key is full");
-/// let _second = pace.reserve("client-7").expect("capacity is 2");
+/// let _first = pace.reserve("client-7").expect("a fresh key is full");
+/// let second = pace.reserve("client-7").expect("capacity is 2");
 /// let denied = pace.reserve("client-7").unwrap_err();
 /// assert!(denied.retry_after() > std::time::Duration::ZERO);
-/// first.refund(); // that exchange did not happen after all
+/// second.refund(); // that exchange did not happen after all: undone
 /// assert!(pace.reserve("client-7").is_ok());
 /// # Ok::<(), pace::ConfigError>(())
 /// ```

@@ -23,7 +23,8 @@ test "${PIPESTATUS[0]}" -eq 0
 mutants=(
     "check_then_debit=exactly the tokens left are admitted"
     "unlink_without_dead=the debit is held by a live row"
-    "refund_full_interval=a late refund returns nothing"
+    "refund_undrained=kept admissions exceed the bucket"
+    "fresh_row_from_zero=kept admissions exceed the bucket"
 )
 for entry in "${mutants[@]}"; do
     mutant=${entry%%=*}

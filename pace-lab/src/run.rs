@@ -30,7 +30,7 @@ impl Balancer {
         }
         match self {
             Balancer::RoundRobin => i % nodes,
-            Balancer::Uneven if i % 2 == 0 => 0,
+            Balancer::Uneven if i.is_multiple_of(2) => 0,
             Balancer::Uneven => 1 + (i / 2) % (nodes - 1),
             Balancer::Sticky => 0,
         }

@@ -11,10 +11,14 @@
 //! * [`debt`]: `Pace` as signed 128-bit "debt" per key, written from the
 //!   rules in README's semantics table (`tests/model.rs`, fuzz targets
 //!   `pace_model` and `table_model`).
+//! * [`bound`]: the promise itself, as an exact integer check over every
+//!   window of kept admissions (`tests/over_admission.rs`,
+//!   `tests/exactness.rs`).
 //! * [`gate`]: the gate as plain counters and handles, with a checker that
 //!   drives the real `Gate` in lockstep (`tests/gate_model.rs`, fuzz target
 //!   `gate_model`).
 #![warn(missing_docs)]
 
+pub mod bound;
 pub mod debt;
 pub mod gate;
