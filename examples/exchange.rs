@@ -1,4 +1,4 @@
-//! The design document's token endpoint, both axes, from several threads.
+//! A token endpoint, both axes, from several threads.
 //!
 //! * Axis 1, per CLAIMED client id: an exchange reserves from the bucket of
 //!   the id the presenter names; when the presentation is rejected (the

@@ -3,7 +3,7 @@
 //! sweeper sweeps. Every kept admission (admitted, never refunded) is
 //! recorded with the clock reading the limiter decided with, and the bound
 //! `capacity + span / interval` is checked exactly over every window of
-//! those readings (`support/bound.rs`).
+//! those readings (`pace_models::bound`).
 //!
 //! The clock is a recording wrapper around `StdClock`: it remembers each
 //! thread's last reading (the one `reserve` decided with) and, now and then,
@@ -11,8 +11,7 @@
 //! reading and the CAS would. Refunds are immediate, held and out of order,
 //! or never.
 
-#[path = "support/bound.rs"]
-mod bound;
+use pace_models::bound;
 
 use std::cell::Cell;
 use std::collections::hash_map::RandomState;

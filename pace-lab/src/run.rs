@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::{worst_window, LabError, Limiter, LimiterSpec, Panel, Settings, Shape};
+use crate::{worst_window, LabError, Limiter, LimiterSpec, Panel, Settings, Shape};
 
 /// How requests are spread over nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
