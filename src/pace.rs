@@ -13,7 +13,7 @@ use crate::bucket::{Decision, Limits};
 use crate::clock::{Clock, DefaultClock};
 use crate::rate::{ConfigError, Rate};
 use crate::sync::epoch::Guard;
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
 use crate::table::Table;
 
 /// Default smallest slot array: the table shrinks back to this.
@@ -58,8 +58,7 @@ pub struct Pace<K, S = RandomState, C = DefaultClock> {
     next_sweep: CachePadded<AtomicU64>,
     /// Rows left by the last sweep; a sweep also runs when `len` doubles it.
     sweep_mark: AtomicUsize,
-    #[cfg(loom)]
-    collector: crossbeam_epoch::Collector,
+    epochs: Epochs,
 }
 
 /// Builds a [`Pace`] with a non-default capacity, clock or hasher.
@@ -344,8 +343,7 @@ impl<K, S, C> Builder<K, S, C> {
             horizon,
             next_sweep: CachePadded::new(AtomicU64::new(horizon)),
             sweep_mark: AtomicUsize::new(0),
-            #[cfg(loom)]
-            collector: crossbeam_epoch::Collector::new(),
+            epochs: Epochs::new(),
         })
     }
 }
@@ -413,31 +411,7 @@ impl<K, S, C> Pace<K, S, C> {
 
     #[inline]
     fn pin(&self) -> Guard {
-        #[cfg(not(loom))]
-        {
-            crate::sync::epoch::pin()
-        }
-        #[cfg(loom)]
-        {
-            // One handle per (loom thread, collector), kept in a loom thread
-            // local: registering on every call would multiply the model's
-            // state space. A handle keeps its collector's global state alive,
-            // so the equality check cannot be fooled by address reuse.
-            loom::thread_local! {
-                static HANDLES: std::cell::RefCell<Vec<crossbeam_epoch::LocalHandle>> =
-                    std::cell::RefCell::new(Vec::new());
-            }
-            HANDLES.with(|handles| {
-                let mut handles = handles.borrow_mut();
-                if let Some(h) = handles.iter().find(|h| h.collector() == &self.collector) {
-                    return h.pin();
-                }
-                let h = self.collector.register();
-                let guard = h.pin();
-                handles.push(h);
-                guard
-            })
-        }
+        self.epochs.pin()
     }
 }
 
