@@ -3,7 +3,7 @@
 //! sweeper sweeps. Every kept admission (admitted, never refunded) is
 //! recorded with the clock reading the limiter decided with, and the bound
 //! `capacity + span / interval` is checked exactly over every window of
-//! those readings (`support/bound.rs`).
+//! those readings (`pace_models::bound`).
 //!
 //! The clock is a recording wrapper around `StdClock`: it remembers each
 //! thread's last reading (the one `reserve` decided with) and, now and then,
@@ -11,8 +11,7 @@
 //! reading and the CAS would. Refunds are immediate, held and out of order,
 //! or never.
 
-#[path = "support/bound.rs"]
-mod bound;
+use pace_models::bound;
 
 use std::cell::Cell;
 use std::collections::hash_map::RandomState;
@@ -52,7 +51,7 @@ impl Clock for Recording {
         // Pre-empted after the reading: a yield now and then, a pause of up
         // to 2 ms more rarely.
         let r = random();
-        if r % 16 == 0 {
+        if r.is_multiple_of(16) {
             std::thread::yield_now();
         }
         if r % 1024 == 1 {
@@ -102,7 +101,7 @@ fn run(c: &Config, run_for: Duration) -> (i128, usize) {
                     while Instant::now() < deadline {
                         i += 1;
                         let r = random();
-                        if i % 8 == 0 {
+                        if i.is_multiple_of(8) {
                             let k = fresh.fetch_add(1, Ordering::Relaxed);
                             if let Ok(res) = pace.reserve(&k) {
                                 res.refund();
@@ -110,7 +109,7 @@ fn run(c: &Config, run_for: Duration) -> (i128, usize) {
                             continue;
                         }
                         let k = (r % HOT) as usize;
-                        let n = if (r >> 8) % 8 == 0 {
+                        let n = if (r >> 8).is_multiple_of(8) {
                             c.capacity.min(2)
                         } else {
                             1
@@ -123,10 +122,10 @@ fn run(c: &Config, run_for: Duration) -> (i128, usize) {
                                 _ => kept.push((k as u64, now, n)),
                             }
                         }
-                        if held.len() > 6 || (!held.is_empty() && (r >> 24) % 5 == 0) {
+                        if held.len() > 6 || (!held.is_empty() && (r >> 24).is_multiple_of(5)) {
                             let pick = ((r >> 32) as usize) % held.len();
                             let (res, k, now, n) = held.swap_remove(pick);
-                            if (r >> 40) % 2 == 0 {
+                            if (r >> 40).is_multiple_of(2) {
                                 res.refund();
                             } else {
                                 drop(res);

@@ -3,14 +3,11 @@
 //! clock readings, refunds and sweeps. One regression test per way it was
 //! once broken, then a random search over single-key histories with stale
 //! reserves, stale, late and out-of-order refunds, clock steps both ways and
-//! far-future sweeps, each checked exactly (integers) by `support/bound.rs`.
+//! far-future sweeps, each checked exactly (integers) by `pace_models::bound`.
 //!
 //! Stale readings are modelled with the explicit-time entry points
 //! (`reserve_n_at`, `refund_at`, `sweep_at`): a thread that read the clock at
 //! `t` and acts after others read later times is exactly a call at `t`.
-
-#[path = "support/bound.rs"]
-mod bound;
 
 use std::collections::hash_map::RandomState;
 use std::hash::{Hash, Hasher};
@@ -18,8 +15,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bound::{worst_excess_ns, worst_excess_ns_brute};
+use pace::__private::{PaceInternals, ReservationInternals};
 use pace::{ConfigError, DenyReason, ManualClock, Pace, Rate};
+use pace_models::bound::{worst_excess_ns, worst_excess_ns_brute};
 use rand::{Rng, SeedableRng};
 
 const S: u64 = 1_000_000_000;

@@ -611,7 +611,7 @@ pub fn parse(data: &[u8]) -> Recovery {
                 acks.insert((rec.job, u64::from_le_bytes(len)));
             }
         } else if let Some(stage) = Stage::from_code(rec.kind) {
-            if furthest.get(&rec.job).map_or(true, |&p| stage >= p) {
+            if furthest.get(&rec.job).is_none_or(|&p| stage >= p) {
                 furthest.insert(rec.job, stage);
                 r.details.insert(rec.job, rec.detail.to_vec());
             }

@@ -1,7 +1,7 @@
 //! The promise, as an exact integer check: over every window `[t1, t2]` of
 //! decision times, the tokens of kept admissions (admitted and never
-//! refunded) are at most `capacity + (t2 - t1) / interval`.
-#![allow(dead_code)]
+//! refunded) are at most `capacity + (t2 - t1) / interval` (checked by
+//! `tests/over_admission.rs` and `tests/exactness.rs`).
 
 /// The worst excess over every window, in ns of refill time:
 /// `max over t1 <= t2 of (kept tokens in [t1, t2] - capacity) * interval - (t2 - t1)`.
