@@ -25,6 +25,7 @@
 //! over-admit.
 #![warn(missing_docs)]
 
+pub mod all;
 mod bucket;
 pub mod clock;
 pub mod gate;
@@ -35,6 +36,7 @@ mod rate;
 mod sync;
 mod table;
 
+pub use crate::all::{all, All, AllDenied, AllReservation, Axis};
 #[cfg(feature = "quanta")]
 pub use crate::clock::QuantaClock;
 pub use crate::clock::{Clock, DefaultClock, ManualClock, StdClock};
