@@ -65,6 +65,9 @@ pub trait Axis {
 
     /// Refunds a debit this pair made ([`Pace::refund`]).
     fn refund(&self, debit: Debit);
+
+    /// Whole tokens the key could reserve now ([`Pace::peek`]).
+    fn peek(&self) -> u64;
 }
 
 impl<K, Q, S, C> Axis for (&Pace<K, S, C>, &Q)
@@ -81,6 +84,10 @@ where
     fn refund(&self, debit: Debit) {
         self.0.refund(self.1, debit)
     }
+
+    fn peek(&self) -> u64 {
+        self.0.peek(self.1)
+    }
 }
 
 impl<K, S, C> Axis for (Arc<Pace<K, S, C>>, K)
@@ -95,6 +102,10 @@ where
 
     fn refund(&self, debit: Debit) {
         self.0.refund(&self.1, debit)
+    }
+
+    fn peek(&self) -> u64 {
+        self.0.peek(&self.1)
     }
 }
 
@@ -244,6 +255,12 @@ impl AllReservation<'_> {
             .get(index)
             .and_then(|(_, d)| d.as_ref())
             .map_or(0, Debit::tokens)
+    }
+
+    /// Whole tokens pair `index`'s key could reserve now (`None` when
+    /// `index` is out of range).
+    pub fn peek(&self, index: usize) -> Option<u64> {
+        self.held.get(index).map(|(axis, _)| axis.peek())
     }
 
     /// Refunds pair `index` (see [`Reservation::refund`](crate::Reservation::refund)

@@ -36,7 +36,7 @@ mod rate;
 mod sync;
 mod table;
 
-pub use crate::all::{all, All, AllDenied, AllReservation, Axis};
+pub use crate::all::{all, All, AllDenied, AllReservation, Axis, BoxAxis};
 #[cfg(feature = "quanta")]
 pub use crate::clock::QuantaClock;
 pub use crate::clock::{Clock, DefaultClock, ManualClock, StdClock};

@@ -133,6 +133,10 @@ fn refunds_are_chosen_per_pair_and_owned_pairs_work() {
     assert!(!held.refund(1), "a pair refunds once");
     assert!(!held.refund(9), "out of range");
     assert_eq!(held.tokens(1), 0);
+    assert_eq!(
+        (held.peek(0), held.peek(1), held.peek(2)),
+        (Some(9), Some(2), None)
+    );
     drop(held);
     assert_eq!(src.peek(&7), 9);
     assert_eq!(ids.peek("a"), 2);
@@ -164,6 +168,10 @@ impl Axis for RacingDenial<'_> {
 
     fn refund(&self, _debit: Debit) {
         unreachable!("a denying pair holds no debit")
+    }
+
+    fn peek(&self) -> u64 {
+        self.pace.peek(&self.key)
     }
 }
 
