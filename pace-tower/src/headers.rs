@@ -3,7 +3,7 @@
 //!
 //! * `RateLimit-Policy`: a List of one Item per limit: the limit's name
 //!   (String) with `q` = its capacity (tokens) and `w` = the seconds its
-//!   empty bucket takes to refill (capacity × interval, rounded up).
+//!   empty bucket takes to refill at the declared rate (rounded up).
 //! * `RateLimit`: a List of Items, the name with `r` = whole tokens left and
 //!   `t` = seconds until the bucket is full again (rounded up; on a 429, the
 //!   `Retry-After` wait, with `r=0`).
@@ -33,19 +33,17 @@ pub(crate) fn ceil_secs(ns: u64) -> u64 {
     ns.div_ceil(1_000_000_000)
 }
 
-/// The `RateLimit-Policy` value for `(name, capacity, interval_ns)` limits.
+/// The `RateLimit-Policy` value for `(name, capacity, refill_ns)` limits,
+/// `refill_ns` the time the whole capacity takes to refill.
 pub(crate) fn policy<'a>(
     limits: impl IntoIterator<Item = (&'a str, u64, u64)>,
 ) -> Option<HeaderValue> {
     let mut list = ListSerializer::new();
-    for (name, q, interval) in limits {
+    for (name, q, refill) in limits {
         let name = StringRef::from_str(name).ok()?;
         list.bare_item(name)
             .parameter(KeyRef::constant("q"), int(q))
-            .parameter(
-                KeyRef::constant("w"),
-                int(ceil_secs(q.saturating_mul(interval)).max(1)),
-            );
+            .parameter(KeyRef::constant("w"), int(ceil_secs(refill).max(1)));
     }
     HeaderValue::from_str(&list.finish()?).ok()
 }
@@ -70,7 +68,11 @@ mod tests {
 
     #[test]
     fn formats() {
-        let p = policy([("per-source", 20, 50_000_000), ("client", 5, 200_000_001)]).unwrap();
+        let p = policy([
+            ("per-source", 20, 1_000_000_000),
+            ("client", 5, 1_000_000_001),
+        ])
+        .unwrap();
         assert_eq!(p, "\"per-source\";q=20;w=1, \"client\";q=5;w=2");
         let r = ratelimit([("client", 0, 3)]).unwrap();
         assert_eq!(r, "\"client\";r=0;t=3");

@@ -83,6 +83,8 @@ pub fn mask(ip: IpAddr, v4_prefix: u8, v6_prefix: u8) -> IpAddr {
             }
             let bits = u128::from(v6);
             let keep = v6_prefix.min(128) as u32;
+            #[cfg(pace_mutant = "v6_full_address")]
+            let keep = 128;
             let m = if keep == 0 {
                 0
             } else {
@@ -222,6 +224,8 @@ impl ForwardedIp {
             hops.extend(s.split(',').map(str::trim));
         }
         let mut last = None;
+        #[cfg(pace_mutant = "xff_leftmost")]
+        hops.reverse();
         for hop in hops.iter().rev() {
             let ip = match self.header {
                 ForwardHeader::XForwardedFor => parse_hop(hop)?,

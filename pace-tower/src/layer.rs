@@ -111,7 +111,8 @@ trait ErasedLimit: Send + Sync {
     fn claim(&self, head: &RequestHead<'_>) -> Claim;
     fn refunds(&self, resp: &ResponseHead<'_>) -> bool;
     fn capacity(&self) -> u64;
-    fn interval_ns(&self) -> u64;
+    /// Nanoseconds `tokens` take to refill at the declared rate (rounded up).
+    fn refill_ns(&self, tokens: u64) -> u64;
     fn rows(&self) -> usize;
 }
 
@@ -142,8 +143,10 @@ where
         self.pace.capacity()
     }
 
-    fn interval_ns(&self) -> u64 {
-        self.pace.rate().interval().as_nanos() as u64
+    fn refill_ns(&self, tokens: u64) -> u64 {
+        let rate = self.pace.rate();
+        let ns = (tokens as u128 * rate.per().as_nanos()).div_ceil(rate.count() as u128);
+        u64::try_from(ns).unwrap_or(u64::MAX)
     }
 
     fn rows(&self) -> usize {
@@ -269,11 +272,13 @@ impl PaceLayerBuilder {
                 name: sf,
             });
         }
-        let policy = headers::policy(
-            limits
-                .iter()
-                .map(|e| (e.name.as_str(), e.limit.capacity(), e.limit.interval_ns())),
-        );
+        let policy = headers::policy(limits.iter().map(|e| {
+            (
+                e.name.as_str(),
+                e.limit.capacity(),
+                e.limit.refill_ns(e.limit.capacity()),
+            )
+        }));
         Ok(PaceLayer {
             shared: Arc::new(Shared {
                 limits,
@@ -348,8 +353,13 @@ impl<S> fmt::Debug for PaceService<S> {
 }
 
 fn retry_after_secs(wait: Duration) -> u64 {
-    let s = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    s.max(1)
+    #[cfg(pace_mutant = "retry_after_truncated")]
+    return wait.as_secs();
+    #[cfg(not(pace_mutant = "retry_after_truncated"))]
+    {
+        let s = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        s.max(1)
+    }
 }
 
 impl<S> PaceService<S> {
@@ -457,7 +467,7 @@ impl Held {
                 let e = &shared.limits[i];
                 let r = self.held.peek(j).unwrap_or(0);
                 let missing = e.limit.capacity().saturating_sub(r);
-                let t = headers::ceil_secs(missing.saturating_mul(e.limit.interval_ns()));
+                let t = headers::ceil_secs(e.limit.refill_ns(missing));
                 (e.name.as_str(), r, t)
             });
             if let Some(v) = headers::ratelimit(fields) {
