@@ -1,0 +1,204 @@
+//! The gate's shared state and its lock-free side: the two bounded
+//! counters, reserved by CAS loops that check their bounds
+//! ([`Gate::try_admit`]), and released by permits.
+
+use crossbeam_utils::{Backoff, CachePadded};
+
+use super::queue::Waiters;
+use super::{AdmitError, Gate, Resource, Ticket};
+use crate::sync::{cas_retry, fence, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
+
+pub(super) struct Held {
+    pub(super) slots: AtomicUsize,
+    pub(super) bytes: AtomicU64,
+}
+
+pub(super) struct Counters {
+    pub(super) peak_slots: AtomicUsize,
+    pub(super) peak_bytes: AtomicU64,
+    pub(super) saturated_slots: AtomicU64,
+    pub(super) saturated_bytes: AtomicU64,
+    pub(super) timed_out: AtomicU64,
+    pub(super) cancelled: AtomicU64,
+    pub(super) too_large: AtomicU64,
+}
+
+pub(super) struct Inner {
+    pub(super) slots_cap: usize,
+    pub(super) bytes_cap: u64,
+    pub(super) body_cap: u64,
+    /// The two bounded counters, on one line: every admission touches both.
+    pub(super) held: CachePadded<Held>,
+    /// Number of callers in `admit`'s queue. Read by every `try_admit`
+    /// (which refuses while anyone waits: no barging) and every release
+    /// (which wakes the queue only when it is not empty).
+    pub(super) queued: CachePadded<AtomicUsize>,
+    /// What the first waiter lacked last time it tried ([`Resource::code`]).
+    pub(super) head_short: AtomicUsize,
+    pub(super) counters: CachePadded<Counters>,
+    pub(super) waiters: Mutex<Waiters>,
+    pub(super) cv: Condvar,
+}
+
+impl Gate {
+    /// Reserve one slot and a byte share now, or refuse now. Lock-free.
+    ///
+    /// `declared` is the body's declared length; `None` reserves the body
+    /// cap. Refuses while callers wait in [`Gate::admit`], so that a stream
+    /// of small requests cannot starve a large one.
+    ///
+    /// # Errors
+    /// [`AdmitError::TooLarge`] when `declared` is over the body cap,
+    /// [`AdmitError::Saturated`] when a resource is short.
+    pub fn try_admit(&self, declared: Option<u64>) -> Result<Ticket, AdmitError> {
+        let inner = &*self.inner;
+        let want = inner.want(declared)?;
+        if inner.queued.load(Ordering::SeqCst) != 0 {
+            let resource = Resource::from_code(inner.head_short.load(Ordering::Relaxed));
+            inner.count_saturation(resource);
+            return Err(AdmitError::Saturated { resource });
+        }
+        match inner.reserve_unlocked(want) {
+            Ok(()) => Ok(self.ticket(want)),
+            Err(resource) => {
+                inner.count_saturation(resource);
+                Err(AdmitError::Saturated { resource })
+            }
+        }
+    }
+}
+
+impl Inner {
+    pub(super) fn want(&self, declared: Option<u64>) -> Result<u64, AdmitError> {
+        match declared {
+            None => Ok(self.body_cap),
+            Some(n) if n <= self.body_cap => Ok(n),
+            Some(n) => {
+                self.counters.too_large.fetch_add(1, Ordering::Relaxed);
+                Err(AdmitError::TooLarge {
+                    declared: n,
+                    body_cap: self.body_cap,
+                })
+            }
+        }
+    }
+
+    pub(super) fn count_saturation(&self, resource: Resource) {
+        let c = match resource {
+            Resource::Slots => &self.counters.saturated_slots,
+            Resource::Bytes => &self.counters.saturated_bytes,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Take one slot, then `bytes`; each step is a CAS that checks its bound,
+    /// so neither counter can pass its cap. On a byte shortage the slot is
+    /// given back and `Err(Bytes)` returned; the caller must then wake the
+    /// queue if it does not hold the queue lock (see `reserve_unlocked`).
+    pub(super) fn reserve(&self, bytes: u64) -> Result<(), Resource> {
+        let backoff = Backoff::new();
+        let held = &*self.held;
+        let mut s = held.slots.load(Ordering::SeqCst);
+        loop {
+            if s >= self.slots_cap {
+                return Err(Resource::Slots);
+            }
+            match held
+                .slots
+                .compare_exchange_weak(s, s + 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => break,
+                Err(now) => {
+                    s = now;
+                    cas_retry(&backoff);
+                }
+            }
+        }
+        let mut b = held.bytes.load(Ordering::SeqCst);
+        loop {
+            #[cfg(not(pace_mutant = "gate_unchecked_bytes"))]
+            let fits = bytes <= self.bytes_cap.saturating_sub(b);
+            // Known-wrong variant for the loom model: checks against a stale
+            // reading and then adds blindly.
+            #[cfg(pace_mutant = "gate_unchecked_bytes")]
+            let fits = {
+                if bytes > self.bytes_cap.saturating_sub(b) {
+                    false
+                } else {
+                    held.bytes.fetch_add(bytes, Ordering::SeqCst);
+                    self.note_peak(s + 1, b + bytes);
+                    return Ok(());
+                }
+            };
+            if !fits {
+                held.slots.fetch_sub(1, Ordering::SeqCst);
+                return Err(Resource::Bytes);
+            }
+            match held
+                .bytes
+                .compare_exchange_weak(b, b + bytes, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => break,
+                Err(now) => {
+                    b = now;
+                    cas_retry(&backoff);
+                }
+            }
+        }
+        self.note_peak(s + 1, b + bytes);
+        Ok(())
+    }
+
+    /// `reserve` from a caller that does not hold the queue lock. Its rolled
+    /// back slot may have been what the first waiter found missing, so the
+    /// queue is woken as after any release.
+    pub(super) fn reserve_unlocked(&self, bytes: u64) -> Result<(), Resource> {
+        let r = self.reserve(bytes);
+        #[cfg(not(pace_mutant = "gate_no_wake_on_rollback"))]
+        if r == Err(Resource::Bytes) {
+            self.wake_if_queued();
+        }
+        r
+    }
+
+    fn note_peak(&self, slots: usize, bytes: u64) {
+        let c = &*self.counters;
+        if slots > c.peak_slots.load(Ordering::Relaxed) {
+            c.peak_slots.fetch_max(slots, Ordering::Relaxed);
+        }
+        if bytes > c.peak_bytes.load(Ordering::Relaxed) {
+            c.peak_bytes.fetch_max(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Give back `slots` and `bytes`, then wake the queue if anyone waits.
+    pub(super) fn release(&self, slots: usize, bytes: u64) {
+        if slots != 0 {
+            self.held.slots.fetch_sub(slots, Ordering::SeqCst);
+        }
+        if bytes != 0 {
+            self.held.bytes.fetch_sub(bytes, Ordering::SeqCst);
+        }
+        if slots != 0 || bytes != 0 {
+            self.wake_if_queued();
+        }
+    }
+
+    /// After a counter went down: if anyone waits, wake them.
+    ///
+    /// This is one side of a store-load (Dekker) pair: here "decrement a
+    /// counter, then read `queued`"; in `admit`, "increment `queued`, then
+    /// read the counters". The SeqCst fence on each side means at least one
+    /// of them sees the other's write: either we see the waiter and wake it,
+    /// or its check sees our decrement. (Fences rather than SeqCst accesses:
+    /// loom models SeqCst fences exactly, SeqCst accesses only as AcqRel.)
+    /// Taking the lock orders our notify after the waiter went to sleep.
+    fn wake_if_queued(&self) {
+        #[cfg(not(pace_mutant = "gate_no_fence"))]
+        fence(Ordering::SeqCst);
+        if self.queued.load(Ordering::Relaxed) != 0 {
+            drop(self.lock());
+            self.cv.notify_all();
+        }
+    }
+}
