@@ -2,7 +2,7 @@
 //! 127.0.0.1 only, bounded in requests and time.
 //!
 //! `cargo run --release -p pace-tower --example loadgen [-- CONNECTIONS SECONDS]`
-//! (defaults 64 connections, 3 s per phase). Server and client share one
+//! (defaults 64 connections, 2 s per phase). Server and client share one
 //! process and one 2-worker tokio runtime; every phase starts its own server
 //! on port 0 and stops it at the end.
 //!
@@ -13,9 +13,12 @@
 //!    401 invalid_client, the claimed id is refunded, and the per-client
 //!    row count is sampled during and after the flood.
 //! 3. throughput: the same server with no limiter, with pace-tower (per
-//!    source + per client id) and with tower-governor (two GovernorLayers,
-//!    per peer IP + per client id), same limits, generous enough that every
-//!    request is admitted: requests/s and latency p50/p99 per variant.
+//!    source + per client id; with and without the RateLimit fields on
+//!    admitted responses) and with tower-governor (two GovernorLayers, per
+//!    peer IP + per client id, no header middleware), same limits, generous
+//!    enough that every request is admitted: requests/s and latency p50/p99
+//!    per variant, ROUNDS rounds of SECONDS each, variants interleaved so
+//!    that drift in the machine's load spreads over all of them.
 
 #[path = "token_endpoint.rs"]
 #[allow(dead_code)]
@@ -40,6 +43,8 @@ use tower_governor::{GovernorError, GovernorLayer};
 
 /// Upper bound on requests per phase, whatever the time.
 const MAX_REQUESTS: u64 = 2_000_000;
+/// Throughput rounds per variant.
+const ROUNDS: usize = 3;
 
 async fn serve(app: Router) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -204,7 +209,7 @@ fn main() {
         .map(|a| a.parse().expect("usage: loadgen [CONNECTIONS SECONDS]"))
         .collect();
     let conns = *args.first().unwrap_or(&64) as usize;
-    let secs = *args.get(1).unwrap_or(&3);
+    let secs = *args.get(1).unwrap_or(&2);
     assert!(conns > 0 && conns <= 1024 && secs > 0 && secs <= 60);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -292,14 +297,23 @@ async fn run(conns: usize, secs: u64) {
         let n = mix((c as u64) << 32 | i) % 1000;
         (format!("client-{n}"), format!("secret-{n}"))
     });
-    println!("throughput (every request admitted; latency measured at the client):");
-    println!("  variant        req/s      p50 us   p99 us   statuses");
-    for variant in ["none", "pace-tower", "tower-governor"] {
+    println!(
+        "throughput (every request admitted; latency measured at the client; \
+         {ROUNDS} rounds of {secs} s per variant, variants interleaved):"
+    );
+    let variants = [
+        "none",
+        "pace-tower",
+        "pace-tower-nofields",
+        "tower-governor",
+    ];
+    let mut servers = Vec::new();
+    for variant in variants {
         let app = match variant {
             "none" => router(),
-            "pace-tower" => {
-                let l = Limiters::with(1_000_000, 1_000, 2_000);
-                router().layer(l.layer())
+            "pace-tower" => router().layer(Limiters::with(1_000_000, 1_000, 2_000).layer()),
+            "pace-tower-nofields" => {
+                router().layer(Limiters::with(1_000_000, 1_000, 2_000).layer_with_fields(false))
             }
             _ => {
                 // Same limits: 1 per µs per source, burst 2e6; 1 per ms
@@ -321,21 +335,50 @@ async fn run(conns: usize, secs: u64) {
                     .layer(GovernorLayer::new(per_source))
             }
         };
-        let (addr, stop) = serve(app).await;
-        let o = drive(addr, conns, secs, pick.clone()).await;
-        let _ = stop.send(());
+        servers.push(serve(app).await);
+    }
+    let mut totals: Vec<Outcome> = variants
+        .iter()
+        .map(|_| Outcome {
+            latency: Some(Histogram::new(3).unwrap()),
+            ..Default::default()
+        })
+        .collect();
+    for round in 0..ROUNDS {
+        for k in 0..variants.len() {
+            // Rotate the order each round.
+            let v = (k + round) % variants.len();
+            let o = drive(servers[v].0, conns, secs, pick.clone()).await;
+            let t = &mut totals[v];
+            t.requests += o.requests;
+            t.elapsed += o.elapsed;
+            t.latency
+                .as_mut()
+                .unwrap()
+                .add(o.latency.as_ref().unwrap())
+                .unwrap();
+            for (s, n) in o.by_status {
+                *t.by_status.entry(s).or_default() += n;
+            }
+        }
+    }
+    println!("  variant              req/s    p50 us    p99 us   statuses");
+    for (variant, o) in variants.iter().zip(&totals) {
         let h = o.latency.as_ref().unwrap();
         println!(
-            "  {variant:<14} {:>8.0} {:>9.1} {:>8.1}   {}",
+            "  {variant:<19} {:>7.0} {:>9.1} {:>9.1}   {}",
             o.requests as f64 / o.elapsed.as_secs_f64(),
             h.value_at_quantile(0.5) as f64 / 1000.0,
             h.value_at_quantile(0.99) as f64 / 1000.0,
-            statuses(&o)
+            statuses(o)
         );
         if o.by_status.get(&200).copied() != Some(o.requests) {
             println!("THROUGHPUT: not every request was admitted");
             failed = true;
         }
+    }
+    for (_, stop) in servers {
+        let _ = stop.send(());
     }
     println!("loadavg at the end: {}", loadavg());
     if failed {

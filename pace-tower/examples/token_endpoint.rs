@@ -115,7 +115,13 @@ impl Limiters {
     /// The layer: per source first (never refunded), then per claimed id
     /// (refunded on invalid_client).
     pub fn layer(&self) -> PaceLayer {
+        self.layer_with_fields(true)
+    }
+
+    /// The layer, with or without `RateLimit` fields on admitted responses.
+    pub fn layer_with_fields(&self, fields: bool) -> PaceLayer {
         PaceLayer::builder()
+            .rate_limit_headers(fields)
             .limit(Limit::new("source", self.per_source.clone(), PeerIp::new()))
             .limit(
                 Limit::new(

@@ -197,8 +197,7 @@ impl Inner {
         #[cfg(not(pace_mutant = "gate_no_fence"))]
         fence(Ordering::SeqCst);
         if self.queued.load(Ordering::Relaxed) != 0 {
-            drop(self.lock());
-            self.cv.notify_all();
+            self.notify_queue();
         }
     }
 }
