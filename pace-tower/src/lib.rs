@@ -16,13 +16,21 @@
 //!   `pace_denied_total{reason}`, `pace_refunded_total`, gauge `pace_rows`,
 //!   all labelled `limit`.
 //!
+//! * [`GateLayer`]: a `pace::Gate` in front of a service: one slot and a
+//!   byte share per request, reserved from `Content-Length` (or the body
+//!   cap) before the body is read; `503` + `Retry-After` when saturated,
+//!   `413` when too large or when the body runs past its share; the share
+//!   follows the request body, the slot the response body.
+//!
 //! The clock is the `Pace`'s own (inject a `pace::ManualClock` in tests).
 #![warn(missing_docs)]
 
+pub mod gate;
 pub mod headers;
 pub mod key;
 mod layer;
 
+pub use crate::gate::{BodyOverrun, GateLayer, GateRequestBody, GateResponseBody, GateService};
 pub use crate::key::{
     from_fn, ForwardHeader, ForwardedIp, FromFn, Header, KeyExtractor, PeerAddr, PeerIp,
     RequestHead,
