@@ -222,6 +222,28 @@ fn dropping_the_head_future_passes_the_turn() {
     );
 }
 
+/// The same with an async waiter behind: dropping the head wakes it, at
+/// once (counted by its waker, no timing involved).
+#[test]
+fn dropping_the_head_future_wakes_the_next_async_waiter() {
+    let g = gate(1, 100, 100);
+    let held = g.try_admit(Some(10)).unwrap();
+    let (a_count, aw) = counting();
+    let (b_count, bw) = counting();
+    let mut a = g.admit_async(Some(10), None);
+    let mut b = g.admit_async(Some(10), None);
+    assert!(poll(&mut a, &aw).is_pending());
+    assert!(poll(&mut b, &bw).is_pending());
+    drop(held);
+    assert_eq!(a_count.0.load(Ordering::SeqCst), 1);
+    assert_eq!(b_count.0.load(Ordering::SeqCst), 0, "only the head is woken");
+    drop(a);
+    assert_eq!(b_count.0.load(Ordering::SeqCst), 1, "the turn passed to b");
+    assert!(matches!(poll(&mut b, &bw), Poll::Ready(Ok(_))));
+    let s = g.stats();
+    assert_eq!((s.slots_held, s.waiting, s.cancelled), (0, 0, 1));
+}
+
 /// Dropping a future that is not first leaves the queue too.
 #[test]
 fn dropping_a_queued_future_leaves_nothing() {
