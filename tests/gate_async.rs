@@ -236,7 +236,11 @@ fn dropping_the_head_future_wakes_the_next_async_waiter() {
     assert!(poll(&mut b, &bw).is_pending());
     drop(held);
     assert_eq!(a_count.0.load(Ordering::SeqCst), 1);
-    assert_eq!(b_count.0.load(Ordering::SeqCst), 0, "only the head is woken");
+    assert_eq!(
+        b_count.0.load(Ordering::SeqCst),
+        0,
+        "only the head is woken"
+    );
     drop(a);
     assert_eq!(b_count.0.load(Ordering::SeqCst), 1, "the turn passed to b");
     assert!(matches!(poll(&mut b, &bw), Poll::Ready(Ok(_))));
