@@ -1,4 +1,4 @@
-//! The design document's token endpoint, both axes, from several threads.
+//! A token endpoint, both axes, from several threads.
 //!
 //! * Axis 1, per CLAIMED client id: an exchange reserves from the bucket of
 //!   the id the presenter names; when the presentation is rejected (the
@@ -109,7 +109,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let source = 7_000 + w * 4 + (i % 4) as u32;
-                let claimed = if i % 2 == 0 {
+                let claimed = if i.is_multiple_of(2) {
                     format!("client-{}", i / 2 % CLIENTS)
                 } else {
                     format!("fresh-{w}-{i}")

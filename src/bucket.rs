@@ -119,12 +119,19 @@ impl Limits {
     /// bucket full either way).
     #[inline]
     pub(crate) fn refund(&self, tat: u64, now: u64, n: u64, own_tat: u64, prev: u64) -> Refund {
-        #[cfg(pace_mutant = "refund_undrained")]
-        return self.refund_undrained(tat, now, n, own_tat);
-        #[cfg(not(pace_mutant = "refund_undrained"))]
-        {
-            let _ = n; // the rule needs only the two ends of the debit
-            refund_restoring(tat, now, own_tat, prev)
+        self.refund_rule(tat, now, n, own_tat, prev)
+    }
+
+    /// The refund rule: restore `prev` if the bucket still ends at `own_tat`.
+    #[cfg(not(pace_mutant = "refund_undrained"))]
+    #[inline]
+    fn refund_rule(&self, tat: u64, now: u64, _n: u64, own_tat: u64, prev: u64) -> Refund {
+        if tat != own_tat {
+            Refund::Unchanged
+        } else if prev <= now {
+            Refund::Full
+        } else {
+            Refund::Set(prev)
         }
     }
 
@@ -132,7 +139,7 @@ impl Limits {
     /// the reservation, `min(n x interval, own_tat - now)`, from whatever the
     /// bucket holds now, so out-of-order and stale refunds mint tokens.
     #[cfg(pace_mutant = "refund_undrained")]
-    fn refund_undrained(&self, tat: u64, now: u64, n: u64, own_tat: u64) -> Refund {
+    fn refund_rule(&self, tat: u64, now: u64, n: u64, own_tat: u64, _prev: u64) -> Refund {
         if tat <= now {
             return Refund::Unchanged;
         }
@@ -160,19 +167,6 @@ impl Limits {
         } else {
             (self.tau - debt) / self.interval
         }
-    }
-}
-
-/// [`Limits::refund`]'s rule, which needs no limits: restore `prev` if the
-/// bucket still ends at `own_tat`.
-#[inline]
-fn refund_restoring(tat: u64, now: u64, own_tat: u64, prev: u64) -> Refund {
-    if tat != own_tat {
-        Refund::Unchanged
-    } else if prev <= now {
-        Refund::Full
-    } else {
-        Refund::Set(prev)
     }
 }
 

@@ -1,10 +1,11 @@
 //! # pace
 //!
 //! A lock-free, per-key pace limiter: "requests per second per key" for the
-//! surfaces that issue credentials and answer requests.
+//! surfaces that issue credentials and answer requests; and an admission
+//! [`Gate`] (job slots plus a byte budget) for the work behind them.
 //!
-//! * One token bucket per key, holding one second of the declared rate,
-//!   refilled continuously ([`Pace`], [`Rate`]).
+//! * One token bucket per key, holding one second of the declared rate
+//!   (at least one token), refilled continuously ([`Pace`], [`Rate`]).
 //! * [`Pace::reserve`] debits and decides in ONE atomic operation: a single
 //!   CAS loop on one `u64` per key. Asking and debiting separately would let
 //!   parallel requests through and turn the ceiling into rate x parallelism.
@@ -15,39 +16,205 @@
 //!   is bounded by who exchanged within the last horizon, not by who was
 //!   named. Removed rows and outgrown arrays are reclaimed with
 //!   crossbeam-epoch.
+//! * The limit is per process: N replicas give a client up to N x the rate.
 //!
-//! [`Gate`] is the other half of surviving load: N job slots plus a byte
-//! budget, reserved together at admission and held by RAII permits until
-//! the job and its buffer are really gone (see [`gate`]).
+//! DESIGN.md (in the repository) explains the encoding, the row lifecycle and
+//! why it cannot over-admit.
 //!
-//! The limit is per process: N replicas give a client up to N x the rate.
-//! DESIGN.md explains the encoding, the row lifecycle and why it cannot
-//! over-admit.
+//! ## Reserve, then refund what did not happen
+//!
+//! A reservation is a debit already made. Dropping it keeps the debit;
+//! [`Reservation::refund`] gives back what has not drained yet. A denial
+//! ([`Denied`]) debits nothing and says how long to wait.
+//!
+//! ```
+//! use std::time::Duration;
+//! use pace::{Pace, Rate};
+//!
+//! // 2 per minute, and a client may spend both at once.
+//! let pace: Pace<String> = Pace::builder(Rate::new(2, Duration::from_secs(60))?)
+//!     .capacity(2)
+//!     .build()?;
+//!
+//! let first = pace.reserve("client-7").expect("a fresh key is full");
+//! drop(first); // the exchange happened: the debit stays
+//! let second = pace.reserve("client-7").expect("capacity is 2");
+//! let denied = pace.reserve("client-7").unwrap_err();
+//! assert!(!denied.is_permanent());
+//! assert!(denied.retry_after() > Duration::ZERO); // about 30 s: one token
+//!
+//! second.refund(); // that exchange did not happen after all
+//! assert!(pace.reserve("client-7").is_ok());
+//! # Ok::<(), pace::ConfigError>(())
+//! ```
+//!
+//! ## The two axes of a token endpoint
+//!
+//! A token endpoint limits twice. Per *claimed client id*: anyone can name
+//! any id, so the reservation is refunded when the presentation turns out
+//! invalid, and naming a client without its key costs that client nothing.
+//! Per *source address*: every request spends and nothing is refunded, which
+//! is what stops a flood of invalid presentations. Checking the source first
+//! keeps a flood from touching the per-client table at all.
+//!
+//! ```
+//! use std::net::IpAddr;
+//! use std::time::Duration;
+//! use pace::{ManualClock, Pace, Rate};
+//! # use std::collections::hash_map::RandomState;
+//! # type Limiter<K> = Pace<K, RandomState, ManualClock>;
+//!
+//! struct Endpoint {
+//!     per_client: Limiter<String>, // refunded when the presentation is invalid
+//!     per_source: Limiter<IpAddr>, // never refunded
+//! }
+//!
+//! /// `Ok(true)`: a token was issued; `Ok(false)`: invalid presentation;
+//! /// `Err(wait)`: too many requests.
+//! fn exchange(
+//!     ep: &Endpoint,
+//!     source: IpAddr,
+//!     claimed_id: &str,
+//!     valid: impl FnOnce() -> bool,
+//! ) -> Result<bool, Duration> {
+//!     let _spent = ep.per_source.reserve(&source).map_err(|d| d.retry_after())?;
+//!     let reservation = ep.per_client.reserve(claimed_id).map_err(|d| d.retry_after())?;
+//!     if !valid() {
+//!         reservation.refund(); // the exchange did not happen
+//!         return Ok(false);
+//!     }
+//!     Ok(true) // dropping the reservation keeps the debit
+//! }
+//!
+//! let clock = ManualClock::new(); // frozen time keeps the example exact
+//! let ep = Endpoint {
+//!     per_client: Pace::builder(Rate::per_second(2)?).clock(clock.clone()).build()?,
+//!     per_source: Pace::builder(Rate::per_second(5)?).clock(clock.clone()).build()?,
+//! };
+//! let (client, attacker): (IpAddr, IpAddr) = ("192.0.2.1".parse()?, "198.51.100.9".parse()?);
+//!
+//! // An attacker names "alice" without her key: five invalid presentations,
+//! // then its address is out of pace.
+//! for _ in 0..5 {
+//!     assert_eq!(exchange(&ep, attacker, "alice", || false), Ok(false));
+//! }
+//! assert!(exchange(&ep, attacker, "alice", || false).is_err());
+//!
+//! // Alice's own pace is untouched: her two tokens a second are hers.
+//! assert_eq!(exchange(&ep, client, "alice", || true), Ok(true));
+//! assert_eq!(exchange(&ep, client, "alice", || true), Ok(true));
+//! assert_eq!(
+//!     exchange(&ep, client, "alice", || true),
+//!     Err(Duration::from_millis(500))
+//! );
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Testing with [`ManualClock`]
+//!
+//! A limiter built with a [`ManualClock`] only sees the time the test sets,
+//! so decisions and waits are exact. Clones of the clock share it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use pace::{ManualClock, Pace, Rate};
+//!
+//! let clock = ManualClock::new();
+//! let pace = Pace::<u64, _, _>::builder(Rate::per_second(10)?) // one token per 100 ms
+//!     .clock(clock.clone())
+//!     .build()?;
+//!
+//! for _ in 0..10 {
+//!     drop(pace.reserve(&1).expect("one second of the rate is 10 tokens"));
+//! }
+//! let denied = pace.reserve(&1).unwrap_err();
+//! assert_eq!(denied.retry_after(), Duration::from_millis(100));
+//! assert_eq!(pace.peek(&1), 0);
+//!
+//! clock.advance(Duration::from_millis(99));
+//! assert_eq!(pace.reserve(&1).unwrap_err().retry_after(), Duration::from_millis(1));
+//! clock.advance(Duration::from_millis(1));
+//! assert!(pace.reserve(&1).is_ok());
+//!
+//! // A second later the bucket is full again, and a full bucket is no row.
+//! clock.advance(Duration::from_secs(1));
+//! pace.sweep();
+//! assert!(pace.is_empty());
+//! # Ok::<(), pace::ConfigError>(())
+//! ```
+//!
+//! ## The gate: job slots and a byte budget
+//!
+//! "4 running + 8 queued" bounds a count, not memory. A [`Gate`] reserves a
+//! job slot and a byte share together *before* a body is read, and RAII
+//! permits give them back when the job and its buffer are really gone. See
+//! [`gate`] for waiting admissions ([`Gate::admit`]) and cancellation.
+//!
+//! ```
+//! use pace::gate::{AdmitError, Gate};
+//!
+//! let gate = Gate::builder().slots(4).bytes(64 * 1024).body_cap(16 * 1024).build()?;
+//! let request: &[u8] = b"grant_type=client_credentials";
+//!
+//! // Admission before reading: the declared length (or the cap if unknown).
+//! let ticket = gate.try_admit(Some(request.len() as u64))?;
+//! let (slot, bytes) = ticket.split();
+//! let body = bytes.read_body(request)?; // never reads past the share
+//! assert_eq!(&body[..], request);
+//! assert_eq!(gate.stats().bytes_held, request.len() as u64);
+//!
+//! // A body over the cap is refused at once, holding nothing.
+//! assert_eq!(
+//!     gate.try_admit(Some(1 << 20)).unwrap_err(),
+//!     AdmitError::TooLarge { declared: 1 << 20, body_cap: 16 * 1024 }
+//! );
+//!
+//! drop(body); // the buffer is gone: its bytes return
+//! drop(slot); // the job is done: its slot returns
+//! assert_eq!((gate.stats().slots_held, gate.stats().bytes_held), (0, 0));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## What the crate root holds
+//!
+//! The root re-exports what a limiter's user names ([`Pace`], [`Rate`],
+//! [`Reservation`], [`Denied`], the clocks) and the gate's most used types;
+//! everything of the gate is in [`gate`], and clocks also in [`clock`].
 #![warn(missing_docs)]
+// Unsafe code lives in `table` only, and every block there says why it is
+// sound (`// SAFETY:`); CI denies warnings.
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod all;
 mod bucket;
 pub mod clock;
 pub mod gate;
-#[cfg(feature = "lab")]
-pub mod lab;
 mod pace;
 mod rate;
 mod sync;
+#[allow(unsafe_code)]
 mod table;
 
+// What the root re-exports: every public type of the keyed limiter (it has
+// no module of its own) and the clocks, plus the gate's entry point and the
+// types its common path names (`Gate`, `Ticket`, `AdmitError`, `Resource`,
+// `GateStats`). Everything else of the gate (its builder and config error,
+// permits, bodies, the journal) is reached through `pace::gate`.
 pub use crate::all::{all, All, AllDenied, AllReservation, Axis, BoxAxis};
 #[cfg(feature = "quanta")]
 pub use crate::clock::QuantaClock;
 pub use crate::clock::{Clock, DefaultClock, ManualClock, StdClock};
 pub use crate::gate::{AdmitError, Gate, GateStats, Resource, Ticket};
-pub use crate::pace::{Builder, Debit, Denied, DenyReason, Pace, Reservation};
+pub use crate::pace::{Builder, Debit, Denied, DenyReason, Memory, Pace, Reservation};
 pub use crate::rate::{ConfigError, Rate};
 
 /// Internals exposed for benchmarks, fuzz targets and models only. Not a
 /// stable API: anything here may change in any release.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::pace::{PaceInternals, ReservationInternals};
+
     /// Pins and flushes the current thread's epoch handle until deferred
     /// frees have run, so memory tests can measure what is really held.
     #[cfg(not(loom))]

@@ -13,7 +13,7 @@ use crate::bucket::{Decision, Limits};
 use crate::clock::{Clock, DefaultClock};
 use crate::rate::{ConfigError, Rate};
 use crate::sync::epoch::Guard;
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
 use crate::table::Table;
 
 /// Default smallest slot array: the table shrinks back to this.
@@ -39,11 +39,11 @@ const MIN_HORIZON_NS: u64 = 1_000_000;
 /// use pace::{Pace, Rate};
 ///
 /// let pace: Pace<String> = Pace::new(Rate::per_second(2)?);
-/// let first = pace.reserve("client-7").expect("a fresh key is full");
-/// let _second = pace.reserve("client-7").expect("capacity is 2");
+/// let _first = pace.reserve("client-7").expect("a fresh key is full");
+/// let second = pace.reserve("client-7").expect("capacity is 2");
 /// let denied = pace.reserve("client-7").unwrap_err();
 /// assert!(denied.retry_after() > std::time::Duration::ZERO);
-/// first.refund(); // that exchange did not happen after all
+/// second.refund(); // that exchange did not happen after all: undone
 /// assert!(pace.reserve("client-7").is_ok());
 /// # Ok::<(), pace::ConfigError>(())
 /// ```
@@ -58,8 +58,7 @@ pub struct Pace<K, S = RandomState, C = DefaultClock> {
     next_sweep: CachePadded<AtomicU64>,
     /// Rows left by the last sweep; a sweep also runs when `len` doubles it.
     sweep_mark: AtomicUsize,
-    #[cfg(loom)]
-    collector: crossbeam_epoch::Collector,
+    epochs: Epochs,
 }
 
 /// Builds a [`Pace`] with a non-default capacity, clock or hasher.
@@ -84,6 +83,24 @@ pub enum DenyReason {
     /// The clock reads past the limiter's time space (about 146 years after
     /// the clock's origin): nothing is admitted any more.
     TimeExhausted,
+}
+
+/// What a [`Pace`]'s table holds, from [`Pace::memory`]: the heap it uses is
+/// `table_bytes + rows x entry_bytes` plus what the keys own, plus arrays
+/// and rows retired and not yet freed by the epoch collector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Memory {
+    /// Rows held (as [`Pace::len`]).
+    pub rows: usize,
+    /// Slots in the table's current array (its capacity, not of buckets).
+    pub slots: usize,
+    /// Bytes of the current slot array and the floors, without the rows'
+    /// entries.
+    pub table_bytes: usize,
+    /// Bytes of one row's entry allocation (hash and key), not what the key
+    /// owns on the heap.
+    pub entry_bytes: usize,
 }
 
 /// A denied reservation. Nothing was written and no row was created.
@@ -208,8 +225,7 @@ where
     }
 
     /// Where this debit ends on the bucket's timeline (ns; for models).
-    #[doc(hidden)]
-    pub fn debit_end_ns(&self) -> u64 {
+    pub(crate) fn debit_end_ns_inner(&self) -> u64 {
         self.debit.tat
     }
 
@@ -222,12 +238,11 @@ where
     /// creates a row; a refund that fills the bucket removes the row.
     pub fn refund(self) {
         let now = self.pace.clock.now_ns();
-        self.refund_at(now)
+        self.refund_at_inner(now)
     }
 
     /// [`refund`](Reservation::refund) at an explicit time (for models).
-    #[doc(hidden)]
-    pub fn refund_at(self, now: u64) {
+    pub(crate) fn refund_at_inner(self, now: u64) {
         self.pace
             .refund_hashed(self.key, self.hash, self.debit, now);
     }
@@ -328,8 +343,7 @@ impl<K, S, C> Builder<K, S, C> {
             horizon,
             next_sweep: CachePadded::new(AtomicU64::new(horizon)),
             sweep_mark: AtomicUsize::new(0),
-            #[cfg(loom)]
-            collector: crossbeam_epoch::Collector::new(),
+            epochs: Epochs::new(),
         })
     }
 }
@@ -366,51 +380,38 @@ impl<K, S, C> Pace<K, S, C> {
         &self.clock
     }
 
-    /// Slots in the table's current array (capacity of the open-addressing
-    /// table, not of buckets).
+    /// What the table holds now: rows, slots and bytes (see [`Memory`]).
+    pub fn memory(&self) -> Memory {
+        let guard = self.pin();
+        Memory {
+            rows: self.len(),
+            slots: self.table.slots(&guard),
+            table_bytes: self.table.array_bytes(&guard) + self.table.floor_bytes(),
+            entry_bytes: Table::<K>::entry_bytes(),
+        }
+    }
+
+    /// Slots in the table's current array (see [`memory`](Pace::memory)).
+    #[doc(hidden)]
     pub fn table_slots(&self) -> usize {
         self.table.slots(&self.pin())
     }
 
-    /// Bytes of the table's current slot array. Each row adds one entry
-    /// allocation of [`entry_bytes`](Pace::entry_bytes) plus what its key owns.
+    /// Bytes of the table's current slot array (see [`memory`](Pace::memory)).
+    #[doc(hidden)]
     pub fn table_bytes(&self) -> usize {
         self.table.array_bytes(&self.pin()) + self.table.floor_bytes()
     }
 
-    /// Bytes of one row's entry allocation (hash and key, not what the key
-    /// owns on the heap).
+    /// Bytes of one row's entry allocation (see [`memory`](Pace::memory)).
+    #[doc(hidden)]
     pub fn entry_bytes() -> usize {
         Table::<K>::entry_bytes()
     }
 
     #[inline]
     fn pin(&self) -> Guard {
-        #[cfg(not(loom))]
-        {
-            crate::sync::epoch::pin()
-        }
-        #[cfg(loom)]
-        {
-            // One handle per (loom thread, collector), kept in a loom thread
-            // local: registering on every call would multiply the model's
-            // state space. A handle keeps its collector's global state alive,
-            // so the equality check cannot be fooled by address reuse.
-            loom::thread_local! {
-                static HANDLES: std::cell::RefCell<Vec<crossbeam_epoch::LocalHandle>> =
-                    std::cell::RefCell::new(Vec::new());
-            }
-            HANDLES.with(|handles| {
-                let mut handles = handles.borrow_mut();
-                if let Some(h) = handles.iter().find(|h| h.collector() == &self.collector) {
-                    return h.pin();
-                }
-                let h = self.collector.register();
-                let guard = h.pin();
-                handles.push(h);
-                guard
-            })
-        }
+        self.epochs.pin()
     }
 }
 
@@ -453,8 +454,7 @@ where
     }
 
     /// [`reserve_n`](Pace::reserve_n) at an explicit time (for models).
-    #[doc(hidden)]
-    pub fn reserve_n_at<'a, Q>(
+    pub(crate) fn reserve_n_at_inner<'a, Q>(
         &'a self,
         key: &'a Q,
         n: u64,
@@ -525,12 +525,11 @@ where
         Q: ?Sized + Hash + Eq,
     {
         let now = self.clock.now_ns();
-        self.peek_at(key, now)
+        self.peek_at_inner(key, now)
     }
 
     /// [`peek`](Pace::peek) at an explicit time (for models).
-    #[doc(hidden)]
-    pub fn peek_at<Q>(&self, key: &Q, now: u64) -> u64
+    pub(crate) fn peek_at_inner<Q>(&self, key: &Q, now: u64) -> u64
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
@@ -553,12 +552,11 @@ where
         Q: ?Sized + Hash + Eq,
     {
         let now = self.clock.now_ns();
-        self.refund_at(key, debit, now)
+        self.refund_at_inner(key, debit, now)
     }
 
     /// [`refund`](Pace::refund) at an explicit time (for models).
-    #[doc(hidden)]
-    pub fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64)
+    pub(crate) fn refund_at_inner<Q>(&self, key: &Q, debit: Debit, now: u64)
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
@@ -593,8 +591,7 @@ where
 
     /// The stripe of floors `key` shares with other keys (for models: a fresh
     /// row starts from its stripe's floor, the largest `tat` removed there).
-    #[doc(hidden)]
-    pub fn floor_stripe<Q>(&self, key: &Q) -> usize
+    pub(crate) fn floor_stripe_inner<Q>(&self, key: &Q) -> usize
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
@@ -603,8 +600,7 @@ where
     }
 
     /// The raw bucket word (`tat`, ns) of `key`'s row, if any (for models).
-    #[doc(hidden)]
-    pub fn row_tat<Q>(&self, key: &Q) -> Option<u64>
+    pub(crate) fn row_tat_inner<Q>(&self, key: &Q) -> Option<u64>
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
@@ -618,12 +614,11 @@ where
     /// to reclaim memory at a moment of your choosing. Returns rows removed.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_ns();
-        self.sweep_at(now)
+        self.sweep_at_inner(now)
     }
 
     /// [`sweep`](Pace::sweep) at an explicit time (for models).
-    #[doc(hidden)]
-    pub fn sweep_at(&self, now: u64) -> usize {
+    pub(crate) fn sweep_at_inner(&self, now: u64) -> usize {
         let guard = self.pin();
         self.sweep_with(now, &guard)
     }
@@ -680,8 +675,7 @@ where
 impl<K: Clone, S, C> Pace<K, S, C> {
     /// Keys of the rows held now, for invariant checks in tests: call it only
     /// when no other operation is in flight.
-    #[doc(hidden)]
-    pub fn row_keys(&self) -> Vec<K> {
+    pub(crate) fn row_keys_inner(&self) -> Vec<K> {
         self.table.live_keys(&self.pin())
     }
 }
@@ -694,5 +688,136 @@ impl<K, S, C: fmt::Debug> fmt::Debug for Pace<K, S, C> {
             .field("rows", &self.len())
             .field("clock", &self.clock)
             .finish_non_exhaustive()
+    }
+}
+
+/// Explicit-time entry points and state probes of [`Pace`], for models, fuzz
+/// targets, benchmarks and tests: `use pace::__private::PaceInternals;`.
+/// Not a stable API.
+#[doc(hidden)]
+pub trait PaceInternals<K, S, C> {
+    /// [`Pace::reserve_n`] deciding with `now` instead of a clock reading.
+    fn reserve_n_at<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        now: u64,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>;
+    /// [`Pace::peek`] at `now`.
+    fn peek_at<Q>(&self, key: &Q, now: u64) -> u64
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq;
+    /// [`Pace::refund`] at `now`.
+    fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq;
+    /// [`Pace::sweep`] at `now`.
+    fn sweep_at(&self, now: u64) -> usize;
+    /// The raw bucket word (`tat`, ns) of `key`'s row, if it has one.
+    fn row_tat<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq;
+    /// The stripe of floors `key` shares with other keys.
+    fn floor_stripe<Q>(&self, key: &Q) -> usize
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq;
+    /// Keys of the rows held now; only when no other operation is in flight.
+    fn row_keys(&self) -> Vec<K>
+    where
+        K: Clone;
+}
+
+impl<K, S, C> PaceInternals<K, S, C> for Pace<K, S, C>
+where
+    K: Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    fn reserve_n_at<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        now: u64,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.reserve_n_at_inner(key, n, now)
+    }
+
+    fn peek_at<Q>(&self, key: &Q, now: u64) -> u64
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        self.peek_at_inner(key, now)
+    }
+
+    fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        self.refund_at_inner(key, debit, now)
+    }
+
+    fn sweep_at(&self, now: u64) -> usize {
+        self.sweep_at_inner(now)
+    }
+
+    fn row_tat<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        self.row_tat_inner(key)
+    }
+
+    fn floor_stripe<Q>(&self, key: &Q) -> usize
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        self.floor_stripe_inner(key)
+    }
+
+    fn row_keys(&self) -> Vec<K>
+    where
+        K: Clone,
+    {
+        self.row_keys_inner()
+    }
+}
+
+/// Explicit-time refund and the debit's end, for models. Not a stable API.
+#[doc(hidden)]
+pub trait ReservationInternals {
+    /// [`Reservation::refund`] at `now`.
+    fn refund_at(self, now: u64);
+    /// Where this debit ends on the bucket's timeline (ns).
+    fn debit_end_ns(&self) -> u64;
+}
+
+impl<K, Q, S, C> ReservationInternals for Reservation<'_, K, Q, S, C>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    fn refund_at(self, now: u64) {
+        self.refund_at_inner(now)
+    }
+
+    fn debit_end_ns(&self) -> u64 {
+        self.debit_end_ns_inner()
     }
 }

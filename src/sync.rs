@@ -21,6 +21,52 @@ pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
 
 pub(crate) use crossbeam_epoch as epoch;
 
+/// Where a limiter pins epochs: crossbeam-epoch's global collector, or under
+/// loom a collector of the limiter's own (so that each model frees
+/// everything it allocated) with one cached handle per loom thread.
+pub(crate) struct Epochs {
+    #[cfg(loom)]
+    collector: crossbeam_epoch::Collector,
+}
+
+impl Epochs {
+    pub(crate) fn new() -> Epochs {
+        Epochs {
+            #[cfg(loom)]
+            collector: crossbeam_epoch::Collector::new(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn pin(&self) -> epoch::Guard {
+        #[cfg(not(loom))]
+        {
+            epoch::pin()
+        }
+        #[cfg(loom)]
+        {
+            // One handle per (loom thread, collector), kept in a loom thread
+            // local: registering on every call would multiply the model's
+            // state space. A handle keeps its collector's global state alive,
+            // so the equality check cannot be fooled by address reuse.
+            loom::thread_local! {
+                static HANDLES: std::cell::RefCell<Vec<crossbeam_epoch::LocalHandle>> =
+                    std::cell::RefCell::new(Vec::new());
+            }
+            HANDLES.with(|handles| {
+                let mut handles = handles.borrow_mut();
+                if let Some(h) = handles.iter().find(|h| h.collector() == &self.collector) {
+                    return h.pin();
+                }
+                let h = self.collector.register();
+                let guard = h.pin();
+                handles.push(h);
+                guard
+            })
+        }
+    }
+}
+
 /// Wait politely for another thread to finish a short step (a migration chunk).
 ///
 /// Under loom this must yield so that the model can schedule the other thread.

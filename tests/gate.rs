@@ -7,8 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use pace::gate::{
-    AdmitError, BodyError, BytePermit, Cancel, Gate, GateConfigError, GateStats, Resource,
-    ShrinkError, SlotPermit,
+    AdmitError, BodyError, BytePermit, Cancel, ConfigError, Gate, GateStats, Resource, ShrinkError,
+    SlotPermit,
 };
 
 fn gate(slots: usize, bytes: u64, cap: u64) -> Gate {
@@ -47,26 +47,26 @@ fn bad_configs_are_typed_errors() {
     let b = || Gate::builder().slots(1).bytes(10);
     assert_eq!(
         Gate::builder().bytes(10).build().unwrap_err(),
-        GateConfigError::ZeroSlots
+        ConfigError::ZeroSlots
     );
     assert_eq!(
         Gate::builder().slots(1).build().unwrap_err(),
-        GateConfigError::ZeroBytes
+        ConfigError::ZeroBytes
     );
     assert_eq!(
         b().body_cap(0).build().unwrap_err(),
-        GateConfigError::ZeroBodyCap
+        ConfigError::ZeroBodyCap
     );
     assert_eq!(
         b().body_cap(11).build().unwrap_err(),
-        GateConfigError::BodyCapOverBudget {
+        ConfigError::BodyCapOverBudget {
             body_cap: 11,
             bytes: 10
         }
     );
     assert_eq!(
         b().body_cap(u64::MAX).build().unwrap_err(),
-        GateConfigError::BodyCapOverBudget {
+        ConfigError::BodyCapOverBudget {
             body_cap: u64::MAX,
             bytes: 10
         }
@@ -74,7 +74,7 @@ fn bad_configs_are_typed_errors() {
     // The default cap is the whole budget.
     let g = b().build().unwrap();
     assert_eq!((g.slots(), g.bytes(), g.body_cap()), (1, 10, 10));
-    let e: Box<dyn Error> = Box::new(GateConfigError::ZeroBytes);
+    let e: Box<dyn Error> = Box::new(ConfigError::ZeroBytes);
     assert_eq!(e.to_string(), "a gate needs a byte budget above zero");
 }
 
@@ -449,7 +449,7 @@ fn cancelled_waiter_leaves_nothing_and_passes_the_turn() {
     let second = thread::spawn(move || g2.admit(Some(40), far()).map(|t| t.reserved_bytes()));
     wait_until(|| g.stats().waiting == 2);
     assert_eq!(held(&g), (1, 50), "40 fits but must wait behind 60");
-    g.cancel(&cancel);
+    cancel.cancel();
     assert!(cancel.is_cancelled());
     assert_eq!(
         first.join().unwrap(),
@@ -475,13 +475,51 @@ fn cancelled_waiter_leaves_nothing_and_passes_the_turn() {
     );
 }
 
+/// One token calls off waits on two gates at once; afterwards it still
+/// refuses new waits on either.
+#[test]
+fn one_token_cancels_waits_on_several_gates() {
+    let (a, b) = (gate(1, 100, 100), gate(1, 100, 100));
+    let (ha, hb) = (a.try_admit(Some(1)).unwrap(), b.try_admit(Some(1)).unwrap());
+    let cancel = Cancel::new();
+    // A deadline that does not hang the test if the wake-up is lost.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let waiters: Vec<_> = [&a, &b]
+        .into_iter()
+        .map(|g| {
+            let (g, c) = (g.clone(), cancel.clone());
+            thread::spawn(move || g.admit_cancellable(Some(1), deadline, &c).map(drop))
+        })
+        .collect();
+    wait_until(|| a.stats().waiting == 1 && b.stats().waiting == 1);
+    cancel.cancel();
+    for w in waiters {
+        assert_eq!(
+            w.join().unwrap(),
+            Err(AdmitError::Cancelled {
+                resource: Resource::Slots
+            })
+        );
+    }
+    // A lost wake-up ends the waits at the deadline (as `Cancelled`, since
+    // the flag is set by then).
+    assert!(Instant::now() < deadline, "the cancel woke nobody");
+    for g in [&a, &b] {
+        let s = g.stats();
+        assert_eq!((s.cancelled, s.timed_out, s.waiting), (1, 0, 0), "{s:?}");
+    }
+    drop((ha, hb));
+    assert_clean(&a);
+    assert_clean(&b);
+}
+
 /// A token cancelled before the call cancels the waiting, not an admission
 /// that fits at once.
 #[test]
 fn cancelled_token_refuses_only_what_would_wait() {
     let g = gate(1, 100, 100);
     let cancel = Cancel::new();
-    g.cancel(&cancel);
+    cancel.cancel();
     let t = g.admit_cancellable(Some(10), far(), &cancel).unwrap();
     assert_eq!(
         g.admit_cancellable(Some(10), far(), &cancel).unwrap_err(),
@@ -704,7 +742,7 @@ fn stress_never_exceeds_slots_or_bytes() {
                         Err(AdmitError::Saturated { .. } | AdmitError::TimedOut { .. }) => {
                             continue;
                         }
-                        Err(e @ AdmitError::Cancelled { .. }) => panic!("nobody cancels: {e:?}"),
+                        Err(e) => panic!("nobody cancels: {e:?}"),
                     };
                     admitted.fetch_add(1, SeqCst);
                     let want = declared.unwrap_or(CAP);

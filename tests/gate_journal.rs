@@ -1,5 +1,7 @@
 //! The intent journal: crash tests that kill a child process at random
-//! points, and torn tails.
+//! points and before every step, torn tails, one writer per file, and the
+//! issue's damaged-middle-record case. The exact fault-injection tests are
+//! in `gate_journal_faults.rs`.
 #![cfg(feature = "journal")]
 
 use std::collections::BTreeSet;
@@ -98,6 +100,67 @@ fn journal_child_worker() {
     }
 }
 
+/// What must hold after any crash of the worker: no job whose external
+/// write happened is called safe to retry, no acknowledged job is anything
+/// but done, done implies written, and each crash leaves at most the one
+/// job it interrupted unfinished (restarts re-run the ones safe to retry).
+/// Returns whether the journal had a torn tail.
+fn check_after_crash(dir: &Path, round: usize) -> bool {
+    let rec = recover(dir.join("journal")).unwrap();
+    let external = read_lines(&dir.join("external"));
+    let acked = read_lines(&dir.join("acked"));
+    for job in &external {
+        let state = rec.jobs.get(job);
+        assert!(
+            matches!(state, Some(JobState::InDoubt | JobState::Done)),
+            "round {round}: job {job} was written but recovery says {state:?}"
+        );
+    }
+    for job in &acked {
+        assert_eq!(
+            rec.jobs.get(job),
+            Some(&JobState::Done),
+            "round {round}: job {job}"
+        );
+    }
+    for (job, state) in &rec.jobs {
+        if *state == JobState::Done {
+            assert!(
+                external.contains(job),
+                "round {round}: job {job} done, never written"
+            );
+        }
+    }
+    let safe = rec
+        .unfinished()
+        .filter(|(_, s)| *s == JobState::SafeToRetry)
+        .count();
+    assert!(safe <= 1, "round {round}: {:?}", rec.jobs);
+    assert!(
+        rec.unfinished().count() <= round + 1,
+        "round {round}: {:?}",
+        rec.jobs
+    );
+    rec.torn_tail.is_some()
+}
+
+fn spawn_worker(dir: &Path, crash_at: Option<u64>) -> std::process::Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "journal_child_worker",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, dir)
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    if let Some(n) = crash_at {
+        cmd.env(CRASH_AT_ENV, n.to_string());
+    }
+    cmd.spawn().unwrap()
+}
+
 /// Kill the worker at random points, several times over the same journal
 /// (each restart recovers, truncates a torn tail and goes on). After every
 /// kill: no job whose external write happened is called safe to retry, no
@@ -105,64 +168,15 @@ fn journal_child_worker() {
 #[test]
 fn killed_worker_never_loses_a_completed_job_or_forgets_a_sent_write() {
     let dir = scratch("kill");
-    let exe = std::env::current_exe().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     let mut torn_seen = 0;
     for round in 0..12 {
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "journal_child_worker",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, &dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_worker(&dir, None);
         thread::sleep(Duration::from_millis(rng.gen_range(10..120)));
         child.kill().unwrap();
         child.wait().unwrap();
 
-        let rec = recover(dir.join("journal")).unwrap();
-        torn_seen += usize::from(rec.torn_tail.is_some());
-        let external = read_lines(&dir.join("external"));
-        let acked = read_lines(&dir.join("acked"));
-        for job in &external {
-            let state = rec.jobs.get(job);
-            assert!(
-                matches!(state, Some(JobState::InDoubt | JobState::Done)),
-                "round {round}: job {job} was written but recovery says {state:?}"
-            );
-        }
-        for job in &acked {
-            assert_eq!(
-                rec.jobs.get(job),
-                Some(&JobState::Done),
-                "round {round}: job {job}"
-            );
-        }
-        for (job, state) in &rec.jobs {
-            if *state == JobState::Done {
-                assert!(
-                    external.contains(job),
-                    "round {round}: job {job} done, never written"
-                );
-            }
-        }
-        // Each kill leaves at most the one job it interrupted unfinished, and
-        // restarts re-run the ones that were safe to retry.
-        let safe = rec
-            .unfinished()
-            .filter(|(_, s)| *s == JobState::SafeToRetry)
-            .count();
-        assert!(safe <= 1, "round {round}: {:?}", rec.jobs);
-        assert!(
-            rec.unfinished().count() <= round + 1,
-            "round {round}: {:?}",
-            rec.jobs
-        );
+        torn_seen += usize::from(check_after_crash(&dir, round));
     }
     let rec = recover(dir.join("journal")).unwrap();
     assert!(rec.records > 0);
@@ -174,6 +188,105 @@ fn killed_worker_never_loses_a_completed_job_or_forgets_a_sent_write() {
             .filter(|(_, s)| *s == JobState::InDoubt)
             .count()
     );
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Crash the worker just before its `first`-th step (a journal record or an
+/// external write), restart it on the same journal and crash it again just
+/// before its `second`-th step, for every `first` in 1..=6 (each gap around
+/// the first job's five steps) and `second` in 1..=5 (which includes
+/// re-running a job recovered as safe to retry), each pair on a fresh
+/// journal: every gap between two steps is hit, not only those a timed
+/// kill happens to land in.
+#[test]
+fn worker_crashed_at_every_step_never_loses_a_completed_job_or_forgets_a_sent_write() {
+    let mut crashes = 0;
+    for first in 1..=6 {
+        for second in 1..=5 {
+            let dir = scratch(&format!("steps-{first}-{second}"));
+            for (round, crash_at) in [first, second].into_iter().enumerate() {
+                let status = spawn_worker(&dir, Some(crash_at)).wait().unwrap();
+                assert!(
+                    !status.success(),
+                    "step {crash_at}: the worker did not crash"
+                );
+                check_after_crash(&dir, round);
+                crashes += 1;
+            }
+            let _ = fs::remove_dir_all(&dir);
+        }
+    }
+    assert_eq!(crashes, 60);
+}
+
+/// A live worker in another process holds the journal: opening it is
+/// refused; once the worker is killed (its lock dies with it), it opens.
+#[test]
+fn journal_of_a_live_worker_process_cannot_be_opened() {
+    let dir = scratch("live");
+    let path = dir.join("journal");
+    let mut child = spawn_worker(&dir, None);
+    while read_lines(&dir.join("acked")).is_empty() {
+        thread::sleep(Duration::from_millis(5));
+    }
+    let second = Journal::open(&path);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(second.is_err(), "a second writer opened a live journal");
+    let (_j, rec) = Journal::open(&path).unwrap();
+    assert!(rec.jobs.values().any(|s| *s == JobState::Done));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Two `open`s of one file in one process: the second is refused while the
+/// first journal lives, and succeeds after it is dropped.
+#[test]
+fn second_open_is_refused_while_the_first_journal_lives() {
+    let dir = scratch("twice");
+    let path = dir.join("journal");
+    let (mut first, _) = Journal::open(&path).unwrap();
+    first.record(1, Stage::Admitted, b"a").unwrap();
+    assert!(Journal::open(&path).is_err());
+    first.record(1, Stage::WriteSent, b"").unwrap();
+    drop(first);
+    let (_second, rec) = Journal::open(&path).unwrap();
+    assert_eq!(rec.jobs.get(&1), Some(&JobState::InDoubt));
+    assert_eq!(rec.records, 2);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// One flipped bit anywhere in the middle record of a completed job: the
+/// job is never reported safe to retry (recovery reports damage instead, or
+/// classifies it from the later Completed record), and `open` never
+/// shortens the file.
+#[test]
+fn flipped_bit_in_a_middle_record_is_never_a_silent_truncation() {
+    let dir = scratch("middle");
+    let path = dir.join("journal");
+    let (mut j, _) = Journal::open(&path).unwrap();
+    let mut ends = vec![0];
+    for stage in [Stage::Admitted, Stage::WriteSent, Stage::Completed] {
+        j.record(1, stage, b"put /a").unwrap();
+        ends.push(fs::metadata(&path).unwrap().len() as usize);
+    }
+    drop(j);
+    let bytes = fs::read(&path).unwrap();
+    for byte in ends[1]..ends[2] {
+        for bit in 0..8 {
+            let mut flipped = bytes.clone();
+            flipped[byte] ^= 1 << bit;
+            fs::write(&path, &flipped).unwrap();
+            if let Ok(rec) = recover(&path) {
+                assert_eq!(
+                    rec.jobs.get(&1),
+                    Some(&JobState::Done),
+                    "byte {byte} bit {bit}"
+                );
+            }
+            drop(Journal::open(&path));
+            assert_eq!(fs::read(&path).unwrap(), flipped, "byte {byte} bit {bit}");
+        }
+    }
     let _ = fs::remove_dir_all(&dir);
 }
 

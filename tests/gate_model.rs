@@ -1,8 +1,8 @@
-//! The gate against its sequential model (`pace::gate::model`, shared with
+//! The gate against its sequential model (`pace_models::gate`, shared with
 //! the `gate_model` fuzz target): every outcome and every counter after
 //! every step, and zero held once everything is dropped.
 
-use pace::gate::model::{check, Config, Op};
+use pace_models::gate::{check, Config, Op};
 use proptest::prelude::*;
 
 /// Sizes around the interesting edges: zero, small, the cap, just past it,
@@ -61,15 +61,15 @@ proptest! {
 /// `gate_matches_sequential_model` fail (DESIGN.md, section 10).
 #[test]
 fn fixed_run_matches_model() {
-    use pace::gate::model::expected_config;
-    use pace::gate::GateConfigError;
+    use pace::gate::ConfigError;
+    use pace_models::gate::expected_config;
     assert_eq!(
         expected_config(Config {
             slots: 1,
             bytes: 10,
             body_cap: Some(11)
         }),
-        Err(GateConfigError::BodyCapOverBudget {
+        Err(ConfigError::BodyCapOverBudget {
             body_cap: 11,
             bytes: 10
         })

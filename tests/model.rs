@@ -1,12 +1,9 @@
 //! `Pace` against an exact sequential model over random sequences of reserve,
 //! reserve_n, refund, advance, set-backwards, sweep and peek: every decision,
 //! every `retry_after`, every `len()` and every peek must agree. The model is
-//! in `tests/support/debt_model.rs` (shared with the fuzz targets).
+//! `pace_models::debt` (shared with the fuzz targets).
 
-#[path = "support/debt_model.rs"]
-mod debt_model;
-
-use debt_model::{check, Op, Params};
+use pace_models::debt::{self as debt_model, check, Op, Params};
 use proptest::prelude::*;
 
 fn op(keys: u16, capacity: u64, tau: u64) -> impl Strategy<Value = Op> {

@@ -1,14 +1,14 @@
 //! The gate against its sequential model, on fuzzer-chosen configurations
 //! and operation sequences (zero and huge sizes, u64::MAX, shrinking past
 //! the share, over-long bodies). The model and the checker are
-//! `pace::gate::model`, the same code the proptest `tests/gate_model.rs`
+//! `pace_models::gate`, the same code the proptest `tests/gate_model.rs`
 //! drives, so the two cannot drift apart.
 //!
 //! Run: `cd fuzz && cargo +nightly fuzz run gate_model`
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pace::gate::model::{check, Config, Op};
+use pace_models::gate::{check, Config, Op};
 
 #[derive(arbitrary::Arbitrary, Debug)]
 struct Input {

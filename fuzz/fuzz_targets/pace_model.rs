@@ -3,10 +3,8 @@
 //! sweep / peek over a small key space (decisions, retry_after, len()).
 #![no_main]
 
-#[path = "../../tests/support/debt_model.rs"]
-mod debt_model;
-
 use libfuzzer_sys::fuzz_target;
+use pace_models::debt as debt_model;
 
 fuzz_target!(|data: &[u8]| {
     if let Some((params, ops)) = debt_model::decode(data, false) {

@@ -12,9 +12,12 @@
 //! here fails: `gate_unchecked_bytes` (check the budget, then add blindly),
 //! `gate_no_wake_on_rollback` (a refused admission gives its slot back
 //! without waking the queue), `gate_no_fence` (no SeqCst fence between a
-//! release and its look at the queue) and `gate_cancel_no_notify` (cancelling
-//! sets the flag without waking the waiters). The last three leave a waiter
-//! asleep, which loom reports as a deadlock.
+//! release and its look at the queue, nor between joining the queue and
+//! looking at the counters), `gate_cancel_no_notify` (cancelling sets the
+//! flag without waking the waiters) and `gate_shrink_keeps_excess` (a shrink
+//! returns nothing to the gate: bytes stay held after every permit is gone).
+//! `gate_no_wake_on_rollback`, `gate_no_fence` and `gate_cancel_no_notify`
+//! leave a waiter asleep, which loom reports as a deadlock.
 #![cfg(loom)]
 
 use std::mem::ManuallyDrop;
@@ -90,7 +93,11 @@ fn racing_admissions_stay_within_budget() {
         let t_ok = t.join().unwrap();
         assert!(main_ok || t_ok, "one of two must get in");
         let s = g.stats();
-        assert_eq!((s.slots_held, s.bytes_held), (0, 0), "{s:?}");
+        assert_eq!(
+            (s.slots_held, s.bytes_held),
+            (0, 0),
+            "held after every permit is gone: {s:?}"
+        );
         assert!(s.peak_bytes <= 10 && s.peak_slots <= 2, "{s:?}");
         assert_eq!(s.saturated_bytes, u64::from(!main_ok) + u64::from(!t_ok));
     });
@@ -189,7 +196,7 @@ fn cancel_wakes_the_waiter() {
         let cancel = Cancel::new();
         let (g1, c1) = (g.clone(), cancel.clone());
         let waiter = thread::spawn(move || g1.admit_cancellable(Some(1), far(), &c1).map(|_| ()));
-        g.cancel(&cancel);
+        cancel.cancel();
         assert_eq!(
             waiter.join().unwrap(),
             Err(AdmitError::Cancelled {
@@ -241,6 +248,13 @@ fn mutant_gate_no_wake_on_rollback_is_caught() {
 #[should_panic(expected = "deadlock")]
 fn mutant_gate_no_fence_is_caught() {
     waiter_is_woken_after_release_and_rollback();
+}
+
+#[cfg(pace_mutant = "gate_shrink_keeps_excess")]
+#[test]
+#[should_panic(expected = "held after every permit is gone")]
+fn mutant_gate_shrink_keeps_excess_is_caught() {
+    racing_admissions_stay_within_budget();
 }
 
 #[cfg(pace_mutant = "gate_cancel_no_notify")]

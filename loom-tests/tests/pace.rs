@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
+use pace::__private::{PaceInternals, ReservationInternals};
 use pace::{Pace, Rate, StdClock};
 
 /// One token per `T` ns.
@@ -314,6 +315,128 @@ fn stale_clocks() {
     });
 }
 
+/// The promise, checked exactly: kept admissions `(now, tokens)` of one key
+/// fit `capacity + span / T` over every window of their decision times.
+fn assert_fits(kept: &[(u64, u64)], capacity: u64) {
+    for &(a, _) in kept {
+        for &(b, _) in kept {
+            if a > b {
+                continue;
+            }
+            let tokens: u64 = kept
+                .iter()
+                .filter(|&&(t, _)| a <= t && t <= b)
+                .map(|&(_, n)| n)
+                .sum();
+            assert!(
+                tokens * T <= capacity * T + (b - a),
+                "kept admissions exceed the bucket: {tokens} in [{a}, {b}] ({kept:?})"
+            );
+        }
+    }
+}
+
+/// 8a. Time as it really is: a reserve that read the clock at 10T, and is
+///     pre-empted while a sweep reading 11T + 1 removes the (full by then)
+///     row, must not create a fresh row from 10T. Capacity 1.
+fn stale_reserve_vs_sweep() {
+    model(|| {
+        let p = pace(1);
+        let k = key(1);
+        drop(p.reserve_n_at(&k, 1, 10 * T).unwrap()); // kept at 10T
+        let sweeper = {
+            let p = p.clone();
+            thread::spawn(move || p.sweep_at(11 * T + 1))
+        };
+        let stale = p.reserve_n_at(&k, 1, 10 * T).is_ok();
+        sweeper.join().unwrap();
+        let mut kept = vec![(10 * T, 1)];
+        if stale {
+            kept.push((10 * T, 1));
+        }
+        assert_fits(&kept, 1);
+    });
+}
+
+/// 8b. The same against a refund that fills the row and unlinks it: a and b
+///     kept at 10T and 11T, then b refunded at 11T (restores 11T: full, the
+///     row goes) while a reserve that read 10T acts.
+fn stale_reserve_vs_refund_unlink() {
+    model(|| {
+        let p = pace(1);
+        let k = key(1);
+        drop(p.reserve_n_at(&k, 1, 10 * T).unwrap()); // kept at 10T: full at 11T
+        let b = p.reserve_n_at(&k, 1, 11 * T).unwrap(); // refunded below
+        let stale = {
+            let (p, k) = (p.clone(), k.clone());
+            thread::spawn(move || p.reserve_n_at(&k, 1, 10 * T).is_ok())
+        };
+        b.refund_at(11 * T);
+        let stale = stale.join().unwrap();
+        let mut kept = vec![(10 * T, 1)];
+        if stale {
+            kept.push((10 * T, 1));
+        }
+        assert_fits(&kept, 1);
+        assert!(p.len() <= 1);
+    });
+}
+
+/// 9. A refund that read an earlier clock than a kept reservation that
+///    followed: a at 10T; the other thread reserves twice at 11T while a is
+///    refunded with a reading of 10T. Capacity 1: at most one kept at 11T.
+fn stale_refund_vs_later_reserve() {
+    model(|| {
+        let p = pace(1);
+        let k = key(1);
+        let a = p.reserve_n_at(&k, 1, 10 * T).unwrap().detach();
+        let refunder = {
+            let (p, k) = (p.clone(), k.clone());
+            thread::spawn(move || p.refund_at(&k, a, 10 * T))
+        };
+        let kept: Vec<(u64, u64)> = (0..2)
+            .filter_map(|_| {
+                p.reserve_n_at(&k, 1, 11 * T)
+                    .ok()
+                    .map(|r| (11 * T, r.tokens()))
+            })
+            .collect();
+        refunder.join().unwrap();
+        assert!(!kept.is_empty(), "the first reserve at 11T always fits");
+        assert_fits(&kept, 1);
+    });
+}
+
+/// 10. Refunds out of order, racing later reserves: capacity 2, a and b at
+///     10T; one thread refunds a (at 10T) and reserves at 10.5T, the other
+///     refunds b (at 10.9T) and reserves at 10.9T and 11T.
+fn out_of_order_refunds() {
+    model(|| {
+        let p = pace(2);
+        let k = key(1);
+        let a = p.reserve_n_at(&k, 1, 10 * T).unwrap().detach();
+        let b = p.reserve_n_at(&k, 1, 10 * T).unwrap().detach();
+        let other = {
+            let (p, k) = (p.clone(), k.clone());
+            thread::spawn(move || {
+                p.refund_at(&k, a, 10 * T);
+                p.reserve_n_at(&k, 1, 10 * T + T / 2)
+                    .ok()
+                    .map(|_| (10 * T + T / 2, 1))
+                    .into_iter()
+                    .collect::<Vec<_>>()
+            })
+        };
+        p.refund_at(&k, b, 10 * T + 9 * T / 10);
+        let mut kept: Vec<(u64, u64)> = [10 * T + 9 * T / 10, 11 * T]
+            .iter()
+            .filter_map(|&now| p.reserve_n_at(&k, 1, now).ok().map(|_| (now, 1)))
+            .collect();
+        kept.extend(other.join().unwrap());
+        assert_fits(&kept, 2);
+    });
+}
+
 macro_rules! models {
     ($($name:ident),* $(,)?) => {$(
         #[cfg(not(pace_mutant))]
@@ -334,6 +457,10 @@ mod model {
         growth_vs_reserve,
         shrink_vs_reserve,
         stale_clocks,
+        stale_reserve_vs_sweep,
+        stale_reserve_vs_refund_unlink,
+        stale_refund_vs_later_reserve,
+        out_of_order_refunds,
     );
 }
 
@@ -354,8 +481,14 @@ fn mutant_unlink_without_dead() {
     reserve_vs_unlink();
 }
 
-#[cfg(pace_mutant = "refund_full_interval")]
+#[cfg(pace_mutant = "refund_undrained")]
 #[test]
-fn mutant_refund_full_interval() {
-    late_refund_vs_sweep();
+fn mutant_refund_undrained() {
+    stale_refund_vs_later_reserve();
+}
+
+#[cfg(pace_mutant = "fresh_row_from_zero")]
+#[test]
+fn mutant_fresh_row_from_zero() {
+    stale_reserve_vs_sweep();
 }

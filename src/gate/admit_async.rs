@@ -11,8 +11,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use super::state::wakeup_fence;
 use super::{AdmitError, Gate, Resource, Ticket};
-use crate::sync::{fence, Ordering};
+use crate::sync::Ordering;
 
 /// The future of [`Gate::admit_async`].
 ///
@@ -91,7 +92,7 @@ impl Future for Admit {
                 w.queue.push_back(id);
                 inner.queued.fetch_add(1, Ordering::SeqCst);
                 // The waiter's side of the Dekker pair in `wake_if_queued`.
-                fence(Ordering::SeqCst);
+                wakeup_fence();
                 this.id = Some(id);
                 w
             }

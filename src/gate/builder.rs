@@ -1,4 +1,4 @@
-//! [`GateBuilder`]: the gate's configuration, checked once at `build`.
+//! [`Builder`]: the gate's configuration, checked once at `build`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -7,20 +7,20 @@ use crossbeam_utils::CachePadded;
 
 use super::queue::Waiters;
 use super::state::{Counters, Held, Inner};
-use super::{Gate, GateConfigError, Resource};
+use super::{ConfigError, Gate, Resource};
 use crate::sync::{AtomicU64, AtomicUsize, Condvar, Mutex};
 
 /// Builds a [`Gate`]. `slots` and `bytes` are required; `body_cap` defaults
 /// to `bytes`.
 #[derive(Clone, Copy, Debug, Default)]
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct GateBuilder {
+pub struct Builder {
     slots: usize,
     bytes: u64,
     body_cap: Option<u64>,
 }
 
-impl GateBuilder {
+impl Builder {
     /// Number of job slots `N` (running + queued jobs).
     pub fn slots(mut self, n: usize) -> Self {
         self.slots = n;
@@ -40,21 +40,21 @@ impl GateBuilder {
     }
 
     /// # Errors
-    /// [`GateConfigError`] for zero slots, zero bytes, a zero body cap or a
+    /// [`ConfigError`] for zero slots, zero bytes, a zero body cap or a
     /// body cap above the budget.
-    pub fn build(self) -> Result<Gate, GateConfigError> {
+    pub fn build(self) -> Result<Gate, ConfigError> {
         let body_cap = self.body_cap.unwrap_or(self.bytes);
         if self.slots == 0 {
-            return Err(GateConfigError::ZeroSlots);
+            return Err(ConfigError::ZeroSlots);
         }
         if self.bytes == 0 {
-            return Err(GateConfigError::ZeroBytes);
+            return Err(ConfigError::ZeroBytes);
         }
         if body_cap == 0 {
-            return Err(GateConfigError::ZeroBodyCap);
+            return Err(ConfigError::ZeroBodyCap);
         }
         if body_cap > self.bytes {
-            return Err(GateConfigError::BodyCapOverBudget {
+            return Err(ConfigError::BodyCapOverBudget {
                 body_cap,
                 bytes: self.bytes,
             });

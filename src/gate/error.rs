@@ -42,8 +42,9 @@ impl fmt::Display for Resource {
 }
 
 /// A gate configuration that cannot work.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GateConfigError {
+pub enum ConfigError {
     /// `slots(0)`: nothing could ever be admitted.
     ZeroSlots,
     /// `bytes(0)`: no body could ever be reserved.
@@ -60,13 +61,13 @@ pub enum GateConfigError {
     },
 }
 
-impl fmt::Display for GateConfigError {
+impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            GateConfigError::ZeroSlots => f.write_str("a gate needs at least one job slot"),
-            GateConfigError::ZeroBytes => f.write_str("a gate needs a byte budget above zero"),
-            GateConfigError::ZeroBodyCap => f.write_str("a gate needs a body cap above zero"),
-            GateConfigError::BodyCapOverBudget { body_cap, bytes } => write!(
+            ConfigError::ZeroSlots => f.write_str("a gate needs at least one job slot"),
+            ConfigError::ZeroBytes => f.write_str("a gate needs a byte budget above zero"),
+            ConfigError::ZeroBodyCap => f.write_str("a gate needs a body cap above zero"),
+            ConfigError::BodyCapOverBudget { body_cap, bytes } => write!(
                 f,
                 "body cap {body_cap} exceeds the whole byte budget {bytes}"
             ),
@@ -74,9 +75,10 @@ impl fmt::Display for GateConfigError {
     }
 }
 
-impl std::error::Error for GateConfigError {}
+impl std::error::Error for ConfigError {}
 
 /// Why an admission was refused. Nothing is held after any of these.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AdmitError {
     /// [`Gate::try_admit`]: the resource is exhausted now (or is owed to
@@ -149,6 +151,7 @@ impl fmt::Display for ShrinkError {
 impl std::error::Error for ShrinkError {}
 
 /// Reading a body under its byte share failed; the share is released.
+#[non_exhaustive]
 #[derive(Debug)]
 pub enum BodyError {
     /// The body went on past the reserved share. Reading stopped at the first

@@ -40,16 +40,14 @@ mod builder;
 mod error;
 #[cfg(feature = "journal")]
 pub mod journal;
-#[doc(hidden)]
-pub mod model;
 mod permit;
 mod queue;
 mod state;
 
 pub use self::admit_async::Admit;
 pub use self::body::Body;
-pub use self::builder::GateBuilder;
-pub use self::error::{AdmitError, BodyError, GateConfigError, Resource, ShrinkError};
+pub use self::builder::Builder;
+pub use self::error::{AdmitError, BodyError, ConfigError, Resource, ShrinkError};
 pub use self::permit::{BytePermit, SlotPermit, Ticket};
 pub use self::queue::Cancel;
 use self::state::Inner;
@@ -121,9 +119,9 @@ impl fmt::Debug for Gate {
 }
 
 impl Gate {
-    /// Starts a [`GateBuilder`].
-    pub fn builder() -> GateBuilder {
-        GateBuilder::default()
+    /// Starts a [`Builder`].
+    pub fn builder() -> Builder {
+        Builder::default()
     }
 
     /// Number of job slots `N`.

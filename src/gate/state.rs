@@ -6,7 +6,7 @@ use crossbeam_utils::{Backoff, CachePadded};
 
 use super::queue::Waiters;
 use super::{AdmitError, Gate, Resource, Ticket};
-use crate::sync::{cas_retry, fence, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
+use crate::sync::{cas_retry, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
 
 pub(super) struct Held {
     pub(super) slots: AtomicUsize,
@@ -114,39 +114,49 @@ impl Inner {
                 }
             }
         }
-        let mut b = held.bytes.load(Ordering::SeqCst);
-        loop {
-            #[cfg(not(pace_mutant = "gate_unchecked_bytes"))]
-            let fits = bytes <= self.bytes_cap.saturating_sub(b);
-            // Known-wrong variant for the loom model: checks against a stale
-            // reading and then adds blindly.
-            #[cfg(pace_mutant = "gate_unchecked_bytes")]
-            let fits = {
-                if bytes > self.bytes_cap.saturating_sub(b) {
-                    false
-                } else {
-                    held.bytes.fetch_add(bytes, Ordering::SeqCst);
-                    self.note_peak(s + 1, b + bytes);
-                    return Ok(());
-                }
-            };
-            if !fits {
-                held.slots.fetch_sub(1, Ordering::SeqCst);
-                return Err(Resource::Bytes);
+        match self.take_bytes(bytes, &backoff) {
+            Some(total) => {
+                self.note_peak(s + 1, total);
+                Ok(())
             }
-            match held
-                .bytes
-                .compare_exchange_weak(b, b + bytes, Ordering::SeqCst, Ordering::SeqCst)
-            {
-                Ok(_) => break,
+            None => {
+                held.slots.fetch_sub(1, Ordering::SeqCst);
+                Err(Resource::Bytes)
+            }
+        }
+    }
+
+    /// Add `bytes` to the held bytes if they fit under the budget, by a CAS
+    /// that checks the bound against the value it replaces. Returns the new
+    /// total, or `None` (nothing taken) when they do not fit.
+    #[cfg(not(pace_mutant = "gate_unchecked_bytes"))]
+    fn take_bytes(&self, bytes: u64, backoff: &Backoff) -> Option<u64> {
+        let held = &self.held.bytes;
+        let mut b = held.load(Ordering::SeqCst);
+        loop {
+            if bytes > self.bytes_cap.saturating_sub(b) {
+                return None;
+            }
+            match held.compare_exchange_weak(b, b + bytes, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return Some(b + bytes),
                 Err(now) => {
                     b = now;
-                    cas_retry(&backoff);
+                    cas_retry(backoff);
                 }
             }
         }
-        self.note_peak(s + 1, b + bytes);
-        Ok(())
+    }
+
+    /// Known-wrong variant for the loom model: checks the budget against a
+    /// reading that may be stale by the time it adds, blindly.
+    #[cfg(pace_mutant = "gate_unchecked_bytes")]
+    fn take_bytes(&self, bytes: u64, _backoff: &Backoff) -> Option<u64> {
+        let held = &self.held.bytes;
+        let b = held.load(Ordering::SeqCst);
+        if bytes > self.bytes_cap.saturating_sub(b) {
+            return None;
+        }
+        Some(held.fetch_add(bytes, Ordering::SeqCst) + bytes)
     }
 
     /// `reserve` from a caller that does not hold the queue lock. Its rolled
@@ -154,12 +164,22 @@ impl Inner {
     /// queue is woken as after any release.
     pub(super) fn reserve_unlocked(&self, bytes: u64) -> Result<(), Resource> {
         let r = self.reserve(bytes);
-        #[cfg(not(pace_mutant = "gate_no_wake_on_rollback"))]
         if r == Err(Resource::Bytes) {
-            self.wake_if_queued();
+            self.wake_after_rollback();
         }
         r
     }
+
+    /// After `reserve` gave back its slot for lack of bytes.
+    #[cfg(not(pace_mutant = "gate_no_wake_on_rollback"))]
+    fn wake_after_rollback(&self) {
+        self.wake_if_queued();
+    }
+
+    /// Known-wrong variant for the loom model: the rolled-back slot may be
+    /// the release a waiter missed, and nobody wakes it.
+    #[cfg(pace_mutant = "gate_no_wake_on_rollback")]
+    fn wake_after_rollback(&self) {}
 
     fn note_peak(&self, slots: usize, bytes: u64) {
         let c = &*self.counters;
@@ -194,10 +214,21 @@ impl Inner {
     /// loom models SeqCst fences exactly, SeqCst accesses only as AcqRel.)
     /// Taking the lock orders our notify after the waiter went to sleep.
     fn wake_if_queued(&self) {
-        #[cfg(not(pace_mutant = "gate_no_fence"))]
-        fence(Ordering::SeqCst);
+        wakeup_fence();
         if self.queued.load(Ordering::Relaxed) != 0 {
             self.notify_queue();
         }
     }
 }
+
+/// The SeqCst fence on each side of the store-load pair between a release
+/// (`wake_if_queued`) and a waiter joining the queue (`Gate::admit`).
+#[cfg(not(pace_mutant = "gate_no_fence"))]
+pub(super) fn wakeup_fence() {
+    crate::sync::fence(Ordering::SeqCst);
+}
+
+/// Known-wrong variant for the loom model: no fence on either side, so a
+/// release and a new waiter can each miss the other's write.
+#[cfg(pace_mutant = "gate_no_fence")]
+pub(super) fn wakeup_fence() {}

@@ -1,9 +1,8 @@
 //! The lab's limiters, measures, shapes and deployments, rule by rule.
-#![cfg(feature = "lab")]
 
 use std::time::Duration;
 
-use pace::lab::{
+use pace_lab::{
     compare, parse_arrivals, parse_shapes, run, trailing_series, worst_window, Balancer, Clocks,
     Deployment, LabError, LimiterSpec, Outcome, Settings, Shape, Topology,
 };

@@ -5,7 +5,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Exp};
 
-use super::{LabError, Settings};
+use crate::{LabError, Settings};
 
 /// How long the steady and random shapes run, in windows.
 pub const RUN_WINDOWS: u64 = 10;

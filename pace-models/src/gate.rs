@@ -1,14 +1,14 @@
 //! A sequential model of the gate and a checker that drives the real
 //! [`Gate`] and the model in lockstep. Shared by the proptest
 //! (`tests/gate_model.rs`) and the `gate_model` fuzz target, so both check
-//! the same rules. Not a public API.
+//! the same rules.
 
 use std::io::{self, Read};
 use std::time::Instant;
 
-use super::{
-    AdmitError, Body, BodyError, BytePermit, Gate, GateConfigError, GateStats, Resource,
-    ShrinkError, SlotPermit, Ticket,
+use pace::gate::{
+    AdmitError, Body, BodyError, BytePermit, ConfigError, Gate, GateStats, Resource, ShrinkError,
+    SlotPermit, Ticket,
 };
 
 /// A gate configuration as the fuzzer or proptest draws it (may be invalid).
@@ -172,16 +172,16 @@ impl Model {
 }
 
 /// What the builder must answer for `config`.
-pub fn expected_config(config: Config) -> Result<(), GateConfigError> {
+pub fn expected_config(config: Config) -> Result<(), ConfigError> {
     let cap = config.body_cap.unwrap_or(config.bytes);
     if config.slots == 0 {
-        Err(GateConfigError::ZeroSlots)
+        Err(ConfigError::ZeroSlots)
     } else if config.bytes == 0 {
-        Err(GateConfigError::ZeroBytes)
+        Err(ConfigError::ZeroBytes)
     } else if cap == 0 {
-        Err(GateConfigError::ZeroBodyCap)
+        Err(ConfigError::ZeroBodyCap)
     } else if cap > config.bytes {
-        Err(GateConfigError::BodyCapOverBudget {
+        Err(ConfigError::BodyCapOverBudget {
             body_cap: cap,
             bytes: config.bytes,
         })

@@ -1,12 +1,12 @@
 //! `pace-lab`: the common limiters side by side on traffic shapes, judged by
-//! the worst window of the admitted stream. See docs/lab.md.
+//! the worst window of the admitted stream. See README.md.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use pace::lab::{
+use pace_lab::{
     compare, parse_arrivals, parse_shapes, text_table, write_svg, Balancer, Clocks, LabError,
     LimiterSpec, Settings, Shape, Topology,
 };

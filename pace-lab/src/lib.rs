@@ -1,4 +1,4 @@
-//! The limiter lab (feature `lab`): the common limiters side by side, in
+//! The limiter lab: the common limiters side by side, in
 //! virtual time, on the traffic shapes that tell them apart.
 //!
 //! Everything here is single-threaded and deterministic. A [`Limiter`] decides
@@ -11,12 +11,12 @@
 //! The lineup ([`LimiterSpec::lineup`]) is the fixed window counter, a token
 //! bucket with capacity = limit and a small one, the sliding log, the
 //! sliding-window (two-counter) estimate, a conservative sub-window counter,
-//! and the crate's real [`Pace`](crate::Pace) driven by a
-//! [`ManualClock`](crate::ManualClock). The `pace-lab` binary prints the
-//! comparison table, JSON rows and an SVG picture (docs/lab.md).
+//! and the crate's real [`Pace`](pace::Pace) driven by a
+//! [`ManualClock`](pace::ManualClock). The `pace-lab` binary prints the
+//! comparison table, JSON rows and an SVG picture (README.md).
 //!
-//! The lab lives behind a feature because its random shapes, plots and JSON
-//! need dependencies the limiter itself does not.
+//! The lab is its own crate because its random shapes, plots and JSON need
+//! dependencies the limiter itself does not; it uses only `pace`'s public API.
 
 mod limiters;
 mod metrics;

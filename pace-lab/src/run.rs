@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::{worst_window, LabError, Limiter, LimiterSpec, Panel, Settings, Shape};
+use crate::{worst_window, LabError, Limiter, LimiterSpec, Panel, Settings, Shape};
 
 /// How requests are spread over nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,7 +30,7 @@ impl Balancer {
         }
         match self {
             Balancer::RoundRobin => i % nodes,
-            Balancer::Uneven if i % 2 == 0 => 0,
+            Balancer::Uneven if i.is_multiple_of(2) => 0,
             Balancer::Uneven => 1 + (i / 2) % (nodes - 1),
             Balancer::Sticky => 0,
         }

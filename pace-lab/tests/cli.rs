@@ -1,6 +1,5 @@
 //! The `pace-lab` binary: its JSON rows, its table, its picture and its
 //! errors.
-#![cfg(feature = "lab")]
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -194,12 +193,12 @@ fn bad_input_is_a_clear_error_not_a_panic() {
 
 #[test]
 fn the_json_rows_in_docs_lab_md_are_what_the_lab_prints() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/lab.md")).unwrap();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let block = doc
         .split("```json\n")
         .nth(1)
         .and_then(|rest| rest.split("```").next())
-        .expect("docs/lab.md has a json block");
+        .expect("pace-lab/README.md has a json block");
     let o = lab(&[
         "--limit",
         "100",
@@ -214,10 +213,13 @@ fn the_json_rows_in_docs_lab_md_are_what_the_lab_prints() {
 }
 
 /// The `| \`limiter\` | a / b / c | ... |` rows of the markdown table that
-/// follows `heading` in docs/lab.md.
+/// follows `heading` in pace-lab/README.md.
 fn doc_table(heading: &str) -> Vec<(String, Vec<String>)> {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/lab.md")).unwrap();
-    let after = doc.split(heading).nth(1).expect("heading in docs/lab.md");
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let after = doc
+        .split(heading)
+        .nth(1)
+        .expect("heading in pace-lab/README.md");
     after
         .lines()
         .skip_while(|l| !l.starts_with('|'))
@@ -289,16 +291,16 @@ fn the_tables_in_docs_lab_md_are_what_the_lab_prints() {
 }
 
 #[test]
-fn the_readme_shows_the_documents_table_of_docs_lab_md() {
+fn the_top_level_readme_shows_the_documents_table_of_the_lab_readme() {
     let read =
         |p: &str| std::fs::read_to_string(format!("{}/{p}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    let (doc, readme) = (read("docs/lab.md"), read("README.md"));
+    let (doc, readme) = (read("README.md"), read("../README.md"));
     let start = doc
         .find("| limiter | boundary |")
-        .expect("table in docs/lab.md");
+        .expect("table in pace-lab/README.md");
     let end = doc[start..].find("\n\n").map_or(doc.len(), |e| start + e);
     assert!(
         readme.contains(&doc[start..end]),
-        "README's lab table differs from docs/lab.md"
+        "README's lab table differs from pace-lab/README.md"
     );
 }

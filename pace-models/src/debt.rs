@@ -1,31 +1,55 @@
-//! The exact sequential model of `Pace` (shared by `tests/model.rs` and the
-//! fuzz targets in `fuzz/`): signed 128-bit arithmetic over "debt" — how far
+//! The exact sequential model of `Pace` (checked by `tests/model.rs` and the
+//! `pace_model` and `table_model` fuzz targets): signed 128-bit arithmetic over "debt" — how far
 //! a key's bucket is below full — written from the rules in README's
 //! semantics table, with none of the implementation's encodings, sentinels or
 //! saturations.
-#![allow(dead_code)]
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use pace::__private::PaceInternals;
 use pace::{DenyReason, ManualClock, Pace, Rate};
 
 const MIN_HORIZON: i128 = 1_000_000;
 const SWEEP_FLOOR: usize = 64;
 
+/// One step of a run, applied to the real `Pace` and to the model.
 #[derive(Clone, Debug)]
 pub enum Op {
-    Reserve { key: u16, n: u64 },
-    Refund { pick: usize },
-    Advance { ns: u64 },
-    SetBack { ns: u64 },
+    /// `reserve_n(key, n)`.
+    Reserve {
+        /// The key (taken modulo [`Params::keys`]).
+        key: u16,
+        /// Tokens asked for.
+        n: u64,
+    },
+    /// Refund one of the reservations still held (`pick` modulo their number).
+    Refund {
+        /// Which held reservation.
+        pick: usize,
+    },
+    /// Move the clock forward.
+    Advance {
+        /// Nanoseconds.
+        ns: u64,
+    },
+    /// Move the clock backward.
+    SetBack {
+        /// Nanoseconds.
+        ns: u64,
+    },
+    /// `sweep()`.
     Sweep,
-    Peek { key: u16 },
+    /// `peek(key)`.
+    Peek {
+        /// The key (taken modulo [`Params::keys`]).
+        key: u16,
+    },
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
+enum Outcome {
     Admitted,
     Wait(u128),
     Never,
@@ -34,7 +58,7 @@ pub enum Outcome {
 /// Debt model. A key's state is `full_at`: the instant its debt reaches zero.
 /// An absent key starts from its stripe's floor: the latest `full_at` of any
 /// row removed from the keys that share the stripe (`Pace::floor_stripe`).
-pub struct Model {
+struct Model {
     interval: i128,
     capacity: i128,
     horizon: i128,
@@ -154,9 +178,13 @@ impl Model {
 /// A limiter's shape and table size for one run.
 #[derive(Clone, Copy, Debug)]
 pub struct Params {
+    /// Nanoseconds per token.
     pub interval: u64,
+    /// Bucket capacity in tokens.
     pub capacity: u64,
+    /// The table's initial slot count.
     pub min_slots: usize,
+    /// Keys are drawn from `0..keys`.
     pub keys: u16,
 }
 

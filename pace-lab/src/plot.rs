@@ -5,7 +5,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::{trailing_series, LabError, Settings};
+use crate::{trailing_series, LabError, Settings};
 
 /// One shape's panel: each limiter's admitted times (true ns, sorted).
 #[derive(Clone, Debug)]

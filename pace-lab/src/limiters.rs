@@ -10,8 +10,8 @@ use std::collections::VecDeque;
 use std::mem::size_of;
 use std::time::Duration;
 
-use super::{LabError, Settings};
-use crate::{ManualClock, Pace, Rate};
+use crate::{LabError, Settings};
+use pace::{ManualClock, Pace, Rate};
 
 /// One key's limiter in virtual time.
 pub trait Limiter {

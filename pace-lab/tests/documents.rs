@@ -1,10 +1,9 @@
 //! The design documents' table (001/003: limit 100 per 60 s, four shapes,
 //! judged by the worst 60 s of the admitted stream), reproduced exactly.
-#![cfg(feature = "lab")]
 
 use std::time::Duration;
 
-use pace::lab::{compare, run, Deployment, LimiterSpec, Outcome, Row, Settings, Shape, Topology};
+use pace_lab::{compare, run, Deployment, LimiterSpec, Outcome, Row, Settings, Shape, Topology};
 
 fn documents() -> Settings {
     Settings::new(100, Duration::from_secs(60)).unwrap()

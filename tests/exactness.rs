@@ -1,0 +1,199 @@
+//! The promise on a real clock: threads hammer a few hot keys while others
+//! flood fresh keys (reserved and refunded, as a claimed-id flood does) and a
+//! sweeper sweeps. Every kept admission (admitted, never refunded) is
+//! recorded with the clock reading the limiter decided with, and the bound
+//! `capacity + span / interval` is checked exactly over every window of
+//! those readings (`pace_models::bound`).
+//!
+//! The clock is a recording wrapper around `StdClock`: it remembers each
+//! thread's last reading (the one `reserve` decided with) and, now and then,
+//! pauses the thread right after the reading, as a pre-emption between the
+//! reading and the CAS would. Refunds are immediate, held and out of order,
+//! or never.
+
+use pace_models::bound;
+
+use std::cell::Cell;
+use std::collections::hash_map::RandomState;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use pace::{Clock, Pace, Rate, StdClock};
+
+thread_local! {
+    static LAST: Cell<u64> = const { Cell::new(0) };
+    static SEED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// A per-thread xorshift: cheap randomness inside the clock.
+fn random() -> u64 {
+    SEED.with(|s| {
+        let mut x = s.get();
+        if x == 0 {
+            x = 0x9e37_79b9_7f4a_7c15 ^ (s as *const Cell<u64> as u64);
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
+    })
+}
+
+struct Recording {
+    inner: StdClock,
+}
+
+impl Clock for Recording {
+    fn now_ns(&self) -> u64 {
+        let t = self.inner.now_ns();
+        LAST.with(|c| c.set(t));
+        // Pre-empted after the reading: a yield now and then, a pause of up
+        // to 2 ms more rarely.
+        let r = random();
+        if r.is_multiple_of(16) {
+            std::thread::yield_now();
+        }
+        if r % 1024 == 1 {
+            std::thread::sleep(Duration::from_micros(50 + (r >> 20) % 2_000));
+        }
+        t
+    }
+}
+
+const HOT: u64 = 4;
+
+struct Config {
+    threads: usize,
+    capacity: u64,
+    interval_ns: u64,
+}
+
+/// Runs one configuration; returns (worst excess in ns over the hot keys,
+/// kept admissions).
+fn run(c: &Config, run_for: Duration) -> (i128, usize) {
+    let pace: Pace<u64, RandomState, Recording> =
+        Pace::builder(Rate::new(1, Duration::from_nanos(c.interval_ns)).unwrap())
+            .capacity(c.capacity)
+            .clock(Recording {
+                inner: StdClock::new(),
+            })
+            .build()
+            .unwrap();
+    let fresh = AtomicU64::new(1 << 32);
+    let stop = AtomicBool::new(false);
+    let deadline = Instant::now() + run_for;
+    let kept: Vec<Vec<(u64, u64, u64)>> = std::thread::scope(|s| {
+        let sweeper = s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                pace.sweep();
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        let workers: Vec<_> = (0..c.threads)
+            .map(|_| {
+                let (pace, fresh) = (&pace, &fresh);
+                s.spawn(move || {
+                    let mut kept = Vec::new();
+                    let mut held = Vec::new();
+                    let keys: Vec<u64> = (0..HOT).collect();
+                    let mut i = 0u64;
+                    while Instant::now() < deadline {
+                        i += 1;
+                        let r = random();
+                        if i.is_multiple_of(8) {
+                            let k = fresh.fetch_add(1, Ordering::Relaxed);
+                            if let Ok(res) = pace.reserve(&k) {
+                                res.refund();
+                            }
+                            continue;
+                        }
+                        let k = (r % HOT) as usize;
+                        let n = if (r >> 8).is_multiple_of(8) {
+                            c.capacity.min(2)
+                        } else {
+                            1
+                        };
+                        if let Ok(res) = pace.reserve_n(&keys[k], n) {
+                            let now = LAST.with(Cell::get);
+                            match (r >> 16) % 4 {
+                                0 => res.refund(),
+                                1 => held.push((res, k as u64, now, n)),
+                                _ => kept.push((k as u64, now, n)),
+                            }
+                        }
+                        if held.len() > 6 || (!held.is_empty() && (r >> 24).is_multiple_of(5)) {
+                            let pick = ((r >> 32) as usize) % held.len();
+                            let (res, k, now, n) = held.swap_remove(pick);
+                            if (r >> 40).is_multiple_of(2) {
+                                res.refund();
+                            } else {
+                                drop(res);
+                                kept.push((k, now, n));
+                            }
+                        }
+                    }
+                    kept.extend(held.into_iter().map(|(_, k, now, n)| (k, now, n)));
+                    kept
+                })
+            })
+            .collect();
+        let kept = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        stop.store(true, Ordering::Relaxed);
+        sweeper.join().unwrap();
+        kept
+    });
+    let mut worst = i128::MIN;
+    let mut total = 0;
+    for key in 0..HOT {
+        let mut mine: Vec<(u64, u64)> = kept
+            .iter()
+            .flatten()
+            .filter(|&&(k, _, _)| k == key)
+            .map(|&(_, now, n)| (now, n))
+            .collect();
+        total += mine.len();
+        worst = worst.max(bound::worst_excess_ns(&mut mine, c.capacity, c.interval_ns));
+    }
+    (worst, total)
+}
+
+#[test]
+fn kept_admissions_fit_the_bucket_on_a_real_clock() {
+    let configs = [
+        Config {
+            threads: 3,
+            capacity: 4,
+            interval_ns: 20_000,
+        },
+        Config {
+            threads: 4,
+            capacity: 8,
+            interval_ns: 20_000,
+        },
+        Config {
+            threads: 8,
+            capacity: 6,
+            interval_ns: 50_000,
+        },
+    ];
+    let run_for = Duration::from_millis(if cfg!(miri) { 20 } else { 700 });
+    for c in &configs {
+        let (worst, kept) = run(c, run_for);
+        eprintln!(
+            "threads {} capacity {} interval {} ns: {kept} kept, worst excess {worst} ns ({:.3} tokens; at most 0 holds the bound)",
+            c.threads,
+            c.capacity,
+            c.interval_ns,
+            worst as f64 / c.interval_ns as f64
+        );
+        assert!(kept as u64 > 4 * c.capacity, "too little traffic to judge");
+        assert!(
+            worst <= 0,
+            "threads {}, capacity {}, interval {} ns: kept admissions exceed the bound by {worst} ns",
+            c.threads,
+            c.capacity,
+            c.interval_ns
+        );
+    }
+}
