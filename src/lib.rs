@@ -186,6 +186,7 @@
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod all;
 mod bucket;
 pub mod clock;
 pub mod gate;
@@ -200,6 +201,7 @@ mod table;
 // types its common path names (`Gate`, `Ticket`, `AdmitError`, `Resource`,
 // `GateStats`). Everything else of the gate (its builder and config error,
 // permits, bodies, the journal) is reached through `pace::gate`.
+pub use crate::all::{all, All, AllDenied, AllReservation, Axis, BoxAxis};
 #[cfg(feature = "quanta")]
 pub use crate::clock::QuantaClock;
 pub use crate::clock::{Clock, DefaultClock, ManualClock, StdClock};

@@ -55,6 +55,7 @@ gate_mutants=(
     gate_no_fence
     gate_cancel_no_notify
     gate_shrink_keeps_excess
+    gate_async_drop_keeps_turn
 )
 # Every gate mutant in src/gate/ must be in this list.
 for m in $(grep -rhoE 'pace_mutant = "gate_[a-z_]+"' src/gate | sort -u | sed -E 's/.*"(.*)"/\1/'); do

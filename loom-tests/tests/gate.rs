@@ -16,8 +16,11 @@
 //! looking at the counters), `gate_cancel_no_notify` (cancelling sets the
 //! flag without waking the waiters) and `gate_shrink_keeps_excess` (a shrink
 //! returns nothing to the gate: bytes stay held after every permit is gone).
-//! `gate_no_wake_on_rollback`, `gate_no_fence` and `gate_cancel_no_notify`
-//! leave a waiter asleep, which loom reports as a deadlock.
+//! `gate_async_drop_keeps_turn` (a dropped first-in-line `admit_async`
+//! future does not wake the next waiter).
+//! `gate_no_wake_on_rollback`, `gate_no_fence`, `gate_cancel_no_notify` and
+//! `gate_async_drop_keeps_turn` leave a waiter asleep, which loom reports as
+//! a deadlock.
 #![cfg(loom)]
 
 use std::mem::ManuallyDrop;
@@ -209,6 +212,32 @@ fn cancel_wakes_the_waiter() {
     });
 }
 
+/// An async waiter (`Gate::admit_async`) first in line gives up (is
+/// dropped) after the slot it waited for was released: the async waiter
+/// behind it, on another thread, must be woken and admitted (a turn kept by
+/// the dropped future is a loom deadlock).
+fn dropped_async_head_passes_the_turn() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Waker};
+    loom::model(|| {
+        let g = gate(1, 10);
+        let hold = g.try_admit(Some(1)).unwrap();
+        let mut a = g.admit_async(Some(1), None);
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(Pin::new(&mut a).poll(&mut cx).is_pending());
+        let g1 = g.clone();
+        let b = thread::spawn(move || {
+            loom::future::block_on(g1.admit_async(Some(1), None)).map(|_| ())
+        });
+        drop(hold);
+        drop(a);
+        assert_eq!(b.join().unwrap(), Ok(()));
+        let s = g.stats();
+        assert_eq!((s.slots_held, s.bytes_held, s.waiting), (0, 0, 0), "{s:?}");
+    });
+}
+
 macro_rules! models {
     ($($name:ident),* $(,)?) => {$(
         #[cfg(not(pace_mutant))]
@@ -226,6 +255,7 @@ mod model {
         waiter_is_woken_after_release_and_rollback,
         two_waiters_are_both_served,
         cancel_wakes_the_waiter,
+        dropped_async_head_passes_the_turn,
     );
 }
 
@@ -262,4 +292,11 @@ fn mutant_gate_shrink_keeps_excess_is_caught() {
 #[should_panic(expected = "deadlock")]
 fn mutant_gate_cancel_no_notify_is_caught() {
     cancel_wakes_the_waiter();
+}
+
+#[cfg(pace_mutant = "gate_async_drop_keeps_turn")]
+#[test]
+#[should_panic(expected = "deadlock")]
+fn mutant_gate_async_drop_keeps_turn_is_caught() {
+    dropped_async_head_passes_the_turn();
 }

@@ -82,6 +82,7 @@ impl Builder {
                 waiters: Mutex::new(Waiters {
                     queue: VecDeque::new(),
                     next_id: 0,
+                    wakers: Vec::new(),
                 }),
                 cv: Condvar::new(),
             }),

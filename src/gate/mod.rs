@@ -18,6 +18,9 @@
 //! * [`Gate::admit`] waits, first come first served, until the caller's
 //!   deadline ([`Gate::admit_cancellable`]: or until another thread calls
 //!   it off); a waiter that gives up leaves no permit behind.
+//! * [`Gate::admit_async`] is the same wait as a future, in the same first
+//!   come first served queue as the blocking waiters; dropping it leaves the
+//!   queue and passes the turn.
 //! * With the `bytes` feature, `Body::into_bytes` attaches the byte share
 //!   to a `bytes::Bytes` owner; with `journal`, `gate::journal` records what
 //!   each job already did, for recovery after a crash.
@@ -31,6 +34,7 @@ use std::sync::Arc;
 
 use crate::sync::Ordering;
 
+mod admit_async;
 mod body;
 mod builder;
 mod error;
@@ -40,6 +44,7 @@ mod permit;
 mod queue;
 mod state;
 
+pub use self::admit_async::Admit;
 pub use self::body::Body;
 pub use self::builder::Builder;
 pub use self::error::{AdmitError, BodyError, ConfigError, Resource, ShrinkError};
@@ -69,7 +74,8 @@ pub struct GateStats {
     /// How many of those refusals were [`Gate::admit`] deadlines passing.
     pub timed_out: u64,
     /// How many of those refusals were cancellations
-    /// ([`Gate::admit_cancellable`]).
+    /// ([`Gate::admit_cancellable`]), plus [`Gate::admit_async`] futures
+    /// dropped while queued (those are not counted as saturation).
     pub cancelled: u64,
     /// [`AdmitError::TooLarge`] refusals.
     pub too_large: u64,

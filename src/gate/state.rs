@@ -216,8 +216,7 @@ impl Inner {
     fn wake_if_queued(&self) {
         wakeup_fence();
         if self.queued.load(Ordering::Relaxed) != 0 {
-            drop(self.lock());
-            self.cv.notify_all();
+            self.notify_queue();
         }
     }
 }

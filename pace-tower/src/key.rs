@@ -1,0 +1,368 @@
+//! Key extractors: where a request's key comes from.
+
+use std::hash::Hash;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use ipnet::IpNet;
+
+/// What a key extractor sees of a request: its head, never its body.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestHead<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The URI.
+    pub uri: &'a Uri,
+    /// The header fields.
+    pub headers: &'a HeaderMap,
+    /// The extensions (where servers put the peer address).
+    pub extensions: &'a Extensions,
+}
+
+impl<'a> RequestHead<'a> {
+    /// The head of `req`.
+    pub fn of<B>(req: &'a http::Request<B>) -> RequestHead<'a> {
+        RequestHead {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+            extensions: req.extensions(),
+        }
+    }
+}
+
+/// Takes a request's key for one limit. `None` means the request has no key
+/// for it (see [`MissingKey`](crate::MissingKey)).
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key type (the limiter is a `Pace<Self::Key, ..>`).
+    type Key: Hash + Eq + Clone + Send + Sync + 'static;
+
+    /// The key of `req`, if it has one.
+    fn extract(&self, req: &RequestHead<'_>) -> Option<Self::Key>;
+}
+
+/// The peer address a server recorded for a request: the
+/// `ConnectInfo<SocketAddr>` extension axum sets with
+/// `into_make_service_with_connect_info::<SocketAddr>()` (feature `axum`), a
+/// plain `SocketAddr` extension, or a [`PeerAddr`] extension, looked up in
+/// that order.
+pub fn peer_addr(ext: &Extensions) -> Option<SocketAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(ci) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+        return Some(ci.0);
+    }
+    if let Some(a) = ext.get::<SocketAddr>() {
+        return Some(*a);
+    }
+    ext.get::<PeerAddr>().map(|p| p.0)
+}
+
+/// A request extension carrying the peer address, for servers other than
+/// axum (a middleware or the accept loop inserts it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// Masks `ip` to its network: IPv4 to `v4_prefix` bits, IPv6 to `v6_prefix`
+/// bits (prefixes above the address width keep the full address). An
+/// IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) counts as IPv4.
+pub fn mask(ip: IpAddr, v4_prefix: u8, v6_prefix: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => {
+            let bits = u32::from(v4);
+            let keep = v4_prefix.min(32) as u32;
+            let m = if keep == 0 {
+                0
+            } else {
+                u32::MAX << (32 - keep)
+            };
+            IpAddr::V4((bits & m).into())
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return mask(IpAddr::V4(v4), v4_prefix, v6_prefix);
+            }
+            let bits = u128::from(v6);
+            let keep = v6_prefix.min(128) as u32;
+            #[cfg(pace_mutant = "v6_full_address")]
+            let keep = 128;
+            let m = if keep == 0 {
+                0
+            } else {
+                u128::MAX << (128 - keep)
+            };
+            IpAddr::V6(Ipv6Addr::from(bits & m))
+        }
+    }
+}
+
+/// The default IPv6 prefix: /56, what an ISP commonly delegates to one
+/// customer (per-address IPv6 keys rotate for free within it).
+pub const DEFAULT_V6_PREFIX: u8 = 56;
+
+/// Keys by the peer address (see [`peer_addr`]), IPv6 masked to a prefix
+/// (default /56), IPv4 the full address (default /32).
+#[derive(Clone, Copy, Debug)]
+pub struct PeerIp {
+    v4_prefix: u8,
+    v6_prefix: u8,
+}
+
+impl Default for PeerIp {
+    fn default() -> Self {
+        PeerIp {
+            v4_prefix: 32,
+            v6_prefix: DEFAULT_V6_PREFIX,
+        }
+    }
+}
+
+impl PeerIp {
+    /// IPv6 /56, IPv4 /32.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The IPv6 prefix length kept (0..=128; larger keeps all 128 bits).
+    pub fn v6_prefix(mut self, bits: u8) -> Self {
+        self.v6_prefix = bits;
+        self
+    }
+
+    /// The IPv4 prefix length kept (0..=32; larger keeps all 32 bits).
+    pub fn v4_prefix(mut self, bits: u8) -> Self {
+        self.v4_prefix = bits;
+        self
+    }
+}
+
+impl KeyExtractor for PeerIp {
+    type Key = IpAddr;
+
+    fn extract(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        peer_addr(req.extensions).map(|a| mask(a.ip(), self.v4_prefix, self.v6_prefix))
+    }
+}
+
+/// Which forwarding header a [`ForwardedIp`] reads. Only one: a proxy sets
+/// one of them, and the other arrives as the client wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`.
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1` (RFC 7239).
+    Forwarded,
+}
+
+/// Keys by the client address that trusted proxies forwarded: when the peer
+/// is in one of the configured proxy networks, the forwarding header's hops
+/// are walked from the right (nearest first), skipping hops that are
+/// themselves trusted proxies; the first untrusted hop is the client. Hops
+/// further left were written by that client and are ignored, so a spoofed
+/// leftmost entry changes nothing. A peer outside the proxy networks is the
+/// client itself, whatever the header says. The address is then masked as
+/// in [`PeerIp`].
+///
+/// A request whose walk meets a hop that is not an address (`unknown`, an
+/// obfuscated identifier, garbage) before an untrusted address has no key.
+/// When every hop is a trusted proxy, the leftmost hop is the key.
+#[derive(Clone, Debug)]
+pub struct ForwardedIp {
+    trusted: Vec<IpNet>,
+    header: ForwardHeader,
+    peer: PeerIp,
+}
+
+impl ForwardedIp {
+    /// Trusts the proxies in `networks` and reads `X-Forwarded-For`.
+    pub fn new(networks: impl IntoIterator<Item = IpNet>) -> Self {
+        ForwardedIp {
+            trusted: networks.into_iter().collect(),
+            header: ForwardHeader::XForwardedFor,
+            peer: PeerIp::default(),
+        }
+    }
+
+    /// Reads `header` instead.
+    pub fn header(mut self, header: ForwardHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// The IPv6 prefix length kept (default /56).
+    pub fn v6_prefix(mut self, bits: u8) -> Self {
+        self.peer = self.peer.v6_prefix(bits);
+        self
+    }
+
+    /// The IPv4 prefix length kept (default /32).
+    pub fn v4_prefix(mut self, bits: u8) -> Self {
+        self.peer = self.peer.v4_prefix(bits);
+        self
+    }
+
+    fn trusts(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        self.trusted.iter().any(|n| n.contains(&ip))
+    }
+
+    /// The client address, unmasked.
+    pub fn client(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        let peer = peer_addr(req.extensions)?.ip();
+        if !self.trusts(peer) {
+            return Some(peer);
+        }
+        let mut hops: Vec<&str> = Vec::new();
+        let name = match self.header {
+            ForwardHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
+            ForwardHeader::Forwarded => http::header::FORWARDED,
+        };
+        for value in req.headers.get_all(name) {
+            let s = value.to_str().ok()?;
+            hops.extend(s.split(',').map(str::trim));
+        }
+        let mut last = None;
+        #[cfg(pace_mutant = "xff_leftmost")]
+        hops.reverse();
+        for hop in hops.iter().rev() {
+            let ip = match self.header {
+                ForwardHeader::XForwardedFor => parse_hop(hop)?,
+                ForwardHeader::Forwarded => parse_forwarded_for(hop)?,
+            };
+            if !self.trusts(ip) {
+                return Some(ip);
+            }
+            last = Some(ip);
+        }
+        // No header, or every hop is a trusted proxy.
+        Some(last.unwrap_or(peer))
+    }
+}
+
+impl KeyExtractor for ForwardedIp {
+    type Key = IpAddr;
+
+    fn extract(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
+        self.client(req)
+            .map(|ip| mask(ip, self.peer.v4_prefix, self.peer.v6_prefix))
+    }
+}
+
+/// One address: `a.b.c.d`, `a.b.c.d:port`, `v6`, `[v6]` or `[v6]:port`.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(sa) = hop.parse::<SocketAddr>() {
+        return Some(sa.ip());
+    }
+    let inner = hop.strip_prefix('[')?.strip_suffix(']')?;
+    inner.parse::<Ipv6Addr>().ok().map(IpAddr::V6)
+}
+
+/// The `for=` parameter of one `Forwarded` element.
+fn parse_forwarded_for(element: &str) -> Option<IpAddr> {
+    for pair in element.split(';') {
+        let (k, v) = pair.trim().split_once('=')?;
+        if k.trim().eq_ignore_ascii_case("for") {
+            let v = v.trim();
+            let v = v
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(v);
+            return parse_hop(v);
+        }
+    }
+    None
+}
+
+/// Keys by the value of one header field (the first, when repeated).
+#[derive(Clone, Debug)]
+pub struct Header(pub HeaderName);
+
+impl KeyExtractor for Header {
+    type Key = HeaderValue;
+
+    fn extract(&self, req: &RequestHead<'_>) -> Option<HeaderValue> {
+        req.headers.get(&self.0).cloned()
+    }
+}
+
+/// Keys by a closure (see [`from_fn`]).
+#[derive(Clone)]
+pub struct FromFn<F>(F);
+
+/// A key extractor from a closure.
+pub fn from_fn<F, K>(f: F) -> FromFn<F>
+where
+    F: Fn(&RequestHead<'_>) -> Option<K> + Send + Sync + 'static,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    FromFn(f)
+}
+
+impl<F, K> KeyExtractor for FromFn<F>
+where
+    F: Fn(&RequestHead<'_>) -> Option<K> + Send + Sync + 'static,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    type Key = K;
+
+    fn extract(&self, req: &RequestHead<'_>) -> Option<K> {
+        (self.0)(req)
+    }
+}
+
+impl<F> std::fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FromFn")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks() {
+        let v6: IpAddr = "2001:db8:1:2ff:aaaa::1".parse().unwrap();
+        assert_eq!(
+            mask(v6, 32, 56),
+            "2001:db8:1:200::".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(mask(v6, 32, 200), v6);
+        let v4: IpAddr = "192.0.2.77".parse().unwrap();
+        assert_eq!(mask(v4, 32, 56), v4);
+        assert_eq!(mask(v4, 24, 56), "192.0.2.0".parse::<IpAddr>().unwrap());
+        assert_eq!(mask(v4, 0, 56), "0.0.0.0".parse::<IpAddr>().unwrap());
+        let mapped: IpAddr = "::ffff:192.0.2.77".parse().unwrap();
+        assert_eq!(mask(mapped, 32, 56), v4);
+    }
+
+    #[test]
+    fn hops() {
+        assert_eq!(parse_hop("192.0.2.1:80"), Some([192, 0, 2, 1].into()));
+        assert_eq!(
+            parse_hop("[2001:db8::1]:443"),
+            Some("2001:db8::1".parse().unwrap())
+        );
+        assert_eq!(
+            parse_hop("[2001:db8::1]"),
+            Some("2001:db8::1".parse().unwrap())
+        );
+        assert_eq!(parse_hop("unknown"), None);
+        assert_eq!(
+            parse_forwarded_for("for=\"[2001:db8:cafe::17]:4711\";proto=https"),
+            Some("2001:db8:cafe::17".parse().unwrap())
+        );
+        assert_eq!(
+            parse_forwarded_for("proto=http;For=192.0.2.60"),
+            Some([192, 0, 2, 60].into())
+        );
+        assert_eq!(parse_forwarded_for("for=unknown"), None);
+        assert_eq!(parse_forwarded_for("proto=http"), None);
+    }
+}

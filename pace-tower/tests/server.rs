@@ -1,0 +1,524 @@
+//! `PaceLayer` against a real server on 127.0.0.1: every status, header,
+//! extractor and refund rule, on a hand-moved clock.
+//!
+//! Known-wrong variants these tests catch (build with
+//! `RUSTFLAGS='--cfg pace_mutant="NAME"' cargo test -p pace-tower --test server`):
+//! `xff_leftmost` (the forwarding header walked from the left, trusting the
+//! client's entries), `v6_full_address` (IPv6 keys not masked to the
+//! prefix), `retry_after_truncated` (Retry-After rounded down, 0 for
+//! sub-second waits).
+
+mod support;
+
+use std::collections::hash_map::RandomState;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use pace::{ManualClock, Pace, Rate};
+use pace_tower::{
+    from_fn, ForwardHeader, ForwardedIp, Header, Limit, MissingKey, PaceLayer, PeerAddr, PeerIp,
+    ResponseHead,
+};
+use support::{header, serve, serve_plain, Client};
+
+type P<K> = Pace<K, RandomState, ManualClock>;
+
+fn pace<K>(clock: &ManualClock, rate: Rate, capacity: u64) -> Arc<P<K>> {
+    Arc::new(
+        Pace::builder(rate)
+            .capacity(capacity)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
+fn clock() -> ManualClock {
+    let c = ManualClock::new();
+    c.set(Duration::from_secs(100));
+    c
+}
+
+fn per_sec(n: u64) -> Rate {
+    Rate::per_second(n).unwrap()
+}
+
+/// 200, or 401 when the request says `x-valid: no` (and then marks nothing:
+/// the status alone drives the refund predicate).
+async fn handler(req: Request) -> (StatusCode, &'static str) {
+    if req.headers().get("x-valid").is_some_and(|v| v == "no") {
+        (StatusCode::UNAUTHORIZED, "{\"error\":\"invalid_client\"}")
+    } else {
+        (StatusCode::OK, "ok")
+    }
+}
+
+fn app(layer: PaceLayer) -> Router {
+    Router::new().route("/", get(handler)).layer(layer)
+}
+
+fn localhost() -> IpAddr {
+    [127, 0, 0, 1].into()
+}
+
+#[tokio::test]
+async fn admits_then_429_with_retry_after_rounded_up_and_ratelimit_fields() {
+    let clock = clock();
+    // One token per 2.5 s, capacity 1.
+    let p: Arc<P<IpAddr>> = pace(&clock, Rate::new(2, Duration::from_secs(5)).unwrap(), 1);
+    let layer = PaceLayer::builder()
+        .limit(Limit::new("per-peer", p.clone(), PeerIp::new()))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let mut c = Client::connect(addr).await;
+
+    let r = c.get("/", &[]).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "ratelimit-policy"), Some("\"per-peer\";q=1;w=3"));
+    // Empty bucket: 2.5 s to full, rounded up.
+    assert_eq!(header(&r, "ratelimit"), Some("\"per-peer\";r=0;t=3"));
+    assert_eq!(header(&r, "retry-after"), None);
+    assert_eq!(p.peek(&localhost()), 0);
+
+    let r = c.get("/", &[]).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "retry-after"), Some("3"));
+    assert_eq!(header(&r, "ratelimit"), Some("\"per-peer\";r=0;t=3"));
+    assert_eq!(header(&r, "ratelimit-policy"), Some("\"per-peer\";q=1;w=3"));
+    assert!(r.body().is_empty());
+
+    // 100 ms left: rounded up to 1 s, never 0.
+    clock.advance(Duration::from_millis(2400));
+    let r = c.get("/", &[]).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "retry-after"), Some("1"));
+    // 1 ns left: still 1.
+    clock.advance(Duration::from_nanos(99_999_999));
+    let r = c.get("/", &[]).await;
+    assert_eq!(header(&r, "retry-after"), Some("1"));
+    clock.advance(Duration::from_nanos(1));
+    assert_eq!(c.get("/", &[]).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn admitted_responses_carry_remaining_tokens_unless_turned_off() {
+    let clock = clock();
+    let p: Arc<P<IpAddr>> = pace(&clock, per_sec(4), 4);
+    let layer = PaceLayer::builder()
+        .limit(Limit::new("peer", p.clone(), PeerIp::new()))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let r = support::get(addr, "/", &[]).await;
+    // 3 left; 1 token short of full = 250 ms, rounded up.
+    assert_eq!(header(&r, "ratelimit"), Some("\"peer\";r=3;t=1"));
+    assert_eq!(header(&r, "ratelimit-policy"), Some("\"peer\";q=4;w=1"));
+
+    let layer = PaceLayer::builder()
+        .limit(Limit::new("peer", p.clone(), PeerIp::new()))
+        .rate_limit_headers(false)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let r = support::get(addr, "/", &[]).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "ratelimit"), None);
+    assert_eq!(header(&r, "ratelimit-policy"), None);
+    assert_eq!(p.peek(&localhost()), 2);
+}
+
+#[tokio::test]
+async fn cost_from_a_closure_and_a_permanent_denial_is_413_without_retry_after() {
+    let clock = clock();
+    let p: Arc<P<IpAddr>> = pace(&clock, per_sec(10), 10);
+    let layer = PaceLayer::builder()
+        .limit(Limit::new("peer", p.clone(), PeerIp::new()).cost(|h| {
+            h.headers
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        }))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let r = support::get(addr, "/", &[("x-cost", "7")]).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(p.peek(&localhost()), 3);
+    let r = support::get(addr, "/", &[("x-cost", "11")]).await;
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(header(&r, "retry-after"), None);
+    assert_eq!(header(&r, "ratelimit"), None);
+    assert_eq!(header(&r, "ratelimit-policy"), Some("\"peer\";q=10;w=1"));
+    let r = support::get(addr, "/", &[("x-cost", "4")]).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    // 1 token short at 10/s: 100 ms, rounded up.
+    assert_eq!(header(&r, "retry-after"), Some("1"));
+    let r = support::get(addr, "/", &[("x-cost", "0")]).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(p.peek(&localhost()), 3);
+}
+
+#[tokio::test]
+async fn missing_keys_get_400_a_shared_key_or_pass() {
+    let clock = clock();
+    let name = axum::http::HeaderName::from_static("x-api-key");
+    let p: Arc<P<HeaderValue>> = pace(&clock, per_sec(2), 2);
+    let reject = PaceLayer::builder()
+        .limit(Limit::new("key", p.clone(), Header(name.clone())))
+        .build()
+        .unwrap();
+    let shared = PaceLayer::builder()
+        .limit(
+            Limit::new("key", p.clone(), Header(name.clone()))
+                .missing_key(MissingKey::Shared(HeaderValue::from_static("anonymous"))),
+        )
+        .build()
+        .unwrap();
+    let skip = PaceLayer::builder()
+        .limit(Limit::new("key", p.clone(), Header(name.clone())).missing_key(MissingKey::Skip))
+        .build()
+        .unwrap();
+    let (a, b, c) = (
+        serve(app(reject)).await,
+        serve(app(shared)).await,
+        serve(app(skip)).await,
+    );
+    assert_eq!(
+        support::get(a, "/", &[]).await.status(),
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(p.len(), 0, "a rejected keyless request reserves nothing");
+    let r = support::get(a, "/", &[("x-api-key", "k1")]).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(p.peek(&HeaderValue::from_static("k1")), 1);
+
+    for _ in 0..2 {
+        assert_eq!(support::get(b, "/", &[]).await.status(), StatusCode::OK);
+    }
+    assert_eq!(
+        support::get(b, "/", &[]).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(p.peek(&HeaderValue::from_static("anonymous")), 0);
+
+    for _ in 0..5 {
+        assert_eq!(support::get(c, "/", &[]).await.status(), StatusCode::OK);
+    }
+    assert_eq!(p.len(), 2);
+}
+
+/// The token endpoint's rule: per source never refunded, per claimed client
+/// id refunded when the answer is 401 (invalid_client).
+#[tokio::test]
+async fn a_refund_predicate_returns_the_claimed_ids_pace_but_never_the_sources() {
+    let clock = clock();
+    let src: Arc<P<IpAddr>> = pace(&clock, per_sec(100), 100);
+    let ids: Arc<P<HeaderValue>> = pace(&clock, per_sec(3), 3);
+    let layer = PaceLayer::builder()
+        .limit(Limit::new("source", src.clone(), PeerIp::new()))
+        .limit(
+            Limit::new(
+                "client",
+                ids.clone(),
+                Header(axum::http::HeaderName::from_static("x-client-id")),
+            )
+            .refund_if(|r: &ResponseHead<'_>| r.status == StatusCode::UNAUTHORIZED),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let mut c = Client::connect(addr).await;
+    for k in 0..10 {
+        let r = c
+            .get("/", &[("x-client-id", "victim"), ("x-valid", "no")])
+            .await;
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        // Refunded before the fields are written: the id is full again.
+        assert_eq!(
+            header(&r, "ratelimit"),
+            Some(&*format!("\"source\";r={};t=1, \"client\";r=3;t=0", 99 - k))
+        );
+    }
+    // Invalid presentations did not spend the id; each spent the source.
+    assert_eq!(ids.peek(&HeaderValue::from_static("victim")), 3);
+    assert_eq!(ids.len(), 0);
+    assert_eq!(src.peek(&localhost()), 90);
+    // Valid ones spend both.
+    for _ in 0..3 {
+        let r = c.get("/", &[("x-client-id", "victim")]).await;
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    let r = c.get("/", &[("x-client-id", "victim")]).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "ratelimit"), Some("\"client\";r=0;t=1"));
+    assert_eq!(
+        header(&r, "ratelimit-policy"),
+        Some("\"source\";q=100;w=1, \"client\";q=3;w=1")
+    );
+    // All or nothing: the denied request's source debit was refunded.
+    assert_eq!(src.peek(&localhost()), 87);
+}
+
+#[tokio::test]
+async fn a_spoofed_x_forwarded_for_changes_nothing() {
+    let clock = clock();
+    let p: Arc<P<IpAddr>> = pace(&clock, per_sec(3), 3);
+    let trusted = [
+        "127.0.0.1/32".parse().unwrap(),
+        "10.0.0.0/8".parse().unwrap(),
+    ];
+    let layer = PaceLayer::builder()
+        .limit(Limit::new("client", p.clone(), ForwardedIp::new(trusted)))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let mut c = Client::connect(addr).await;
+    // The client writes a fresh leftmost entry each time; our proxies
+    // (10.0.0.5, then the peer 127.0.0.1) append what they saw.
+    for i in 0..3 {
+        let xff = format!("203.0.113.{i}, 198.51.100.7, 10.0.0.5");
+        let r = c.get("/", &[("x-forwarded-for", &xff)]).await;
+        assert_eq!(r.status(), StatusCode::OK, "request {i}");
+    }
+    let r = c
+        .get(
+            "/",
+            &[("x-forwarded-for", "203.0.113.99, 198.51.100.7, 10.0.0.5")],
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let client: IpAddr = [198, 51, 100, 7].into();
+    assert_eq!(p.peek(&client), 0);
+    assert_eq!(p.len(), 1, "one key: the rightmost untrusted hop");
+    // Repeated header lines are one list, in order.
+    let mut req_headers = vec![("x-forwarded-for", "198.51.100.8")];
+    req_headers.push(("x-forwarded-for", "10.0.0.5"));
+    assert_eq!(c.get("/", &req_headers).await.status(), StatusCode::OK);
+    assert_eq!(p.peek(&IpAddr::from([198, 51, 100, 8])), 2);
+    // A hop that is not an address before any untrusted one: no key (400).
+    let r = c.get("/", &[("x-forwarded-for", "1.2.3.4, unknown")]).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    // Only proxies: the leftmost is the key.
+    assert_eq!(
+        c.get("/", &[("x-forwarded-for", "10.9.9.9")])
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    assert_eq!(p.peek(&IpAddr::from([10, 9, 9, 9])), 2);
+}
+
+#[tokio::test]
+async fn forwarding_headers_are_ignored_from_an_untrusted_peer() {
+    let clock = clock();
+    let p: Arc<P<IpAddr>> = pace(&clock, per_sec(3), 3);
+    let layer = PaceLayer::builder()
+        .limit(Limit::new(
+            "client",
+            p.clone(),
+            ForwardedIp::new(["10.0.0.0/8".parse().unwrap()]),
+        ))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    for i in 0..4 {
+        let xff = format!("198.51.100.{i}");
+        let r = support::get(addr, "/", &[("x-forwarded-for", &xff)]).await;
+        let want = if i < 3 {
+            StatusCode::OK
+        } else {
+            StatusCode::TOO_MANY_REQUESTS
+        };
+        assert_eq!(r.status(), want);
+    }
+    assert_eq!(p.len(), 1);
+    assert_eq!(p.peek(&localhost()), 0);
+}
+
+#[tokio::test]
+async fn the_forwarded_header_is_walked_the_same_way() {
+    let clock = clock();
+    let p: Arc<P<IpAddr>> = pace(&clock, per_sec(3), 3);
+    let layer = PaceLayer::builder()
+        .limit(Limit::new(
+            "client",
+            p.clone(),
+            ForwardedIp::new(["127.0.0.0/8".parse().unwrap()])
+                .header(ForwardHeader::Forwarded)
+                .v6_prefix(56),
+        ))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let fwd = "for=203.0.113.9, for=\"[2001:db8:cafe:12ab::17]:4711\";proto=https, for=127.0.0.2";
+    assert_eq!(
+        support::get(
+            addr,
+            "/",
+            &[("forwarded", fwd), ("x-forwarded-for", "192.0.2.1")]
+        )
+        .await
+        .status(),
+        StatusCode::OK
+    );
+    let key: IpAddr = "2001:db8:cafe:1200::".parse().unwrap();
+    assert_eq!(p.peek(&key), 2);
+    assert_eq!(p.len(), 1, "X-Forwarded-For is not read");
+}
+
+/// A map_request layer standing in for a non-axum accept loop: it puts the
+/// peer address named by `x-test-peer` into a `PeerAddr` extension.
+async fn fake_peer(mut req: Request) -> Request {
+    if let Some(v) = req.headers().get("x-test-peer") {
+        let ip: IpAddr = v.to_str().unwrap().parse().unwrap();
+        req.extensions_mut()
+            .insert(PeerAddr(SocketAddr::new(ip, 40000)));
+    }
+    req
+}
+
+#[tokio::test]
+async fn rotating_ipv6_addresses_within_one_56_share_one_key() {
+    let clock = clock();
+    let p: Arc<P<IpAddr>> = pace(&clock, per_sec(3), 3);
+    let layer = PaceLayer::builder()
+        .limit(Limit::new("peer", p.clone(), PeerIp::new()))
+        .build()
+        .unwrap();
+    let app = app(layer).layer(axum::middleware::map_request(fake_peer));
+    let addr = serve_plain(app).await;
+    let rotating = [
+        "2001:db8:aa:bb00::1",
+        "2001:db8:aa:bb17:1234:5678:9abc:def0",
+        "2001:db8:aa:bbff:ffff:ffff:ffff:ffff",
+    ];
+    for a in rotating {
+        let r = support::get(addr, "/", &[("x-test-peer", a)]).await;
+        assert_eq!(r.status(), StatusCode::OK, "{a}");
+    }
+    let r = support::get(addr, "/", &[("x-test-peer", "2001:db8:aa:bb42::9")]).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The neighbouring /56 is another customer.
+    let r = support::get(addr, "/", &[("x-test-peer", "2001:db8:aa:bc00::1")]).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    // IPv4 keeps the full address.
+    for a in ["192.0.2.1", "192.0.2.2"] {
+        let r = support::get(addr, "/", &[("x-test-peer", a)]).await;
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    assert_eq!(p.len(), 4);
+    assert_eq!(p.peek(&"2001:db8:aa:bb00::".parse::<IpAddr>().unwrap()), 0);
+    // No peer address at all: 400.
+    let r = support::get(addr, "/", &[]).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_closure_extractor_and_clones_share_their_limits() {
+    let clock = clock();
+    let p: Arc<P<String>> = pace(&clock, per_sec(2), 2);
+    let layer = PaceLayer::builder()
+        .limit(Limit::new(
+            "path",
+            p.clone(),
+            from_fn(|h| Some(h.uri.path().to_string())),
+        ))
+        .build()
+        .unwrap();
+    // Two servers, one layer cloned: one bucket.
+    let a = serve(app(layer.clone())).await;
+    let b = serve(app(layer)).await;
+    assert_eq!(support::get(a, "/", &[]).await.status(), StatusCode::OK);
+    assert_eq!(support::get(b, "/", &[]).await.status(), StatusCode::OK);
+    assert_eq!(
+        support::get(a, "/", &[]).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(p.peek("/"), 0);
+}
+
+#[tokio::test]
+async fn an_invalid_policy_name_is_a_typed_error() {
+    let clock = clock();
+    let p: Arc<P<IpAddr>> = pace(&clock, per_sec(2), 2);
+    let e = PaceLayer::builder()
+        .limit(Limit::new("caf\u{e9}", p, PeerIp::new()))
+        .build()
+        .unwrap_err();
+    assert_eq!(e.0, "caf\u{e9}");
+}
+
+#[tokio::test]
+async fn counters_reach_the_metrics_recorder() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let clock = clock();
+    let src: Arc<P<IpAddr>> = pace(&clock, per_sec(100), 100);
+    let ids: Arc<P<HeaderValue>> = pace(&clock, per_sec(1), 1);
+    let layer = metrics::with_local_recorder(&recorder, || {
+        PaceLayer::builder()
+            .limit(Limit::new("source", src.clone(), PeerIp::new()))
+            .limit(
+                Limit::new(
+                    "client",
+                    ids.clone(),
+                    Header(axum::http::HeaderName::from_static("x-client-id")),
+                )
+                .refund_if(|r| r.status == StatusCode::UNAUTHORIZED),
+            )
+            .build()
+            .unwrap()
+    });
+    let addr = serve(app(layer)).await;
+    let mut c = Client::connect(addr).await;
+    c.get("/", &[("x-client-id", "a"), ("x-valid", "no")]).await; // admitted, refunded
+    c.get("/", &[("x-client-id", "a")]).await; // admitted
+    c.get("/", &[("x-client-id", "a")]).await; // denied: exhausted
+    c.get("/", &[]).await; // missing key
+    let snap = snapshotter.snapshot().into_vec();
+    let value = |name: &str, labels: &[(&str, &str)]| -> Option<&DebugValue> {
+        snap.iter()
+            .find(|(k, _, _, _)| {
+                k.key().name() == name
+                    && labels.iter().all(|(l, v)| {
+                        k.key()
+                            .labels()
+                            .any(|kl| kl.key() == *l && kl.value() == *v)
+                    })
+            })
+            .map(|(_, _, _, v)| v)
+    };
+    let counter = |name: &str, labels: &[(&str, &str)]| match value(name, labels) {
+        Some(DebugValue::Counter(n)) => *n,
+        other => panic!("{name} {labels:?}: {other:?}"),
+    };
+    assert_eq!(counter("pace_admitted_total", &[("limit", "source")]), 2);
+    assert_eq!(counter("pace_admitted_total", &[("limit", "client")]), 2);
+    assert_eq!(counter("pace_refunded_total", &[("limit", "client")]), 1);
+    assert_eq!(counter("pace_refunded_total", &[("limit", "source")]), 0);
+    assert_eq!(
+        counter(
+            "pace_denied_total",
+            &[("limit", "client"), ("reason", "exhausted")]
+        ),
+        1
+    );
+    assert_eq!(
+        counter(
+            "pace_denied_total",
+            &[("limit", "client"), ("reason", "missing_key")]
+        ),
+        1
+    );
+    match value("pace_rows", &[("limit", "client")]) {
+        Some(DebugValue::Gauge(g)) => assert_eq!(g.into_inner(), 1.0),
+        other => panic!("pace_rows: {other:?}"),
+    }
+}

@@ -1,0 +1,305 @@
+//! All-or-nothing reservations over several limits.
+//!
+//! A request often spends on several limits at once: the source address it
+//! comes from and the client id it claims, each with its own [`Pace`] and its
+//! own key type. [`all`] reserves every `(limiter, key)` pair in the order
+//! they were added; when one of them denies, the pairs already reserved are
+//! refunded at once, newest first, and the first denial is returned. Pairs
+//! after the denying one are not touched.
+//!
+//! What the refund of the earlier pairs returns follows the core refund rule
+//! ([`Reservation::refund`](crate::Reservation::refund)): if nothing else was
+//! debited from that key in between, the bucket returns exactly to its state
+//! before the reservation, so the denied request leaves no debit behind. If
+//! another request debited the same key in between, the refund returns
+//! nothing: the tokens stay spent, because giving them back could let more
+//! through than the limit allows. Either way no limit ever admits more than
+//! it would alone.
+//!
+//! Once every pair is reserved, [`AllReservation`] decides per pair what to
+//! keep: [`refund`](AllReservation::refund) one pair (for example the
+//! claimed client id after the presentation turned out invalid) and keep the
+//! others (the source address, never refunded), or
+//! [`refund_all`](AllReservation::refund_all). Dropping it keeps every debit.
+//!
+//! ```
+//! use pace::{Pace, Rate};
+//!
+//! let per_source: Pace<std::net::IpAddr> = Pace::new(Rate::per_second(10)?);
+//! let per_client: Pace<String> = Pace::new(Rate::per_second(2)?);
+//! let source: std::net::IpAddr = [192, 0, 2, 7].into();
+//!
+//! let mut held = pace::all()
+//!     .with(&per_source, &source)
+//!     .with(&per_client, "client-7")
+//!     .reserve()
+//!     .expect("both buckets are full");
+//! // The client id was not valid: that presentation does not spend it.
+//! held.refund(1);
+//! drop(held); // keeps the per-source debit
+//! assert_eq!(per_source.peek(&source), 9);
+//! assert_eq!(per_client.peek("client-7"), 2);
+//! # Ok::<(), pace::ConfigError>(())
+//! ```
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::pace::{Debit, Denied, Pace};
+
+/// One `(limiter, key)` pair, with the key's type erased so that pairs of
+/// different key types can be reserved together.
+///
+/// Implemented for `(&Pace<K, S, C>, &Q)` (borrowed key) and for
+/// `(Arc<Pace<K, S, C>>, K)` (owned, for refunds decided later, for example
+/// after a response).
+pub trait Axis {
+    /// Debits `n` tokens from the key's bucket ([`Pace::reserve_n`]).
+    ///
+    /// # Errors
+    /// [`Denied`] when the bucket lacks the tokens; nothing is written then.
+    fn reserve_n(&self, n: u64) -> Result<Debit, Denied>;
+
+    /// Refunds a debit this pair made ([`Pace::refund`]).
+    fn refund(&self, debit: Debit);
+
+    /// Whole tokens the key could reserve now ([`Pace::peek`]).
+    fn peek(&self) -> u64;
+}
+
+impl<K, Q, S, C> Axis for (&Pace<K, S, C>, &Q)
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    S: BuildHasher,
+    C: Clock,
+{
+    fn reserve_n(&self, n: u64) -> Result<Debit, Denied> {
+        self.0.reserve_n(self.1, n).map(|r| r.detach())
+    }
+
+    fn refund(&self, debit: Debit) {
+        self.0.refund(self.1, debit)
+    }
+
+    fn peek(&self) -> u64 {
+        self.0.peek(self.1)
+    }
+}
+
+impl<K, S, C> Axis for (Arc<Pace<K, S, C>>, K)
+where
+    K: Hash + Eq + Clone,
+    S: BuildHasher,
+    C: Clock,
+{
+    fn reserve_n(&self, n: u64) -> Result<Debit, Denied> {
+        self.0.reserve_n(&self.1, n).map(|r| r.detach())
+    }
+
+    fn refund(&self, debit: Debit) {
+        self.0.refund(&self.1, debit)
+    }
+
+    fn peek(&self) -> u64 {
+        self.0.peek(&self.1)
+    }
+}
+
+/// A boxed [`Axis`] as [`All`] holds it.
+pub type BoxAxis<'a> = Box<dyn Axis + Send + 'a>;
+
+/// Starts an all-or-nothing reservation over several limits (see the
+/// [module documentation](crate::all)).
+pub fn all<'a>() -> All<'a> {
+    All { axes: Vec::new() }
+}
+
+/// The pairs to reserve, in order (built by [`all`]).
+#[must_use = "All does nothing until reserve() is called"]
+pub struct All<'a> {
+    axes: Vec<(BoxAxis<'a>, u64)>,
+}
+
+impl<'a> All<'a> {
+    /// Adds `key` on `pace`, one token.
+    pub fn with<K, Q, S, C>(self, pace: &'a Pace<K, S, C>, key: &'a Q) -> Self
+    where
+        K: Hash + Eq + Borrow<Q> + Send + Sync,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K> + Sync,
+        S: BuildHasher + Sync,
+        C: Clock,
+    {
+        self.with_n(pace, key, 1)
+    }
+
+    /// Adds `key` on `pace`, `n` tokens.
+    pub fn with_n<K, Q, S, C>(self, pace: &'a Pace<K, S, C>, key: &'a Q, n: u64) -> Self
+    where
+        K: Hash + Eq + Borrow<Q> + Send + Sync,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K> + Sync,
+        S: BuildHasher + Sync,
+        C: Clock,
+    {
+        self.axis(Box::new((pace, key)), n)
+    }
+
+    /// Adds any [`Axis`], `n` tokens (for example an owned
+    /// `(Arc<Pace<K>>, K)` pair).
+    pub fn axis(mut self, axis: BoxAxis<'a>, n: u64) -> Self {
+        self.axes.push((axis, n));
+        self
+    }
+
+    /// Number of pairs added.
+    pub fn len(&self) -> usize {
+        self.axes.len()
+    }
+
+    /// True when no pair was added (reserving then always succeeds).
+    pub fn is_empty(&self) -> bool {
+        self.axes.is_empty()
+    }
+
+    /// Reserves every pair in the order added, or none.
+    ///
+    /// # Errors
+    /// The FIRST denial, with the index of the pair that denied; the pairs
+    /// before it are refunded (newest first) before this returns, the pairs
+    /// after it are not touched. When several limits are exhausted,
+    /// [`Denied::retry_after`] is therefore the wait of the first of them in
+    /// order: a lower bound of the wait until all of them would admit.
+    pub fn reserve(self) -> Result<AllReservation<'a>, AllDenied> {
+        let mut held: Vec<(BoxAxis<'a>, Option<Debit>)> = Vec::with_capacity(self.axes.len());
+        for (index, (axis, n)) in self.axes.into_iter().enumerate() {
+            match axis.reserve_n(n) {
+                Ok(debit) => held.push((axis, Some(debit))),
+                #[cfg(pace_mutant = "all_first_only")]
+                Err(_) if index > 0 => held.push((axis, None)),
+                Err(denied) => {
+                    #[cfg(not(pace_mutant = "all_no_refund"))]
+                    {
+                        #[cfg(not(pace_mutant = "all_refund_oldest_first"))]
+                        let order = held.into_iter().rev();
+                        #[cfg(pace_mutant = "all_refund_oldest_first")]
+                        let order = held.into_iter();
+                        for (axis, debit) in order {
+                            if let Some(debit) = debit {
+                                axis.refund(debit);
+                            }
+                        }
+                    }
+                    #[cfg(pace_mutant = "all_no_refund")]
+                    drop(held);
+                    return Err(AllDenied { index, denied });
+                }
+            }
+        }
+        Ok(AllReservation { held })
+    }
+}
+
+impl fmt::Debug for All<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("All")
+            .field("pairs", &self.axes.len())
+            .finish()
+    }
+}
+
+/// A denied [`All::reserve`]: which pair denied and why. Nothing it reserved
+/// before the denial is kept beyond what the refund rule keeps (see the
+/// [module documentation](crate::all)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllDenied {
+    /// Index (in the order added) of the pair that denied.
+    pub index: usize,
+    /// Its denial.
+    pub denied: Denied,
+}
+
+impl fmt::Display for AllDenied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "limit {} denied: {}", self.index, self.denied)
+    }
+}
+
+impl std::error::Error for AllDenied {}
+
+/// Every pair of an [`All`] reserved. Dropping it keeps every debit that was
+/// not refunded. It owns (or borrows, for `'a`) its pairs, so refunds can be
+/// decided later, pair by pair.
+#[must_use = "dropping an AllReservation keeps every debit"]
+pub struct AllReservation<'a> {
+    held: Vec<(BoxAxis<'a>, Option<Debit>)>,
+}
+
+impl AllReservation<'_> {
+    /// Number of pairs.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// True when there are no pairs.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Tokens pair `index` holds: what it debited, 0 once refunded (or when
+    /// `index` is out of range).
+    pub fn tokens(&self, index: usize) -> u64 {
+        self.held
+            .get(index)
+            .and_then(|(_, d)| d.as_ref())
+            .map_or(0, Debit::tokens)
+    }
+
+    /// Whole tokens pair `index`'s key could reserve now (`None` when
+    /// `index` is out of range).
+    pub fn peek(&self, index: usize) -> Option<u64> {
+        self.held.get(index).map(|(axis, _)| axis.peek())
+    }
+
+    /// Refunds pair `index` (see [`Reservation::refund`](crate::Reservation::refund)
+    /// for what a refund returns). Returns false when `index` is out of
+    /// range or the pair was already refunded; nothing happens then.
+    pub fn refund(&mut self, index: usize) -> bool {
+        match self.held.get_mut(index) {
+            Some((axis, debit)) => match debit.take() {
+                Some(d) => {
+                    axis.refund(d);
+                    true
+                }
+                None => false,
+            },
+            None => false,
+        }
+    }
+
+    /// Refunds every pair for which `f(index)` is true, newest first, and
+    /// keeps the others.
+    pub fn refund_where(mut self, mut f: impl FnMut(usize) -> bool) {
+        for index in (0..self.held.len()).rev() {
+            if f(index) {
+                self.refund(index);
+            }
+        }
+    }
+
+    /// Refunds every pair, newest first.
+    pub fn refund_all(self) {
+        self.refund_where(|_| true)
+    }
+}
+
+impl fmt::Debug for AllReservation<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tokens: Vec<u64> = (0..self.held.len()).map(|i| self.tokens(i)).collect();
+        f.debug_struct("AllReservation")
+            .field("tokens", &tokens)
+            .finish()
+    }
+}
