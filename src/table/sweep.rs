@@ -1,0 +1,120 @@
+//! Sweeps: removing full rows, a chunk of slots per call on large arrays,
+//! and shrinking the table when it has become sparse.
+
+use super::slot::{Array, State, DEAD, SWEEP_IDLE};
+use super::{is_migrating, Table};
+use crate::sync::epoch::{Guard, Shared};
+use crate::sync::Ordering;
+
+/// Sweep passes over larger arrays run in chunks of this many slots, one
+/// chunk per caller; smaller arrays are swept in one go.
+pub(crate) const SWEEP_CHUNK: usize = 4096;
+
+impl<K> Table<K> {
+    /// Removes every row whose bucket is full at `now`, then shrinks the
+    /// array if it has become sparse. Returns the rows this pass removed.
+    /// An explicit whole-table call: it finishes any migration it meets or
+    /// starts.
+    pub(crate) fn sweep(&self, now: u64, guard: &Guard) -> usize {
+        self.finish_migration(guard);
+        let (arr_ptr, arr) = self.array(guard);
+        let removed = self.sweep_range(arr_ptr, arr, 0, arr.slots.len(), now, guard);
+        self.shrink_if_sparse(arr_ptr, arr, guard);
+        self.finish_migration(guard);
+        removed.unwrap_or(0)
+    }
+
+    /// Starts a sweep pass: arrays of at most [`SWEEP_CHUNK`] slots are swept
+    /// at once; larger ones are handed out a chunk at a time to the callers
+    /// of [`sweep_step`](Table::sweep_step), so no caller scans more than one
+    /// chunk. A pass already running continues.
+    pub(crate) fn start_sweep(&self, now: u64, guard: &Guard) {
+        let (arr_ptr, arr) = self.array(guard);
+        if arr.slots.len() <= SWEEP_CHUNK {
+            if self
+                .sweep_range(arr_ptr, arr, 0, arr.slots.len(), now, guard)
+                .is_some()
+            {
+                self.shrink_if_sparse(arr_ptr, arr, guard);
+            }
+            return;
+        }
+        let _ =
+            arr.sweep_next
+                .compare_exchange(SWEEP_IDLE, 0, Ordering::Relaxed, Ordering::Relaxed);
+        self.sweep_step(now, guard);
+    }
+
+    /// Sweeps one chunk of the running pass, if there is one: two loads
+    /// otherwise.
+    #[inline]
+    pub(crate) fn sweep_step(&self, now: u64, guard: &Guard) {
+        let (arr_ptr, arr) = self.array(guard);
+        if arr.sweep_next.load(Ordering::Relaxed) < arr.slots.len() {
+            self.sweep_chunk(arr_ptr, arr, now, guard);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn sweep_chunk(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, now: u64, guard: &Guard) {
+        let len = arr.slots.len();
+        let start = arr.sweep_next.fetch_add(SWEEP_CHUNK, Ordering::Relaxed);
+        if start >= len {
+            return;
+        }
+        let end = (start + SWEEP_CHUNK).min(len);
+        // A migration met on the way abandons the pass (the array is going).
+        if self
+            .sweep_range(arr_ptr, arr, start, end, now, guard)
+            .is_some()
+            && end == len
+        {
+            arr.sweep_next.store(SWEEP_IDLE, Ordering::Relaxed);
+            self.shrink_if_sparse(arr_ptr, arr, guard);
+        }
+    }
+
+    /// Removes the full rows among slots `start..end` of the current array;
+    /// `None` if the array is migrating (its rows are swept in the next).
+    fn sweep_range(
+        &self,
+        arr_ptr: Shared<'_, Array<K>>,
+        arr: &Array<K>,
+        start: usize,
+        end: usize,
+        now: u64,
+        guard: &Guard,
+    ) -> Option<usize> {
+        if is_migrating(arr.next.load(Ordering::Acquire, guard)) {
+            return None;
+        }
+        let mut removed = 0;
+        for slot in &arr.slots[start..end] {
+            let p = match slot.load() {
+                State::Row(p) => p,
+                State::Copying(_) => return None,
+                _ => continue,
+            };
+            // SAFETY: `p` was linked in `arr`, reached through `current`
+            // under `guard`: it is retired only after an unlink that happens
+            // after `guard` was pinned.
+            let e = unsafe { &*p };
+            let word = e.word.load(Ordering::Acquire);
+            if word == DEAD {
+                self.unlink(arr_ptr, slot, p, guard);
+            } else if word <= now && self.kill(arr_ptr, slot, p, word, guard) {
+                removed += 1;
+            }
+        }
+        Some(removed)
+    }
+
+    /// Migrates to a smaller array when rows fill less than 1/8 of the slots
+    /// (or when tombstones have used up the array's claims).
+    fn shrink_if_sparse(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, guard: &Guard) {
+        if arr.slots.len() > self.min_slots && self.len().saturating_mul(8) < arr.slots.len() {
+            self.start_migration(arr_ptr, guard);
+        }
+    }
+}
