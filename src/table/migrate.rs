@@ -23,7 +23,7 @@
 
 use crossbeam_utils::Backoff;
 
-use super::slot::{probe_seq, Array, State, CHUNK, DEAD};
+use super::slot::{probe_seq, Array, Entry, Slot, State, CHUNK, DEAD};
 use super::{is_migrating, retire_entry, Table, PENDING};
 use crate::sync::epoch::{Guard, Owned, Shared};
 use crate::sync::{fence, snooze, Ordering};
@@ -110,6 +110,7 @@ impl<K> Table<K> {
 
     fn copy_chunk(&self, arr: &Array<K>, target: &Array<K>, chunk: usize, guard: &Guard) {
         let end = ((chunk + 1) * CHUNK).min(arr.slots.len());
+        let mut moved: Vec<(*mut Entry<K>, &Slot<K>)> = Vec::new();
         for slot in &arr.slots[chunk * CHUNK..end] {
             loop {
                 match slot.load() {
@@ -130,8 +131,8 @@ impl<K> Table<K> {
                         }
                         // SAFETY: `p` was linked in `arr` (reached through
                         // `current` under `guard`); an entry is retired only
-                        // after its unlink from the current array, and we
-                        // hold it marked, so nobody can unlink it here.
+                        // after an unlink, and we hold it marked, so nobody
+                        // can unlink it here.
                         let e = unsafe { &*p };
                         if e.word.load(Ordering::Acquire) == DEAD {
                             // Removed already (its floor is raised): drop it
@@ -143,12 +144,26 @@ impl<K> Table<K> {
                             // a marked slot on); retired once, by us.
                             unsafe { retire_entry(guard, p) };
                         } else {
-                            insert_copy(target, p, e.hash);
+                            let copy = insert_copy(target, p, e.hash);
                             slot.moved(p);
+                            moved.push((p, copy));
                         }
                         break;
                     }
                 }
+            }
+        }
+        // Dekker with `remove_dead` (one fence for the chunk): a row made
+        // DEAD while we held it marked is unlinked by us from the target.
+        if !moved.is_empty() {
+            fence(Ordering::SeqCst);
+        }
+        for (p, copy) in moved {
+            // SAFETY: `p` was linked under our `guard`; it is retired only
+            // after an unlink, so its destruction is deferred past `guard`.
+            let dead = unsafe { &*p }.word.load(Ordering::Acquire) == DEAD;
+            if dead && !cfg!(pace_mutant = "copier_skips_dead") {
+                self.unlink(copy, p, guard);
             }
         }
     }
@@ -157,7 +172,7 @@ impl<K> Table<K> {
     /// allocates and publishes the target, and copies one chunk.
     pub(super) fn start_migration(&self, arr_ptr: Shared<'_, Array<K>>, guard: &Guard) {
         let (cur_ptr, _) = self.array(guard);
-        if cur_ptr != arr_ptr {
+        if cur_ptr != arr_ptr && !cfg!(pace_mutant = "target_migrates_early") {
             return; // a target cannot migrate before it is current
         }
         // SAFETY: as in `Table::array`: loaded from `current` under `guard`.
@@ -209,13 +224,13 @@ impl<K> Table<K> {
 /// besides ordinary inserts, and the target's `limit` keeps a vacant slot
 /// for every row still to be copied; no other entry of the same key can be
 /// in the target (its lookups find this entry in the old array first).
-fn insert_copy<K>(target: &Array<K>, p: *mut super::Entry<K>, hash: u64) {
+fn insert_copy<K>(target: &Array<K>, p: *mut Entry<K>, hash: u64) -> &Slot<K> {
     target.used.fetch_add(1, Ordering::Relaxed);
     for idx in probe_seq(hash, target.mask()) {
         let slot = &target.slots[idx];
         while let State::Vacant = slot.load() {
             if slot.link(p) {
-                return;
+                return slot;
             }
         }
     }

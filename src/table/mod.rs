@@ -15,10 +15,13 @@
 //! DEAD is entered only from a full bucket, after the key's floor was raised
 //! to the row's own `tat`, and never left; a debit CAS expects a live word,
 //! so no debit lands on a dead row. Lookups pass over DEAD rows as if they
-//! were tombstones; whoever meets one in the current array unlinks it (the
-//! slot becomes a tombstone) and retires it. Only the current array unlinks:
-//! a target still being filled by a migration never retires an entry that
-//! the old array may still link.
+//! were tombstones; whoever meets one on its key's walk unlinks it (the slot
+//! becomes a tombstone) and retires it. A walk that finds an entry in a
+//! migration target passed the entry's old slot after it was moved, so no
+//! older array links it any more; an entry marked `Copying` cannot be
+//! unlinked (the CAS expects it unmarked), and its copier unlinks it from the
+//! target if it finds it DEAD after moving it (`remove_dead` and the copier
+//! each fence before they look, so one of them sees the other).
 //!
 //! # One key, one live row
 //! Within an array a key's live row is the first match on its probe
@@ -242,7 +245,11 @@ impl<K> Table<K> {
                             if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
                                 return Lookup::Vacant(arr_ptr, idx);
                             }
-                            if mode == Mode::Insert && !slot.seal() {
+                            // Known-wrong variant: go on without sealing, so
+                            // an insert in flight can still link the key here.
+                            let seal =
+                                mode == Mode::Insert && !cfg!(pace_mutant = "unsealed_insert");
+                            if seal && !slot.seal() {
                                 continue; // a row was linked here: read it
                             }
                             arr_ptr = self.next_of(arr, guard);
@@ -263,7 +270,7 @@ impl<K> Table<K> {
                                     };
                                 }
                                 if mode != Mode::Read {
-                                    self.unlink(arr_ptr, slot, p, guard);
+                                    self.unlink(slot, p, guard);
                                 }
                             }
                             break;
@@ -438,7 +445,9 @@ impl<K> Table<K> {
         if arr.used.fetch_add(1, Ordering::Relaxed) >= arr.limit.load(Ordering::Relaxed) {
             arr.used.fetch_sub(1, Ordering::Relaxed);
             self.len.fetch_sub(1, Ordering::SeqCst);
-            if self.array(guard).0 == arr_ptr {
+            // Known-wrong variant: a target starts its own migration while
+            // its source is still being copied into it.
+            if self.array(guard).0 == arr_ptr || cfg!(pace_mutant = "target_migrates_early") {
                 self.start_migration(arr_ptr, guard);
             } else if !self.help(guard) {
                 // A target at its limit before its source is copied: the
@@ -557,7 +566,7 @@ impl<K> Table<K> {
                         // SAFETY: as in `find`.
                         let arr = unsafe { arr_ptr.deref() };
                         let p = e as *const Entry<K> as *mut Entry<K>;
-                        self.unlink(arr_ptr, &arr.slots[idx], p, guard);
+                        self.remove_dead(&arr.slots[idx], p, guard);
                     }
                     return;
                 }
@@ -586,14 +595,7 @@ impl<K> Table<K> {
 
     /// Moves a full row (`word <= now`) to DEAD and unlinks it, after raising
     /// its key's floor to `word`. False if the word changed first.
-    fn kill(
-        &self,
-        arr_ptr: Shared<'_, Array<K>>,
-        slot: &Slot<K>,
-        p: *mut Entry<K>,
-        word: u64,
-        guard: &Guard,
-    ) -> bool {
+    fn kill(&self, slot: &Slot<K>, p: *mut Entry<K>, word: u64, guard: &Guard) -> bool {
         // SAFETY: the caller read `p` from `slot` under `guard` (see `find`).
         let e = unsafe { &*p };
         self.floors.raise(e.hash, word);
@@ -602,43 +604,84 @@ impl<K> Table<K> {
             // Known-wrong: unlink a full row without closing its word, so a
             // racing debit can land on a row that is no longer reachable.
             let _ = word;
-            return self.unlink(arr_ptr, slot, p, guard);
+            return self.unlink(slot, p, guard);
         }
         #[allow(unreachable_code)]
         if e.word
             .compare_exchange(word, DEAD, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
-            self.unlink(arr_ptr, slot, p, guard);
+            self.remove_dead(slot, p, guard);
             true
         } else {
             false
         }
     }
 
-    /// Unlinks the (DEAD) row `p` from `slot` of `arr` and retires it, if
-    /// `arr` is the current array and the slot still holds `p` unmarked. True
-    /// for the one caller that did it.
-    fn unlink(
-        &self,
-        arr_ptr: Shared<'_, Array<K>>,
-        slot: &Slot<K>,
-        p: *mut Entry<K>,
-        guard: &Guard,
-    ) -> bool {
-        // A migration target may not unlink: the old array can still hold
-        // `p` marked Copying. Once the target is current, it cannot.
-        if self.array(guard).0 != arr_ptr {
+    /// Unlinks the row `p`, which this caller made DEAD and found in `slot`,
+    /// wherever it is now: in `slot`, or in a migration target it was moved
+    /// to. If a copier holds it marked, the copier unlinks it.
+    fn remove_dead(&self, slot: &Slot<K>, p: *mut Entry<K>, guard: &Guard) -> bool {
+        if self.unlink(slot, p, guard) {
+            return true;
+        }
+        // Dekker with the copier (`moved`, fence, read the word): if the
+        // copier did not see our DEAD, we see its move.
+        fence(Ordering::SeqCst);
+        if let State::Copying(q) = slot.load() {
+            if q == p {
+                return false; // its copier sees DEAD after moving it
+            }
+        }
+        #[cfg(pace_mutant = "no_unlink_walk")]
+        {
+            // Known-wrong: trust that nobody moved the row.
             return false;
         }
+        #[allow(unreachable_code)]
+        // SAFETY: the caller holds `p` under `guard` (see `find`).
+        let hash = unsafe { &*p }.hash;
+        self.unlink_moved(hash, p, guard)
+    }
+
+    /// Follows `p` (by its hash) through the arrays and unlinks it where it
+    /// is linked unmarked.
+    fn unlink_moved(&self, hash: u64, p: *mut Entry<K>, guard: &Guard) -> bool {
+        let (mut arr_ptr, _) = self.array(guard);
+        loop {
+            // SAFETY: as in `find`.
+            let arr = unsafe { arr_ptr.deref() };
+            for idx in probe_seq(hash, arr.mask()) {
+                let slot = &arr.slots[idx];
+                match slot.load() {
+                    State::Row(q) if q == p => return self.unlink(slot, p, guard),
+                    State::Copying(q) if q == p => return false,
+                    State::Vacant | State::Sealed => break,
+                    _ => {}
+                }
+            }
+            if !is_migrating(arr.next.load(Ordering::Acquire, guard)) {
+                return false;
+            }
+            arr_ptr = self.next_of(arr, guard);
+        }
+    }
+
+    /// Unlinks the DEAD row `p` from `slot` and retires it, if the slot still
+    /// holds `p` unmarked. True for the one caller that did it.
+    ///
+    /// Callers found `p` in `slot` on its key's walk, or by sweeping the
+    /// current array, or (the copier) just linked it there after moving it
+    /// out of the old array: in each case no other array links `p` unmarked.
+    pub(super) fn unlink(&self, slot: &Slot<K>, p: *mut Entry<K>, guard: &Guard) -> bool {
         if slot.unlink(p) {
             self.len.fetch_sub(1, Ordering::SeqCst);
-            // SAFETY: `p` was linked only in this slot of the current array
-            // (older arrays no longer link it: they were fully copied before
-            // this one became current; a target links it only after a copier
-            // marked this slot, which our CAS excludes). No new reader can
-            // reach it; readers that already did are pinned, so destruction
-            // is deferred past them. We won the CAS: retired exactly once.
+            // SAFETY: `p` was linked only in this slot (see above: an older
+            // array links it at most marked `Copying`, which a copier moves
+            // on only after linking it here, and then no more). No new reader
+            // can reach it; readers that already did are pinned, so
+            // destruction is deferred past them. We won the CAS: retired
+            // exactly once.
             unsafe { retire_entry(guard, p) };
             true
         } else {

@@ -37,8 +37,12 @@ use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 /// The word of a removed row: above every live `tat`.
 pub(crate) const DEAD: u64 = MAX_TIME + 1;
 
-/// Slots a migration copies per chunk: the most any one call copies.
+/// Slots a migration copies per chunk: the most any one call copies. Loom
+/// models copy 2 slots at a time, so a 4-slot array migrates over calls.
+#[cfg(not(loom))]
 pub(crate) const CHUNK: usize = 256;
+#[cfg(loom)]
+pub(crate) const CHUNK: usize = 2;
 
 /// `sweep_next` when no pass is running. Far above any array length, and far
 /// below `usize::MAX`, so that late `fetch_add`s cannot wrap it.

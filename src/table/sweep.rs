@@ -16,12 +16,19 @@ impl<K> Table<K> {
     /// An explicit whole-table call: it finishes any migration it meets or
     /// starts.
     pub(crate) fn sweep(&self, now: u64, guard: &Guard) -> usize {
-        self.finish_migration(guard);
-        let (arr_ptr, arr) = self.array(guard);
-        let removed = self.sweep_range(arr_ptr, arr, 0, arr.slots.len(), now, guard);
-        self.shrink_if_sparse(arr_ptr, arr, guard);
-        self.finish_migration(guard);
-        removed.unwrap_or(0)
+        let mut removed = 0;
+        loop {
+            self.finish_migration(guard);
+            let (arr_ptr, arr) = self.array(guard);
+            let (n, done) = self.sweep_range(arr, 0, arr.slots.len(), now, guard);
+            removed += n;
+            if done {
+                self.shrink_if_sparse(arr_ptr, arr, guard);
+                self.finish_migration(guard);
+                return removed;
+            }
+            // A migration started under the pass: sweep its target.
+        }
     }
 
     /// Starts a sweep pass: arrays of at most [`SWEEP_CHUNK`] slots are swept
@@ -31,10 +38,7 @@ impl<K> Table<K> {
     pub(crate) fn start_sweep(&self, now: u64, guard: &Guard) {
         let (arr_ptr, arr) = self.array(guard);
         if arr.slots.len() <= SWEEP_CHUNK {
-            if self
-                .sweep_range(arr_ptr, arr, 0, arr.slots.len(), now, guard)
-                .is_some()
-            {
+            if self.sweep_range(arr, 0, arr.slots.len(), now, guard).1 {
                 self.shrink_if_sparse(arr_ptr, arr, guard);
             }
             return;
@@ -65,35 +69,31 @@ impl<K> Table<K> {
         }
         let end = (start + SWEEP_CHUNK).min(len);
         // A migration met on the way abandons the pass (the array is going).
-        if self
-            .sweep_range(arr_ptr, arr, start, end, now, guard)
-            .is_some()
-            && end == len
-        {
+        if self.sweep_range(arr, start, end, now, guard).1 && end == len {
             arr.sweep_next.store(SWEEP_IDLE, Ordering::Relaxed);
             self.shrink_if_sparse(arr_ptr, arr, guard);
         }
     }
 
-    /// Removes the full rows among slots `start..end` of the current array;
-    /// `None` if the array is migrating (its rows are swept in the next).
+    /// Removes the full rows among slots `start..end` of the current array:
+    /// the rows removed, and false if it stopped at a migration (the rows
+    /// are swept in the target).
     fn sweep_range(
         &self,
-        arr_ptr: Shared<'_, Array<K>>,
         arr: &Array<K>,
         start: usize,
         end: usize,
         now: u64,
         guard: &Guard,
-    ) -> Option<usize> {
+    ) -> (usize, bool) {
         if is_migrating(arr.next.load(Ordering::Acquire, guard)) {
-            return None;
+            return (0, false);
         }
         let mut removed = 0;
         for slot in &arr.slots[start..end] {
             let p = match slot.load() {
                 State::Row(p) => p,
-                State::Copying(_) => return None,
+                State::Copying(_) => return (removed, false),
                 _ => continue,
             };
             // SAFETY: `p` was linked in `arr`, reached through `current`
@@ -102,12 +102,18 @@ impl<K> Table<K> {
             let e = unsafe { &*p };
             let word = e.word.load(Ordering::Acquire);
             if word == DEAD {
-                self.unlink(arr_ptr, slot, p, guard);
-            } else if word <= now && self.kill(arr_ptr, slot, p, word, guard) {
+                self.unlink(slot, p, guard);
+            } else if word <= now && self.kill(slot, p, word, guard) {
                 removed += 1;
             }
         }
-        Some(removed)
+        // A migration that started under the scan may have moved rows out
+        // of slots before we read them (we saw their tombstones, after the
+        // target was published): those rows are swept in the target.
+        (
+            removed,
+            !is_migrating(arr.next.load(Ordering::Acquire, guard)),
+        )
     }
 
     /// Migrates to a smaller array when rows fill less than 1/8 of the slots
