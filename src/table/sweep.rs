@@ -2,7 +2,7 @@
 //! and shrinking the table when it has become sparse.
 
 use super::slot::{Array, State, DEAD, SWEEP_IDLE};
-use super::{is_migrating, Table};
+use super::{is_migrating, retire_batch, Table};
 use crate::sync::epoch::{Guard, Shared};
 use crate::sync::Ordering;
 
@@ -90,10 +90,15 @@ impl<K> Table<K> {
             return (0, false);
         }
         let mut removed = 0;
+        let mut batch = Vec::new();
         for slot in &arr.slots[start..end] {
             let p = match slot.load() {
                 State::Row(p) => p,
-                State::Copying(_) => return (removed, false),
+                State::Copying(_) => {
+                    // SAFETY: as below.
+                    unsafe { retire_batch::<K>(guard, batch) };
+                    return (removed, false);
+                }
                 _ => continue,
             };
             // SAFETY: `p` was linked in `arr`, reached through `current`
@@ -102,11 +107,14 @@ impl<K> Table<K> {
             let e = unsafe { &*p };
             let word = e.word.load(Ordering::Acquire);
             if word == DEAD {
-                self.unlink(slot, p, guard);
-            } else if word <= now && self.kill(slot, p, word, guard) {
+                self.unlink_into(slot, p, guard, Some(&mut batch));
+            } else if word <= now && self.kill(slot, p, word, guard, &mut batch) {
                 removed += 1;
             }
         }
+        // SAFETY: every entry in `batch` was unlinked by us (the CAS winner)
+        // and is reachable by no new reader; retired once, here.
+        unsafe { retire_batch::<K>(guard, batch) };
         // A migration that started under the scan may have moved rows out
         // of slots before we read them (we saw their tombstones, after the
         // target was published): those rows are swept in the target.
