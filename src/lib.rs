@@ -39,7 +39,7 @@ mod table;
 pub use crate::clock::QuantaClock;
 pub use crate::clock::{Clock, DefaultClock, ManualClock, StdClock};
 pub use crate::gate::{AdmitError, Gate, GateStats, Resource, Ticket};
-pub use crate::pace::{Builder, Debit, Denied, DenyReason, Pace, Reservation};
+pub use crate::pace::{Builder, Debit, Denied, DenyReason, MemoryStats, Pace, Reservation};
 pub use crate::rate::{ConfigError, Rate};
 
 /// Internals exposed for benchmarks, fuzz targets and models only. Not a

@@ -73,6 +73,25 @@ pub struct Builder<K, S = RandomState, C = DefaultClock> {
     _keys: PhantomData<fn() -> K>,
 }
 
+/// What a limiter's table holds, from [`Pace::memory`]. Bytes are those
+/// requested from the allocator (its own per-allocation overhead excluded),
+/// not counting what keys own on the heap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// Slots of the array new rows go to.
+    pub slots: usize,
+    /// Bytes of the slot arrays in use: the current one and, while a
+    /// migration runs, its target.
+    pub array_bytes: usize,
+    /// Bytes of the rows' entries (`rows` x [`Pace::entry_bytes`]).
+    pub entry_bytes: usize,
+    /// Bytes of the floors (a fixed array per limiter).
+    pub floor_bytes: usize,
+    /// Rows held.
+    pub rows: usize,
+}
+
 /// Why a reservation was denied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -366,20 +385,35 @@ impl<K, S, C> Pace<K, S, C> {
         &self.clock
     }
 
-    /// Slots in the table's current array (capacity of the open-addressing
-    /// table, not of buckets).
+    /// What the table holds now (see [`MemoryStats`]).
+    pub fn memory(&self) -> MemoryStats {
+        let guard = self.pin();
+        let rows = self.table.len();
+        MemoryStats {
+            slots: self.table.slots(&guard),
+            array_bytes: self.table.array_bytes(&guard),
+            entry_bytes: rows * Table::<K>::entry_bytes(),
+            floor_bytes: self.table.floor_bytes(),
+            rows,
+        }
+    }
+
+    /// Slots of the array new rows go to (capacity of the open-addressing
+    /// table, not of buckets): [`MemoryStats::slots`].
     pub fn table_slots(&self) -> usize {
-        self.table.slots(&self.pin())
+        self.memory().slots
     }
 
-    /// Bytes of the table's current slot array. Each row adds one entry
-    /// allocation of [`entry_bytes`](Pace::entry_bytes) plus what its key owns.
+    /// Bytes of the table's slot arrays (both while a migration runs) and
+    /// floors. Each row adds one entry allocation of
+    /// [`entry_bytes`](Pace::entry_bytes) plus what its key owns.
     pub fn table_bytes(&self) -> usize {
-        self.table.array_bytes(&self.pin()) + self.table.floor_bytes()
+        let m = self.memory();
+        m.array_bytes + m.floor_bytes
     }
 
-    /// Bytes of one row's entry allocation (hash and key, not what the key
-    /// owns on the heap).
+    /// Bytes of one row's entry allocation (bucket word, hash and key, not
+    /// what the key owns on the heap).
     pub fn entry_bytes() -> usize {
         Table::<K>::entry_bytes()
     }
@@ -703,5 +737,33 @@ impl<K, S, C: fmt::Debug> fmt::Debug for Pace<K, S, C> {
             .field("rows", &self.len())
             .field("clock", &self.clock)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod memory_stats {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[test]
+    fn memory_reports_rows_slots_and_bytes() {
+        let p: Pace<u64, RandomState, ManualClock> = Pace::builder(Rate::per_second(10).unwrap())
+            .clock(ManualClock::new())
+            .min_slots(4)
+            .build()
+            .unwrap();
+        let empty = p.memory();
+        assert_eq!((empty.rows, empty.slots, empty.entry_bytes), (0, 4, 0));
+        for k in 0..100u64 {
+            let _kept = p.reserve(&k).unwrap();
+        }
+        let m = p.memory();
+        assert_eq!(m.rows, 100);
+        assert_eq!(m.entry_bytes, 100 * Pace::<u64>::entry_bytes());
+        assert_eq!(Pace::<u64>::entry_bytes(), 24, "word, hash and a u64 key");
+        assert_eq!(m.slots, p.table_slots());
+        assert!(m.slots >= 134, "3/4 load at most: {}", m.slots);
+        assert!(m.array_bytes >= m.slots * 8);
+        assert_eq!(p.table_bytes(), m.array_bytes + m.floor_bytes);
     }
 }
