@@ -121,23 +121,23 @@ impl<K> Table<K> {
                         // An insert won the slot: copy its row.
                     }
                     State::Tombstone | State::Sealed => break,
-                    State::Copying(_) => {
+                    State::Copying(_) | State::Other => {
                         debug_assert!(false, "a chunk has one copier");
                         break;
                     }
                     State::Row(p) => {
-                        if !slot.mark_copying(p) {
-                            continue; // unlinked meanwhile
-                        }
                         // SAFETY: `p` was linked in `arr` (reached through
                         // `current` under `guard`); an entry is retired only
-                        // after an unlink, and we hold it marked, so nobody
-                        // can unlink it here.
+                        // after an unlink, deferred past `guard`.
                         let e = unsafe { &*p };
+                        if !slot.mark_copying(p, e.hash) {
+                            continue; // unlinked meanwhile
+                        }
                         if e.word.load(Ordering::Acquire) == DEAD {
                             // Removed already (its floor is raised): drop it
-                            // here instead of copying it.
-                            slot.moved(p);
+                            // here instead of copying it (we hold it marked,
+                            // so nobody else unlinks it).
+                            slot.moved(p, e.hash);
                             self.len.fetch_sub(1, Ordering::SeqCst);
                             // SAFETY: `p` is no longer linked anywhere (it was
                             // linked only in `arr`, and only this copier moves
@@ -145,7 +145,7 @@ impl<K> Table<K> {
                             unsafe { retire_entry(guard, p) };
                         } else {
                             let copy = insert_copy(target, p, e.hash);
-                            slot.moved(p);
+                            slot.moved(p, e.hash);
                             moved.push((p, copy));
                         }
                         break;
@@ -229,7 +229,7 @@ fn insert_copy<K>(target: &Array<K>, p: *mut Entry<K>, hash: u64) -> &Slot<K> {
     for idx in probe_seq(hash, target.mask()) {
         let slot = &target.slots[idx];
         while let State::Vacant = slot.load() {
-            if slot.link(p) {
+            if slot.link(p, hash) {
                 return slot;
             }
         }

@@ -258,8 +258,8 @@ impl<K> Table<K> {
             for idx in probe_seq(hash, arr.mask()) {
                 let slot = &arr.slots[idx];
                 loop {
-                    match slot.load() {
-                        State::Tombstone => break,
+                    match slot.load_for(hash) {
+                        State::Tombstone | State::Other => break,
                         State::Sealed => {
                             arr_ptr = self.next_of(arr, guard);
                             continue 'arrays;
@@ -419,7 +419,7 @@ impl<K> Table<K> {
                     // SAFETY: as in `find`: `arr_ptr` was reached under `guard`.
                     let arr = unsafe { arr_ptr.deref() };
                     let p = Box::into_raw(entry);
-                    if arr.slots[idx].link(p) {
+                    if arr.slots[idx].link(p, hash) {
                         // SAFETY: we just linked `p`; it is retired only after
                         // an unlink, which happens after our `guard` pinned.
                         let e = unsafe { &*p };
@@ -728,7 +728,10 @@ impl<K> Table<K> {
         guard: &Guard,
         batch: Option<&mut Vec<usize>>,
     ) -> bool {
-        if slot.unlink(p) {
+        // SAFETY: every caller read `p` from a slot under `guard`; it is
+        // retired only after an unlink, deferred past `guard`.
+        let hash = unsafe { &*p }.hash;
+        if slot.unlink(p, hash) {
             self.len.fetch_sub(1, Ordering::SeqCst);
             if let Some(batch) = batch {
                 batch.push(p as usize);
