@@ -60,7 +60,7 @@ table_mutants=(
     "unsealed_insert=one live row per key"
     "copier_skips_dead=len counts the rows"
     "no_unlink_walk=len counts the rows"
-    "target_migrates_early=TARGET_EARLY_MESSAGE"
+    "target_migrates_early=every debit kept"
 )
 for entry in "${table_mutants[@]}"; do
     mutant=${entry%%=*}
