@@ -530,15 +530,11 @@ where
         }
         let hash = self.hasher.hash_one(key);
         let guard = self.pin();
-        // The sweep runs before the debit: the last chunk of a pass then sees
-        // the table as earlier calls left it, without this call's row.
-        self.maybe_sweep(now, &guard);
         let result = self
             .table
             .reserve(&self.limits, hash, key, n, now, reread, &guard);
-        if matches!(result, Ok(a) if a.created) {
-            self.sweep_if_grown(now, &guard);
-        }
+        let created = matches!(result, Ok(a) if a.created);
+        self.maybe_sweep(now, created, &guard);
         match result {
             Ok(a) => Ok(Reservation {
                 pace: self,
@@ -673,12 +669,11 @@ where
     }
 
     /// The sweep policy: a pass starts when the horizon has passed since the
-    /// last time-driven pass, or (see `sweep_if_grown`) when the table has
-    /// doubled since the last pass. A pass over a large table runs a chunk
-    /// per call (see `Table::start_sweep`), so every call also advances a
-    /// running pass.
+    /// last time-driven pass, or when the table has doubled since the last
+    /// pass. A pass over a large table runs a chunk per call (see
+    /// `Table::start_sweep`), so every call also advances a running pass.
     #[inline]
-    fn maybe_sweep(&self, now: u64, guard: &Guard) {
+    fn maybe_sweep(&self, now: u64, created: bool, guard: &Guard) {
         let due = self.next_sweep.load(Ordering::Relaxed);
         // A due time more than a horizon ahead means the clock stepped back:
         // treat it as due, so sweeps do not stall until the clock catches up.
@@ -692,24 +687,20 @@ where
                 self.start_pass(now, guard);
                 return;
             }
+        } else if created {
+            let mark = self.sweep_mark.load(Ordering::Relaxed);
+            let len = self.table.len();
+            if len >= mark.max(SWEEP_FLOOR).saturating_mul(2)
+                && self
+                    .sweep_mark
+                    .compare_exchange(mark, len, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.start_pass(now, guard);
+                return;
+            }
         }
         self.table.sweep_step(now, guard);
-    }
-
-    /// A pass also starts when a created row doubled the table since the
-    /// last pass.
-    #[inline]
-    fn sweep_if_grown(&self, now: u64, guard: &Guard) {
-        let mark = self.sweep_mark.load(Ordering::Relaxed);
-        let len = self.table.len();
-        if len >= mark.max(SWEEP_FLOOR).saturating_mul(2)
-            && self
-                .sweep_mark
-                .compare_exchange(mark, len, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.start_pass(now, guard);
-        }
     }
 
     #[cold]

@@ -38,7 +38,7 @@ use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::bucket::{Decision, Limits, Refund};
 use crate::sync::epoch::{self, Atomic, Guard, Shared};
-use crate::sync::{cas_retry, fence, snooze, AtomicUsize, Ordering};
+use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
 
 mod floor;
 mod migrate;
@@ -156,6 +156,8 @@ pub(crate) struct Table<K> {
     min_slots: usize,
     /// The largest `tat` removed per stripe of keys: where fresh rows start.
     floors: Floors,
+    /// A sweep pass found the table sparse while rows remained.
+    shrink_wanted: AtomicBool,
 }
 
 impl<K> Table<K> {
@@ -168,6 +170,7 @@ impl<K> Table<K> {
             len: CachePadded::new(AtomicUsize::new(0)),
             min_slots,
             floors: Floors::new(),
+            shrink_wanted: AtomicBool::new(false),
         }
     }
 
@@ -333,6 +336,7 @@ impl<K> Table<K> {
         K: Borrow<Q>,
         Q: ?Sized + Eq + ToOwned<Owned = K>,
     {
+        self.shrink_pending(guard);
         self.help_if_migrating(guard);
         if let Lookup::Row { e, .. } = self.find(hash, key, Mode::Insert, guard) {
             if let Step::Done(r) = self.debit(e, limits, hash, n, &mut now, reread) {
@@ -590,6 +594,7 @@ impl<K> Table<K> {
                         let arr = unsafe { arr_ptr.deref() };
                         let p = e as *const Entry<K> as *mut Entry<K>;
                         self.remove_dead(&arr.slots[idx], p, guard, None);
+                        self.shrink_pending(guard);
                     }
                     return;
                 }

@@ -23,7 +23,11 @@ impl<K> Table<K> {
             let (n, done) = self.sweep_range(arr, 0, arr.slots.len(), now, guard);
             removed += n;
             if done {
-                self.shrink_if_sparse(arr_ptr, arr, guard);
+                if arr.slots.len() > self.min_slots
+                    && self.len().saturating_mul(8) < arr.slots.len()
+                {
+                    self.start_migration(arr_ptr, guard);
+                }
                 self.finish_migration(guard);
                 return removed;
             }
@@ -124,9 +128,38 @@ impl<K> Table<K> {
         )
     }
 
-    /// Migrates to a smaller array when rows fill less than 1/8 of the slots
-    /// (or when tombstones have used up the array's claims).
+    /// Migrates to a smaller array when rows fill less than 1/8 of the slots.
+    /// An empty table swaps in O(1); otherwise the shrink is left pending
+    /// for the next call (see [`shrink_pending`](Table::shrink_pending)), so
+    /// that a pass ending under a reserve's own short-lived row does not
+    /// start a copy that the row's refund a moment later would make
+    /// unnecessary.
     fn shrink_if_sparse(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, guard: &Guard) {
+        if arr.slots.len() > self.min_slots && self.len().saturating_mul(8) < arr.slots.len() {
+            if self.len() == 0 {
+                self.start_migration(arr_ptr, guard);
+            } else {
+                self.shrink_wanted.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Starts a shrink left pending by the last sweep pass, if the table is
+    /// still sparse: O(1) when it is empty, else an incremental migration.
+    #[inline]
+    pub(crate) fn shrink_pending(&self, guard: &Guard) {
+        if self.shrink_wanted.load(Ordering::Relaxed) {
+            self.start_pending_shrink(guard);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn start_pending_shrink(&self, guard: &Guard) {
+        if !self.shrink_wanted.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let (arr_ptr, arr) = self.array(guard);
         if arr.slots.len() > self.min_slots && self.len().saturating_mul(8) < arr.slots.len() {
             self.start_migration(arr_ptr, guard);
         }
