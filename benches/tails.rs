@@ -10,9 +10,20 @@
 //! shrinks the table); random reserves go on throughout, so whoever calls
 //! `reserve` when a sweep is due pays for it.
 //!
+//! Then growth and churn, each call timed, pace and governor in this one
+//! process on the same keys:
+//!
+//! * growth: `PACE_GROW` (default 4M) distinct u64 keys reserved once and
+//!   kept (1/100 s, capacity 100: nothing refills during the run); the slowest
+//!   call up to 400k rows and from 400k to the end, so a cost that grows with
+//!   the table shows up as the second against the first;
+//! * churn: as many distinct keys at 1000/s with capacity 1 (each row is
+//!   full again 1 ms after its reserve and is swept): the tail per call.
+//!
 //! ```text
-//! cargo bench --bench tails                 # ~40 s
+//! cargo bench --bench tails                 # ~60 s
 //! PACE_TAIL_SECS=10 cargo bench --bench tails
+//! cargo bench --bench tails -- growth       # growth and churn only
 //! ```
 
 mod common;
@@ -136,7 +147,16 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    if !args.is_empty() && !args.iter().any(|a| "tails".contains(a.as_str())) {
+    if !args.is_empty()
+        && !args
+            .iter()
+            .any(|a| "tails".contains(a.as_str()) || a == "growth")
+    {
+        return;
+    }
+    let only_growth = args.iter().any(|a| a == "growth");
+    if only_growth {
+        growth_and_churn();
         return;
     }
     let secs: f64 = std::env::var("PACE_TAIL_SECS")
@@ -198,4 +218,108 @@ fn main() {
         "| all rows full, {removed} removed (+ shrink migration) | {:.2?} |",
         t.elapsed()
     );
+    growth_and_churn();
+}
+
+/// Growth regime: one token per 100 s, capacity 100, no priming: each
+/// reserve leaves 100 s of debt, so every row stays live through the run.
+const GROW: Regime = Regime {
+    name: "grow",
+    interval_ns: 100_000_000_000,
+    capacity: 100,
+    prime: 0,
+};
+
+/// Churn regime: 1000/s, capacity 1: a row is full 1 ms after its reserve.
+const CHURN: Regime = Regime {
+    name: "churn",
+    interval_ns: 1_000_000,
+    capacity: 1,
+    prime: 0,
+};
+
+/// Reserves keys `0..n` once each, timing every call: (histogram, slowest
+/// call before `split` calls, slowest from `split` on, rows at the end).
+fn timed_flood<L: Contender<u64>>(
+    lim: &L,
+    n: u64,
+    split: u64,
+) -> (Histogram<u64>, u64, u64, usize) {
+    let clock = QuantaClock::new();
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    let (mut early, mut late) = (0u64, 0u64);
+    for k in 0..n {
+        let a = clock.now_ns();
+        std::hint::black_box(lim.reserve(&k));
+        let d = clock.now_ns().saturating_sub(a).max(1);
+        h.record(d).unwrap();
+        if k < split {
+            early = early.max(d);
+        } else {
+            late = late.max(d);
+        }
+    }
+    (h, early, late, lim.rows())
+}
+
+fn flood_row(name: &str, who: &str, o: &(Histogram<u64>, u64, u64, usize)) {
+    let (h, early, late, rows) = o;
+    let us = |v: u64| format!("{:.2}", v as f64 / 1000.0);
+    println!(
+        "| {name} | {who} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        us(h.value_at_quantile(0.5)),
+        us(h.value_at_quantile(0.99)),
+        us(h.value_at_quantile(0.999)),
+        us(h.value_at_quantile(0.9999)),
+        us(h.max()),
+        us(*early),
+        us(*late),
+        rows,
+    );
+}
+
+fn growth_and_churn() {
+    let n: u64 = std::env::var("PACE_GROW")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4_000_000);
+    let split = n / 10;
+    println!(
+        "\n## Growth and churn, {n} distinct u64 keys, each call timed (load {})\n",
+        loadavg()
+    );
+    println!(
+        "Times in µs (including two timer reads); \"max < {split}\" is the slowest call \
+         while the table held fewer than {split} rows, \"max ≥ {split}\" the slowest after.\n"
+    );
+    println!("| workload | limiter | p50 | p99 | p99.9 | p99.99 | max | max < {split} | max ≥ {split} | rows at end |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let p = PaceC::<u64, _>::new(&GROW, QuantaClock::new());
+    flood_row(
+        "growth (1/100 s, capacity 100)",
+        "pace",
+        &timed_flood(&p, n, split),
+    );
+    drop(p);
+    let g = Governor::<u64>::new(&GROW);
+    flood_row(
+        "growth (1/100 s, capacity 100)",
+        "governor",
+        &timed_flood(&g, n, split),
+    );
+    drop(g);
+    let p = PaceC::<u64, _>::new(&CHURN, QuantaClock::new());
+    flood_row(
+        "churn (1000/s, capacity 1)",
+        "pace",
+        &timed_flood(&p, n, split),
+    );
+    drop(p);
+    let g = Governor::<u64>::new(&CHURN);
+    flood_row(
+        "churn (1000/s, capacity 1)",
+        "governor",
+        &timed_flood(&g, n, split),
+    );
+    drop(g);
 }

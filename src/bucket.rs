@@ -14,10 +14,6 @@
 
 /// The largest representable `tat`: about 146 years of nanoseconds.
 pub(crate) const MAX_TIME: u64 = (1 << 62) - 1;
-/// A row being removed. Entered only from a full bucket; never left.
-pub(crate) const DEAD: u64 = 1 << 62;
-/// Flag set on a row whose word has been copied to a newer table array.
-pub(crate) const FROZEN: u64 = 1 << 63;
 /// The largest refill time of an empty bucket (`capacity x interval`).
 pub(crate) const MAX_TAU: u64 = MAX_TIME / 2;
 
@@ -170,12 +166,6 @@ impl Limits {
     }
 }
 
-/// A live row's `tat` (neither DEAD nor FROZEN).
-#[inline]
-pub(crate) fn is_live(word: u64) -> bool {
-    word <= MAX_TIME
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +254,5 @@ mod tests {
         assert!(Limits::new(1, MAX_TAU + 1).is_none());
         assert!(Limits::new(u64::MAX, 2).is_none());
         assert!(Limits::new(T, 0).is_none());
-        assert!(is_live(MAX_TIME) && !is_live(DEAD) && !is_live(FROZEN | 5));
     }
 }

@@ -206,7 +206,7 @@ pub use crate::all::{all, All, AllDenied, AllReservation, Axis, BoxAxis};
 pub use crate::clock::QuantaClock;
 pub use crate::clock::{Clock, DefaultClock, ManualClock, StdClock};
 pub use crate::gate::{AdmitError, Gate, GateStats, Resource, Ticket};
-pub use crate::pace::{Builder, Debit, Denied, DenyReason, Memory, Pace, Reservation};
+pub use crate::pace::{Builder, Debit, Denied, DenyReason, MemoryStats, Pace, Reservation};
 pub use crate::rate::{ConfigError, Rate};
 
 /// Internals exposed for benchmarks, fuzz targets and models only. Not a

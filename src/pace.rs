@@ -72,6 +72,25 @@ pub struct Builder<K, S = RandomState, C = DefaultClock> {
     _keys: PhantomData<fn() -> K>,
 }
 
+/// What a limiter's table holds, from [`Pace::memory`]. Bytes are those
+/// requested from the allocator (its own per-allocation overhead excluded),
+/// not counting what keys own on the heap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// Slots of the array new rows go to.
+    pub slots: usize,
+    /// Bytes of the slot arrays in use: the current one and, while a
+    /// migration runs, its target.
+    pub array_bytes: usize,
+    /// Bytes of the rows' entries (`rows` x [`Pace::entry_bytes`]).
+    pub entry_bytes: usize,
+    /// Bytes of the floors (a fixed array per limiter).
+    pub floor_bytes: usize,
+    /// Rows held.
+    pub rows: usize,
+}
+
 /// Why a reservation was denied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -83,24 +102,6 @@ pub enum DenyReason {
     /// The clock reads past the limiter's time space (about 146 years after
     /// the clock's origin): nothing is admitted any more.
     TimeExhausted,
-}
-
-/// What a [`Pace`]'s table holds, from [`Pace::memory`]: the heap it uses is
-/// `table_bytes + rows x entry_bytes` plus what the keys own, plus arrays
-/// and rows retired and not yet freed by the epoch collector.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Memory {
-    /// Rows held (as [`Pace::len`]).
-    pub rows: usize,
-    /// Slots in the table's current array (its capacity, not of buckets).
-    pub slots: usize,
-    /// Bytes of the current slot array and the floors, without the rows'
-    /// entries.
-    pub table_bytes: usize,
-    /// Bytes of one row's entry allocation (hash and key), not what the key
-    /// owns on the heap.
-    pub entry_bytes: usize,
 }
 
 /// A denied reservation. Nothing was written and no row was created.
@@ -380,30 +381,36 @@ impl<K, S, C> Pace<K, S, C> {
         &self.clock
     }
 
-    /// What the table holds now: rows, slots and bytes (see [`Memory`]).
-    pub fn memory(&self) -> Memory {
+    /// What the table holds now (see [`MemoryStats`]).
+    pub fn memory(&self) -> MemoryStats {
         let guard = self.pin();
-        Memory {
-            rows: self.len(),
+        let rows = self.table.len();
+        MemoryStats {
             slots: self.table.slots(&guard),
-            table_bytes: self.table.array_bytes(&guard) + self.table.floor_bytes(),
-            entry_bytes: Table::<K>::entry_bytes(),
+            array_bytes: self.table.array_bytes(&guard),
+            entry_bytes: rows * Table::<K>::entry_bytes(),
+            floor_bytes: self.table.floor_bytes(),
+            rows,
         }
     }
 
-    /// Slots in the table's current array (see [`memory`](Pace::memory)).
+    /// Slots of the array new rows go to: [`MemoryStats::slots`].
     #[doc(hidden)]
     pub fn table_slots(&self) -> usize {
-        self.table.slots(&self.pin())
+        self.memory().slots
     }
 
-    /// Bytes of the table's current slot array (see [`memory`](Pace::memory)).
+    /// Bytes of the table's slot arrays (both while a migration runs) and
+    /// floors. Each row adds one entry allocation of
+    /// [`entry_bytes`](Pace::entry_bytes) plus what its key owns.
     #[doc(hidden)]
     pub fn table_bytes(&self) -> usize {
-        self.table.array_bytes(&self.pin()) + self.table.floor_bytes()
+        let m = self.memory();
+        m.array_bytes + m.floor_bytes
     }
 
-    /// Bytes of one row's entry allocation (see [`memory`](Pace::memory)).
+    /// Bytes of one row's entry allocation (bucket word, hash and key, not
+    /// what the key owns on the heap).
     #[doc(hidden)]
     pub fn entry_bytes() -> usize {
         Table::<K>::entry_bytes()
@@ -819,5 +826,33 @@ where
 
     fn debit_end_ns(&self) -> u64 {
         self.debit_end_ns_inner()
+    }
+}
+
+#[cfg(test)]
+mod memory_stats {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[test]
+    fn memory_reports_rows_slots_and_bytes() {
+        let p: Pace<u64, RandomState, ManualClock> = Pace::builder(Rate::per_second(10).unwrap())
+            .clock(ManualClock::new())
+            .min_slots(4)
+            .build()
+            .unwrap();
+        let empty = p.memory();
+        assert_eq!((empty.rows, empty.slots, empty.entry_bytes), (0, 4, 0));
+        for k in 0..100u64 {
+            let _kept = p.reserve(&k).unwrap();
+        }
+        let m = p.memory();
+        assert_eq!(m.rows, 100);
+        assert_eq!(m.entry_bytes, 100 * Pace::<u64>::entry_bytes());
+        assert_eq!(Pace::<u64>::entry_bytes(), 24, "word, hash and a u64 key");
+        assert_eq!(m.slots, p.table_slots());
+        assert!(m.slots >= 134, "3/4 load at most: {}", m.slots);
+        assert!(m.array_bytes >= m.slots * 8);
+        assert_eq!(p.table_bytes(), m.array_bytes + m.floor_bytes);
     }
 }

@@ -78,3 +78,32 @@ for mutant in "${gate_mutants[@]}"; do
     fi
     echo "caught: $(grep -E "^test mutant_" <<<"$out")"
 done
+
+# The table's migration protocol (loom-tests/tests/table.rs): each known-wrong
+# variant must make its model fail with the invariant message given here.
+table_mutants=(
+    "unsealed_insert=one live row per key"
+    "copier_skips_dead=len counts the rows"
+    "no_unlink_walk=len counts the rows"
+    "target_migrates_early=every debit kept"
+)
+for entry in "${table_mutants[@]}"; do
+    mutant=${entry%%=*}
+    expected=${entry#*=}
+    echo "table mutant $mutant: the model must fail with \"$expected\""
+    status=0
+    out=$(RUSTFLAGS="$RUSTFLAGS --cfg pace_mutant=\"$mutant\"" CARGO_TARGET_DIR=target/loom-mutant \
+        cargo test -p loom-tests --release --test table -- "mutant_$mutant" --exact --test-threads=1 2>&1) ||
+        status=$?
+    if [ "$status" -eq 0 ]; then
+        echo "$out" | tail -20
+        echo "table mutant $mutant SURVIVED: no model caught it"
+        exit 1
+    fi
+    if ! grep -qF "$expected" <<<"$out"; then
+        echo "$out" | tail -40
+        echo "table mutant $mutant failed, but not with the expected invariant"
+        exit 1
+    fi
+    echo "caught: $(grep -F "$expected" <<<"$out" | head -1)"
+done

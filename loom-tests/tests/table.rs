@@ -1,0 +1,273 @@
+//! loom models of the table's migration protocol: a migration copies 2 slots
+//! per chunk under loom, so a 4-slot array migrates over several calls and
+//! every operation below can meet a half-copied array.
+//!
+//! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" CARGO_TARGET_DIR=target/loom \
+//!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release --test table
+//!
+//! The harness (keys holding a loom `Arc`, the id hasher, `model`) is the one
+//! of `pace.rs`. Each model has a known-wrong variant of the crate, built with
+//! `--cfg pace_mutant="…"`, that it must catch; `.ci/suites/10-loom.sh` runs
+//! the `mutant_*` tests and checks the failure message.
+#![cfg(loom)]
+
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::time::Duration;
+
+use loom::sync::Arc;
+use loom::thread;
+use pace::{Pace, Rate, StdClock};
+
+/// One token per `T` ns.
+const T: u64 = 1_000;
+
+/// A key that the model can see leak: it holds a loom `Arc`.
+#[derive(Clone, Debug)]
+struct Key {
+    id: u64,
+    _alive: Arc<()>,
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.id == other.id
+    }
+}
+impl Eq for Key {}
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.id);
+    }
+}
+
+fn key(id: u64) -> Key {
+    Key {
+        id,
+        _alive: Arc::new(()),
+    }
+}
+
+/// Hash = key id: slot positions are chosen by the model (ids 0 and 4
+/// collide in a 4-slot array) and identical in every execution.
+#[derive(Default)]
+struct IdHasher(u64);
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type P = Pace<Key, BuildHasherDefault<IdHasher>, StdClock>;
+
+fn pace(capacity: u64) -> Arc<P> {
+    Arc::new(
+        Pace::builder(Rate::new(1, Duration::from_nanos(T)).unwrap())
+            .capacity(capacity)
+            .min_slots(4)
+            .hasher(BuildHasherDefault::<IdHasher>::default())
+            .clock(StdClock::new())
+            .build()
+            .unwrap(),
+    )
+}
+
+/// `loom::model` with room for the spin-waits of a migration: each wait is a
+/// branch. The preemption bound comes from LOOM_MAX_PREEMPTIONS.
+fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    let executions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = executions.clone();
+    let started = std::time::Instant::now();
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 100_000;
+    builder.check(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    eprintln!(
+        "loom: {} executions in {:.1?} (LOOM_MAX_PREEMPTIONS={})",
+        executions.load(std::sync::atomic::Ordering::Relaxed),
+        started.elapsed(),
+        builder
+            .preemption_bound
+            .map_or("unbounded".into(), |b| b.to_string()),
+    );
+}
+
+fn ids(p: &P) -> Vec<u64> {
+    let mut v: Vec<u64> = p.row_keys().iter().map(|k| k.id).collect();
+    v.sort_unstable();
+    v
+}
+
+/// Keys 0, 1, 2 in a 4-slot array: claims are at the limit (3 of 4), so the
+/// next new key starts a migration to 8 slots (2 chunks of 2 slots).
+fn three_rows(p: &P) {
+    for id in [0, 1, 2] {
+        drop(p.reserve_n_at(&key(id), 1, 0).unwrap());
+    }
+    assert_eq!(p.table_slots(), 4);
+}
+
+/// 1. Reserve racing a chunk copy: two threads create the same new key while
+///    one of them starts a migration and copies the first chunk. The key's
+///    sequence in the old array ends at a slot of the uncopied chunk: the
+///    thread that goes on to the target must seal it, or the other thread's
+///    insert, claimed before the migration, links a second row there.
+fn reserve_vs_copy() {
+    model(|| {
+        let p = pace(4);
+        for id in [0, 1] {
+            drop(p.reserve_n_at(&key(id), 1, 0).unwrap());
+        }
+        // Key 6 starts at slot 2 of 4 (chunk 1); key 7 at slot 3.
+        let other = {
+            let p = p.clone();
+            thread::spawn(move || p.reserve_n_at(&key(6), 1, 0).is_ok())
+        };
+        // The third claim of 3 allowed: whichever of the two comes second
+        // starts the migration.
+        let mine = p.reserve_n_at(&key(6), 1, 0).is_ok() && p.reserve_n_at(&key(7), 1, 0).is_ok();
+        assert!(other.join().unwrap() && mine);
+        assert_eq!(ids(&p), vec![0, 1, 6, 7], "one live row per key");
+        assert_eq!(p.row_tat(&key(6)), Some(2 * T), "both debits counted");
+        assert_eq!(p.len(), 4, "len counts the rows");
+    });
+}
+
+/// 2. Refund racing a chunk copy: a refund that fills its bucket removes the
+///    row while a migration moves it. Whoever made it DEAD or the copier
+///    unlinks it, wherever it is: no row is left, none resurrected, and the
+///    row count is exact.
+fn refund_vs_copy() {
+    model(|| {
+        let p = pace(4);
+        let k0 = key(0);
+        let held = p.reserve_n_at(&k0, 2, 0).unwrap();
+        for id in [1, 2] {
+            drop(p.reserve_n_at(&key(id), 1, 0).unwrap());
+        }
+        let grower = {
+            let p = p.clone();
+            thread::spawn(move || p.reserve_n_at(&key(5), 1, 0).is_ok())
+        };
+        held.refund_at(0); // back to full: the row goes
+        assert!(grower.join().unwrap());
+        assert_eq!(
+            p.row_tat(&key(0)),
+            None,
+            "a refund that fills the bucket removes the row"
+        );
+        assert_eq!(ids(&p), vec![1, 2, 5], "no row lost");
+        assert_eq!(p.len(), 3, "len counts the rows");
+    });
+}
+
+/// 3. Sweep racing a copy: one horizon later, two threads reserve new keys;
+///    one of them runs the time-driven sweep pass (a reserve runs it before
+///    its debit), the other starts a migration and copies. Rows killed while
+///    being moved are unlinked exactly once wherever the copy took them, so
+///    the row count stays exact; a pass that meets the migration stops (the
+///    rows it did not reach stay until a later pass), and the new rows live.
+fn sweep_vs_copy() {
+    model(|| {
+        let p = pace(4);
+        three_rows(&p); // all full long before `H`
+        const H: u64 = 2_000_000; // past the first sweep due time (1 ms)
+        let other = {
+            let p = p.clone();
+            thread::spawn(move || p.reserve_n_at(&key(11), 1, H).is_ok())
+        };
+        let mine = p.reserve_n_at(&key(5), 1, H).is_ok();
+        assert!(other.join().unwrap() && mine);
+        let rows = ids(&p);
+        assert!(
+            rows.contains(&5) && rows.contains(&11),
+            "new rows live: {rows:?}"
+        );
+        assert!(rows.iter().all(|id| [0, 1, 2, 5, 11].contains(id)));
+        assert_eq!(p.len(), rows.len(), "len counts the rows");
+        assert_eq!(p.row_tat(&key(5)), Some(H + T));
+    });
+}
+
+/// 4. A migration starting while the previous one finishes: the target of a
+///    running migration fills up to its limit (it keeps room for the rows
+///    still to be copied); it may start its own migration only once it is
+///    current, so no copied row is lost.
+fn migration_while_finishing() {
+    model(|| {
+        let p = pace(4);
+        three_rows(&p);
+        let other = {
+            let p = p.clone();
+            thread::spawn(move || p.reserve_n_at(&key(3), 1, 0).is_ok())
+        };
+        let mine = [5, 9, 13]
+            .iter()
+            .all(|&id| p.reserve_n_at(&key(id), 1, 0).is_ok());
+        assert!(other.join().unwrap() && mine);
+        assert_eq!(
+            ids(&p),
+            vec![0, 1, 2, 3, 5, 9, 13],
+            "no row lost, none duplicated"
+        );
+        assert_eq!(p.len(), 7, "len counts the rows");
+        for id in [0, 1, 2, 3, 5, 9, 13] {
+            assert_eq!(p.row_tat(&key(id)), Some(T), "every debit kept");
+        }
+    });
+}
+
+macro_rules! models {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(not(pace_mutant))]
+        #[test]
+        fn $name() {
+            super::$name();
+        }
+    )*};
+}
+
+mod model {
+    models!(
+        reserve_vs_copy,
+        refund_vs_copy,
+        sweep_vs_copy,
+        migration_while_finishing
+    );
+}
+
+// Mutants: each runs the model that must catch it (see pace.rs for why these
+// are not `#[should_panic]`).
+
+#[cfg(pace_mutant = "unsealed_insert")]
+#[test]
+fn mutant_unsealed_insert() {
+    reserve_vs_copy();
+}
+
+#[cfg(pace_mutant = "copier_skips_dead")]
+#[test]
+fn mutant_copier_skips_dead() {
+    refund_vs_copy();
+}
+
+#[cfg(pace_mutant = "no_unlink_walk")]
+#[test]
+fn mutant_no_unlink_walk() {
+    sweep_vs_copy();
+}
+
+#[cfg(pace_mutant = "target_migrates_early")]
+#[test]
+fn mutant_target_migrates_early() {
+    migration_while_finishing();
+}

@@ -1,0 +1,238 @@
+//! Incremental migration: moving every row of the current array to a new one
+//! (larger, smaller, or the same size without tombstones), a chunk per call.
+//!
+//! * Starting is O(1): seal the array's `next` (PENDING), size the target
+//!   from the row count, allocate it zeroed (no pass over it), publish it.
+//!   An array with no rows and no insert in flight (`len == 0` after the
+//!   seal) has nothing to copy: the target becomes current at once.
+//! * Every reserve and refund that finds a migration running copies at most
+//!   one chunk of [`CHUNK`] slots, then proceeds: nobody waits for the copy.
+//! * While it runs, lookups read through: a key is looked for in the current
+//!   array first and followed to the target when its probe sequence there
+//!   ends (a vacant slot, which an inserting lookup seals, or a sealed one).
+//!   New rows go to the target only.
+//! * Copying a row moves its entry pointer (the word lives in the entry):
+//!   mark the slot `Copying(e)`, link `e` into the target, turn the slot into
+//!   a tombstone. Until the mark is removed, `e` is reachable in the old array
+//!   and nobody can unlink it there; a debit lands on `e` wherever it is
+//!   found. A row found DEAD when marked is not copied: the copier unlinks it.
+//! * The copier of the last chunk makes the target current and retires the
+//!   old array. A target cannot start its own migration before that (only
+//!   the current array migrates); its `limit` keeps room for every row still
+//!   to be copied.
+
+use crossbeam_utils::Backoff;
+
+use super::slot::{probe_seq, Array, Entry, Slot, State, CHUNK, DEAD};
+use super::{is_migrating, retire_entry, Table, PENDING};
+use crate::sync::epoch::{Guard, Owned, Shared};
+use crate::sync::{fence, snooze, Ordering};
+
+impl<K> Table<K> {
+    /// Copies one chunk of the running migration, if there is one with a
+    /// chunk left to claim. True if it copied one.
+    pub(super) fn help(&self, guard: &Guard) -> bool {
+        let (cur_ptr, cur) = self.array(guard);
+        let next = cur.next.load(Ordering::Acquire, guard);
+        if next.is_null() {
+            return false; // no migration, or its target is being allocated
+        }
+        self.copy_one(cur_ptr, cur, next, guard)
+    }
+
+    /// Helps until no migration runs (for explicit whole-table calls only).
+    pub(super) fn finish_migration(&self, guard: &Guard) {
+        let backoff = Backoff::new();
+        loop {
+            let (_, cur) = self.array(guard);
+            if !is_migrating(cur.next.load(Ordering::Acquire, guard)) {
+                return;
+            }
+            if !self.help(guard) {
+                snooze(&backoff); // the last chunks are with other copiers
+            }
+        }
+    }
+
+    fn copy_one(
+        &self,
+        arr_ptr: Shared<'_, Array<K>>,
+        arr: &Array<K>,
+        next: Shared<'_, Array<K>>,
+        guard: &Guard,
+    ) -> bool {
+        let chunks = arr.chunks();
+        if arr.claim.load(Ordering::Relaxed) >= chunks {
+            return false;
+        }
+        let chunk = arr.claim.fetch_add(1, Ordering::AcqRel);
+        if chunk >= chunks {
+            return false;
+        }
+        // SAFETY: `next` was published by `start_migration` before any chunk
+        // could be claimed; it is retired only after it became current and
+        // was then replaced, which needs this migration to finish first, and
+        // it has not (this chunk is not counted yet).
+        let target = unsafe { next.deref() };
+        self.copy_chunk(arr, target, chunk, guard);
+        if arr.copied.fetch_add(1, Ordering::AcqRel) + 1 == chunks {
+            self.finish(arr_ptr, arr, next, guard);
+        }
+        true
+    }
+
+    /// Makes the target current and retires the old array: called once, by
+    /// the copier of the last chunk (or by the starter of an empty copy).
+    fn finish(
+        &self,
+        arr_ptr: Shared<'_, Array<K>>,
+        arr: &Array<K>,
+        next: Shared<'_, Array<K>>,
+        guard: &Guard,
+    ) {
+        // SAFETY: as in `copy_one`.
+        let target = unsafe { next.deref() };
+        target.limit.store(target.grow_at(), Ordering::Relaxed);
+        let swung = self
+            .current
+            .compare_exchange(arr_ptr, next, Ordering::AcqRel, Ordering::Acquire, guard)
+            .is_ok();
+        debug_assert!(swung, "only the current array migrates");
+        let _ = arr;
+        if swung {
+            // SAFETY: `arr` is no longer reachable from `current`; readers
+            // that reached it are pinned. Every slot of it is now a tombstone
+            // or sealed (all chunks are copied), and its Drop frees only its
+            // slot array. Only the finisher retires it.
+            unsafe { guard.defer_destroy(arr_ptr) };
+        }
+    }
+
+    fn copy_chunk(&self, arr: &Array<K>, target: &Array<K>, chunk: usize, guard: &Guard) {
+        let end = ((chunk + 1) * CHUNK).min(arr.slots.len());
+        let mut moved: Vec<(*mut Entry<K>, &Slot<K>)> = Vec::new();
+        for slot in &arr.slots[chunk * CHUNK..end] {
+            loop {
+                match slot.load() {
+                    State::Vacant => {
+                        if slot.seal() {
+                            break;
+                        }
+                        // An insert won the slot: copy its row.
+                    }
+                    State::Tombstone | State::Sealed => break,
+                    State::Copying(_) | State::Other => {
+                        debug_assert!(false, "a chunk has one copier");
+                        break;
+                    }
+                    State::Row(p) => {
+                        // SAFETY: `p` was linked in `arr` (reached through
+                        // `current` under `guard`); an entry is retired only
+                        // after an unlink, deferred past `guard`.
+                        let e = unsafe { &*p };
+                        if !slot.mark_copying(p, e.hash) {
+                            continue; // unlinked meanwhile
+                        }
+                        if e.word.load(Ordering::Acquire) == DEAD {
+                            // Removed already (its floor is raised): drop it
+                            // here instead of copying it (we hold it marked,
+                            // so nobody else unlinks it).
+                            slot.moved(p, e.hash);
+                            self.len.fetch_sub(1, Ordering::SeqCst);
+                            // SAFETY: `p` is no longer linked anywhere (it was
+                            // linked only in `arr`, and only this copier moves
+                            // a marked slot on); retired once, by us.
+                            unsafe { retire_entry(guard, p) };
+                        } else {
+                            let copy = insert_copy(target, p, e.hash);
+                            slot.moved(p, e.hash);
+                            moved.push((p, copy));
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        // Dekker with `remove_dead` (one fence for the chunk): a row made
+        // DEAD while we held it marked is unlinked by us from the target.
+        if !moved.is_empty() {
+            fence(Ordering::SeqCst);
+        }
+        for (p, copy) in moved {
+            // SAFETY: `p` was linked under our `guard`; it is retired only
+            // after an unlink, so its destruction is deferred past `guard`.
+            let dead = unsafe { &*p }.word.load(Ordering::Acquire) == DEAD;
+            if dead && !cfg!(pace_mutant = "copier_skips_dead") {
+                self.unlink(copy, p, guard);
+            }
+        }
+    }
+
+    /// Seals `arr` for migration (if it is current and nobody has), sizes,
+    /// allocates and publishes the target, and copies one chunk.
+    pub(super) fn start_migration(&self, arr_ptr: Shared<'_, Array<K>>, guard: &Guard) {
+        let (cur_ptr, _) = self.array(guard);
+        if cur_ptr != arr_ptr && !cfg!(pace_mutant = "target_migrates_early") {
+            return; // a target cannot migrate before it is current
+        }
+        // SAFETY: as in `Table::array`: loaded from `current` under `guard`.
+        let arr = unsafe { arr_ptr.deref() };
+        let pending = Shared::null().with_tag(PENDING);
+        if arr
+            .next
+            .compare_exchange(
+                Shared::null(),
+                pending,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+                guard,
+            )
+            .is_err()
+        {
+            self.help(guard);
+            return;
+        }
+        // Every row that can still be linked into `arr` is counted in `len`
+        // by now (see `Table::claim_slot`), and only `arr` holds rows (a
+        // migration starts only once the previous one finished).
+        // The other half of `claim_slot`'s Dekker: an insert that did not
+        // see the seal is counted here.
+        fence(Ordering::SeqCst);
+        let rows = self.len.load(Ordering::SeqCst);
+        let slots = rows
+            .saturating_mul(2)
+            .saturating_add(2)
+            .max(self.min_slots)
+            .next_power_of_two();
+        if rows == 0 {
+            // No row is linked and no insert is in flight: nothing to copy.
+            let chunks = arr.chunks();
+            arr.claim.store(chunks, Ordering::Relaxed);
+            arr.copied.store(chunks, Ordering::Relaxed);
+            let next = Owned::new(Array::new(slots, 0)).into_shared(guard);
+            arr.next.store(next, Ordering::Release);
+            self.finish(arr_ptr, arr, next, guard);
+            return;
+        }
+        arr.next
+            .store(Owned::new(Array::new(slots, rows)), Ordering::Release);
+        self.help(guard);
+    }
+}
+
+/// Links a live row's entry into the target. Only copiers write there
+/// besides ordinary inserts, and the target's `limit` keeps a vacant slot
+/// for every row still to be copied; no other entry of the same key can be
+/// in the target (its lookups find this entry in the old array first).
+fn insert_copy<K>(target: &Array<K>, p: *mut Entry<K>, hash: u64) -> &Slot<K> {
+    target.used.fetch_add(1, Ordering::Relaxed);
+    for idx in probe_seq(hash, target.mask()) {
+        let slot = &target.slots[idx];
+        while let State::Vacant = slot.load() {
+            if slot.link(p, hash) {
+                return slot;
+            }
+        }
+    }
+    unreachable!("a migration target keeps room for every copied row");
+}

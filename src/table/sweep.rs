@@ -1,0 +1,167 @@
+//! Sweeps: removing full rows, a chunk of slots per call on large arrays,
+//! and shrinking the table when it has become sparse.
+
+use super::slot::{Array, State, DEAD, SWEEP_IDLE};
+use super::{is_migrating, retire_batch, Table};
+use crate::sync::epoch::{Guard, Shared};
+use crate::sync::Ordering;
+
+/// Sweep passes over larger arrays run in chunks of this many slots, one
+/// chunk per caller; smaller arrays are swept in one go.
+pub(crate) const SWEEP_CHUNK: usize = 4096;
+
+impl<K> Table<K> {
+    /// Removes every row whose bucket is full at `now`, then shrinks the
+    /// array if it has become sparse. Returns the rows this pass removed.
+    /// An explicit whole-table call: it finishes any migration it meets or
+    /// starts.
+    pub(crate) fn sweep(&self, now: u64, guard: &Guard) -> usize {
+        let mut removed = 0;
+        loop {
+            self.finish_migration(guard);
+            let (arr_ptr, arr) = self.array(guard);
+            let (n, done) = self.sweep_range(arr, 0, arr.slots.len(), now, guard);
+            removed += n;
+            if done {
+                if arr.slots.len() > self.min_slots
+                    && self.len().saturating_mul(8) < arr.slots.len()
+                {
+                    self.start_migration(arr_ptr, guard);
+                }
+                self.finish_migration(guard);
+                return removed;
+            }
+            // A migration started under the pass: sweep its target.
+        }
+    }
+
+    /// Starts a sweep pass: arrays of at most [`SWEEP_CHUNK`] slots are swept
+    /// at once; larger ones are handed out a chunk at a time to the callers
+    /// of [`sweep_step`](Table::sweep_step), so no caller scans more than one
+    /// chunk. A pass already running continues.
+    pub(crate) fn start_sweep(&self, now: u64, guard: &Guard) {
+        let (arr_ptr, arr) = self.array(guard);
+        if arr.slots.len() <= SWEEP_CHUNK {
+            if self.sweep_range(arr, 0, arr.slots.len(), now, guard).1 {
+                self.shrink_if_sparse(arr_ptr, arr, guard);
+            }
+            return;
+        }
+        let _ =
+            arr.sweep_next
+                .compare_exchange(SWEEP_IDLE, 0, Ordering::Relaxed, Ordering::Relaxed);
+        self.sweep_step(now, guard);
+    }
+
+    /// Sweeps one chunk of the running pass, if there is one: two loads
+    /// otherwise.
+    #[inline]
+    pub(crate) fn sweep_step(&self, now: u64, guard: &Guard) {
+        let (arr_ptr, arr) = self.array(guard);
+        if arr.sweep_next.load(Ordering::Relaxed) < arr.slots.len() {
+            self.sweep_chunk(arr_ptr, arr, now, guard);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn sweep_chunk(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, now: u64, guard: &Guard) {
+        let len = arr.slots.len();
+        let start = arr.sweep_next.fetch_add(SWEEP_CHUNK, Ordering::Relaxed);
+        if start >= len {
+            return;
+        }
+        let end = (start + SWEEP_CHUNK).min(len);
+        // A migration met on the way abandons the pass (the array is going).
+        if self.sweep_range(arr, start, end, now, guard).1 && end == len {
+            arr.sweep_next.store(SWEEP_IDLE, Ordering::Relaxed);
+            self.shrink_if_sparse(arr_ptr, arr, guard);
+        }
+    }
+
+    /// Removes the full rows among slots `start..end` of the current array:
+    /// the rows removed, and false if it stopped at a migration (the rows
+    /// are swept in the target).
+    fn sweep_range(
+        &self,
+        arr: &Array<K>,
+        start: usize,
+        end: usize,
+        now: u64,
+        guard: &Guard,
+    ) -> (usize, bool) {
+        if is_migrating(arr.next.load(Ordering::Acquire, guard)) {
+            return (0, false);
+        }
+        let mut removed = 0;
+        let mut batch = Vec::new();
+        for slot in &arr.slots[start..end] {
+            let p = match slot.load() {
+                State::Row(p) => p,
+                State::Copying(_) => {
+                    // SAFETY: as below.
+                    unsafe { retire_batch::<K>(guard, batch) };
+                    return (removed, false);
+                }
+                _ => continue,
+            };
+            // SAFETY: `p` was linked in `arr`, reached through `current`
+            // under `guard`: it is retired only after an unlink that happens
+            // after `guard` was pinned.
+            let e = unsafe { &*p };
+            let word = e.word.load(Ordering::Acquire);
+            if word == DEAD {
+                self.unlink_into(slot, p, guard, Some(&mut batch));
+            } else if word <= now && self.kill(slot, p, word, guard, &mut batch) {
+                removed += 1;
+            }
+        }
+        // SAFETY: every entry in `batch` was unlinked by us (the CAS winner)
+        // and is reachable by no new reader; retired once, here.
+        unsafe { retire_batch::<K>(guard, batch) };
+        // A migration that started under the scan may have moved rows out
+        // of slots before we read them (we saw their tombstones, after the
+        // target was published): those rows are swept in the target.
+        (
+            removed,
+            !is_migrating(arr.next.load(Ordering::Acquire, guard)),
+        )
+    }
+
+    /// Migrates to a smaller array when rows fill less than 1/8 of the slots.
+    /// An empty table swaps in O(1); otherwise the shrink is left pending
+    /// for the next call (see [`shrink_pending`](Table::shrink_pending)), so
+    /// that a pass ending under a reserve's own short-lived row does not
+    /// start a copy that the row's refund a moment later would make
+    /// unnecessary.
+    fn shrink_if_sparse(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, guard: &Guard) {
+        if arr.slots.len() > self.min_slots && self.len().saturating_mul(8) < arr.slots.len() {
+            if self.len() == 0 {
+                self.start_migration(arr_ptr, guard);
+            } else {
+                self.shrink_wanted.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Starts a shrink left pending by the last sweep pass, if the table is
+    /// still sparse: O(1) when it is empty, else an incremental migration.
+    #[inline]
+    pub(crate) fn shrink_pending(&self, guard: &Guard) {
+        if self.shrink_wanted.load(Ordering::Relaxed) {
+            self.start_pending_shrink(guard);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn start_pending_shrink(&self, guard: &Guard) {
+        if !self.shrink_wanted.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let (arr_ptr, arr) = self.array(guard);
+        if arr.slots.len() > self.min_slots && self.len().saturating_mul(8) < arr.slots.len() {
+            self.start_migration(arr_ptr, guard);
+        }
+    }
+}
