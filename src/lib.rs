@@ -196,8 +196,9 @@ mod sync;
 #[allow(unsafe_code)]
 mod table;
 
-// What the root re-exports: every public type of the keyed limiter (it has
-// no module of its own) and the clocks, plus the gate's entry point and the
+// What the root re-exports: every public type of the keyed limiter (`Pace`
+// and its builder, reservations, debits, denials, memory stats, and the
+// all-or-nothing combinator of `pace::all`) and the clocks, plus the gate's entry point and the
 // types its common path names (`Gate`, `Ticket`, `AdmitError`, `Resource`,
 // `GateStats`). Everything else of the gate (its builder and config error,
 // permits, bodies, the journal) is reached through `pace::gate`.
