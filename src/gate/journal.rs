@@ -576,6 +576,22 @@ struct Decoded<'a> {
     size: usize,
 }
 
+/// Where parsing resumes after bytes at `at` that are not a record: the next
+/// place the marker occurs.
+#[cfg(not(pace_mutant = "journal_no_resync"))]
+fn resync(data: &[u8], at: usize) -> usize {
+    data[at + 1..]
+        .windows(MARKER.len())
+        .position(|w| w == MARKER)
+        .map_or(data.len(), |p| at + 1 + p)
+}
+
+/// Known-wrong: everything after the first bad bytes is taken as the tail.
+#[cfg(pace_mutant = "journal_no_resync")]
+fn resync(data: &[u8], _at: usize) -> usize {
+    data.len()
+}
+
 /// Parse journal bytes: every valid record, wherever it lies, with the
 /// damaged ranges between them and the torn tail after them. Never panics.
 pub fn parse(data: &[u8]) -> Recovery {
@@ -587,17 +603,8 @@ pub fn parse(data: &[u8]) -> Recovery {
     while at < data.len() {
         let Some(rec) = decode(data, at) else {
             bad_from.get_or_insert(at);
-            #[cfg(pace_mutant = "journal_no_resync")]
-            break;
-            // Resynchronise: the next place the marker occurs.
-            #[allow(unreachable_code)]
-            {
-                at = data[at + 1..]
-                    .windows(MARKER.len())
-                    .position(|w| w == MARKER)
-                    .map_or(data.len(), |p| at + 1 + p);
-                continue;
-            }
+            at = resync(data, at);
+            continue;
         };
         if let Some(from) = bad_from.take() {
             r.damage.push(Damage {
