@@ -13,10 +13,13 @@
 //!   cap): the body yields an error to the handler and the answer is
 //!   replaced by `413`.
 //!
-//! The byte share follows the request body and is released when the body
-//! wrapper is dropped (usually once the handler has read it); the slot
-//! follows the response body and is released when the response body has
-//! been sent (or dropped).
+//! The byte share follows the request body's data: every `Bytes` frame the
+//! wrapped body yields holds the share (clones and slices of it too), so the
+//! share is released when the body wrapper and the last `Bytes` made from
+//! its frames are dropped. (A consumer that concatenates several frames
+//! into a new buffer and drops the frames releases the share with them.)
+//! The slot follows the response body and is released when the response
+//! body has been sent (or dropped).
 
 use std::fmt;
 use std::future::Future;
@@ -25,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Buf;
+use bytes::{Buf, Bytes};
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use metrics::{Counter, Gauge};
@@ -210,7 +213,7 @@ where
         let overrun = Arc::new(AtomicBool::new(false));
         let req = req.map(|body| GateRequestBody {
             inner: body,
-            permit: Some(bytes),
+            permit: Some(Arc::new(bytes)),
             share,
             seen: 0,
             overrun: overrun.clone(),
@@ -301,13 +304,28 @@ impl std::error::Error for BodyOverrun {}
 /// A boxed body error.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The owner of a data frame's bytes: the frame and a handle on the
+/// request's byte share, released when the last handle goes.
+struct ShareOwner {
+    bytes: Bytes,
+    _share: Arc<BytePermit>,
+}
+
+impl AsRef<[u8]> for ShareOwner {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 pin_project! {
-    /// A request body carrying its byte share: the share is released when
-    /// this body is dropped; reading past the share is an error.
+    /// A request body carrying its byte share: every data frame it yields is
+    /// a `Bytes` holding the share, so the share is released when this body
+    /// and the last `Bytes` made from its frames are dropped; reading past
+    /// the share is an error.
     pub struct GateRequestBody<B> {
         #[pin]
         inner: B,
-        permit: Option<BytePermit>,
+        permit: Option<Arc<BytePermit>>,
         share: u64,
         seen: u64,
         overrun: Arc<AtomicBool>,
@@ -328,13 +346,13 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    type Data = B::Data;
+    type Data = Bytes;
     type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
         if this.overrun.load(Ordering::Relaxed) {
             return Poll::Ready(Some(Err(Box::new(BodyOverrun { share: *this.share }))));
@@ -350,7 +368,17 @@ where
                         }))));
                     }
                 }
-                Poll::Ready(Some(Ok(frame)))
+                let share = this.permit.as_ref();
+                Poll::Ready(Some(Ok(frame.map_data(|mut d| {
+                    let bytes = d.copy_to_bytes(d.remaining());
+                    match share {
+                        Some(s) if !bytes.is_empty() => Bytes::from_owner(ShareOwner {
+                            bytes,
+                            _share: s.clone(),
+                        }),
+                        _ => bytes,
+                    }
+                }))))
             }
             Some(Err(e)) => Poll::Ready(Some(Err(e.into()))),
             None => Poll::Ready(None),

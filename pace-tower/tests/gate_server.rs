@@ -230,3 +230,37 @@ async fn a_body_running_past_its_share_is_413() {
     let st = g.stats();
     assert_eq!((st.slots_held, st.bytes_held), (0, 0));
 }
+
+/// The byte share follows the `Bytes` the handler made from the body: kept
+/// past the response while the handler's copy lives, released when the last
+/// one is dropped.
+#[tokio::test]
+async fn the_byte_share_follows_the_bytes_made_from_the_body() {
+    let g = gate(4, 1000, 500);
+    let kept: Arc<std::sync::Mutex<Vec<Bytes>>> = Arc::default();
+    let store = kept.clone();
+    let inner = Router::new().route(
+        "/",
+        post(move |body: Bytes| {
+            let store = store.clone();
+            async move {
+                let slice = body.slice(10..20);
+                store.lock().unwrap().push(slice);
+                "kept"
+            }
+        }),
+    );
+    let addr = serve(gated(GateLayer::new(g.clone()), inner)).await;
+    let mut c = support::Client::connect(addr).await;
+    let r = c.send_req(post_req(Some(300), vec![7; 300])).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    support_wait(|| g.stats().slots_held == 0).await;
+    assert_eq!(
+        g.stats().bytes_held,
+        300,
+        "a slice of the body keeps the whole share"
+    );
+    assert_eq!(kept.lock().unwrap()[0].as_ref(), &[7u8; 10][..]);
+    kept.lock().unwrap().clear();
+    assert_eq!(g.stats().bytes_held, 0, "released with the last Bytes");
+}
