@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
+use pace::__private::{PaceInternals, ReservationInternals};
 use pace::{Pace, Rate, StdClock};
 
 /// One token per `T` ns.
