@@ -3,7 +3,8 @@
 # seed corpus; any crash (a disagreement with a model panics) fails CI.
 set -euo pipefail
 SECONDS_PER_TARGET="${FUZZ_SECONDS:-60}"
-rustup toolchain install nightly --profile minimal >/dev/null 2>&1 || true
+# Nightly only when missing (installing an installed channel updates it).
+cargo +nightly --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi

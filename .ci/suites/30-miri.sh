@@ -2,7 +2,12 @@
 # Miri over the unsafe core: the bucket and table unit tests, the rule tests
 # and the threaded stress tests, sized down under cfg(miri).
 set -euo pipefail
-rustup toolchain install nightly --profile minimal --component miri,rust-src >/dev/null
+# Install nightly with Miri only when it is missing: `rustup toolchain install`
+# on an installed channel updates it, and a failed update must not fail CI.
+if ! cargo +nightly miri --version >/dev/null 2>&1 ||
+    ! rustup +nightly component list --installed 2>/dev/null | grep -q '^rust-src'; then
+    rustup toolchain install nightly --profile minimal --component miri,rust-src >/dev/null
+fi
 cargo +nightly miri setup >/dev/null 2>&1
 # crossbeam-epoch stores tags in pointer bits (int-to-ptr casts) and trips
 # Stacked Borrows inside its own Local; Tree Borrows is the model it supports.

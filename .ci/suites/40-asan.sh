@@ -5,6 +5,7 @@
 # ThreadSanitizer is not run: it needs -Zbuild-std and does not understand
 # the standalone fences crossbeam-epoch relies on (false positives).
 set -euo pipefail
-rustup toolchain install nightly --profile minimal >/dev/null 2>&1 || true
+# Nightly only when missing (installing an installed channel updates it).
+cargo +nightly --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
 RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=target/asan \
     cargo +nightly test --target x86_64-unknown-linux-gnu --release --test stress --test rules
