@@ -26,26 +26,33 @@ mutants=(
     "refund_undrained=kept admissions exceed the bucket"
     "fresh_row_from_zero=kept admissions exceed the bucket"
 )
-for entry in "${mutants[@]}"; do
-    mutant=${entry%%=*}
-    expected=${entry#*=}
-    echo "mutant $mutant: the model must fail with \"$expected\""
-    status=0
-    out=$(RUSTFLAGS="$RUSTFLAGS --cfg pace_mutant=\"$mutant\"" CARGO_TARGET_DIR=target/loom-mutant \
-        cargo test -p loom-tests --release --test pace -- "mutant_$mutant" --exact --test-threads=1 2>&1) ||
-        status=$?
-    if [ "$status" -eq 0 ]; then
-        echo "$out" | tail -20
-        echo "mutant $mutant SURVIVED: no model caught it"
-        exit 1
-    fi
-    if ! grep -qF "$expected" <<<"$out"; then
-        echo "$out" | tail -40
-        echo "mutant $mutant failed, but not with the expected invariant"
-        exit 1
-    fi
-    echo "caught: $(grep -F "$expected" <<<"$out" | head -1)"
-done
+# Each entry is "mutant=message": built with that mutant, the file's
+# `mutant_<mutant>` test must fail, and with the model's own message.
+expect_caught() {
+    local file=$1 entry mutant expected status out
+    shift
+    for entry in "$@"; do
+        mutant=${entry%%=*}
+        expected=${entry#*=}
+        echo "$file mutant $mutant: the model must fail with \"$expected\""
+        status=0
+        out=$(RUSTFLAGS="$RUSTFLAGS --cfg pace_mutant=\"$mutant\"" CARGO_TARGET_DIR=target/loom-mutant \
+            cargo test -p loom-tests --release --test "$file" -- "mutant_$mutant" --exact --test-threads=1 2>&1) ||
+            status=$?
+        if [ "$status" -eq 0 ]; then
+            echo "$out" | tail -20
+            echo "mutant $mutant SURVIVED: no model caught it"
+            exit 1
+        fi
+        if ! grep -qF "$expected" <<<"$out"; then
+            echo "$out" | tail -40
+            echo "mutant $mutant failed, but not with the expected invariant"
+            exit 1
+        fi
+        echo "caught: $(grep -F "$expected" <<<"$out" | head -1)"
+    done
+}
+expect_caught pace "${mutants[@]}"
 
 # The gate's mutants (loom-tests/tests/gate.rs): each `mutant_*` test there is
 # `#[should_panic]` on its model's failure message, so it must pass.
@@ -87,23 +94,4 @@ table_mutants=(
     "no_unlink_walk=len counts the rows"
     "target_migrates_early=every debit kept"
 )
-for entry in "${table_mutants[@]}"; do
-    mutant=${entry%%=*}
-    expected=${entry#*=}
-    echo "table mutant $mutant: the model must fail with \"$expected\""
-    status=0
-    out=$(RUSTFLAGS="$RUSTFLAGS --cfg pace_mutant=\"$mutant\"" CARGO_TARGET_DIR=target/loom-mutant \
-        cargo test -p loom-tests --release --test table -- "mutant_$mutant" --exact --test-threads=1 2>&1) ||
-        status=$?
-    if [ "$status" -eq 0 ]; then
-        echo "$out" | tail -20
-        echo "table mutant $mutant SURVIVED: no model caught it"
-        exit 1
-    fi
-    if ! grep -qF "$expected" <<<"$out"; then
-        echo "$out" | tail -40
-        echo "table mutant $mutant failed, but not with the expected invariant"
-        exit 1
-    fi
-    echo "caught: $(grep -F "$expected" <<<"$out" | head -1)"
-done
+expect_caught table "${table_mutants[@]}"

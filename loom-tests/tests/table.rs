@@ -5,108 +5,18 @@
 //! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" CARGO_TARGET_DIR=target/loom \
 //!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release --test table
 //!
-//! The harness (keys holding a loom `Arc`, the id hasher, `model`) is the one
-//! of `pace.rs`. Each model has a known-wrong variant of the crate, built with
+//! The harness (keys holding a loom `Arc`, the id hasher, `model`) is
+//! `support/mod.rs`, shared with `pace.rs`. Each model has a known-wrong variant of the crate, built with
 //! `--cfg pace_mutant="…"`, that it must catch; `.ci/suites/10-loom.sh` runs
 //! the `mutant_*` tests and checks the failure message.
 #![cfg(loom)]
 
-use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::time::Duration;
-
-use loom::sync::Arc;
 use loom::thread;
 use pace::__private::{PaceInternals, ReservationInternals};
-use pace::{Pace, Rate, StdClock};
 
-/// One token per `T` ns.
-const T: u64 = 1_000;
+mod support;
 
-/// A key that the model can see leak: it holds a loom `Arc`.
-#[derive(Clone, Debug)]
-struct Key {
-    id: u64,
-    _alive: Arc<()>,
-}
-
-impl PartialEq for Key {
-    fn eq(&self, other: &Key) -> bool {
-        self.id == other.id
-    }
-}
-impl Eq for Key {}
-impl Hash for Key {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        h.write_u64(self.id);
-    }
-}
-
-fn key(id: u64) -> Key {
-    Key {
-        id,
-        _alive: Arc::new(()),
-    }
-}
-
-/// Hash = key id: slot positions are chosen by the model (ids 0 and 4
-/// collide in a 4-slot array) and identical in every execution.
-#[derive(Default)]
-struct IdHasher(u64);
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type P = Pace<Key, BuildHasherDefault<IdHasher>, StdClock>;
-
-fn pace(capacity: u64) -> Arc<P> {
-    Arc::new(
-        Pace::builder(Rate::new(1, Duration::from_nanos(T)).unwrap())
-            .capacity(capacity)
-            .min_slots(4)
-            .hasher(BuildHasherDefault::<IdHasher>::default())
-            .clock(StdClock::new())
-            .build()
-            .unwrap(),
-    )
-}
-
-/// `loom::model` with room for the spin-waits of a migration: each wait is a
-/// branch. The preemption bound comes from LOOM_MAX_PREEMPTIONS.
-fn model<F: Fn() + Sync + Send + 'static>(f: F) {
-    let executions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = executions.clone();
-    let started = std::time::Instant::now();
-    let mut builder = loom::model::Builder::new();
-    builder.max_branches = 100_000;
-    builder.check(move || {
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        f();
-    });
-    eprintln!(
-        "loom: {} executions in {:.1?} (LOOM_MAX_PREEMPTIONS={})",
-        executions.load(std::sync::atomic::Ordering::Relaxed),
-        started.elapsed(),
-        builder
-            .preemption_bound
-            .map_or("unbounded".into(), |b| b.to_string()),
-    );
-}
-
-fn ids(p: &P) -> Vec<u64> {
-    let mut v: Vec<u64> = p.row_keys().iter().map(|k| k.id).collect();
-    v.sort_unstable();
-    v
-}
+use support::*;
 
 /// Keys 0, 1, 2 in a 4-slot array: claims are at the limit (3 of 4), so the
 /// next new key starts a migration to 8 slots (2 chunks of 2 slots).

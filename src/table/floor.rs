@@ -45,7 +45,10 @@ impl Floors {
     #[cfg(not(pace_mutant = "fresh_row_from_zero"))]
     #[inline]
     pub(crate) fn get(&self, hash: u64) -> u64 {
-        self.stripes[Floors::stripe(hash)].load(Ordering::SeqCst)
+        // Acquire is enough: the caller reached this point through the
+        // release CAS that closed the removed row (DEAD, then the unlink or
+        // a migration that left it out), which the raise precedes.
+        self.stripes[Floors::stripe(hash)].load(Ordering::Acquire)
     }
 
     /// Known-wrong: a fresh row forgets every removed row's debt.
@@ -61,7 +64,7 @@ impl Floors {
     pub(crate) fn raise(&self, hash: u64, tat: u64) {
         let s = &self.stripes[Floors::stripe(hash)];
         if s.load(Ordering::Acquire) < tat {
-            s.fetch_max(tat, Ordering::SeqCst);
+            s.fetch_max(tat, Ordering::AcqRel);
         }
     }
 
