@@ -739,6 +739,8 @@ pub trait PaceInternals<K, S, C> {
     fn row_keys(&self) -> Vec<K>
     where
         K: Clone;
+    /// Migrations of the table started since it was made.
+    fn migrations(&self) -> usize;
 }
 
 impl<K, S, C> PaceInternals<K, S, C> for Pace<K, S, C>
@@ -774,6 +776,10 @@ where
         Q: ?Sized + Hash + Eq,
     {
         self.refund_at_inner(key, debit, now)
+    }
+
+    fn migrations(&self) -> usize {
+        self.table.migrations()
     }
 
     fn sweep_at(&self, now: u64) -> usize {

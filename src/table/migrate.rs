@@ -12,8 +12,9 @@
 //!   ends (a vacant slot, which an inserting lookup seals, or a sealed one).
 //!   New rows go to the target only.
 //! * Copying a row moves its entry pointer (the word lives in the entry):
-//!   mark the slot `Copying(e)`, link `e` into the target, turn the slot into
-//!   a tombstone. Until the mark is removed, `e` is reachable in the old array
+//!   mark the slot `Copying(e)`, link `e` into the target, close the slot.
+//!   A copier closes every vacant slot (sealed) and tombstone (closed) of its
+//!   chunk, so no insert links a row behind it into the old array. Until the mark is removed, `e` is reachable in the old array
 //!   and nobody can unlink it there; a debit lands on `e` wherever it is
 //!   found. A row found DEAD when marked is not copied: the copier unlinks it.
 //! * The copier of the last chunk makes the target current and retires the
@@ -114,13 +115,23 @@ impl<K> Table<K> {
         for slot in &arr.slots[chunk * CHUNK..end] {
             loop {
                 match slot.load() {
+                    State::Fence => snooze(&Backoff::new()), // a cleaner's moment
                     State::Vacant => {
                         if slot.seal() {
                             break;
                         }
                         // An insert won the slot: copy its row.
                     }
-                    State::Tombstone | State::Sealed => break,
+                    State::Tombstone => {
+                        // Known-wrong variant: leave tombstones reusable, so
+                        // an insert that began before the migration can link
+                        // a row into a chunk already copied.
+                        if cfg!(pace_mutant = "copier_leaves_tombstones") || slot.close() {
+                            break;
+                        }
+                        // An insert reused the slot: copy its row.
+                    }
+                    State::Closed | State::Sealed => break,
                     State::Copying(_) | State::Other => {
                         debug_assert!(false, "a chunk has one copier");
                         break;
@@ -192,6 +203,7 @@ impl<K> Table<K> {
             self.help(guard);
             return;
         }
+        self.migrations.fetch_add(1, Ordering::Relaxed);
         // Every row that can still be linked into `arr` is counted in `len`
         // by now (see `Table::claim_slot`), and only `arr` holds rows (a
         // migration starts only once the previous one finished).
@@ -199,8 +211,16 @@ impl<K> Table<K> {
         // see the seal is counted here.
         fence(Ordering::SeqCst);
         let rows = self.len.load(Ordering::SeqCst);
+        // Rows take at most half of the target. An array that filled with
+        // tombstones which cleaning in place could not clear (rows leave
+        // from the middle of linear-probing runs) is churning: its target
+        // gives rows at most a quarter, where runs stay short enough for
+        // reuse and cleaning to keep up, so churn at a steady number of live
+        // rows stops migrating.
+        let churning = arr.used.load(Ordering::Relaxed).saturating_sub(rows) >= arr.slots.len() / 4
+            && !cfg!(pace_mutant = "no_tombstone_reuse");
         let slots = rows
-            .saturating_mul(2)
+            .saturating_mul(if churning { 4 } else { 2 })
             .saturating_add(2)
             .max(self.min_slots)
             .next_power_of_two();
@@ -228,9 +248,15 @@ fn insert_copy<K>(target: &Array<K>, p: *mut Entry<K>, hash: u64) -> &Slot<K> {
     target.used.fetch_add(1, Ordering::Relaxed);
     for idx in probe_seq(hash, target.mask()) {
         let slot = &target.slots[idx];
-        while let State::Vacant = slot.load() {
-            if slot.link(p, hash) {
-                return slot;
+        loop {
+            match slot.load() {
+                State::Vacant => {
+                    if slot.link(p, hash) {
+                        return slot;
+                    }
+                }
+                State::Fence => snooze(&Backoff::new()),
+                _ => break,
             }
         }
     }

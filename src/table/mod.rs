@@ -40,13 +40,14 @@ use crate::bucket::{Decision, Limits, Refund};
 use crate::sync::epoch::{self, Atomic, Guard, Shared};
 use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
 
+mod clean;
 mod floor;
 mod migrate;
 mod slot;
 mod sweep;
 
 use floor::Floors;
-use slot::{probe_seq, Array, Entry, Slot, State, DEAD};
+use slot::{probe_seq, Array, Entry, Slot, State, CLAIMED, DEAD};
 
 /// Tag on a null `next` pointer: a migration target is being allocated.
 const PENDING: usize = 1;
@@ -122,8 +123,13 @@ enum Lookup<'g, K> {
         idx: usize,
     },
     /// No row: `idx` is the first vacant slot of the key's sequence in `arr`,
-    /// an array that was not migrating when the slot was read.
-    Vacant(Shared<'g, Array<K>>, usize),
+    /// an array that was not migrating when the slot was read, and `tomb` the
+    /// first reusable tombstone before it (inserting lookups only).
+    Vacant {
+        arr: Shared<'g, Array<K>>,
+        idx: usize,
+        tomb: Option<usize>,
+    },
     /// Every slot of `arr` was probed without a vacancy (cannot happen while
     /// claims respect `limit`; handled by migrating anyway).
     Full(Shared<'g, Array<K>>),
@@ -158,6 +164,8 @@ pub(crate) struct Table<K> {
     floors: Floors,
     /// A sweep pass found the table sparse while rows remained.
     shrink_wanted: AtomicBool,
+    /// Migrations started (for tests and benchmarks).
+    migrations: AtomicUsize,
 }
 
 impl<K> Table<K> {
@@ -171,6 +179,7 @@ impl<K> Table<K> {
             min_slots,
             floors: Floors::new(),
             shrink_wanted: AtomicBool::new(false),
+            migrations: AtomicUsize::new(0),
         }
     }
 
@@ -189,6 +198,11 @@ impl<K> Table<K> {
     /// Bytes held by the floors.
     pub(crate) fn floor_bytes(&self) -> usize {
         self.floors.bytes()
+    }
+
+    /// Migrations started since the table was made.
+    pub(crate) fn migrations(&self) -> usize {
+        self.migrations.load(Ordering::Relaxed)
     }
 
     /// Rows in the table (exact when no operation is in flight).
@@ -258,24 +272,38 @@ impl<K> Table<K> {
             // SAFETY: `arr_ptr` is `current` or a target reached from it
             // under `guard` (see `array` and `arrays`).
             let arr = unsafe { arr_ptr.deref() };
+            let mut tomb = None;
             for idx in probe_seq(hash, arr.mask()) {
                 let slot = &arr.slots[idx];
                 loop {
                     match slot.load_for(hash) {
-                        State::Tombstone | State::Other => break,
+                        State::Tombstone => {
+                            if mode == Mode::Insert && tomb.is_none() {
+                                tomb = Some(idx);
+                            }
+                            break;
+                        }
+                        State::Closed | State::Other => break,
                         State::Sealed => {
                             arr_ptr = self.next_of(arr, guard);
                             continue 'arrays;
                         }
-                        State::Vacant => {
+                        s @ (State::Vacant | State::Fence) => {
                             if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
-                                return Lookup::Vacant(arr_ptr, idx);
+                                return Lookup::Vacant {
+                                    arr: arr_ptr,
+                                    idx,
+                                    tomb,
+                                };
                             }
                             // Known-wrong variant: go on without sealing, so
                             // an insert in flight can still link the key here.
                             let seal =
                                 mode == Mode::Insert && !cfg!(pace_mutant = "unsealed_insert");
                             if seal && !slot.seal() {
+                                if matches!(s, State::Fence) {
+                                    snooze(&Backoff::new()); // a cleaner's moment
+                                }
                                 continue; // a row was linked here: read it
                             }
                             arr_ptr = self.next_of(arr, guard);
@@ -288,15 +316,23 @@ impl<K> Table<K> {
                             // happens after `guard` was pinned.
                             let e = unsafe { &*p };
                             if e.hash == hash && e.key.borrow() == key {
-                                if e.word.load(Ordering::Acquire) != DEAD {
-                                    return Lookup::Row {
-                                        e,
-                                        arr: arr_ptr,
-                                        idx,
-                                    };
-                                }
-                                if mode != Mode::Read {
-                                    self.unlink(slot, p, guard);
+                                match e.word.load(Ordering::Acquire) {
+                                    // Not yet the key's row: its inserter
+                                    // checks the sequence (`verify`), so
+                                    // look past it.
+                                    CLAIMED => {}
+                                    DEAD => {
+                                        if mode != Mode::Read {
+                                            self.unlink(slot, p, guard);
+                                        }
+                                    }
+                                    _ => {
+                                        return Lookup::Row {
+                                            e,
+                                            arr: arr_ptr,
+                                            idx,
+                                        }
+                                    }
                                 }
                             }
                             break;
@@ -378,6 +414,7 @@ impl<K> Table<K> {
         Q: ?Sized + Eq + ToOwned<Owned = K>,
     {
         let mut fresh: Option<Box<Entry<K>>> = None;
+        let backoff = Backoff::new();
         loop {
             match self.find(hash, key, Mode::Insert, guard) {
                 Lookup::Row { e, .. } => {
@@ -394,7 +431,11 @@ impl<K> Table<K> {
                         self.start_migration(arr_ptr, guard);
                     }
                 }
-                Lookup::Vacant(arr_ptr, idx) => {
+                Lookup::Vacant {
+                    arr: arr_ptr,
+                    idx,
+                    tomb,
+                } => {
                     // An absent row starts from its floor: decide before
                     // creating anything.
                     let floor = self.floors.get(hash);
@@ -411,40 +452,208 @@ impl<K> Table<K> {
                     let entry = match fresh.take() {
                         Some(e) => e,
                         None => Box::new(Entry {
-                            word: crate::sync::AtomicU64::new(0),
+                            word: crate::sync::AtomicU64::new(CLAIMED),
                             hash,
                             key: key.to_owned(),
                         }),
                     };
-                    if !self.claim_slot(arr_ptr, guard) {
-                        fresh = Some(entry);
-                        continue;
-                    }
                     // SAFETY: as in `find`: `arr_ptr` was reached under `guard`.
                     let arr = unsafe { arr_ptr.deref() };
                     let p = Box::into_raw(entry);
-                    if arr.slots[idx].link(p, hash) {
-                        // SAFETY: we just linked `p`; it is retired only after
-                        // an unlink, which happens after our `guard` pinned.
-                        let e = unsafe { &*p };
-                        if let Step::Done(r) = self.debit(e, limits, hash, n, &mut now, reread) {
-                            return r.map(|(tat, prev)| Admitted {
-                                tat,
-                                prev,
-                                created: true,
-                            });
-                        }
-                    } else {
-                        // Someone else took the slot (maybe with our key):
-                        // give the claim back and look again.
+                    let Some(at) = self.link_new(arr_ptr, idx, tomb, p, hash, guard) else {
                         // SAFETY: the link failed, so `p` is still ours alone.
                         fresh = Some(unsafe { Box::from_raw(p) });
-                        arr.used.fetch_sub(1, Ordering::Relaxed);
-                        self.len.fetch_sub(1, Ordering::SeqCst);
+                        // The slot was taken, fenced by a cleaner, or the
+                        // array began migrating: look again.
+                        snooze(&backoff);
+                        continue;
+                    };
+                    // SAFETY: we just linked `p`; it is retired only after
+                    // an unlink, which happens after our `guard` pinned.
+                    let e = unsafe { &*p };
+                    // Dekker with every other inserter of the key: each links
+                    // its row, fences, then reads the whole sequence, so of
+                    // two rows linked concurrently at least one inserter sees
+                    // the other's (see `verify`).
+                    fence(Ordering::SeqCst);
+                    if !self.verify(hash, key, p, arr_ptr, at, guard) {
+                        // Another row of the key exists or may win: withdraw
+                        // ours (it never held debt) and look again.
+                        e.word.store(DEAD, Ordering::Release);
+                        self.remove_dead(&arr.slots[at], p, guard, None);
+                        continue;
+                    }
+                    e.word.store(0, Ordering::Release);
+                    if let Step::Done(r) = self.debit(e, limits, hash, n, &mut now, reread) {
+                        return r.map(|(tat, prev)| Admitted {
+                            tat,
+                            prev,
+                            created: true,
+                        });
                     }
                 }
             }
         }
+    }
+
+    /// Links the new row `p` (word [`CLAIMED`]) into `arr`: into the first
+    /// reusable tombstone `tomb` of its key's sequence if there is one, else
+    /// into the first vacant slot `idx`. The slot it took, or `None` (counts
+    /// restored) if the slot was taken first or `arr` began migrating.
+    fn link_new(
+        &self,
+        arr_ptr: Shared<'_, Array<K>>,
+        idx: usize,
+        tomb: Option<usize>,
+        p: *mut Entry<K>,
+        hash: u64,
+        guard: &Guard,
+    ) -> Option<usize> {
+        // SAFETY: as in `find`.
+        let arr = unsafe { arr_ptr.deref() };
+        match tomb {
+            Some(at) if !cfg!(pace_mutant = "no_tombstone_reuse") => {
+                // A reused tombstone is already counted in `used`.
+                if !self.count_row(arr, guard) {
+                    return None;
+                }
+                if arr.slots[at].reuse(p, hash) {
+                    return Some(at);
+                }
+                self.len.fetch_sub(1, Ordering::SeqCst);
+                None
+            }
+            _ => {
+                if !self.claim_slot(arr_ptr, guard) {
+                    return None;
+                }
+                if arr.slots[idx].link(p, hash) {
+                    return Some(idx);
+                }
+                arr.used.fetch_sub(1, Ordering::Relaxed);
+                self.len.fetch_sub(1, Ordering::SeqCst);
+                None
+            }
+        }
+    }
+
+    /// Checks, after linking the new row `me` into slot `at` of `my_arr`,
+    /// that no other row of its key can be live beside it: true if `me` may
+    /// become the key's row, false if its inserter must withdraw it.
+    ///
+    /// The walk reads the key's whole sequence from the current array to the
+    /// end of `me`'s sequence in `my_arr`. A live row of the key wins. Of two
+    /// claimed rows in one array, the one earlier in the sequence wins (the
+    /// later one waits for it, and withdraws if the earlier is confirmed);
+    /// a claimed row in an older array is waited for (its inserter withdraws
+    /// it: its array is migrating). `me` is withdrawn if its own array begins
+    /// migrating, so an inserter waits only while its array is the newest,
+    /// and every wait is for a row earlier in the same array's sequence or
+    /// in an older array: no inserters wait for each other in a cycle.
+    fn verify<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        me: *mut Entry<K>,
+        my_arr: Shared<'_, Array<K>>,
+        at: usize,
+        guard: &Guard,
+    ) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        #[cfg(pace_mutant = "reuse_unverified")]
+        {
+            // Known-wrong: trust the lookup that chose the slot.
+            let _ = (hash, key, me, my_arr, at, guard);
+            return true;
+        }
+        // SAFETY: as in `find`.
+        let mine_arr = unsafe { my_arr.deref() };
+        let my_pos = at.wrapping_sub(hash as usize) & mine_arr.mask();
+        let still_newest = || !is_migrating(mine_arr.next.load(Ordering::SeqCst, guard));
+        let backoff = Backoff::new();
+        let mut seen_me = false;
+        let (mut arr_ptr, _) = self.array(guard);
+        'arrays: loop {
+            // SAFETY: as in `find`.
+            let arr = unsafe { arr_ptr.deref() };
+            let mine = arr_ptr == my_arr;
+            for idx in probe_seq(hash, arr.mask()) {
+                let slot = &arr.slots[idx];
+                loop {
+                    let p = match slot.load_for(hash) {
+                        State::Tombstone | State::Closed | State::Other => break,
+                        // The sequence ends: `me` must lie on it (a cleaner
+                        // may have vacated a slot before it since the
+                        // lookup that chose the slot), and the array must
+                        // still be the newest.
+                        State::Vacant | State::Fence | State::Sealed if mine => {
+                            return seen_me && still_newest()
+                        }
+                        State::Vacant | State::Fence | State::Sealed => {
+                            if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+                                return false; // `my_arr` is gone: it migrated
+                            }
+                            arr_ptr = self.next_of(arr, guard);
+                            continue 'arrays;
+                        }
+                        State::Copying(p) if p == me => return false,
+                        State::Row(p) | State::Copying(p) => p,
+                    };
+                    if p == me {
+                        seen_me = mine;
+                        break;
+                    }
+                    // SAFETY: as in `find`.
+                    let e = unsafe { &*p };
+                    if e.hash != hash || e.key.borrow() != key {
+                        break;
+                    }
+                    match e.word.load(Ordering::Acquire) {
+                        DEAD => break,
+                        CLAIMED => {
+                            let pos = idx.wrapping_sub(hash as usize) & arr.mask();
+                            if mine && pos < my_pos {
+                                return false;
+                            }
+                            if !still_newest() {
+                                return false;
+                            }
+                            snooze(&backoff); // its inserter is deciding
+                        }
+                        _ => return false, // the key's live row
+                    }
+                }
+            }
+            // Every slot probed without a vacancy.
+            if mine {
+                return seen_me && still_newest();
+            }
+            if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+                return false;
+            }
+            arr_ptr = self.next_of(arr, guard);
+        }
+    }
+
+    /// Counts one more row (a tombstone about to be reused) unless `arr` is
+    /// migrating: the same handshake with `start_migration` as
+    /// [`claim_slot`](Table::claim_slot), whose copier closes every
+    /// tombstone it passes, so a reuse either lands before the copier reads
+    /// the slot (and the row is copied) or fails.
+    fn count_row(&self, arr: &Array<K>, guard: &Guard) -> bool {
+        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+            return false;
+        }
+        self.len.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+            self.len.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
     }
 
     /// Counts one more row and one more used slot in `arr`, unless `arr` is
@@ -475,7 +684,10 @@ impl<K> Table<K> {
             // Known-wrong variant: a target starts its own migration while
             // its source is still being copied into it.
             if self.array(guard).0 == arr_ptr || cfg!(pace_mutant = "target_migrates_early") {
-                self.start_migration(arr_ptr, guard);
+                // Mostly tombstones: clean a chunk in place and claim again.
+                if !self.clean_some(arr_ptr, arr, guard) {
+                    self.start_migration(arr_ptr, guard);
+                }
             } else if !self.help(guard) {
                 // A target at its limit before its source is copied: the
                 // remaining chunks are with other copiers.
@@ -501,6 +713,7 @@ impl<K> Table<K> {
         let backoff = Backoff::new();
         let mut word = e.word.load(Ordering::Acquire);
         loop {
+            debug_assert_ne!(word, CLAIMED, "lookups never return a claimed row");
             if word == DEAD {
                 return Step::Retry;
             }
@@ -566,7 +779,7 @@ impl<K> Table<K> {
         self.help_if_migrating(guard);
         let (e, arr_ptr, idx) = match self.find(hash, key, Mode::Write, guard) {
             Lookup::Row { e, arr, idx } => (e, arr, idx),
-            Lookup::Vacant(..) | Lookup::Full(_) => return,
+            Lookup::Vacant { .. } | Lookup::Full(_) => return,
         };
         let backoff = Backoff::new();
         let mut word = e.word.load(Ordering::Acquire);
@@ -594,6 +807,7 @@ impl<K> Table<K> {
                         let arr = unsafe { arr_ptr.deref() };
                         let p = e as *const Entry<K> as *mut Entry<K>;
                         self.remove_dead(&arr.slots[idx], p, guard, None);
+                        self.clean_after(arr_ptr, idx, guard);
                         self.shrink_pending(guard);
                     }
                     return;
@@ -617,7 +831,7 @@ impl<K> Table<K> {
                 let word = e.word.load(Ordering::Acquire);
                 (word != DEAD).then_some(word)
             }
-            Lookup::Vacant(..) | Lookup::Full(_) => None,
+            Lookup::Vacant { .. } | Lookup::Full(_) => None,
         }
     }
 
@@ -703,7 +917,7 @@ impl<K> Table<K> {
                 match slot.load() {
                     State::Row(q) if q == p => return self.unlink_into(slot, p, guard, batch),
                     State::Copying(q) if q == p => return false,
-                    State::Vacant | State::Sealed => break,
+                    State::Vacant | State::Fence | State::Sealed => break,
                     _ => {}
                 }
             }
@@ -768,7 +982,8 @@ impl<K: Clone> Table<K> {
                 State::Row(p) | State::Copying(p) => {
                     // SAFETY: as in `find`.
                     let e = unsafe { &*p };
-                    (e.word.load(Ordering::Acquire) != DEAD).then(|| e.key.clone())
+                    let word = e.word.load(Ordering::Acquire);
+                    (word != DEAD && word != CLAIMED).then(|| e.key.clone())
                 }
                 _ => None,
             })

@@ -11,9 +11,20 @@
 //!
 //! ```text
 //! Vacant (null) --insert--> Row(e) --unlink (e's word is DEAD)--> Tombstone
-//!      \                       \--copy: mark--> Copying(e) --moved--> Tombstone
+//!      \                       \--copy: mark--> Copying(e) --moved--> Closed
 //!       \--migration closes it--> Sealed
+//! Tombstone --insert (reuse)--> Row(e)
+//! Tombstone --migration closes it--> Closed
+//! Tombstone --clean (next slot Fence)--> Vacant
+//! Vacant --clean--> Fence --clean--> Vacant
 //! ```
+//!
+//! A `Tombstone` is reusable: an insert may link a new row there instead of
+//! at the end of its key's sequence, so a steady flood of new keys at a
+//! steady number of live rows keeps the array at its size. A `Closed` slot
+//! is a tombstone of an array under migration: nothing links there again
+//! (the copier closes every tombstone of its chunk, so no row can be linked
+//! behind it into a slot it already passed). Lookups pass over both.
 //!
 //! `Copying(e)` is `e` with the low tag bit set: only the copier of a
 //! migration chunk moves it on, and an unlinker (whose CAS expects the
@@ -24,9 +35,12 @@
 //!
 //! A row's bucket word (`tat`) lives in its [`Entry`], not in the slot, so a
 //! migration moves pointers and never copies words: a debit lands on the same
-//! atomic whichever array it found the entry in. The word goes from 0 (never
-//! debited: starts from its floor) through live `tat`s to [`DEAD`] (removed,
-//! entered only from a full bucket, never left).
+//! atomic whichever array it found the entry in. A new row is linked with
+//! the word [`CLAIMED`] (its key may have a row elsewhere: its inserter
+//! checks, see `Table::verify`), which becomes 0 (never debited: starts from
+//! its floor) or DEAD (the inserter withdraws), then live `tat`s, then
+//! [`DEAD`] (removed, entered only from a full bucket or from CLAIMED, never
+//! left).
 
 use std::marker::PhantomData;
 use std::ptr;
@@ -39,6 +53,10 @@ use crate::sync::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// The word of a removed row: above every live `tat`.
 pub(crate) const DEAD: u64 = MAX_TIME + 1;
+
+/// The word of a row whose inserter has not yet checked that its key has no
+/// other row: no debit, refund or sweep acts on it.
+pub(crate) const CLAIMED: u64 = MAX_TIME + 2;
 
 /// Slots a migration copies per chunk: the most any one call copies. Loom
 /// models copy 2 slots at a time, so a 4-slot array migrates over calls.
@@ -64,6 +82,10 @@ const COPYING: usize = 1;
 const TOMBSTONE: usize = 1;
 /// Address of the sealed marker (never dereferenced).
 const SEALED: usize = 2;
+/// Address of the closed-tombstone marker (never dereferenced).
+const CLOSED: usize = 3;
+/// Address of the fence marker (never dereferenced).
+const FENCE: usize = 4;
 /// Where the key's hash tag sits in a slot word (64-bit targets): the top 16
 /// bits, which user-space pointers leave clear. A probe compares tags before
 /// it dereferences an entry, so a slot of another key costs no cache miss
@@ -102,8 +124,14 @@ fn tag_bits(raw: usize) -> usize {
 /// A decoded slot word. Entry pointers are untagged.
 pub(crate) enum State<K> {
     Vacant,
+    /// A reusable tombstone.
     Tombstone,
+    /// A tombstone of a migrating array: never reused.
+    Closed,
     Sealed,
+    /// A vacant slot held for a moment by a cleaner (see `clean.rs`): ends
+    /// every sequence as a vacant slot does, but nothing links there.
+    Fence,
     /// A linked row.
     Row(*mut Entry<K>),
     /// A linked row that a migration copier is moving to the next array.
@@ -142,6 +170,37 @@ impl<K> Slot<K> {
         self.cas(ptr::null_mut(), row(e, hash))
     }
 
+    /// Links a new row (of a key with `hash`) into a reusable tombstone.
+    #[inline]
+    pub(crate) fn reuse(&self, e: *mut Entry<K>, hash: u64) -> bool {
+        self.cas(marker(TOMBSTONE), row(e, hash))
+    }
+
+    /// Closes a tombstone for a migration.
+    #[inline]
+    pub(crate) fn close(&self) -> bool {
+        self.cas(marker(TOMBSTONE), marker(CLOSED))
+    }
+
+    /// Fences a vacant slot (a cleaner is about to vacate the slot before).
+    #[inline]
+    pub(crate) fn fence(&self) -> bool {
+        self.cas(ptr::null_mut(), marker(FENCE))
+    }
+
+    /// Lifts a fence: the slot is vacant again.
+    #[inline]
+    pub(crate) fn unfence(&self) {
+        let done = self.cas(marker(FENCE), ptr::null_mut());
+        debug_assert!(done, "only the cleaner that fenced a slot lifts it");
+    }
+
+    /// Turns a tombstone back into a vacant slot (its successor is fenced).
+    #[inline]
+    pub(crate) fn vacate(&self) -> bool {
+        self.cas(marker(TOMBSTONE), ptr::null_mut())
+    }
+
     /// Closes a vacant slot for a migration.
     #[inline]
     pub(crate) fn seal(&self) -> bool {
@@ -161,12 +220,12 @@ impl<K> Slot<K> {
         self.cas(r, r.wrapping_byte_add(COPYING))
     }
 
-    /// Ends the copy of `e`: the slot becomes a tombstone. Only the copier
-    /// that marked it calls this, so the CAS cannot fail.
+    /// Ends the copy of `e`: the slot becomes a closed tombstone. Only the
+    /// copier that marked it calls this, so the CAS cannot fail.
     #[inline]
     pub(crate) fn moved(&self, e: *mut Entry<K>, hash: u64) {
         let r = row(e, hash);
-        let done = self.cas(r.wrapping_byte_add(COPYING), marker(TOMBSTONE));
+        let done = self.cas(r.wrapping_byte_add(COPYING), marker(CLOSED));
         debug_assert!(done, "only the copier moves a copying slot on");
     }
 
@@ -205,6 +264,8 @@ fn decode<K>(p: *mut Entry<K>) -> State<K> {
         0 => State::Vacant,
         TOMBSTONE => State::Tombstone,
         SEALED => State::Sealed,
+        CLOSED => State::Closed,
+        FENCE => State::Fence,
         a => {
             let e = p.wrapping_byte_sub(tag_bits(a) | (a & COPYING));
             if a & COPYING != 0 {
@@ -240,6 +301,8 @@ pub(crate) struct Array<K> {
     pub(crate) copied: AtomicUsize,
     /// Next slot of the running incremental sweep pass, or `SWEEP_IDLE`.
     pub(crate) sweep_next: CachePadded<AtomicUsize>,
+    /// Next chunk to clean when the array meets its limit (see `clean.rs`).
+    pub(crate) clean_next: AtomicUsize,
     _rows: PhantomData<Entry<K>>,
 }
 
@@ -257,6 +320,7 @@ impl<K> Array<K> {
             claim: AtomicUsize::new(0),
             copied: AtomicUsize::new(0),
             sweep_next: CachePadded::new(AtomicUsize::new(SWEEP_IDLE)),
+            clean_next: AtomicUsize::new(0),
             _rows: PhantomData,
         }
     }

@@ -23,9 +23,7 @@ impl<K> Table<K> {
             let (n, done) = self.sweep_range(arr, 0, arr.slots.len(), now, guard);
             removed += n;
             if done {
-                if arr.slots.len() > self.min_slots
-                    && self.len().saturating_mul(8) < arr.slots.len()
-                {
+                if arr.slots.len() > self.min_slots && self.sparse(arr) {
                     self.start_migration(arr_ptr, guard);
                 }
                 self.finish_migration(guard);
@@ -119,6 +117,10 @@ impl<K> Table<K> {
         // SAFETY: every entry in `batch` was unlinked by us (the CAS winner)
         // and is reachable by no new reader; retired once, here.
         unsafe { retire_batch::<K>(guard, batch) };
+        // The rows it removed left tombstones: clean them in place.
+        if removed > 0 && !is_migrating(arr.next.load(Ordering::Acquire, guard)) {
+            self.clean_range(arr, start, end);
+        }
         // A migration that started under the scan may have moved rows out
         // of slots before we read them (we saw their tombstones, after the
         // target was published): those rows are swept in the target.
@@ -128,14 +130,22 @@ impl<K> Table<K> {
         )
     }
 
-    /// Migrates to a smaller array when rows fill less than 1/8 of the slots.
+    /// Whether rows fill less than 1/16 of `arr`: a churning table gives its
+    /// rows a quarter of the slots (see `start_migration`), so the threshold
+    /// sits well below that and a table whose rows swing between one and two
+    /// horizons of keys does not shrink and grow every pass.
+    fn sparse(&self, arr: &Array<K>) -> bool {
+        self.len().saturating_mul(16) < arr.slots.len()
+    }
+
+    /// Migrates to a smaller array when rows fill less than 1/16 of the slots.
     /// An empty table swaps in O(1); otherwise the shrink is left pending
     /// for the next call (see [`shrink_pending`](Table::shrink_pending)), so
     /// that a pass ending under a reserve's own short-lived row does not
     /// start a copy that the row's refund a moment later would make
     /// unnecessary.
     fn shrink_if_sparse(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, guard: &Guard) {
-        if arr.slots.len() > self.min_slots && self.len().saturating_mul(8) < arr.slots.len() {
+        if arr.slots.len() > self.min_slots && self.sparse(arr) {
             if self.len() == 0 {
                 self.start_migration(arr_ptr, guard);
             } else {
@@ -160,7 +170,7 @@ impl<K> Table<K> {
             return;
         }
         let (arr_ptr, arr) = self.array(guard);
-        if arr.slots.len() > self.min_slots && self.len().saturating_mul(8) < arr.slots.len() {
+        if arr.slots.len() > self.min_slots && self.sparse(arr) {
             self.start_migration(arr_ptr, guard);
         }
     }

@@ -1,0 +1,90 @@
+//! Churn without migrations: a flood of new keys at a steady number of live
+//! rows reuses the tombstones that removed rows leave, so the table keeps its
+//! size and starts no migration. Known-wrong variant: `no_tombstone_reuse`
+//! (every new row takes a vacant slot), which these tests catch.
+
+use std::time::Duration;
+
+use pace::__private::PaceInternals;
+use pace::{ManualClock, Pace, Rate};
+
+const T: u64 = 1_000;
+
+fn pace(capacity: u64) -> Pace<u64, std::collections::hash_map::RandomState, ManualClock> {
+    Pace::builder(Rate::new(1, Duration::from_nanos(T)).unwrap())
+        .capacity(capacity)
+        .clock(ManualClock::new())
+        .build()
+        .unwrap()
+}
+
+/// Create a row, hand the debit back (the bucket is full again: the row
+/// goes), next key: 1,000 live rows at every step. After a warm-up of 10,000
+/// keys (where the table may grow once to make room for churn), 190,000 more
+/// keys neither migrate nor resize the table.
+#[test]
+fn refunded_keys_reuse_tombstones() {
+    const LIVE: u64 = 1_000;
+    let p = pace(1);
+    let now = 10 * T;
+    let mut held = std::collections::VecDeque::new();
+    let mut churn = |ids: std::ops::Range<u64>, held: &mut std::collections::VecDeque<_>| {
+        for id in ids {
+            if held.len() == LIVE as usize {
+                let (old, debit) = held.pop_front().unwrap();
+                p.refund_at(&old, debit, now);
+            }
+            held.push_back((id, p.reserve_n_at(&id, 1, now).unwrap().detach()));
+            assert_eq!(p.len(), held.len(), "one row per held key");
+        }
+    };
+    churn(0..11 * LIVE, &mut held);
+    let slots = p.table_slots();
+    let migrations = p.migrations();
+    assert!(slots <= 8 * LIVE as usize, "{slots} slots for {LIVE} rows");
+    churn(11 * LIVE..200 * LIVE, &mut held);
+    assert_eq!(p.migrations(), migrations, "no migration under churn");
+    assert_eq!(p.table_slots(), slots, "the table keeps its size");
+    let mut keys = p.row_keys();
+    keys.sort_unstable();
+    let want: Vec<u64> = held.iter().map(|(id, _)| *id).collect();
+    assert_eq!(keys, want, "exactly the held keys have rows");
+}
+
+/// Every call names a new key; each row refills in 1 ms and the
+/// time-driven sweep removes full rows each 1 ms horizon, so the table holds
+/// one to two horizons of keys: after the first horizons it neither grows,
+/// shrinks nor migrates.
+#[test]
+fn swept_keys_reuse_tombstones() {
+    let p: Pace<u64, std::collections::hash_map::RandomState, ManualClock> =
+        Pace::builder(Rate::new(1, Duration::from_millis(1)).unwrap())
+            .capacity(1)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+    let step = 250; // ns between calls: 4,000 calls per 1 ms horizon
+    let horizon = p.horizon().as_nanos() as u64;
+    assert_eq!(horizon, 1_000_000);
+    let calls_per_horizon = horizon / step;
+    let mut id = 0u64;
+    let mut now = 1_000_000_000;
+    let mut run = |horizons: u64, p: &Pace<_, _, _>| {
+        for _ in 0..horizons * calls_per_horizon {
+            drop(p.reserve_n_at(&id, 1, now).unwrap());
+            id += 1;
+            now += step;
+        }
+    };
+    run(30, &p);
+    let slots = p.table_slots();
+    let migrations = p.migrations();
+    run(100, &p);
+    assert_eq!(p.migrations(), migrations, "no migration under churn");
+    assert_eq!(p.table_slots(), slots, "the table keeps its size");
+    assert!(
+        (p.len() as u64) <= 3 * calls_per_horizon,
+        "rows are the last horizons' keys: {}",
+        p.len()
+    );
+}
