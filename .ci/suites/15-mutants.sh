@@ -30,3 +30,18 @@ for t in a_stale_reserve_does_not_recreate_a_swept_row \
     echo "caught by $t"
 done
 grep -E "exceeds the bound by" <<<"$out" | head -1
+
+# Churn without migrations (tests/churn.rs) against `no_tombstone_reuse`:
+# every new row takes a vacant slot, so both churn tests must see migrations.
+status=0
+out=$(RUSTFLAGS='--cfg pace_mutant="no_tombstone_reuse"' CARGO_TARGET_DIR=target/mutant-churn \
+    cargo test --release --test churn -- --test-threads=1 2>&1) || status=$?
+for t in refunded_keys_reuse_tombstones swept_keys_reuse_tombstones; do
+    if [ "$status" -eq 0 ] || ! grep -qE "^test $t \.\.\. FAILED" <<<"$out" ||
+        ! grep -q "no migration under churn" <<<"$out"; then
+        echo "$out" | tail -40
+        echo "no_tombstone_reuse not caught by $t"
+        exit 1
+    fi
+    echo "no_tombstone_reuse caught by $t"
+done

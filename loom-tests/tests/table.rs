@@ -137,6 +137,59 @@ fn migration_while_finishing() {
     });
 }
 
+/// 5. Tombstone reuse racing a late refund: key 0's row sits in slot 0;
+///    one thread creates key 4 (same start), which passes slot 0 while key 0
+///    lives there, while the other hands back key 0's debit late, which
+///    fills its bucket: the row goes, slot 0 becomes a tombstone, and the
+///    cleaner vacates it if slot 1 is vacant. Then key 4 is reserved again,
+///    which may reuse slot 0. Every lookup finds key 4's row, and exactly
+///    one row of it lives, holding both debits: a row linked into slot 1
+///    must not end up behind a vacated slot 0 (the cleaner fences slot 1;
+///    the inserter checks that its row is on its key's sequence).
+fn reuse_vs_late_refund() {
+    model(|| {
+        let p = pace(4);
+        let k0 = key(0);
+        let held = p.reserve_n_at(&k0, 2, 0).unwrap();
+        let other = {
+            let p = p.clone();
+            thread::spawn(move || p.reserve_n_at(&key(4), 1, 0).is_ok())
+        };
+        held.refund_at(0); // back to full: the row goes
+        assert!(other.join().unwrap());
+        assert_eq!(p.row_tat(&key(4)), Some(T), "every lookup finds the row");
+        assert!(p.reserve_n_at(&key(4), 1, 0).is_ok());
+        assert_eq!(ids(&p), vec![4], "one live row per key");
+        assert_eq!(p.row_tat(&key(4)), Some(2 * T), "both debits counted");
+        assert_eq!(p.len(), 1, "len counts the rows");
+    });
+}
+
+/// 6. Two inserters of one key while a tombstone appears before the first
+///    vacant slot: one thread creates key 4 (it passes slot 0 while key 0
+///    lives there and links into slot 1), the other hands back key 0's debit
+///    (slot 0 becomes a tombstone) and creates key 4 too, reusing slot 0.
+///    Each inserter checks the sequence after linking its claimed row, so
+///    exactly one row of key 4 lives, holding both debits. Run at
+///    preemption bound 1: the withdraw-and-retry loops make bound 2 too large.
+fn reuse_vs_insert() {
+    model_bounded(1, || {
+        let p = pace(4);
+        let k0 = key(0);
+        let held = p.reserve_n_at(&k0, 2, 0).unwrap();
+        let other = {
+            let p = p.clone();
+            thread::spawn(move || p.reserve_n_at(&key(4), 1, 0).is_ok())
+        };
+        held.refund_at(0); // back to full: the row goes
+        let mine = p.reserve_n_at(&key(4), 1, 0).is_ok();
+        assert!(other.join().unwrap() && mine);
+        assert_eq!(ids(&p), vec![4], "one live row per key");
+        assert_eq!(p.row_tat(&key(4)), Some(2 * T), "both debits counted");
+        assert_eq!(p.len(), 1, "len counts the rows");
+    });
+}
+
 macro_rules! models {
     ($($name:ident),* $(,)?) => {$(
         #[cfg(not(pace_mutant))]
@@ -152,7 +205,9 @@ mod model {
         reserve_vs_copy,
         refund_vs_copy,
         sweep_vs_copy,
-        migration_while_finishing
+        migration_while_finishing,
+        reuse_vs_late_refund,
+        reuse_vs_insert
     );
 }
 
@@ -181,4 +236,16 @@ fn mutant_no_unlink_walk() {
 #[test]
 fn mutant_target_migrates_early() {
     migration_while_finishing();
+}
+
+#[cfg(pace_mutant = "reuse_unverified")]
+#[test]
+fn mutant_reuse_unverified() {
+    reuse_vs_insert();
+}
+
+#[cfg(pace_mutant = "clean_without_fence")]
+#[test]
+fn mutant_clean_without_fence() {
+    reuse_vs_late_refund();
 }

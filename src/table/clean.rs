@@ -38,14 +38,27 @@ impl<K> Table<K> {
                 continue;
             }
             let next = &arr.slots[(i + 1) & mask];
-            if !matches!(next.load(), State::Vacant) || !next.fence() {
+            #[cfg(pace_mutant = "clean_without_fence")]
+            {
+                // Known-wrong: vacate on a read of the next slot, so a row
+                // linked there meanwhile ends up behind a vacant slot.
+                if matches!(next.load(), State::Vacant) && slot.vacate() {
+                    arr.used.fetch_sub(1, Ordering::Relaxed);
+                    vacated += 1;
+                }
                 continue;
             }
-            if slot.vacate() {
-                arr.used.fetch_sub(1, Ordering::Relaxed);
-                vacated += 1;
+            #[cfg(not(pace_mutant = "clean_without_fence"))]
+            {
+                if !matches!(next.load(), State::Vacant) || !next.fence() {
+                    continue;
+                }
+                if slot.vacate() {
+                    arr.used.fetch_sub(1, Ordering::Relaxed);
+                    vacated += 1;
+                }
+                next.unfence();
             }
-            next.unfence();
         }
         vacated
     }

@@ -96,6 +96,42 @@ unsafe fn retire_batch<K>(guard: &Guard, batch: Vec<usize>) {
     guard.flush();
 }
 
+/// Publishes a debit decided on `word`: one CAS from `word` to `tat`; the
+/// word found instead if it changed.
+#[cfg(not(pace_mutant = "check_then_debit"))]
+#[inline]
+fn publish<K>(e: &Entry<K>, word: u64, tat: u64) -> Result<(), u64> {
+    e.word
+        .compare_exchange_weak(word, tat, Ordering::AcqRel, Ordering::Acquire)
+        .map(|_| ())
+}
+
+/// Known-wrong: decide on a load, then write blindly.
+#[cfg(pace_mutant = "check_then_debit")]
+#[inline]
+fn publish<K>(e: &Entry<K>, _word: u64, tat: u64) -> Result<(), u64> {
+    e.word.store(tat, Ordering::Release);
+    Ok(())
+}
+
+/// Closes a full row (word `word`) before it is unlinked: one CAS to DEAD,
+/// so no debit can land on it afterwards. False if the word changed first.
+#[cfg(not(pace_mutant = "unlink_without_dead"))]
+#[inline]
+fn close_full<K>(e: &Entry<K>, word: u64) -> bool {
+    e.word
+        .compare_exchange(word, DEAD, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+}
+
+/// Known-wrong: unlink a full row without closing its word, so a racing
+/// debit can land on a row that is no longer reachable.
+#[cfg(pace_mutant = "unlink_without_dead")]
+#[inline]
+fn close_full<K>(_e: &Entry<K>, _word: u64) -> bool {
+    true
+}
+
 /// Whether an array's `next` says a migration has started.
 #[inline]
 fn is_migrating<K>(next: Shared<'_, Array<K>>) -> bool {
@@ -481,6 +517,9 @@ impl<K> Table<K> {
                         // ours (it never held debt) and look again.
                         e.word.store(DEAD, Ordering::Release);
                         self.remove_dead(&arr.slots[at], p, guard, None);
+                        // Let the row that won be confirmed before looking
+                        // again (it is skipped while it is claimed).
+                        snooze(&backoff);
                         continue;
                     }
                     e.word.store(0, Ordering::Release);
@@ -563,10 +602,8 @@ impl<K> Table<K> {
         K: Borrow<Q>,
         Q: ?Sized + Eq,
     {
-        #[cfg(pace_mutant = "reuse_unverified")]
-        {
-            // Known-wrong: trust the lookup that chose the slot.
-            let _ = (hash, key, me, my_arr, at, guard);
+        // Known-wrong variant: trust the lookup that chose the slot.
+        if cfg!(pace_mutant = "reuse_unverified") {
             return true;
         }
         // SAFETY: as in `find`.
@@ -730,27 +767,13 @@ impl<K> Table<K> {
                 word
             };
             match limits.reserve(prev, *now, n) {
-                Decision::Admit(tat) => {
-                    #[cfg(pace_mutant = "check_then_debit")]
-                    {
-                        // Known-wrong: decide on a load, then write blindly.
-                        e.word.store(tat, Ordering::Release);
-                        return Step::Done(Ok((tat, prev)));
+                Decision::Admit(tat) => match publish(e, word, tat) {
+                    Ok(()) => return Step::Done(Ok((tat, prev))),
+                    Err(actual) => {
+                        word = actual;
+                        cas_retry(&backoff);
                     }
-                    #[allow(unreachable_code)]
-                    match e.word.compare_exchange_weak(
-                        word,
-                        tat,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        Ok(_) => return Step::Done(Ok((tat, prev))),
-                        Err(actual) => {
-                            word = actual;
-                            cas_retry(&backoff);
-                        }
-                    }
-                }
+                },
                 denied => return Step::Done(Err(denied)),
             }
         }
@@ -848,18 +871,7 @@ impl<K> Table<K> {
         // SAFETY: the caller read `p` from `slot` under `guard` (see `find`).
         let e = unsafe { &*p };
         self.floors.raise(e.hash, word);
-        #[cfg(pace_mutant = "unlink_without_dead")]
-        {
-            // Known-wrong: unlink a full row without closing its word, so a
-            // racing debit can land on a row that is no longer reachable.
-            let _ = word;
-            return self.unlink_into(slot, p, guard, Some(batch));
-        }
-        #[allow(unreachable_code)]
-        if e.word
-            .compare_exchange(word, DEAD, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
+        if close_full(e, word) {
             self.remove_dead(slot, p, guard, Some(batch));
             true
         } else {
@@ -888,12 +900,10 @@ impl<K> Table<K> {
                 return false; // its copier sees DEAD after moving it
             }
         }
-        #[cfg(pace_mutant = "no_unlink_walk")]
-        {
-            // Known-wrong: trust that nobody moved the row.
+        // Known-wrong variant: trust that nobody moved the row.
+        if cfg!(pace_mutant = "no_unlink_walk") {
             return false;
         }
-        #[allow(unreachable_code)]
         // SAFETY: the caller holds `p` under `guard` (see `find`).
         let hash = unsafe { &*p }.hash;
         self.unlink_moved(hash, p, guard, batch)

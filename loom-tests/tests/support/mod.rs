@@ -75,10 +75,21 @@ pub fn pace(capacity: u64) -> Arc<P> {
 /// `loom::model` with room for the spin-waits of a migration: each wait is a
 /// branch. The preemption bound comes from LOOM_MAX_PREEMPTIONS.
 pub fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    run(loom::model::Builder::new(), f);
+}
+
+/// [`model`] at a fixed preemption bound, for models whose retry loops make
+/// the environment's bound too large to explore.
+pub fn model_bounded<F: Fn() + Sync + Send + 'static>(bound: usize, f: F) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(bound);
+    run(builder, f);
+}
+
+fn run<F: Fn() + Sync + Send + 'static>(mut builder: loom::model::Builder, f: F) {
     let executions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = executions.clone();
     let started = std::time::Instant::now();
-    let mut builder = loom::model::Builder::new();
     builder.max_branches = 100_000;
     builder.check(move || {
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
