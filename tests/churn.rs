@@ -28,7 +28,7 @@ fn refunded_keys_reuse_tombstones() {
     let p = pace(1);
     let now = 10 * T;
     let mut held = std::collections::VecDeque::new();
-    let mut churn = |ids: std::ops::Range<u64>, held: &mut std::collections::VecDeque<_>| {
+    let churn = |ids: std::ops::Range<u64>, held: &mut std::collections::VecDeque<_>| {
         for id in ids {
             if held.len() == LIVE as usize {
                 let (old, debit) = held.pop_front().unwrap();

@@ -90,7 +90,7 @@ done
 # The table's migration protocol (loom-tests/tests/table.rs): each known-wrong
 # variant must make its model fail with the invariant message given here.
 table_mutants=(
-    "unsealed_insert=one live row per key"
+    "insert_into_migrating=one live row per key"
     "copier_skips_dead=len counts the rows"
     "no_unlink_walk=len counts the rows"
     "target_migrates_early=every debit kept"

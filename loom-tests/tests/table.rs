@@ -173,7 +173,7 @@ fn reuse_vs_late_refund() {
 ///    exactly one row of key 4 lives, holding both debits. Run at
 ///    preemption bound 1: the withdraw-and-retry loops make bound 2 too large.
 fn reuse_vs_insert() {
-    model_bounded(1, || {
+    model(|| {
         let p = pace(4);
         let k0 = key(0);
         let held = p.reserve_n_at(&k0, 2, 0).unwrap();
@@ -214,9 +214,9 @@ mod model {
 // Mutants: each runs the model that must catch it (see pace.rs for why these
 // are not `#[should_panic]`).
 
-#[cfg(pace_mutant = "unsealed_insert")]
+#[cfg(pace_mutant = "insert_into_migrating")]
 #[test]
-fn mutant_unsealed_insert() {
+fn mutant_insert_into_migrating() {
     reserve_vs_copy();
 }
 

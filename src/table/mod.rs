@@ -96,6 +96,27 @@ unsafe fn retire_batch<K>(guard: &Guard, batch: Vec<usize>) {
     guard.flush();
 }
 
+/// What [`Table::verify`] decides for a just-linked (claimed) row.
+enum Verdict<K> {
+    /// The row becomes the key's row.
+    Keep,
+    /// Withdraw it and look again.
+    Withdraw,
+    /// Withdraw it, wait until this claimed row earlier in the key's
+    /// sequence is confirmed or withdrawn, then look again.
+    Await(*mut Entry<K>),
+}
+
+impl<K> Verdict<K> {
+    fn keep_if(keep: bool) -> Self {
+        if keep {
+            Verdict::Keep
+        } else {
+            Verdict::Withdraw
+        }
+    }
+}
+
 /// Publishes a debit decided on `word`: one CAS from `word` to `tat`; the
 /// word found instead if it changed.
 #[cfg(not(pace_mutant = "check_then_debit"))]
@@ -332,10 +353,12 @@ impl<K> Table<K> {
                                     tomb,
                                 };
                             }
-                            // Known-wrong variant: go on without sealing, so
-                            // an insert in flight can still link the key here.
-                            let seal =
-                                mode == Mode::Insert && !cfg!(pace_mutant = "unsealed_insert");
+                            // Known-wrong variant (with `verify` off, the
+                            // two guards of an insert racing a migration):
+                            // go on without sealing, so an insert in flight
+                            // can still link the key here.
+                            let seal = mode == Mode::Insert
+                                && !cfg!(pace_mutant = "insert_into_migrating");
                             if seal && !slot.seal() {
                                 if matches!(s, State::Fence) {
                                     snooze(&Backoff::new()); // a cleaner's moment
@@ -512,14 +535,26 @@ impl<K> Table<K> {
                     // two rows linked concurrently at least one inserter sees
                     // the other's (see `verify`).
                     fence(Ordering::SeqCst);
-                    if !self.verify(hash, key, p, arr_ptr, at, guard) {
+                    let verdict = self.verify(hash, key, p, arr_ptr, at, guard);
+                    if !matches!(verdict, Verdict::Keep) {
                         // Another row of the key exists or may win: withdraw
                         // ours (it never held debt) and look again.
                         e.word.store(DEAD, Ordering::Release);
                         self.remove_dead(&arr.slots[at], p, guard, None);
                         // Let the row that won be confirmed before looking
-                        // again (it is skipped while it is claimed).
+                        // again (it is skipped while it is claimed): a row
+                        // linked again at once could keep its inserter
+                        // waiting for ever newer claimed rows.
                         snooze(&backoff);
+                        if let Verdict::Await(earlier) = verdict {
+                            // SAFETY: `earlier` was read from a slot under
+                            // `guard`, which is still pinned: it is retired
+                            // only after an unlink that follows our pin.
+                            let earlier = unsafe { &*earlier };
+                            while earlier.word.load(Ordering::Acquire) == CLAIMED {
+                                snooze(&backoff);
+                            }
+                        }
                         continue;
                     }
                     e.word.store(0, Ordering::Release);
@@ -597,14 +632,18 @@ impl<K> Table<K> {
         my_arr: Shared<'_, Array<K>>,
         at: usize,
         guard: &Guard,
-    ) -> bool
+    ) -> Verdict<K>
     where
         K: Borrow<Q>,
         Q: ?Sized + Eq,
     {
-        // Known-wrong variant: trust the lookup that chose the slot.
-        if cfg!(pace_mutant = "reuse_unverified") {
-            return true;
+        // Known-wrong variants: trust the lookup that chose the slot (with
+        // `insert_into_migrating`, the lookup does not seal either).
+        if cfg!(any(
+            pace_mutant = "reuse_unverified",
+            pace_mutant = "insert_into_migrating"
+        )) {
+            return Verdict::Keep;
         }
         // SAFETY: as in `find`.
         let mine_arr = unsafe { my_arr.deref() };
@@ -627,16 +666,16 @@ impl<K> Table<K> {
                         // lookup that chose the slot), and the array must
                         // still be the newest.
                         State::Vacant | State::Fence | State::Sealed if mine => {
-                            return seen_me && still_newest()
+                            return Verdict::keep_if(seen_me && still_newest())
                         }
                         State::Vacant | State::Fence | State::Sealed => {
                             if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
-                                return false; // `my_arr` is gone: it migrated
+                                return Verdict::Withdraw; // `my_arr` is gone: it migrated
                             }
                             arr_ptr = self.next_of(arr, guard);
                             continue 'arrays;
                         }
-                        State::Copying(p) if p == me => return false,
+                        State::Copying(p) if p == me => return Verdict::Withdraw,
                         State::Row(p) | State::Copying(p) => p,
                     };
                     if p == me {
@@ -653,23 +692,23 @@ impl<K> Table<K> {
                         CLAIMED => {
                             let pos = idx.wrapping_sub(hash as usize) & arr.mask();
                             if mine && pos < my_pos {
-                                return false;
+                                return Verdict::Await(p);
                             }
                             if !still_newest() {
-                                return false;
+                                return Verdict::Withdraw;
                             }
                             snooze(&backoff); // its inserter is deciding
                         }
-                        _ => return false, // the key's live row
+                        _ => return Verdict::Withdraw, // the key's live row
                     }
                 }
             }
             // Every slot probed without a vacancy.
             if mine {
-                return seen_me && still_newest();
+                return Verdict::keep_if(seen_me && still_newest());
             }
             if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
-                return false;
+                return Verdict::Withdraw;
             }
             arr_ptr = self.next_of(arr, guard);
         }

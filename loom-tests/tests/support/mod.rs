@@ -90,7 +90,10 @@ fn run<F: Fn() + Sync + Send + 'static>(mut builder: loom::model::Builder, f: F)
     let executions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = executions.clone();
     let started = std::time::Instant::now();
-    builder.max_branches = 100_000;
+    builder.max_branches = std::env::var("LOOM_MAX_BRANCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
     builder.check(move || {
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         f();
