@@ -7,6 +7,7 @@
 //! ```text
 //! cargo bench --features foldhash --bench warm        # PACE_WARM_ROUNDS=3
 //! PACE_WARM_ORDER=pattern cargo bench --features foldhash --bench warm
+//! PACE_WARM_ORDER=seq cargo bench --features foldhash --bench warm
 //! ```
 //!
 //! Regime `admit` for every contender (1 µs per token, burst 2^32-1, every
@@ -21,10 +22,17 @@
 //! `benches/throughput.rs` does (two more loads per reserve, one of them a
 //! cache miss into the 8 MB key array at 1M keys).
 //!
-//! Each round builds every contender afresh, in a rotated order, and times
-//! each (workload, threads) once; the summary gives, per contender, the
-//! range over rounds of ns per reserve and of governor's time over its own
-//! (above 1: faster than governor), with the load of each round.
+//! Every contender of a workload is built and primed first and stays alive;
+//! a round then times each (threads) in `PACE_WARM_SLICES` slices that
+//! alternate between the contenders in a rotating order, so that every
+//! contender meets the same machine load (the box is shared). A round's
+//! figure is a contender's mean over its slices; the summary gives, per
+//! contender, the range over rounds of ns per reserve (wall time over all
+//! threads divided by reserves) and of governor's time over its own (above
+//! 1: faster than governor), with the load at the start of each round.
+//!
+//! `PACE_WARM_ORDER=seq` walks the keys in the order their rows were created
+//! (not what a server sees: it shows what creation-order locality is worth).
 
 mod common;
 
@@ -40,6 +48,7 @@ const KEYS_1M: u64 = 1_000_000;
 enum Order {
     Hash,
     Pattern,
+    Seq,
 }
 
 /// Key index of reserve `i` of thread `t`, uniform over `0..n`.
@@ -70,6 +79,7 @@ fn measure<L: Contender<u64>>(
     w: &Workload,
     threads: usize,
     order: Order,
+    base: u64,
     keys: &[u64],
     pattern: &[u32],
 ) -> f64 {
@@ -78,14 +88,23 @@ fn measure<L: Contender<u64>>(
         let t = t as u64;
         match order {
             Order::Hash => {
-                for i in 0..ops {
+                for i in base..base + ops {
                     let k = u64::make(draw(t, i, n));
+                    black_box(lim.reserve(&k));
+                }
+            }
+            Order::Seq => {
+                // Keys in the order they were primed (rows created).
+                let first = base + t * (n / 2 + 7919);
+                for i in first..first + ops {
+                    let k = u64::make(i % n);
                     black_box(lim.reserve(&k));
                 }
             }
             Order::Pattern => {
                 let mask = pattern.len() - 1;
-                let mut j = (t as usize).wrapping_mul(pattern.len() / 2 + 7919);
+                let mut j = (base as usize)
+                    .wrapping_add((t as usize).wrapping_mul(pattern.len() / 2 + 7919));
                 for _ in 0..ops {
                     let k = &keys[pattern[j & mask] as usize % keys.len()];
                     black_box(lim.reserve(k));
@@ -130,8 +149,16 @@ fn contenders() -> Vec<(&'static str, fn(&Regime, u64) -> Box<dyn Measure>)> {
 }
 
 trait Measure {
-    fn run(&self, w: &Workload, threads: usize, order: Order, keys: &[u64], pattern: &[u32])
-        -> f64;
+    /// ns per reserve of `w.ops` reserves from draw index `base` on.
+    fn run(
+        &self,
+        w: &Workload,
+        threads: usize,
+        order: Order,
+        base: u64,
+        keys: &[u64],
+        pattern: &[u32],
+    ) -> f64;
 }
 
 impl<L: Contender<u64>> Measure for L {
@@ -140,25 +167,28 @@ impl<L: Contender<u64>> Measure for L {
         w: &Workload,
         threads: usize,
         order: Order,
+        base: u64,
         keys: &[u64],
         pattern: &[u32],
     ) -> f64 {
-        measure(self, w, threads, order, keys, pattern)
+        measure(self, w, threads, order, base, keys, pattern)
     }
 }
 
 fn main() {
     // `cargo bench` passes `--bench`; this harness takes no arguments.
     let rounds = env("PACE_WARM_ROUNDS", 3) as usize;
+    let slices = env("PACE_WARM_SLICES", 8);
     let order = match std::env::var("PACE_WARM_ORDER").as_deref() {
         Ok("pattern") => Order::Pattern,
+        Ok("seq") => Order::Seq,
         _ => Order::Hash,
     };
     let workloads = [
         Workload {
             name: "warm key",
             keys: 1,
-            ops: env("PACE_WARM_OPS", 20_000_000),
+            ops: env("PACE_WARM_OPS", 16_000_000),
         },
         Workload {
             name: "1M live keys",
@@ -172,26 +202,40 @@ fn main() {
     let mut ns = vec![vec![vec![Vec::new(); list.len()]; 2]; workloads.len()];
     let mut loads = Vec::new();
     println!(
-        "order {}, rounds {rounds}",
-        if order == Order::Hash {
-            "hash"
-        } else {
-            "pattern"
+        "order {}, rounds {rounds}, slices {slices}",
+        match order {
+            Order::Hash => "hash",
+            Order::Pattern => "pattern",
+            Order::Seq => "seq",
         }
     );
-    for round in 0..rounds {
-        loads.push(loadavg());
-        println!("round {round} load {}", loads[round]);
-        for (wi, w) in workloads.iter().enumerate() {
-            let keys: Vec<u64> = (0..w.keys).map(u64::make).collect();
-            let pattern = access_pattern(w.keys as usize, 1 << 20, 0x5eed ^ w.keys);
-            for k in 0..list.len() {
-                let ci = (k + round) % list.len();
-                let (name, build) = list[ci];
-                let lim = build(&r, w.keys);
-                for (ti, threads) in [1usize, 2].into_iter().enumerate() {
-                    let x = lim.run(w, threads, order, &keys, &pattern);
-                    println!("  {} {threads}t {name}: {x:.1} ns", w.name);
+    for (wi, w) in workloads.iter().enumerate() {
+        let keys: Vec<u64> = (0..w.keys).map(u64::make).collect();
+        let pattern = access_pattern(w.keys as usize, 1 << 20, 0x5eed ^ w.keys);
+        // Every contender alive and primed at once, so that each round's
+        // slices alternate between them under the same machine load.
+        let lims: Vec<Box<dyn Measure>> = list.iter().map(|(_, b)| b(&r, w.keys)).collect();
+        let slice = Workload {
+            name: w.name,
+            keys: w.keys,
+            ops: w.ops / slices,
+        };
+        for round in 0..rounds {
+            let load = loadavg();
+            println!("{} round {round} load {load}", w.name);
+            loads.push(format!("{} round {round}: {load}", w.name));
+            for (ti, threads) in [1usize, 2].into_iter().enumerate() {
+                let mut total = vec![0.0; list.len()];
+                for s in 0..slices as usize {
+                    for k in 0..list.len() {
+                        let ci = (k + s + round) % list.len();
+                        let base = (round as u64 * slices + s as u64) * slice.ops;
+                        total[ci] += lims[ci].run(&slice, threads, order, base, &keys, &pattern);
+                    }
+                }
+                for (ci, (name, _)) in list.iter().enumerate() {
+                    let x = total[ci] / slices as f64;
+                    println!("  {threads}t {name}: {x:.1} ns");
                     ns[wi][ti][ci].push(x);
                 }
             }
@@ -221,10 +265,7 @@ fn main() {
         }
     }
     println!();
-    println!(
-        "loads (1, 5, 15 min) at the start of each round: {}",
-        loads.join("; ")
-    );
+    println!("loads (1, 5, 15 min): {}", loads.join("; "));
 }
 
 fn range(v: &[f64]) -> (f64, f64) {
