@@ -33,6 +33,9 @@
 //!
 //! `PACE_WARM_ORDER=seq` walks the keys in the order their rows were created
 //! (not what a server sees: it shows what creation-order locality is worth).
+//! `PACE_WARM_ORDER=replay` is `pattern` restarted at the pattern's start in
+//! every slice, as `benches/throughput.rs` restarts it in every criterion
+//! sample (so a slice revisits the keys of the previous ones).
 
 mod common;
 
@@ -49,6 +52,7 @@ enum Order {
     Hash,
     Pattern,
     Seq,
+    Replay,
 }
 
 /// Key index of reserve `i` of thread `t`, uniform over `0..n`.
@@ -101,7 +105,10 @@ fn measure<L: Contender<u64>>(
                     black_box(lim.reserve(&k));
                 }
             }
-            Order::Pattern => {
+            Order::Pattern | Order::Replay => {
+                // Replay starts every slice at the pattern's start, as
+                // criterion's samples do.
+                let base = if order == Order::Replay { 0 } else { base };
                 let mask = pattern.len() - 1;
                 let mut j = (base as usize)
                     .wrapping_add((t as usize).wrapping_mul(pattern.len() / 2 + 7919));
@@ -125,8 +132,11 @@ fn primed<L: Contender<u64> + 'static>(lim: L, r: &Regime, keys: u64) -> L {
     lim
 }
 
-fn contenders() -> Vec<(&'static str, fn(&Regime, u64) -> Box<dyn Measure>)> {
-    let mut v: Vec<(&'static str, fn(&Regime, u64) -> Box<dyn Measure>)> = vec![
+/// Builds a contender with `n` primed keys.
+type Make = fn(&Regime, u64) -> Box<dyn Measure>;
+
+fn contenders() -> Vec<(&'static str, Make)> {
+    let mut v: Vec<(&'static str, Make)> = vec![
         ("pace", |r, n| {
             Box::new(primed(PaceC::new(r, QuantaClock::new()), r, n))
         }),
@@ -182,6 +192,7 @@ fn main() {
     let order = match std::env::var("PACE_WARM_ORDER").as_deref() {
         Ok("pattern") => Order::Pattern,
         Ok("seq") => Order::Seq,
+        Ok("replay") => Order::Replay,
         _ => Order::Hash,
     };
     let workloads = [
@@ -207,6 +218,7 @@ fn main() {
             Order::Hash => "hash",
             Order::Pattern => "pattern",
             Order::Seq => "seq",
+            Order::Replay => "replay",
         }
     );
     for (wi, w) in workloads.iter().enumerate() {
