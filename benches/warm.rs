@@ -186,7 +186,11 @@ impl<L: Contender<u64>> Measure for L {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; this harness takes no arguments.
+    // `cargo test --benches` runs bench binaries without `--bench`: stay quick.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("warm: run with `cargo bench --features foldhash --bench warm`");
+        return;
+    }
     let rounds = env("PACE_WARM_ROUNDS", 3) as usize;
     let slices = env("PACE_WARM_SLICES", 8);
     let order = match std::env::var("PACE_WARM_ORDER").as_deref() {

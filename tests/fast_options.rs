@@ -1,6 +1,6 @@
 //! The fast options: `Builder::fast_hasher` (feature `foldhash`) and
 //! `CoarseClock`, against the same exact outcomes as the defaults.
-#![cfg(feature = "foldhash")]
+#![cfg(all(feature = "foldhash", feature = "quanta"))]
 
 use std::hash::BuildHasher;
 use std::time::Duration;
