@@ -9,7 +9,12 @@
 //! ```text
 //! cargo bench --bench throughput                 # everything (~8 min)
 //! cargo bench --bench throughput -- 'admit/hot'  # a filter
+//! cargo bench --features foldhash --bench throughput  # with the fast-hasher rows
 //! ```
+//!
+//! Criterion times one contender after another, so a load that moves
+//! during a group moves the ratios between them; `benches/warm.rs` times
+//! the warm path in alternating slices instead (docs/bench/warm.md).
 
 mod common;
 
