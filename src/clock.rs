@@ -82,11 +82,11 @@ impl Clock for QuantaClock {
 /// **What the staleness costs.** A decision that uses a reading up to `s`
 /// old sees a bucket emptier than it is by `s` of refill: it may deny, or
 /// quote a `retry_after` longer, by up to `s` (`s/T` tokens at interval `T`:
-/// 1 token at 1,000/s per key with the 1 ms default, 0.01 token at 10/s). It
-/// never admits more: the promise of DESIGN.md §3 is stated over the
-/// readings the decisions used and holds for stale or unordered readings
-/// (§5), so the tokens kept per window of readings stay within
-/// `C + window/T`. Against real time, a window of real time may hold
+/// 1 token at 1,000/s per key with the 1 ms default, 0.01 token at 10/s).
+/// Over its readings it never admits more: the promise of DESIGN.md §3 is
+/// stated over the readings the decisions used and holds for stale or
+/// unordered readings (§5), so the tokens kept per window of readings stay
+/// within `C + window/T`. Against real time, a window of real time may hold
 /// decisions from a window wider by the staleness, so the real-time bound is
 /// looser by at most `s/T` tokens, as for any lagging clock. Because time
 /// moves in steps, a key whose interval is shorter than the resolution is
