@@ -1,5 +1,6 @@
 //! The default clock, decided with evidence: the cost of one reading and the
-//! backward steps seen across threads, for `StdClock` and `QuantaClock` in
+//! backward steps seen across threads, for `StdClock`, `QuantaClock` and
+//! `CoarseClock` (1 ms resolution) in
 //! one run (a harness: `cargo bench --bench clock`).
 //!
 //! Backward steps: threads publish every reading into a shared maximum and
@@ -12,7 +13,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use pace::{Clock, QuantaClock, StdClock};
+use pace::{Clock, CoarseClock, QuantaClock, StdClock};
 
 const READS: u64 = 20_000_000;
 const THREADS: usize = 2;
@@ -65,6 +66,7 @@ fn main() {
     }
     let std_clock = StdClock::new();
     let quanta = QuantaClock::new();
+    let coarse = CoarseClock::new();
     println!(
         "clock      ns/read  backward steps / {} reads  largest step (ns)",
         THREADS as u64 * STEP_READS
@@ -77,6 +79,12 @@ fn main() {
         println!(
             "QuantaClock{q_cost:7.1}  {q_steps:>10}  {q_max:>10}   ratio std/quanta {:.2}",
             s_cost / q_cost
+        );
+        let c_cost = cost(&coarse);
+        let (c_steps, c_max) = backward_steps(&coarse);
+        println!(
+            "CoarseClock{c_cost:7.1}  {c_steps:>10}  {c_max:>10}   ratio quanta/coarse {:.2}",
+            q_cost / c_cost
         );
     }
 }

@@ -9,7 +9,12 @@
 //! ```text
 //! cargo bench --bench throughput                 # everything (~8 min)
 //! cargo bench --bench throughput -- 'admit/hot'  # a filter
+//! cargo bench --features foldhash --bench throughput  # with the fast-hasher rows
 //! ```
+//!
+//! Criterion times one contender after another, so a load that moves
+//! during a group moves the ratios between them; `benches/warm.rs` times
+//! the warm path in alternating slices instead (docs/bench/warm.md).
 
 mod common;
 
@@ -21,7 +26,7 @@ use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode,
     Throughput,
 };
-use pace::{QuantaClock, StdClock};
+use pace::{CoarseClock, QuantaClock, StdClock};
 
 const THREADS: [usize; 4] = [1, 2, 4, 8];
 /// Length of the precomputed random access sequence (a power of two).
@@ -138,13 +143,15 @@ fn keyed<K: Key>(c: &mut Criterion, r: &Regime, workload: &str, n: usize, clocks
             &keys,
             &pattern,
         );
-        let coarse = CoarseClock::new(Duration::from_millis(1));
-        let lim = PaceC::new(r, coarse.clone());
+        let lim = PaceC::new(r, CoarseClock::new());
         run(&mut g, "pace-coarse", lim, r, &keys, &pattern);
-        let lim = pace_foldhash(r, QuantaClock::new());
-        run(&mut g, "pace-foldhash", lim, r, &keys, &pattern);
-        let lim = pace_foldhash(r, coarse);
-        run(&mut g, "pace-foldhash-coarse", lim, r, &keys, &pattern);
+        #[cfg(feature = "foldhash")]
+        {
+            let lim = pace_fast(r, QuantaClock::new());
+            run(&mut g, "pace-foldhash", lim, r, &keys, &pattern);
+            let lim = pace_fast(r, CoarseClock::new());
+            run(&mut g, "pace-foldhash-coarse", lim, r, &keys, &pattern);
+        }
     }
     run(&mut g, "governor", Governor::new(r), r, &keys, &pattern);
     run(&mut g, "dashmap", DashAtomic::new(r), r, &keys, &pattern);
@@ -163,10 +170,11 @@ fn churn<K: Key>(c: &mut Criterion, clocks: bool) {
     bench_churn::<K, _>(&mut g, "pace", || PaceC::new(&r, QuantaClock::new()));
     if clocks {
         bench_churn::<K, _>(&mut g, "pace-std", || PaceC::new(&r, StdClock::new()));
-        let coarse = CoarseClock::new(Duration::from_millis(1));
+        let coarse = CoarseClock::new();
         bench_churn::<K, _>(&mut g, "pace-coarse", || PaceC::new(&r, coarse.clone()));
+        #[cfg(feature = "foldhash")]
         bench_churn::<K, _>(&mut g, "pace-foldhash", || {
-            pace_foldhash(&r, QuantaClock::new())
+            pace_fast(&r, QuantaClock::new())
         });
     }
     bench_churn::<K, _>(&mut g, "governor", || Governor::new(&r));

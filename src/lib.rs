@@ -203,10 +203,12 @@ mod table;
 // `GateStats`). Everything else of the gate (its builder and config error,
 // permits, bodies, the journal) is reached through `pace::gate`.
 pub use crate::all::{all, All, AllDenied, AllReservation, Axis, BoxAxis};
-#[cfg(feature = "quanta")]
-pub use crate::clock::QuantaClock;
 pub use crate::clock::{Clock, DefaultClock, ManualClock, StdClock};
+#[cfg(feature = "quanta")]
+pub use crate::clock::{CoarseClock, QuantaClock};
 pub use crate::gate::{AdmitError, Gate, GateStats, Resource, Ticket};
+#[cfg(feature = "foldhash")]
+pub use crate::pace::FastHasher;
 pub use crate::pace::{Builder, Debit, Denied, DenyReason, MemoryStats, Pace, Reservation};
 pub use crate::rate::{ConfigError, Rate};
 

@@ -1,5 +1,5 @@
 //! Shared by the bench binaries: the contenders, key sets, the two rate
-//! regimes, a coarse cached clock and a scoped-thread runner.
+//! regimes and a scoped-thread runner.
 //!
 //! Every contender answers the same two questions on the same keys:
 //! `reserve` (debit one token, keep it) and `churn` (debit one token of a key
@@ -11,8 +11,8 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -170,13 +170,18 @@ impl<K: Key, C: Clock, S: BuildHasher> PaceC<K, C, S> {
     }
 }
 
-/// `pace-fast`: `Pace` with foldhash's randomly seeded fast hasher (what
-/// hashbrown uses by default) instead of SipHash, to show the hasher's share.
-pub fn pace_foldhash<K: Key, C: Clock>(
-    r: &Regime,
-    clock: C,
-) -> PaceC<K, C, foldhash::fast::RandomState> {
-    PaceC::with_hasher(r, clock, foldhash::fast::RandomState::default())
+/// `pace-fast`: `Pace` with [`Builder::fast_hasher`](pace::Builder::fast_hasher)
+/// (feature `foldhash`) instead of SipHash.
+#[cfg(feature = "foldhash")]
+pub fn pace_fast<K: Key, C: Clock>(r: &Regime, clock: C) -> PaceC<K, C, pace::FastHasher> {
+    PaceC(
+        Pace::builder(r.rate())
+            .capacity(u64::from(r.capacity))
+            .clock(clock)
+            .fast_hasher()
+            .build()
+            .expect("valid limiter"),
+    )
 }
 
 impl<K: Key, C: Clock, S: BuildHasher + Sync> Contender<K> for PaceC<K, C, S> {
@@ -390,52 +395,6 @@ impl<K: Key> Contender<K> for DashAtomic<K> {
     }
     fn rows(&self) -> usize {
         self.map.len()
-    }
-}
-
-/// A coarse cached clock: a background thread stores `Instant` readings in
-/// one atomic every `tick`; `now_ns` is a single relaxed load. (The core
-/// has none; this is what one would cost.)
-#[derive(Clone)]
-pub struct CoarseClock {
-    ns: Arc<AtomicU64>,
-    _ticker: Arc<Ticker>,
-}
-
-struct Ticker {
-    stop: Arc<AtomicBool>,
-}
-
-impl Drop for Ticker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-impl CoarseClock {
-    pub fn new(tick: Duration) -> CoarseClock {
-        let ns = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ns2, stop2) = (ns.clone(), stop.clone());
-        let origin = Instant::now();
-        std::thread::spawn(move || {
-            while !stop2.load(Ordering::Relaxed) {
-                std::thread::sleep(tick);
-                let t = u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                ns2.store(t, Ordering::Relaxed);
-            }
-        });
-        CoarseClock {
-            ns,
-            _ticker: Arc::new(Ticker { stop }),
-        }
-    }
-}
-
-impl Clock for CoarseClock {
-    #[inline]
-    fn now_ns(&self) -> u64 {
-        self.ns.load(Ordering::Relaxed)
     }
 }
 

@@ -21,7 +21,7 @@ log=$(mktemp)
 
 cargo bench --no-run 2>&1 | tail -n 1
 rm -rf target/criterion # results of this run only
-cargo bench --bench throughput -- ${PACE_BENCH_FILTER:-} 2>&1 | tee "$log" | grep -E '^\[pace-bench\]' | tee "$out/loads.txt"
+cargo bench --features foldhash --bench throughput -- ${PACE_BENCH_FILTER:-} 2>&1 | tee "$log" | grep -E '^\[pace-bench\]' | tee "$out/loads.txt"
 echo "uptime after throughput: $(uptime)" >> "$out/machine.txt"
 cargo bench --bench tails 2>/dev/null | tee "$out/tails.md"
 cargo bench --bench memory 2>/dev/null | tee "$out/memory.md"

@@ -1,0 +1,291 @@
+//! The warm path, as a server sees it: ns per reserve on a warm key and on
+//! 1M live keys in random order, 1 and 2 threads, for `Pace` with its
+//! defaults, with `CoarseClock`, with the fast hasher (feature `foldhash`)
+//! and with both, against governor's default keyed limiter and a
+//! DashMap-of-atomics limiter, all in one process (a harness, not criterion).
+//!
+//! ```text
+//! cargo bench --features foldhash --bench warm        # PACE_WARM_ROUNDS=3
+//! PACE_WARM_ORDER=pattern cargo bench --features foldhash --bench warm
+//! PACE_WARM_ORDER=seq cargo bench --features foldhash --bench warm
+//! ```
+//!
+//! Regime `admit` for every contender (1 µs per token, burst 2^32-1, every
+//! key primed with 2^31 tokens of debt): every measured reserve is an
+//! admission on a row that stays live for the whole run (no row refills, so
+//! none is swept and the table keeps its 1M rows).
+//!
+//! Key order (`PACE_WARM_ORDER`): `hash` (default) draws the key of the
+//! `i`-th reserve of thread `t` by a multiplicative hash of `(t, i)`, so the
+//! loop touches no memory but the limiter's; `pattern` reads it from a
+//! precomputed random index sequence into a key array, as
+//! `benches/throughput.rs` does (two more loads per reserve, one of them a
+//! cache miss into the 8 MB key array at 1M keys).
+//!
+//! Every contender of a workload is built and primed first and stays alive;
+//! a round then times each (threads) in `PACE_WARM_SLICES` slices that
+//! alternate between the contenders in a rotating order, so that every
+//! contender meets the same machine load (the box is shared). A round's
+//! figure is a contender's mean over its slices; the summary gives, per
+//! contender, the range over rounds of ns per reserve (wall time over all
+//! threads divided by reserves) and of governor's time over its own (above
+//! 1: faster than governor), with the load at the start of each round.
+//!
+//! `PACE_WARM_ORDER=seq` walks the keys in the order their rows were created
+//! (not what a server sees: it shows what creation-order locality is worth).
+//! `PACE_WARM_ORDER=replay` is `pattern` restarted at the pattern's start in
+//! every slice, as `benches/throughput.rs` restarts it in every criterion
+//! sample (so a slice revisits the keys of the previous ones).
+
+mod common;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use common::*;
+use pace::{CoarseClock, QuantaClock};
+
+const KEYS_1M: u64 = 1_000_000;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Order {
+    Hash,
+    Pattern,
+    Seq,
+    Replay,
+}
+
+/// Key index of reserve `i` of thread `t`, uniform over `0..n`.
+#[inline(always)]
+fn draw(t: u64, i: u64, n: u64) -> u64 {
+    let x = (i ^ (t << 48)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let x = x ^ (x >> 29);
+    let x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    ((x >> 32) * n) >> 32
+}
+
+struct Workload {
+    name: &'static str,
+    keys: u64,
+    ops: u64,
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// ns per reserve over `ops` reserves split across `threads`.
+fn measure<L: Contender<u64>>(
+    lim: &L,
+    w: &Workload,
+    threads: usize,
+    order: Order,
+    base: u64,
+    keys: &[u64],
+    pattern: &[u32],
+) -> f64 {
+    let n = w.keys;
+    let d: Duration = run_threads(threads, w.ops, &|t, ops| {
+        let t = t as u64;
+        match order {
+            Order::Hash => {
+                for i in base..base + ops {
+                    let k = u64::make(draw(t, i, n));
+                    black_box(lim.reserve(&k));
+                }
+            }
+            Order::Seq => {
+                // Keys in the order they were primed (rows created).
+                let first = base + t * (n / 2 + 7919);
+                for i in first..first + ops {
+                    let k = u64::make(i % n);
+                    black_box(lim.reserve(&k));
+                }
+            }
+            Order::Pattern | Order::Replay => {
+                // Replay starts every slice at the pattern's start, as
+                // criterion's samples do.
+                let base = if order == Order::Replay { 0 } else { base };
+                let mask = pattern.len() - 1;
+                let mut j = (base as usize)
+                    .wrapping_add((t as usize).wrapping_mul(pattern.len() / 2 + 7919));
+                for _ in 0..ops {
+                    let k = &keys[pattern[j & mask] as usize % keys.len()];
+                    black_box(lim.reserve(k));
+                    j = j.wrapping_add(1);
+                }
+            }
+        }
+    });
+    d.as_nanos() as f64 / w.ops as f64
+}
+
+/// `lim` with `keys` primed keys.
+fn primed<L: Contender<u64> + 'static>(lim: L, r: &Regime, keys: u64) -> L {
+    for i in 0..keys {
+        lim.prime(&u64::make(i), r.prime);
+    }
+    assert_eq!(lim.rows() as u64, keys, "every key has a live row");
+    lim
+}
+
+/// Builds a contender with `n` primed keys.
+type Make = fn(&Regime, u64) -> Box<dyn Measure>;
+
+fn contenders() -> Vec<(&'static str, Make)> {
+    let mut v: Vec<(&'static str, Make)> = vec![
+        ("pace", |r, n| {
+            Box::new(primed(PaceC::new(r, QuantaClock::new()), r, n))
+        }),
+        ("pace-coarse", |r, n| {
+            Box::new(primed(PaceC::new(r, CoarseClock::new()), r, n))
+        }),
+    ];
+    #[cfg(feature = "foldhash")]
+    {
+        v.push(("pace-fast", |r, n| {
+            Box::new(primed(pace_fast(r, QuantaClock::new()), r, n))
+        }));
+        v.push(("pace-fast-coarse", |r, n| {
+            Box::new(primed(pace_fast(r, CoarseClock::new()), r, n))
+        }));
+    }
+    v.push(("governor", |r, n| Box::new(primed(Governor::new(r), r, n))));
+    v.push(("dashmap", |r, n| Box::new(primed(DashAtomic::new(r), r, n))));
+    v
+}
+
+trait Measure {
+    /// ns per reserve of `w.ops` reserves from draw index `base` on.
+    fn run(
+        &self,
+        w: &Workload,
+        threads: usize,
+        order: Order,
+        base: u64,
+        keys: &[u64],
+        pattern: &[u32],
+    ) -> f64;
+}
+
+impl<L: Contender<u64>> Measure for L {
+    fn run(
+        &self,
+        w: &Workload,
+        threads: usize,
+        order: Order,
+        base: u64,
+        keys: &[u64],
+        pattern: &[u32],
+    ) -> f64 {
+        measure(self, w, threads, order, base, keys, pattern)
+    }
+}
+
+fn main() {
+    // `cargo test --benches` runs bench binaries without `--bench`: stay quick.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("warm: run with `cargo bench --features foldhash --bench warm`");
+        return;
+    }
+    let rounds = env("PACE_WARM_ROUNDS", 3) as usize;
+    let slices = env("PACE_WARM_SLICES", 8);
+    let order = match std::env::var("PACE_WARM_ORDER").as_deref() {
+        Ok("pattern") => Order::Pattern,
+        Ok("seq") => Order::Seq,
+        Ok("replay") => Order::Replay,
+        _ => Order::Hash,
+    };
+    let workloads = [
+        Workload {
+            name: "warm key",
+            keys: 1,
+            ops: env("PACE_WARM_OPS", 16_000_000),
+        },
+        Workload {
+            name: "1M live keys",
+            keys: KEYS_1M,
+            ops: env("PACE_WARM_OPS_1M", 4_000_000),
+        },
+    ];
+    let r = ADMIT;
+    let list = contenders();
+    // (workload, threads, contender) -> ns per reserve, per round.
+    let mut ns = vec![vec![vec![Vec::new(); list.len()]; 2]; workloads.len()];
+    let mut loads = Vec::new();
+    println!(
+        "order {}, rounds {rounds}, slices {slices}",
+        match order {
+            Order::Hash => "hash",
+            Order::Pattern => "pattern",
+            Order::Seq => "seq",
+            Order::Replay => "replay",
+        }
+    );
+    for (wi, w) in workloads.iter().enumerate() {
+        let keys: Vec<u64> = (0..w.keys).map(u64::make).collect();
+        let pattern = access_pattern(w.keys as usize, 1 << 20, 0x5eed ^ w.keys);
+        // Every contender alive and primed at once, so that each round's
+        // slices alternate between them under the same machine load.
+        let lims: Vec<Box<dyn Measure>> = list.iter().map(|(_, b)| b(&r, w.keys)).collect();
+        let slice = Workload {
+            name: w.name,
+            keys: w.keys,
+            ops: w.ops / slices,
+        };
+        for round in 0..rounds {
+            let load = loadavg();
+            println!("{} round {round} load {load}", w.name);
+            loads.push(format!("{} round {round}: {load}", w.name));
+            for (ti, threads) in [1usize, 2].into_iter().enumerate() {
+                let mut total = vec![0.0; list.len()];
+                for s in 0..slices as usize {
+                    for k in 0..list.len() {
+                        let ci = (k + s + round) % list.len();
+                        let base = (round as u64 * slices + s as u64) * slice.ops;
+                        total[ci] += lims[ci].run(&slice, threads, order, base, &keys, &pattern);
+                    }
+                }
+                for (ci, (name, _)) in list.iter().enumerate() {
+                    let x = total[ci] / slices as f64;
+                    println!("  {threads}t {name}: {x:.1} ns");
+                    ns[wi][ti][ci].push(x);
+                }
+            }
+        }
+    }
+    let gi = list.iter().position(|(n, _)| *n == "governor").unwrap();
+    println!();
+    println!("| workload | threads | contender | ns per reserve | governor / contender |");
+    println!("|---|---:|---|---:|---:|");
+    for (wi, w) in workloads.iter().enumerate() {
+        for (ti, threads) in [1usize, 2].into_iter().enumerate() {
+            for (ci, (name, _)) in list.iter().enumerate() {
+                let v = &ns[wi][ti][ci];
+                let ratios: Vec<f64> = v.iter().zip(&ns[wi][ti][gi]).map(|(c, g)| g / c).collect();
+                let (lo, hi) = range(v);
+                let (rlo, rhi) = range(&ratios);
+                let flip = if rlo < 1.0 && rhi > 1.0 {
+                    " (flipping)"
+                } else {
+                    ""
+                };
+                println!(
+                    "| {} | {threads} | {name} | {lo:.1}–{hi:.1} | {rlo:.2}–{rhi:.2}x{flip} |",
+                    w.name
+                );
+            }
+        }
+    }
+    println!();
+    println!("loads (1, 5, 15 min): {}", loads.join("; "));
+}
+
+fn range(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
