@@ -47,6 +47,7 @@ mod sweep;
 
 use floor::Floors;
 use slot::{probe_seq, Array, Entry, Slot, State, DEAD};
+pub(crate) use sweep::SWEEP_CHUNK;
 
 /// Tag on a null `next` pointer: a migration target is being allocated.
 const PENDING: usize = 1;
