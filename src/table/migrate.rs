@@ -24,6 +24,7 @@
 use crossbeam_utils::Backoff;
 
 use super::slot::{probe_seq, Array, Entry, Slot, State, CHUNK, DEAD};
+use super::sweep::prefetch;
 use super::{is_migrating, retire_entry, Table, PENDING};
 use crate::sync::epoch::{Guard, Owned, Shared};
 use crate::sync::{fence, snooze, Ordering};
@@ -110,8 +111,26 @@ impl<K> Table<K> {
 
     fn copy_chunk(&self, arr: &Array<K>, target: &Array<K>, chunk: usize, guard: &Guard) {
         let end = ((chunk + 1) * CHUNK).min(arr.slots.len());
+        let slots = &arr.slots[chunk * CHUNK..end];
+        // Start the chunk's cache misses together: its entries, then the
+        // target slots their probes start at. (Not under loom: hints only,
+        // and extra loads would only multiply the models' interleavings.)
+        for slot in slots.iter().filter(|_| !cfg!(loom)) {
+            if let State::Row(p) = slot.load() {
+                prefetch(p);
+            }
+        }
+        for slot in slots.iter().filter(|_| !cfg!(loom)) {
+            if let State::Row(p) = slot.load() {
+                // SAFETY: as in the copy loop below: `p` was linked in `arr`
+                // under `guard` and is retired only after an unlink deferred
+                // past `guard`.
+                let hash = unsafe { &*p }.hash;
+                prefetch(&target.slots[hash as usize & target.mask()]);
+            }
+        }
         let mut moved: Vec<(*mut Entry<K>, &Slot<K>)> = Vec::new();
-        for slot in &arr.slots[chunk * CHUNK..end] {
+        for slot in slots {
             loop {
                 match slot.load() {
                     State::Vacant => {
