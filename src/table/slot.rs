@@ -43,7 +43,7 @@ pub(crate) const DEAD: u64 = MAX_TIME + 1;
 /// Slots a migration copies per chunk: the most any one call copies. Loom
 /// models copy 2 slots at a time, so a 4-slot array migrates over calls.
 #[cfg(not(loom))]
-pub(crate) const CHUNK: usize = 32;
+pub(crate) const CHUNK: usize = 256;
 #[cfg(loom)]
 pub(crate) const CHUNK: usize = 2;
 
