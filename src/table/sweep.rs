@@ -6,8 +6,12 @@ use super::{is_migrating, retire_batch, Table};
 use crate::sync::epoch::{Guard, Shared};
 use crate::sync::Ordering;
 
-/// Sweep passes over larger arrays run in chunks of this many slots, one
-/// chunk per caller; smaller arrays are swept in one go. A chunk's rows are
+/// Arrays of at most this many slots are swept in one go by the call that
+/// starts a pass (tests/rules.rs and the sequential models count on it).
+pub(crate) const SWEEP_AT_ONCE: usize = 4096;
+
+/// Sweep passes over arrays larger than [`SWEEP_AT_ONCE`] run in chunks of
+/// this many slots, one chunk per caller. A chunk's rows are
 /// prefetched together and retired as one deferred free, so what one call
 /// pays for a chunk (scan, kills, the flush and the collection it runs) is
 /// bounded by this constant, whatever the table's size. It also sets how
@@ -55,13 +59,13 @@ impl<K> Table<K> {
         }
     }
 
-    /// Starts a sweep pass: arrays of at most [`SWEEP_CHUNK`] slots are swept
-    /// at once; larger ones are handed out a chunk at a time to the callers
+    /// Starts a sweep pass: arrays of at most [`SWEEP_AT_ONCE`] slots are
+    /// swept at once; larger ones are handed out a chunk at a time to the callers
     /// of [`sweep_step`](Table::sweep_step), so no caller scans more than one
     /// chunk. A pass already running continues.
     pub(crate) fn start_sweep(&self, now: u64, guard: &Guard) {
         let (arr_ptr, arr) = self.array(guard);
-        if arr.slots.len() <= SWEEP_CHUNK {
+        if arr.slots.len() <= SWEEP_AT_ONCE {
             if self.sweep_range(arr, 0, arr.slots.len(), now, guard).1 {
                 self.shrink_if_sparse(arr_ptr, arr, guard);
             }
