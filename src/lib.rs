@@ -218,6 +218,10 @@ pub use crate::rate::{ConfigError, Rate};
 pub mod __private {
     pub use crate::pace::{PaceInternals, ReservationInternals};
 
+    /// Slots per chunk of an incremental sweep pass: a pass over a table of
+    /// `n` slots takes `n.div_ceil(SWEEP_CHUNK)` calls (tests/memory.rs).
+    pub const SWEEP_CHUNK: usize = crate::table::SWEEP_CHUNK;
+
     /// Pins and flushes the current thread's epoch handle until deferred
     /// frees have run, so memory tests can measure what is really held.
     #[cfg(not(loom))]

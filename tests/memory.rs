@@ -101,8 +101,9 @@ fn memory_is_bounded_by_recent_exchanges() {
     );
     clock.advance(keys.horizon());
     // Past the horizon the next call starts a sweep pass; on a table this
-    // large each call sweeps one chunk of 4,096 slots, so callers finish it.
-    let chunks = keys.table_slots().div_ceil(4_096);
+    // large each call sweeps one chunk of `SWEEP_CHUNK` slots, so callers
+    // finish it.
+    let chunks = keys.table_slots().div_ceil(pace::__private::SWEEP_CHUNK);
     let mut calls = 0;
     while !keys.is_empty() || calls == 0 {
         keys.reserve(&u64::MAX).unwrap().refund(); // a rejected presentation

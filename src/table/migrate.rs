@@ -14,7 +14,8 @@
 //! * Copying a row moves its entry pointer (the word lives in the entry):
 //!   mark the slot `Copying(e)`, link `e` into the target, close the slot.
 //!   A copier closes every vacant slot (sealed) and tombstone (closed) of its
-//!   chunk, so no insert links a row behind it into the old array. Until the mark is removed, `e` is reachable in the old array
+//!   chunk, so no insert links a row behind it into the old array. Until
+//!   the mark is removed, `e` is reachable in the old array
 //!   and nobody can unlink it there; a debit lands on `e` wherever it is
 //!   found. A row found DEAD when marked is not copied: the copier unlinks it.
 //! * The copier of the last chunk makes the target current and retires the
@@ -25,6 +26,7 @@
 use crossbeam_utils::Backoff;
 
 use super::slot::{probe_seq, Array, Entry, Slot, State, CHUNK, DEAD};
+use super::sweep::prefetch;
 use super::{is_migrating, retire_entry, Table, PENDING};
 use crate::sync::epoch::{Guard, Owned, Shared};
 use crate::sync::{fence, snooze, Ordering};
@@ -111,8 +113,26 @@ impl<K> Table<K> {
 
     fn copy_chunk(&self, arr: &Array<K>, target: &Array<K>, chunk: usize, guard: &Guard) {
         let end = ((chunk + 1) * CHUNK).min(arr.slots.len());
+        let slots = &arr.slots[chunk * CHUNK..end];
+        // Start the chunk's cache misses together: its entries, then the
+        // target slots their probes start at. (Not under loom: hints only,
+        // and extra loads would only multiply the models' interleavings.)
+        for slot in slots.iter().filter(|_| !cfg!(loom)) {
+            if let State::Row(p) = slot.load() {
+                prefetch(p);
+            }
+        }
+        for slot in slots.iter().filter(|_| !cfg!(loom)) {
+            if let State::Row(p) = slot.load() {
+                // SAFETY: as in the copy loop below: `p` was linked in `arr`
+                // under `guard` and is retired only after an unlink deferred
+                // past `guard`.
+                let hash = unsafe { &*p }.hash;
+                prefetch(&target.slots[hash as usize & target.mask()]);
+            }
+        }
         let mut moved: Vec<(*mut Entry<K>, &Slot<K>)> = Vec::new();
-        for slot in &arr.slots[chunk * CHUNK..end] {
+        for slot in slots {
             loop {
                 match slot.load() {
                     State::Fence => snooze(&Backoff::new()), // a cleaner's moment
@@ -123,10 +143,7 @@ impl<K> Table<K> {
                         // An insert won the slot: copy its row.
                     }
                     State::Tombstone => {
-                        // Known-wrong variant: leave tombstones reusable, so
-                        // an insert that began before the migration can link
-                        // a row into a chunk already copied.
-                        if cfg!(pace_mutant = "copier_leaves_tombstones") || slot.close() {
+                        if slot.close() {
                             break;
                         }
                         // An insert reused the slot: copy its row.

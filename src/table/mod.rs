@@ -48,6 +48,7 @@ mod sweep;
 
 use floor::Floors;
 use slot::{probe_seq, Array, Entry, Slot, State, CLAIMED, DEAD};
+pub(crate) use sweep::SWEEP_CHUNK;
 
 /// Tag on a null `next` pointer: a migration target is being allocated.
 const PENDING: usize = 1;

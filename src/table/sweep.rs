@@ -6,9 +6,33 @@ use super::{is_migrating, retire_batch, Table};
 use crate::sync::epoch::{Guard, Shared};
 use crate::sync::Ordering;
 
-/// Sweep passes over larger arrays run in chunks of this many slots, one
-/// chunk per caller; smaller arrays are swept in one go.
-pub(crate) const SWEEP_CHUNK: usize = 4096;
+/// Arrays of at most this many slots are swept in one go by the call that
+/// starts a pass (tests/rules.rs and the sequential models count on it).
+pub(crate) const SWEEP_AT_ONCE: usize = 4096;
+
+/// Sweep passes over arrays larger than [`SWEEP_AT_ONCE`] run in chunks of
+/// this many slots, one chunk per caller. A chunk's rows are
+/// prefetched together and retired as one deferred free, so what one call
+/// pays for a chunk (scan, kills, the flush and the collection it runs) is
+/// bounded by this constant, whatever the table's size. It also sets how
+/// many calls a pass takes: `slots / SWEEP_CHUNK`.
+pub(crate) const SWEEP_CHUNK: usize = 64;
+
+/// Asks the CPU to start loading the cache line at `p`. A hint: it never
+/// faults and reads nothing, whatever `p` points at.
+#[inline(always)]
+pub(super) fn prefetch<T>(p: *const T) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: `_mm_prefetch` needs SSE, which this cfg guarantees is
+        // enabled; a prefetch is a hint that never faults or reads memory
+        // into the program, so any address is sound.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) };
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
+    let _ = p;
+}
 
 impl<K> Table<K> {
     /// Removes every row whose bucket is full at `now`, then shrinks the
@@ -33,13 +57,13 @@ impl<K> Table<K> {
         }
     }
 
-    /// Starts a sweep pass: arrays of at most [`SWEEP_CHUNK`] slots are swept
-    /// at once; larger ones are handed out a chunk at a time to the callers
+    /// Starts a sweep pass: arrays of at most [`SWEEP_AT_ONCE`] slots are
+    /// swept at once; larger ones are handed out a chunk at a time to the callers
     /// of [`sweep_step`](Table::sweep_step), so no caller scans more than one
     /// chunk. A pass already running continues.
     pub(crate) fn start_sweep(&self, now: u64, guard: &Guard) {
         let (arr_ptr, arr) = self.array(guard);
-        if arr.slots.len() <= SWEEP_CHUNK {
+        if arr.slots.len() <= SWEEP_AT_ONCE {
             if self.sweep_range(arr, 0, arr.slots.len(), now, guard).1 {
                 self.shrink_if_sparse(arr_ptr, arr, guard);
             }
@@ -93,30 +117,44 @@ impl<K> Table<K> {
         }
         let mut removed = 0;
         let mut batch = Vec::new();
-        for slot in &arr.slots[start..end] {
-            let p = match slot.load() {
-                State::Row(p) => p,
-                State::Copying(_) => {
-                    // SAFETY: as below.
-                    unsafe { retire_batch::<K>(guard, batch) };
-                    return (removed, false);
+        for window in arr.slots[start..end].chunks(SWEEP_CHUNK) {
+            // Each row's word lives in its own entry, allocated wherever:
+            // start the window's cache misses together, not one at a time
+            // (not under loom: hints only, and extra loads would only
+            // multiply the models' interleavings).
+            for slot in window.iter().filter(|_| !cfg!(loom)) {
+                if let State::Row(p) = slot.load() {
+                    prefetch(p);
                 }
-                _ => continue,
-            };
-            // SAFETY: `p` was linked in `arr`, reached through `current`
-            // under `guard`: it is retired only after an unlink that happens
-            // after `guard` was pinned.
-            let e = unsafe { &*p };
-            let word = e.word.load(Ordering::Acquire);
-            if word == DEAD {
-                self.unlink_into(slot, p, guard, Some(&mut batch));
-            } else if word <= now && self.kill(slot, p, word, guard, &mut batch) {
-                removed += 1;
             }
+            for slot in window {
+                let p = match slot.load() {
+                    State::Row(p) => p,
+                    State::Copying(_) => {
+                        // SAFETY: as below.
+                        unsafe { retire_batch::<K>(guard, batch) };
+                        return (removed, false);
+                    }
+                    _ => continue,
+                };
+                // SAFETY: `p` was linked in `arr`, reached through `current`
+                // under `guard`: it is retired only after an unlink that
+                // happens after `guard` was pinned.
+                let e = unsafe { &*p };
+                let word = e.word.load(Ordering::Acquire);
+                if word == DEAD {
+                    self.unlink_into(slot, p, guard, Some(&mut batch));
+                } else if word <= now && self.kill(slot, p, word, guard, &mut batch) {
+                    removed += 1;
+                }
+            }
+            // One deferred free per window, flushed at once: no deferred
+            // closure frees more than a window's rows, so the collection
+            // that runs it (in whichever caller pins then) stays bounded.
+            // SAFETY: every entry in `batch` was unlinked by us (the CAS
+            // winner) and is reachable by no new reader; retired once, here.
+            unsafe { retire_batch::<K>(guard, std::mem::take(&mut batch)) };
         }
-        // SAFETY: every entry in `batch` was unlinked by us (the CAS winner)
-        // and is reachable by no new reader; retired once, here.
-        unsafe { retire_batch::<K>(guard, batch) };
         // The rows it removed left tombstones: clean them in place.
         if removed > 0 && !is_migrating(arr.next.load(Ordering::Acquire, guard)) {
             self.clean_range(arr, start, end);
