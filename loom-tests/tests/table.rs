@@ -170,8 +170,7 @@ fn reuse_vs_late_refund() {
 ///    lives there and links into slot 1), the other hands back key 0's debit
 ///    (slot 0 becomes a tombstone) and creates key 4 too, reusing slot 0.
 ///    Each inserter checks the sequence after linking its claimed row, so
-///    exactly one row of key 4 lives, holding both debits. Run at
-///    preemption bound 1: the withdraw-and-retry loops make bound 2 too large.
+///    exactly one row of key 4 lives, holding both debits.
 fn reuse_vs_insert() {
     model(|| {
         let p = pace(4);

@@ -78,14 +78,6 @@ pub fn model<F: Fn() + Sync + Send + 'static>(f: F) {
     run(loom::model::Builder::new(), f);
 }
 
-/// [`model`] at a fixed preemption bound, for models whose retry loops make
-/// the environment's bound too large to explore.
-pub fn model_bounded<F: Fn() + Sync + Send + 'static>(bound: usize, f: F) {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(bound);
-    run(builder, f);
-}
-
 fn run<F: Fn() + Sync + Send + 'static>(mut builder: loom::model::Builder, f: F) {
     let executions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = executions.clone();
