@@ -319,6 +319,73 @@ fn panicking_key_code_leaves_counts_exact() {
     PANIC_DROP.store(false, Ordering::Relaxed);
 }
 
+thread_local! {
+    /// `Eq` calls made by [`Collide`] on this thread, and the call that
+    /// panics (0: none).
+    static EQ_CALLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    static EQ_PANIC_AT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Keys that all hash alike, so every probe compares them with `Eq`, which
+/// panics at the call `EQ_PANIC_AT` says.
+#[derive(Clone, Debug)]
+struct Collide(u64);
+
+impl Hash for Collide {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(7);
+    }
+}
+impl PartialEq for Collide {
+    fn eq(&self, other: &Collide) -> bool {
+        let n = EQ_CALLS.with(|c| {
+            c.set(c.get() + 1);
+            c.get()
+        });
+        assert!(n != EQ_PANIC_AT.with(|c| c.get()), "Eq panics");
+        self.0 == other.0
+    }
+}
+impl Eq for Collide {}
+
+/// A key `Eq` that panics at any point of an insert, including the check
+/// after the new row is linked (it compares the row with the others of its
+/// sequence), leaves no row behind: `len()` is exact and the key can be
+/// created afterwards (a claimed row left linked would make every later
+/// inserter of the key wait for it).
+#[test]
+fn panicking_eq_while_inserting_leaves_no_claimed_row() {
+    let mut panicked = 0;
+    for at in 1.. {
+        let p: P<Collide> = limiter(2, S);
+        let _a = p.reserve_n_at(&Collide(1), 1, S).unwrap();
+        EQ_CALLS.with(|c| c.set(0));
+        EQ_PANIC_AT.with(|c| c.set(at));
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            p.reserve_n_at(&Collide(2), 1, S).map(|r| r.detach())
+        }));
+        EQ_PANIC_AT.with(|c| c.set(0));
+        match r {
+            Err(_) => {
+                panicked += 1;
+                assert_eq!(
+                    p.len(),
+                    1,
+                    "the row of the panicking insert is gone (Eq call {at})"
+                );
+                assert!(p.reserve_n_at(&Collide(2), 1, S).is_ok());
+                assert_eq!(p.len(), 2);
+            }
+            Ok(admitted) => {
+                assert!(admitted.is_ok());
+                assert_eq!(p.len(), 2);
+                break;
+            }
+        }
+    }
+    assert!(panicked >= 2, "Eq runs in the lookup and in the check");
+}
+
 /// One random single-key history; returns the worst excess (ns) of its kept
 /// admissions. Stale reserves and refunds act on readings up to `2 tau` old;
 /// the clock steps back up to `tau`; sweeps read up to `2 tau` ahead or, now

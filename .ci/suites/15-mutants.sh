@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The over-admission tests against today's known-wrong variants: built once
-# with both mutants on, each regression test must fail with its own message
+# with the three mutants on, each regression test must fail with its own message
 # and the random-history search must find an excess.
 #   fresh_row_from_zero: a fresh row forgets the debt of the rows removed
 #                        before it (stale reserve after a sweep or unlink)
 #   refund_undrained:    a refund subtracts its undrained part from whatever
 #                        the bucket holds (out-of-order and stale refunds)
+#   claimed_left_on_panic: a key `Eq` that panics in the check after linking
+#                        leaves the claimed row linked (and counted)
 set -euo pipefail
 export CARGO_TARGET_DIR=target/mutant
-export RUSTFLAGS='--cfg pace_mutant="fresh_row_from_zero" --cfg pace_mutant="refund_undrained"'
+export RUSTFLAGS='--cfg pace_mutant="fresh_row_from_zero" --cfg pace_mutant="refund_undrained" --cfg pace_mutant="claimed_left_on_panic"'
 status=0
 out=$(cargo test --test over_admission -- --test-threads=1 2>&1) || status=$?
 if [ "$status" -eq 0 ]; then
@@ -21,6 +23,7 @@ for t in a_stale_reserve_does_not_recreate_a_swept_row \
     a_far_future_sweep_forgets_no_debt_and_denies_nothing_forever \
     out_of_order_refunds_mint_nothing \
     a_stale_refund_mints_nothing \
+    panicking_eq_while_inserting_leaves_no_claimed_row \
     random_histories_never_exceed_the_bound; do
     if ! grep -qE "^test $t \.\.\. FAILED" <<<"$out"; then
         echo "$out" | tail -40

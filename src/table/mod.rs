@@ -97,6 +97,31 @@ unsafe fn retire_batch<K>(guard: &Guard, batch: Vec<usize>) {
     guard.flush();
 }
 
+/// A row its inserter linked with the word [`CLAIMED`] and has not yet
+/// confirmed: dropping it withdraws the row (word DEAD, unlinked), also
+/// when the key's `Eq` panics in [`Table::verify`]. Confirming forgets it.
+struct Claimed<'a, K> {
+    table: &'a Table<K>,
+    slot: &'a Slot<K>,
+    p: *mut Entry<K>,
+    guard: &'a Guard,
+}
+
+impl<K> Drop for Claimed<'_, K> {
+    fn drop(&mut self) {
+        // Known-wrong variant: leave the row claimed when the key's `Eq`
+        // panicked in the check.
+        if cfg!(pace_mutant = "claimed_left_on_panic") && std::thread::panicking() {
+            return;
+        }
+        // SAFETY: the inserter linked `p` under `guard`, which is still
+        // pinned; the row never left the claimed state, so nobody else
+        // unlinked or retired it.
+        unsafe { &*self.p }.word.store(DEAD, Ordering::Release);
+        self.table.remove_dead(self.slot, self.p, self.guard, None);
+    }
+}
+
 /// What [`Table::verify`] decides for a just-linked (claimed) row.
 enum Verdict<K> {
     /// The row becomes the key's row.
@@ -536,12 +561,20 @@ impl<K> Table<K> {
                     // two rows linked concurrently at least one inserter sees
                     // the other's (see `verify`).
                     fence(Ordering::SeqCst);
+                    // `verify` runs the key's `Eq`: if it panics, the claimed
+                    // row is withdrawn, or every later inserter of the key
+                    // would wait for it.
+                    let claimed = Claimed {
+                        table: self,
+                        slot: &arr.slots[at],
+                        p,
+                        guard,
+                    };
                     let verdict = self.verify(hash, key, p, arr_ptr, at, guard);
                     if !matches!(verdict, Verdict::Keep) {
                         // Another row of the key exists or may win: withdraw
                         // ours (it never held debt) and look again.
-                        e.word.store(DEAD, Ordering::Release);
-                        self.remove_dead(&arr.slots[at], p, guard, None);
+                        drop(claimed);
                         // Let the row that won be confirmed before looking
                         // again (it is skipped while it is claimed): a row
                         // linked again at once could keep its inserter
@@ -558,6 +591,7 @@ impl<K> Table<K> {
                         }
                         continue;
                     }
+                    std::mem::forget(claimed);
                     e.word.store(0, Ordering::Release);
                     if let Step::Done(r) = self.debit(e, limits, hash, n, &mut now, reread) {
                         return r.map(|(tat, prev)| Admitted {
