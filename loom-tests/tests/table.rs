@@ -228,7 +228,7 @@ fn mutant_copier_skips_dead() {
 #[cfg(pace_mutant = "no_unlink_walk")]
 #[test]
 fn mutant_no_unlink_walk() {
-    sweep_vs_copy();
+    refund_vs_copy();
 }
 
 #[cfg(pace_mutant = "target_migrates_early")]
