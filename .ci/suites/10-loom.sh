@@ -92,7 +92,7 @@ table_mutants=(
     "insert_into_migrating=one live row per key"
     "copier_skips_dead=len counts the rows"
     "no_unlink_walk=len counts the rows"
-    "target_migrates_early=every debit kept"
+    "target_migrates_early=no row lost, none duplicated"
     "reuse_unverified=one live row per key"
     "clean_without_fence=every lookup finds the row"
 )
