@@ -749,30 +749,12 @@ impl<K> Table<K> {
         }
     }
 
-    /// Counts one more row (a tombstone about to be reused) unless `arr` is
-    /// migrating: the same handshake with `start_migration` as
-    /// [`claim_slot`](Table::claim_slot), whose copier closes every
-    /// tombstone it passes, so a reuse either lands before the copier reads
-    /// the slot (and the row is copied) or fails.
+    /// Counts one more row in `len` unless `arr` is migrating: the
+    /// handshake with `start_migration` for every link. For a reused
+    /// tombstone (already in `used`) it is the whole claim: the copier
+    /// closes every tombstone it passes, so a reuse either lands before the
+    /// copier reads the slot (and the row is copied) or fails.
     fn count_row(&self, arr: &Array<K>, guard: &Guard) -> bool {
-        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
-            return false;
-        }
-        self.len.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
-            self.len.fetch_sub(1, Ordering::SeqCst);
-            return false;
-        }
-        true
-    }
-
-    /// Counts one more row and one more used slot in `arr`, unless `arr` is
-    /// migrating or at its limit (then helps or starts the migration, and
-    /// says no).
-    fn claim_slot(&self, arr_ptr: Shared<'_, Array<K>>, guard: &Guard) -> bool {
-        // SAFETY: as in `find`.
-        let arr = unsafe { arr_ptr.deref() };
         if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
             return false;
         }
@@ -787,6 +769,18 @@ impl<K> Table<K> {
         fence(Ordering::SeqCst);
         if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
             self.len.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Counts one more row and one more used slot in `arr`, unless `arr` is
+    /// migrating or at its limit (then helps or starts the migration, and
+    /// says no).
+    fn claim_slot(&self, arr_ptr: Shared<'_, Array<K>>, guard: &Guard) -> bool {
+        // SAFETY: as in `find`.
+        let arr = unsafe { arr_ptr.deref() };
+        if !self.count_row(arr, guard) {
             return false;
         }
         if arr.used.fetch_add(1, Ordering::Relaxed) >= arr.limit.load(Ordering::Relaxed) {
