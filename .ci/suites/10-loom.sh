@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # loom: every model in loom-tests/ under a preemption bound, then each
 # known-wrong variant of the crate, asserting that its model catches it.
+# Models run two at a time (each is single-threaded). A mutant is chosen with
+# PACE_MUTANT (build.rs), so switching mutants rebuilds pace and loom-tests
+# only, not loom and crossbeam.
 set -euo pipefail
 export RUSTFLAGS="--cfg loom --cfg crossbeam_loom"
 export CARGO_TARGET_DIR=target/loom
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
 
 echo "models (LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS)"
-cargo test -p loom-tests --release -- --test-threads=1 --nocapture 2>&1 |
+cargo test -p loom-tests --release -- --test-threads=2 --nocapture 2>&1 |
     grep -E "^test |loom:|test result|panicked|error" || true
 test "${PIPESTATUS[0]}" -eq 0
 
@@ -15,7 +18,7 @@ test "${PIPESTATUS[0]}" -eq 0
 # exact_admission would take far longer there.
 echo "models at LOOM_MAX_PREEMPTIONS=3 (all but exact_admission)"
 LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --release --test pace -- \
-    --test-threads=1 --nocapture --skip exact_admission 2>&1 |
+    --test-threads=2 --nocapture --skip exact_admission 2>&1 |
     grep -E "^test |loom:|test result|panicked|error" || true
 test "${PIPESTATUS[0]}" -eq 0
 
@@ -36,8 +39,7 @@ expect_caught() {
         expected=${entry#*=}
         echo "$file mutant $mutant: the model must fail with \"$expected\""
         status=0
-        out=$(RUSTFLAGS="$RUSTFLAGS --cfg pace_mutant=\"$mutant\"" CARGO_TARGET_DIR=target/loom-mutant \
-            cargo test -p loom-tests --release --test "$file" -- "mutant_$mutant" --exact --test-threads=1 2>&1) ||
+        out=$(PACE_MUTANT="$mutant" cargo test -p loom-tests --release --test "$file" -- "mutant_$mutant" --exact --test-threads=1 2>&1) ||
             status=$?
         if [ "$status" -eq 0 ]; then
             echo "$out" | tail -20
@@ -74,8 +76,7 @@ done
 for mutant in "${gate_mutants[@]}"; do
     echo "gate mutant $mutant: its model must fail"
     status=0
-    out=$(RUSTFLAGS="$RUSTFLAGS --cfg pace_mutant=\"$mutant\"" CARGO_TARGET_DIR=target/loom-mutant \
-        cargo test -p loom-tests --release --test gate -- mutant_ --test-threads=1 2>&1) || status=$?
+    out=$(PACE_MUTANT="$mutant" cargo test -p loom-tests --release --test gate -- mutant_ --test-threads=1 2>&1) || status=$?
     # Exactly one `mutant_*` test is compiled in per mutant; zero would pass
     # without checking anything.
     if [ "$status" -ne 0 ] || ! grep -q "test result: ok. 1 passed" <<<"$out"; then

@@ -9,10 +9,11 @@
 #   claimed_left_on_panic: a key `Eq` that panics in the check after linking
 #                        leaves the claimed row linked (and counted)
 set -euo pipefail
-export CARGO_TARGET_DIR=target/mutant
-export RUSTFLAGS='--cfg pace_mutant="fresh_row_from_zero" --cfg pace_mutant="refund_undrained" --cfg pace_mutant="claimed_left_on_panic"'
+# Mutants are chosen with PACE_MUTANT (build.rs): only pace and the test
+# rebuild, in the same target directory as the README's tests.
 status=0
-out=$(cargo test --test over_admission -- --test-threads=1 2>&1) || status=$?
+out=$(PACE_MUTANT=fresh_row_from_zero,refund_undrained,claimed_left_on_panic \
+    cargo test --test over_admission -- --test-threads=1 2>&1) || status=$?
 if [ "$status" -eq 0 ]; then
     echo "$out" | tail -20
     echo "the mutants SURVIVED tests/over_admission.rs"
@@ -37,8 +38,7 @@ grep -E "exceeds the bound by" <<<"$out" | head -1
 # Churn without migrations (tests/churn.rs) against `no_tombstone_reuse`:
 # every new row takes a vacant slot, so both churn tests must see migrations.
 status=0
-out=$(RUSTFLAGS='--cfg pace_mutant="no_tombstone_reuse"' CARGO_TARGET_DIR=target/mutant-churn \
-    cargo test --release --test churn -- --test-threads=1 2>&1) || status=$?
+out=$(PACE_MUTANT=no_tombstone_reuse cargo test --release --test churn -- --test-threads=1 2>&1) || status=$?
 for t in refunded_keys_reuse_tombstones swept_keys_reuse_tombstones; do
     if [ "$status" -eq 0 ] || ! grep -qE "^test $t \.\.\. FAILED" <<<"$out" ||
         ! grep -q "no migration under churn" <<<"$out"; then
