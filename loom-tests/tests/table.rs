@@ -237,6 +237,15 @@ fn mutant_target_migrates_early() {
     migration_while_finishing();
 }
 
+/// The same mutant against the sweep racing a copy: the sweep's shrink
+/// makes a migration follow the growth one, and a row of the early target
+/// is lost.
+#[cfg(pace_mutant = "target_migrates_early")]
+#[test]
+fn mutant_target_migrates_early_under_sweep() {
+    sweep_vs_copy();
+}
+
 #[cfg(pace_mutant = "reuse_unverified")]
 #[test]
 fn mutant_reuse_unverified() {
