@@ -771,6 +771,8 @@ pub trait PaceInternals<K, S, C> {
         K: Clone;
     /// Migrations of the table started since it was made.
     fn migrations(&self) -> usize;
+    /// Whether a migration is running (callers copy its chunks).
+    fn migrating(&self) -> bool;
 }
 
 impl<K, S, C> PaceInternals<K, S, C> for Pace<K, S, C>
@@ -810,6 +812,10 @@ where
 
     fn migrations(&self) -> usize {
         self.table.migrations()
+    }
+
+    fn migrating(&self) -> bool {
+        self.table.migrating(&self.pin())
     }
 
     fn sweep_at(&self, now: u64) -> usize {

@@ -17,13 +17,20 @@
 //! tombstone finds it gone (its reuse fails) or checks, after linking, that
 //! its row still lies on its key's sequence (`Table::verify`).
 
-use super::slot::{Array, State, CHUNK};
+use super::slot::{Array, State};
 use super::{is_migrating, Table};
 use crate::sync::epoch::{Guard, Shared};
 use crate::sync::Ordering;
 
 /// Chunks an insert at the limit cleans before it gives up and migrates.
 const CLEAN_TRIES: usize = 4;
+
+/// Slots per cleaning chunk, and the most a tombstone's cleaning walks back.
+/// Loom models clean 2 slots at a time, like their migration chunks.
+#[cfg(not(loom))]
+const CLEAN_CHUNK: usize = 256;
+#[cfg(loom)]
+const CLEAN_CHUNK: usize = 2;
 
 impl<K> Table<K> {
     /// Vacates the tombstones among slots `start..end` of `arr` that end a
@@ -65,7 +72,7 @@ impl<K> Table<K> {
 
     /// Slot `idx` of `arr` just became a tombstone: if `arr` is the current
     /// array and not migrating, vacate it and the tombstones before it while
-    /// each ends a run (at most [`CHUNK`] slots).
+    /// each ends a run (at most [`CLEAN_CHUNK`] slots).
     pub(super) fn clean_after(&self, arr_ptr: Shared<'_, Array<K>>, idx: usize, guard: &Guard) {
         if cfg!(pace_mutant = "no_tombstone_reuse") || self.array(guard).0 != arr_ptr {
             return;
@@ -76,7 +83,7 @@ impl<K> Table<K> {
             return;
         }
         let mask = arr.mask();
-        for back in 0..CHUNK.min(arr.slots.len() - 1) {
+        for back in 0..CLEAN_CHUNK.min(arr.slots.len() - 1) {
             let i = idx.wrapping_sub(back) & mask;
             if self.clean_range(arr, i, i + 1) == 0 {
                 return;
@@ -86,7 +93,7 @@ impl<K> Table<K> {
 
     /// The current array is at its limit: if tombstones hold at least a
     /// quarter of its slots, clean chunks of it (at most [`CLEAN_TRIES`] of
-    /// [`CHUNK`] slots) until one frees a slot, and say whether one did.
+    /// [`CLEAN_CHUNK`] slots) until one frees a slot, and say whether one did.
     /// False means: migrate.
     pub(super) fn clean_some(
         &self,
@@ -106,9 +113,10 @@ impl<K> Table<K> {
             return false;
         }
         for _ in 0..CLEAN_TRIES {
-            let chunk = arr.clean_next.fetch_add(1, Ordering::Relaxed) % arr.chunks();
-            let start = chunk * CHUNK;
-            if self.clean_range(arr, start, (start + CHUNK).min(slots)) > 0 {
+            let chunk =
+                arr.clean_next.fetch_add(1, Ordering::Relaxed) % slots.div_ceil(CLEAN_CHUNK);
+            let start = chunk * CLEAN_CHUNK;
+            if self.clean_range(arr, start, (start + CLEAN_CHUNK).min(slots)) > 0 {
                 return true;
             }
         }

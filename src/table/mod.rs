@@ -288,6 +288,12 @@ impl<K> Table<K> {
         self.migrations.load(Ordering::Relaxed)
     }
 
+    /// Whether a migration of the current array is running.
+    pub(crate) fn migrating(&self, guard: &Guard) -> bool {
+        let (_, cur) = self.array(guard);
+        is_migrating(cur.next.load(Ordering::Acquire, guard))
+    }
+
     /// Rows in the table (exact when no operation is in flight).
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
