@@ -61,7 +61,7 @@ pub(crate) const CLAIMED: u64 = MAX_TIME + 2;
 /// Slots a migration copies per chunk: the most any one call copies. Loom
 /// models copy 2 slots at a time, so a 4-slot array migrates over calls.
 #[cfg(not(loom))]
-pub(crate) const CHUNK: usize = 256;
+pub(crate) const CHUNK: usize = 64;
 #[cfg(loom)]
 pub(crate) const CHUNK: usize = 2;
 
