@@ -237,9 +237,8 @@ fn mutant_target_migrates_early() {
     migration_while_finishing();
 }
 
-/// The same mutant against the sweep racing a copy: the sweep's shrink
-/// makes a migration follow the growth one, and a row of the early target
-/// is lost.
+/// The same mutant against the sweep racing a copy: a new row is lost
+/// ("new rows live").
 #[cfg(pace_mutant = "target_migrates_early")]
 #[test]
 fn mutant_target_migrates_early_under_sweep() {
