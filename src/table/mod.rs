@@ -47,6 +47,7 @@ mod slot;
 mod sweep;
 
 use floor::Floors;
+pub(crate) use slot::CHUNK as MIGRATION_CHUNK;
 use slot::{probe_seq, Array, Entry, Slot, State, CLAIMED, DEAD};
 pub(crate) use sweep::SWEEP_CHUNK;
 
