@@ -346,3 +346,16 @@ async fn fallback_reservations_refund_on_the_local_limiter() {
     let s = p.stats();
     assert_eq!((s.local_decisions, s.server_decisions), (3, 0));
 }
+
+/// The harness itself: a port taken between `free_port` and the server's bind
+/// (here by a plain listener that accepts and says nothing) is not mistaken
+/// for the server; the server moves to another port and answers there.
+#[test]
+fn a_port_taken_before_the_server_binds_gets_another() {
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = squatter.local_addr().unwrap().port();
+    let server = common::RedisServer::start_on(taken);
+    assert_ne!(server.port, taken);
+    let pong: String = redis::cmd("PING").query(&mut server.admin()).unwrap();
+    assert_eq!(pong, "PONG");
+}

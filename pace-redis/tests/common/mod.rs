@@ -2,6 +2,7 @@
 //! persistence, killed on drop. Missing `redis-server` fails the test.
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -9,6 +10,20 @@ use std::time::{Duration, Instant};
 pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
+    restarting: bool,
+}
+
+/// One RESP PING on a fresh connection; true only for the server's `+PONG`.
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 7];
+    s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
 
 fn free_port() -> u16 {
@@ -21,9 +36,15 @@ fn free_port() -> u16 {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
+        RedisServer::start_on(free_port())
+    }
+
+    /// Starts on `port` if it can; on another free port if `port` is taken.
+    pub fn start_on(port: u16) -> RedisServer {
         let mut s = RedisServer {
-            port: free_port(),
+            port,
             child: None,
+            restarting: false,
         };
         s.spawn();
         s
@@ -34,34 +55,71 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
+        // A port picked by `free_port` can be taken again before the server
+        // binds it (another test's server, or a client's ephemeral port), so
+        // a server that exits at start gets a fresh port, except on restart,
+        // where the port is part of what the test checks.
+        for _ in 0..20 {
+            let mut child = Command::new("redis-server")
+                .args([
+                    "--port",
+                    &self.port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "cannot start `redis-server` ({e}): these tests need a real server; \
+                         install it (`apt-get install -y redis-server`, as .ci/run does)"
+                    )
+                });
+            if self.wait_ready(&mut child) {
+                self.child = Some(child);
+                return;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            if self.restarting {
                 panic!(
-                    "cannot start `redis-server` ({e}): these tests need a real server; \
-                     install it (`apt-get install -y redis-server`, as .ci/run does)"
-                )
-            });
-        self.child = Some(child);
+                    "redis-server could not listen again on 127.0.0.1:{}",
+                    self.port
+                );
+            }
+            self.port = free_port();
+        }
+        panic!("redis-server did not start on 20 loopback ports");
+    }
+
+    /// Waits until this child answers PING with +PONG. A bare TCP connect is
+    /// not proof: a connect to a loopback port nobody listens on can connect
+    /// to itself (TCP simultaneous open) when the kernel picks that same port
+    /// as the source, and a port taken by another server answers for it.
+    /// False if the child exited (its port was taken) or 10 s passed.
+    fn wait_ready(&self, child: &mut Child) -> bool {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not listen on 127.0.0.1:{} within 10 s",
-                self.port
-            );
+        loop {
+            if child.try_wait().ok().flatten().is_some() {
+                return false;
+            }
+            if ping(self.port) {
+                // A server that lost the race for the port exits soon after
+                // start; the one answering may be someone else's.
+                std::thread::sleep(Duration::from_millis(20));
+                if child.try_wait().ok().flatten().is_none() {
+                    return true;
+                }
+                return false;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -77,7 +135,9 @@ impl RedisServer {
     /// Starts it again on the same port (empty: no persistence).
     pub fn restart(&mut self) {
         self.stop();
+        self.restarting = true;
         self.spawn();
+        self.restarting = false;
     }
 
     /// A plain connection for administration (flush, pause, inspection).
