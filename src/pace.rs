@@ -773,6 +773,9 @@ pub trait PaceInternals<K, S, C> {
     fn migrations(&self) -> usize;
     /// Whether a migration is running (callers copy its chunks).
     fn migrating(&self) -> bool;
+    /// Slots of the array new rows go to: the current array, or the target
+    /// of a running migration.
+    fn slots(&self) -> usize;
 }
 
 impl<K, S, C> PaceInternals<K, S, C> for Pace<K, S, C>
@@ -816,6 +819,10 @@ where
 
     fn migrating(&self) -> bool {
         self.table.migrating(&self.pin())
+    }
+
+    fn slots(&self) -> usize {
+        self.table.slots(&self.pin())
     }
 
     fn sweep_at(&self, now: u64) -> usize {

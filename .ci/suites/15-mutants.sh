@@ -48,3 +48,23 @@ for t in refunded_keys_reuse_tombstones swept_keys_reuse_tombstones; do
     fi
     echo "no_tombstone_reuse caught by $t"
 done
+
+# Every migration is spread over its chunks (tests/growth.rs), against two
+# variants whose target fills before its copy ends, so that the insert that
+# meets it copies every chunk left:
+#   copies_keep_their_room: copies stay counted against the room kept for them
+#   no_room_for_new_rows:   a shrink's target is sized from its rows alone
+for entry in copies_keep_their_room=each_growth_migration_is_spread_over_its_chunks \
+    no_room_for_new_rows=a_shrink_while_new_keys_arrive_is_spread_over_its_chunks; do
+    mutant=${entry%%=*}
+    t=${entry#*=}
+    status=0
+    out=$(PACE_MUTANT=$mutant cargo test --test growth 2>&1) || status=$?
+    if [ "$status" -eq 0 ] || ! grep -qE "^test $t \.\.\. FAILED" <<<"$out" ||
+        ! grep -q "some call copied more than one chunk" <<<"$out"; then
+        echo "$out" | tail -40
+        echo "$mutant not caught by $t"
+        exit 1
+    fi
+    echo "$mutant caught by $t"
+done

@@ -181,6 +181,17 @@ impl<K> Table<K> {
                 }
             }
         }
+        // The copies now occupy room the target's `limit` kept for them:
+        // hand it over, so that ordinary inserts keep the room they had.
+        // After the copies' `used` increments (Release; `claim_slot` reads
+        // `limit` with Acquire before it adds to `used`), so an insert that
+        // sees the larger limit also counts these copies in `used`.
+        // Known-wrong variant (a performance defect, not an unsound one):
+        // keep the copies counted against the room, so that the target fills
+        // up before the copy ends and one insert copies every chunk left.
+        if !moved.is_empty() && !cfg!(pace_mutant = "copies_keep_their_room") {
+            target.limit.fetch_add(moved.len(), Ordering::Release);
+        }
         // Dekker with `remove_dead` (one fence for the chunk): a row made
         // DEAD while we held it marked is unlinked by us from the target.
         if !moved.is_empty() {
@@ -236,9 +247,24 @@ impl<K> Table<K> {
         // rows stops migrating.
         let churning = arr.used.load(Ordering::Relaxed).saturating_sub(rows) >= arr.slots.len() / 4
             && !cfg!(pace_mutant = "no_tombstone_reuse");
+        // And, if there is anything to copy, room for one new row per chunk
+        // beyond the copies (3/4 of the slots are claimable): a thread
+        // copies a chunk in each call, so one thread never finds the target
+        // full before the copy ends (which would make its insert copy every
+        // chunk left).
+        // (Known-wrong variant `no_room_for_new_rows`: size from the rows
+        // alone.)
+        let room = if rows == 0 || cfg!(pace_mutant = "no_room_for_new_rows") {
+            0
+        } else {
+            rows.saturating_add(arr.chunks() + 1)
+                .saturating_mul(4)
+                .div_ceil(3)
+        };
         let slots = rows
             .saturating_mul(if churning { 4 } else { 2 })
             .saturating_add(2)
+            .max(room)
             .max(self.min_slots)
             .next_power_of_two();
         if rows == 0 {

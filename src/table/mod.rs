@@ -790,7 +790,11 @@ impl<K> Table<K> {
         if !self.count_row(arr, guard) {
             return false;
         }
-        if arr.used.fetch_add(1, Ordering::Relaxed) >= arr.limit.load(Ordering::Relaxed) {
+        // `limit` before `used`: a copier raises `limit` only after adding
+        // its copies to `used` (see `copy_chunk`), so the room seen here
+        // never counts a copy that `used` does not.
+        let limit = arr.limit.load(Ordering::Acquire);
+        if arr.used.fetch_add(1, Ordering::Relaxed) >= limit {
             arr.used.fetch_sub(1, Ordering::Relaxed);
             self.len.fetch_sub(1, Ordering::SeqCst);
             // Known-wrong variant: a target starts its own migration while

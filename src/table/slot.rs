@@ -289,9 +289,11 @@ pub(crate) struct Array<K> {
     pub(crate) slots: Box<[Slot<K>]>,
     /// Slots claimed in this array (rows, tombstones, claims in flight).
     pub(crate) used: CachePadded<AtomicUsize>,
-    /// Claims by ordinary inserts allowed: `grow_at` once the array is the
-    /// table's current array; less while it is the target of a migration, so
-    /// that the rows still to be copied always find room.
+    /// Claims allowed: `grow_at` once the array is the table's current
+    /// array. While it is the target of a migration, `grow_at` less the rows
+    /// counted when the migration started, raised by each chunk's copies as
+    /// they are added to `used`: ordinary inserts keep the same room
+    /// throughout, and the rows still to be copied always find theirs.
     pub(crate) limit: AtomicUsize,
     /// The migration target: null, null tagged PENDING, or the next array.
     pub(crate) next: Atomic<Array<K>>,

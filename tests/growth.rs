@@ -1,0 +1,136 @@
+//! Every migration is spread over its chunks: no call pays for the table,
+//! whether the table grows or shrinks while new keys arrive. Known-wrong
+//! variants, each caught here:
+//! * `copies_keep_their_room`: the rows a chunk copies stay counted against
+//!   the room the target kept for them, so the target reaches its limit
+//!   before the copy ends and the insert that meets it copies every chunk
+//!   left;
+//! * `no_room_for_new_rows`: a shrinking table's target is sized from its
+//!   rows alone, so new rows fill it long before the copy of the large old
+//!   array ends, with the same effect.
+
+use std::time::Duration;
+
+use pace::__private::{PaceInternals, ReservationInternals, MIGRATION_CHUNK};
+use pace::{ManualClock, Pace, Rate};
+
+type P = Pace<u64, std::collections::hash_map::RandomState, ManualClock>;
+
+const T: u64 = 1_000_000;
+
+fn pace(capacity: u64, interval: u64) -> P {
+    Pace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
+        .capacity(capacity)
+        .clock(ManualClock::new())
+        .build()
+        .unwrap()
+}
+
+/// Follows the migrations that `call` meets, one call at a time: the call
+/// that starts a migration copies one chunk and every later call at most one,
+/// so a migration from an array of `n` slots runs over at least
+/// `n / MIGRATION_CHUNK` calls (the starting and the finishing one
+/// included). Returns the migrations seen: (slots copied from, calls).
+#[derive(Default)]
+struct Watch {
+    running: Option<(usize, usize)>,
+    seen: Vec<(usize, usize)>,
+}
+
+impl Watch {
+    fn call(&mut self, p: &P, call: impl FnOnce()) {
+        let before = p.slots();
+        let started = p.migrations();
+        call();
+        if let Some((_, calls)) = self.running.as_mut() {
+            *calls += 1;
+        } else if p.migrations() > started {
+            self.running = Some((before, 1));
+        }
+        if !p.migrating() {
+            if let Some((from, calls)) = self.running.take() {
+                let chunks = from.div_ceil(MIGRATION_CHUNK);
+                assert!(
+                    calls >= chunks,
+                    "the migration from {from} slots ({chunks} chunks) ended after \
+                     {calls} calls: some call copied more than one chunk"
+                );
+                self.seen.push((from, calls));
+            }
+        }
+    }
+}
+
+/// One thread, every call a new key that it keeps (nothing refills during
+/// the test): in release, migrations up to one from 2^19 slots.
+#[test]
+fn each_growth_migration_is_spread_over_its_chunks() {
+    const KEYS: u64 = if cfg!(debug_assertions) {
+        100_000
+    } else {
+        600_000
+    };
+    let p = pace(100, 100 * 1_000_000_000);
+    let now = 1_000_000_000;
+    let mut w = Watch::default();
+    for k in 0..KEYS {
+        w.call(&p, || {
+            let _kept = p.reserve_n_at(&k, 1, now).expect("a fresh key");
+        });
+    }
+    assert_eq!(p.len(), KEYS as usize);
+    let largest = w.seen.iter().map(|&(from, _)| from).max().unwrap_or(0);
+    assert!(
+        largest >= 1 << 16,
+        "migrations checked: {:?}; expected one from at least 2^16 slots",
+        w.seen
+    );
+}
+
+/// A table of 100,000 rows refills (capacity 1, interval T); 50 fresh keys
+/// stay live; the sweep pass that ordinary calls run removes the rest and
+/// ends by starting a shrink migration of the large array, which keeps its
+/// 50 rows. Meanwhile every call presents a new key: refunded (no row) during
+/// the pass, kept after it. The shrink, too, runs over one chunk per call.
+#[test]
+fn a_shrink_while_new_keys_arrive_is_spread_over_its_chunks() {
+    const KEYS: u64 = 100_000;
+    let p = pace(1, T);
+    for k in 0..KEYS {
+        let _kept = p.reserve_n_at(&k, 1, 0).expect("a fresh key");
+    }
+    // Finish the last growth (denied calls copy too), so that the pass below
+    // runs over the grown array: a pass that meets a migration stops.
+    while p.migrating() {
+        assert!(p.reserve_n_at(&0, 1, 0).is_err(), "key 0 is empty at 0");
+    }
+    let grown = p.slots();
+    let now = 10 * T; // every row above refilled at T
+    for k in KEYS..KEYS + 50 {
+        let _kept = p.reserve_n_at(&k, 1, now).expect("a fresh key");
+    }
+    let mut w = Watch::default();
+    let mut k = 2 * KEYS;
+    let grew = p.migrations();
+    // The pass: one chunk per call, until the shrink starts.
+    while p.migrations() == grew {
+        k += 1;
+        w.call(&p, || {
+            p.reserve_n_at(&k, 1, now)
+                .expect("a fresh key")
+                .refund_at(now);
+        });
+        assert!(k < 3 * KEYS, "the pass ended without a shrink");
+    }
+    // The shrink, with a new row each call.
+    while w.running.is_some() {
+        k += 1;
+        w.call(&p, || {
+            let _kept = p.reserve_n_at(&k, 1, now).expect("a fresh key");
+        });
+    }
+    let (from, calls) = *w.seen.last().unwrap();
+    assert_eq!(from, grown, "the shrink copied the grown array");
+    assert!(p.slots() < grown, "the table shrank");
+    assert_eq!(p.len(), 50 + calls - 1, "the 50 live rows and the new ones");
+}
