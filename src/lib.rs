@@ -235,6 +235,24 @@ pub mod __private {
         for _ in 0..(1 << 17) {
             crossbeam_epoch::pin().flush();
         }
+        // Large slot arrays are freed on threads of their own: wait for them.
+        #[cfg(not(miri))]
+        while crate::table::FREES_IN_FLIGHT.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Large retired slot arrays whose free is running on a thread of its
+    /// own (always 0 under Miri and loom, which free at once).
+    pub fn frees_in_flight() -> usize {
+        #[cfg(not(any(loom, miri)))]
+        {
+            crate::table::FREES_IN_FLIGHT.load(std::sync::atomic::Ordering::Acquire)
+        }
+        #[cfg(any(loom, miri))]
+        {
+            0
+        }
     }
 
     /// The bucket rule (`src/bucket.rs`) on plain integers, so that baseline

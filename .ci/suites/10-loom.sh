@@ -98,7 +98,6 @@ table_mutants=(
     "copier_skips_dead=len counts the rows"
     "no_unlink_walk=len counts the rows"
     "target_migrates_early=every debit kept"
-    "target_migrates_early:target_migrates_early_under_sweep=new rows live"
     "reuse_unverified=one live row per key"
     "clean_without_fence=every lookup finds the row"
 )

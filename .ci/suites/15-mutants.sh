@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The over-admission tests against today's known-wrong variants: built once
+# The tests against the known-wrong variants outside loom. First, built once
 # with the three mutants on, each regression test must fail with its own message
 # and the random-history search must find an excess.
 #   fresh_row_from_zero: a fresh row forgets the debt of the rows removed
@@ -68,3 +68,15 @@ for entry in copies_keep_their_room=each_growth_migration_is_spread_over_its_chu
     fi
     echo "$mutant caught by $t"
 done
+
+# Retired arrays are freed soon without a forced collection (tests/memory.rs)
+# against `arrays_wait_for_a_full_bag`: no flush after retiring an array, so
+# a growing table holds its old arrays until its thread's garbage bag fills.
+status=0
+out=$(PACE_MUTANT=arrays_wait_for_a_full_bag cargo test --test memory 2>&1) || status=$?
+if [ "$status" -eq 0 ] || ! grep -q "retired arrays are not freed" <<<"$out"; then
+    echo "$out" | tail -40
+    echo "arrays_wait_for_a_full_bag not caught by tests/memory.rs"
+    exit 1
+fi
+echo "arrays_wait_for_a_full_bag caught by memory_is_bounded_by_recent_exchanges"

@@ -27,7 +27,7 @@ use crossbeam_utils::Backoff;
 
 use super::slot::{probe_seq, Array, Entry, Slot, State, CHUNK, DEAD};
 use super::sweep::prefetch;
-use super::{is_migrating, retire_entry, Table, PENDING};
+use super::{is_migrating, retire_array, retire_entry, Table, PENDING};
 use crate::sync::epoch::{Guard, Owned, Shared};
 use crate::sync::{fence, snooze, Ordering};
 
@@ -105,9 +105,9 @@ impl<K> Table<K> {
         if swung {
             // SAFETY: `arr` is no longer reachable from `current`; readers
             // that reached it are pinned. Every slot of it is now a tombstone
-            // or sealed (all chunks are copied), and its Drop frees only its
-            // slot array. Only the finisher retires it.
-            unsafe { guard.defer_destroy(arr_ptr) };
+            // or sealed (all chunks are copied), so it owns no entry, only
+            // its slot array. Only the finisher retires it.
+            unsafe { retire_array(guard, arr_ptr) };
         }
     }
 

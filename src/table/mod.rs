@@ -75,6 +75,118 @@ unsafe fn retire_entry<K>(guard: &Guard, entry: *mut Entry<K>) {
     };
 }
 
+/// Slot arrays of at least this many bytes are freed on a short-lived
+/// thread: returning tens of MB to the kernel (munmap) takes milliseconds,
+/// which no caller should pay for.
+#[cfg(not(any(loom, miri)))]
+const FREE_OFF_CALLER: usize = 1 << 20;
+
+/// Large slot arrays whose free is running on a thread of its own.
+#[cfg(not(any(loom, miri)))]
+pub(crate) static FREES_IN_FLIGHT: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// Hands an array unpublished from `current` to the collector, and flushes
+/// the thread's garbage so that it is collected soon (a growing table retires
+/// few things: its bag would otherwise hold every old array until it fills).
+/// A large slot array is freed off the caller's path.
+///
+/// # Safety
+/// `arr` was unpublished from `current` (unreachable for new readers), owns
+/// no entry (every slot sealed or closed), and is retired exactly once.
+unsafe fn retire_array<K>(guard: &Guard, arr: Shared<'_, Array<K>>) {
+    let ptr = arr.as_raw() as usize;
+    // SAFETY: the caller's contract; the closure rebuilds the `Box` (made by
+    // `Owned::new`) once, after every guard that could see `arr` is gone.
+    unsafe {
+        guard.defer_unchecked(move || {
+            let mut owned = Box::from_raw(ptr as *mut Array<K>);
+            let slots = std::mem::take(&mut owned.slots);
+            drop(owned);
+            free_slots(slots);
+        })
+    };
+    // Not under loom: when garbage is collected is not what the models
+    // check, and the extra collector steps would multiply their executions.
+    // (Known-wrong variant `arrays_wait_for_a_full_bag`: no flush, so a
+    // growing table, which retires little else, holds its old arrays until
+    // its thread's bag fills.)
+    #[cfg(not(loom))]
+    if !cfg!(pace_mutant = "arrays_wait_for_a_full_bag") {
+        guard.flush();
+    }
+}
+
+/// Frees a retired slot array: at once if small, else on a new thread (or at
+/// once if no thread can be started).
+fn free_slots<K>(slots: Box<[Slot<K>]>) {
+    #[cfg(not(any(loom, miri)))]
+    {
+        let layout = std::alloc::Layout::for_value::<[Slot<K>]>(&slots);
+        if layout.size() >= FREE_OFF_CALLER {
+            let p = Box::into_raw(slots) as *mut u8 as usize;
+            FREES_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+            let free = move || {
+                discard_pages(p, layout.size());
+                // SAFETY: `p` is the slot box's allocation, made by the
+                // global allocator with `layout` (what `Box<[Slot<K>]>`
+                // frees with), and freed exactly once: here, or below if
+                // the thread never started.
+                unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+                FREES_IN_FLIGHT.fetch_sub(1, Ordering::Release);
+            };
+            if std::thread::Builder::new()
+                .name("pace-free".into())
+                .stack_size(64 * 1024)
+                .spawn(free)
+                .is_err()
+            {
+                // The thread did not start and dropped `free` unrun (it
+                // owns only integers): free here.
+                // SAFETY: as above.
+                unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+                FREES_IN_FLIGHT.fetch_sub(1, Ordering::Release);
+            }
+            return;
+        }
+    }
+    drop(slots);
+}
+
+/// Gives the whole pages of the allocation `p..p + len`, which is about to
+/// be freed and is read by nobody, back to the kernel 1 MiB at a time
+/// (madvise DONTNEED). Each call holds the address space's lock only for
+/// reading and only for its piece, so the free that follows has no pages
+/// left to return and never holds it (for writing) for long; a munmap of
+/// tens of MB holds it for milliseconds, stalling the page faults of every
+/// other thread of the process.
+#[cfg(not(any(loom, miri)))]
+fn discard_pages(p: usize, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        const PIECE: usize = 1 << 20;
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(0);
+        if !page.is_power_of_two() {
+            return;
+        }
+        let mut at = p.next_multiple_of(page);
+        let end = (p + len) & !(page - 1);
+        while at < end {
+            let n = PIECE.min(end - at);
+            // SAFETY: `at..at + n` is whole pages inside the allocation,
+            // which nobody reads or writes again before it is freed; DONTNEED
+            // only replaces private anonymous pages with zero-fill-on-demand
+            // ones (or, for file pages, never ours here). A failure leaves
+            // the pages as they were, for the free to return.
+            unsafe { libc::madvise(at as *mut libc::c_void, n, libc::MADV_DONTNEED) };
+            at += n;
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (p, len);
+}
+
 /// Hands the entries a sweep chunk unlinked to the collector as one deferred
 /// free, and flushes the thread's garbage so that it is collected soon:
 /// crossbeam-epoch frees a bounded number of deferred items per collection,
