@@ -222,9 +222,12 @@ pub mod __private {
     /// `n` slots takes `n.div_ceil(SWEEP_CHUNK)` calls (tests/memory.rs).
     pub const SWEEP_CHUNK: usize = crate::table::SWEEP_CHUNK;
 
-    /// Slots a migration copies per call: a migration from an array of `n`
+    /// Slots per chunk of a migration: a migration from an array of `n`
     /// slots takes at most `n.div_ceil(MIGRATION_CHUNK)` calls.
     pub const MIGRATION_CHUNK: usize = crate::table::MIGRATION_CHUNK;
+
+    /// The most slots of a migration one call copies (whole chunks).
+    pub const MIGRATION_CALL_SLOTS: usize = crate::table::MIGRATION_CALL_SLOTS;
 
     /// Pins and flushes the current thread's epoch handle until deferred
     /// frees have run, so memory tests can measure what is really held.

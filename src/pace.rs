@@ -776,6 +776,8 @@ pub trait PaceInternals<K, S, C> {
     /// Slots of the array new rows go to: the current array, or the target
     /// of a running migration.
     fn slots(&self) -> usize;
+    /// Slots of the chunks migrations have copied since the limiter was made.
+    fn copied_slots(&self) -> usize;
 }
 
 impl<K, S, C> PaceInternals<K, S, C> for Pace<K, S, C>
@@ -823,6 +825,10 @@ where
 
     fn slots(&self) -> usize {
         self.table.slots(&self.pin())
+    }
+
+    fn copied_slots(&self) -> usize {
+        self.table.copied_slots()
     }
 
     fn sweep_at(&self, now: u64) -> usize {

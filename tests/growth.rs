@@ -1,4 +1,4 @@
-//! Every migration is spread over its chunks: no call pays for the table,
+//! Every migration is spread over many calls: no call pays for the table,
 //! whether the table grows or shrinks while new keys arrive. Known-wrong
 //! variants, each caught here:
 //! * `copies_keep_their_room`: the rows a chunk copies stay counted against
@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use pace::__private::{PaceInternals, ReservationInternals, MIGRATION_CHUNK};
+use pace::__private::{PaceInternals, ReservationInternals, MIGRATION_CALL_SLOTS, MIGRATION_CHUNK};
 use pace::{ManualClock, Pace, Rate};
 
 type P = Pace<u64, std::collections::hash_map::RandomState, ManualClock>;
@@ -26,11 +26,12 @@ fn pace(capacity: u64, interval: u64) -> P {
         .unwrap()
 }
 
-/// Follows the migrations that `call` meets, one call at a time: the call
-/// that starts a migration copies one chunk and every later call at most one,
-/// so a migration from an array of `n` slots runs over at least
-/// `n / MIGRATION_CHUNK` calls (the starting and the finishing one
-/// included). Returns the migrations seen: (slots copied from, calls).
+/// Follows the migrations that `call` meets, one call at a time: no call
+/// copies more than `MIGRATION_CALL_SLOTS` slots of a migration (whole
+/// chunks of `MIGRATION_CHUNK`; more than one only while they are sparse),
+/// and, one thread calling, a migration from an array of `n` slots runs over
+/// at least `n / MIGRATION_CALL_SLOTS` calls. Records the migrations seen:
+/// (slots copied from, calls).
 #[derive(Default)]
 struct Watch {
     running: Option<(usize, usize)>,
@@ -41,7 +42,14 @@ impl Watch {
     fn call(&mut self, p: &P, call: impl FnOnce()) {
         let before = p.slots();
         let started = p.migrations();
+        let copied = p.copied_slots();
         call();
+        let now_copied = p.copied_slots() - copied;
+        assert!(
+            now_copied <= MIGRATION_CALL_SLOTS,
+            "one call copied {now_copied} slots: some call copied more than one call's share"
+        );
+        assert_eq!(now_copied % MIGRATION_CHUNK, 0, "whole chunks");
         if let Some((_, calls)) = self.running.as_mut() {
             *calls += 1;
         } else if p.migrations() > started {
@@ -49,11 +57,10 @@ impl Watch {
         }
         if !p.migrating() {
             if let Some((from, calls)) = self.running.take() {
-                let chunks = from.div_ceil(MIGRATION_CHUNK);
                 assert!(
-                    calls >= chunks,
-                    "the migration from {from} slots ({chunks} chunks) ended after \
-                     {calls} calls: some call copied more than one chunk"
+                    calls >= from.div_ceil(MIGRATION_CALL_SLOTS),
+                    "the migration from {from} slots ended after {calls} calls: \
+                     some call copied more than one call's share"
                 );
                 self.seen.push((from, calls));
             }
@@ -79,6 +86,13 @@ fn each_growth_migration_is_spread_over_its_chunks() {
         });
     }
     assert_eq!(p.len(), KEYS as usize);
+    // Dense arrays (growth at 3/4 full) copy one chunk per call.
+    for &(from, calls) in &w.seen {
+        assert!(
+            calls >= from.div_ceil(MIGRATION_CHUNK),
+            "growth from {from} slots took {calls} calls"
+        );
+    }
     let largest = w.seen.iter().map(|&(from, _)| from).max().unwrap_or(0);
     assert!(
         largest >= 1 << 16,
@@ -91,7 +105,8 @@ fn each_growth_migration_is_spread_over_its_chunks() {
 /// stay live; the sweep pass that ordinary calls run removes the rest and
 /// ends by starting a shrink migration of the large array, which keeps its
 /// 50 rows. Meanwhile every call presents a new key: refunded (no row) during
-/// the pass, kept after it. The shrink, too, runs over one chunk per call.
+/// the pass, kept after it. The shrink, too, copies at most one call's share
+/// per call.
 #[test]
 fn a_shrink_while_new_keys_arrive_is_spread_over_its_chunks() {
     const KEYS: u64 = 100_000;

@@ -61,7 +61,7 @@ for entry in copies_keep_their_room=each_growth_migration_is_spread_over_its_chu
     status=0
     out=$(PACE_MUTANT=$mutant cargo test --test growth 2>&1) || status=$?
     if [ "$status" -eq 0 ] || ! grep -qE "^test $t \.\.\. FAILED" <<<"$out" ||
-        ! grep -q "some call copied more than one chunk" <<<"$out"; then
+        ! grep -q "some call copied more than one call.s share" <<<"$out"; then
         echo "$out" | tail -40
         echo "$mutant not caught by $t"
         exit 1

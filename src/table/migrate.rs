@@ -1,12 +1,14 @@
 //! Incremental migration: moving every row of the current array to a new one
-//! (larger, smaller, or the same size without tombstones), a chunk per call.
+//! (larger, smaller, or the same size without tombstones), chunks at a time.
 //!
 //! * Starting is O(1): seal the array's `next` (PENDING), size the target
 //!   from the row count, allocate it zeroed (no pass over it), publish it.
 //!   An array with no rows and no insert in flight (`len == 0` after the
 //!   seal) has nothing to copy: the target becomes current at once.
-//! * Every reserve and refund that finds a migration running copies at most
-//!   one chunk of [`CHUNK`] slots, then proceeds: nobody waits for the copy.
+//! * Every reserve and refund that finds a migration running copies one
+//!   chunk of [`CHUNK`] slots, and more while they held fewer than
+//!   [`SPARSE_ROWS`] rows, up to [`CALL_SLOTS`] slots, then proceeds: nobody
+//!   waits for the copy, and no call copies more than a constant amount.
 //! * While it runs, lookups read through: a key is looked for in the current
 //!   array first and followed to the target when its probe sequence there
 //!   ends (a vacant slot, which an inserting lookup seals, or a sealed one).
@@ -25,22 +27,34 @@
 
 use crossbeam_utils::Backoff;
 
-use super::slot::{probe_seq, Array, Entry, Slot, State, CHUNK, DEAD};
+use super::slot::{probe_seq, Array, Entry, Slot, State, CALL_SLOTS, CHUNK, DEAD, SPARSE_ROWS};
 use super::sweep::prefetch;
 use super::{is_migrating, retire_array, retire_entry, Table, PENDING};
 use crate::sync::epoch::{Guard, Owned, Shared};
 use crate::sync::{fence, snooze, Ordering};
 
 impl<K> Table<K> {
-    /// Copies one chunk of the running migration, if there is one with a
-    /// chunk left to claim. True if it copied one.
+    /// Copies chunks of the running migration, if there is one with a chunk
+    /// left to claim: one, and more while the chunks copied so far held
+    /// fewer than [`SPARSE_ROWS`] rows, up to [`CALL_SLOTS`] slots. True if
+    /// it copied one.
     pub(super) fn help(&self, guard: &Guard) -> bool {
         let (cur_ptr, cur) = self.array(guard);
         let next = cur.next.load(Ordering::Acquire, guard);
         if next.is_null() {
             return false; // no migration, or its target is being allocated
         }
-        self.copy_one(cur_ptr, cur, next, guard)
+        let (mut rows, mut slots) = (0, 0);
+        while let Some(n) = self.copy_one(cur_ptr, cur, next, guard) {
+            rows += n;
+            slots += CHUNK;
+            if rows >= SPARSE_ROWS || slots + CHUNK > CALL_SLOTS {
+                break;
+            }
+        }
+        self.copied_slots
+            .fetch_add(slots, std::sync::atomic::Ordering::Relaxed);
+        slots > 0
     }
 
     /// Helps until no migration runs (for explicit whole-table calls only).
@@ -63,25 +77,25 @@ impl<K> Table<K> {
         arr: &Array<K>,
         next: Shared<'_, Array<K>>,
         guard: &Guard,
-    ) -> bool {
+    ) -> Option<usize> {
         let chunks = arr.chunks();
         if arr.claim.load(Ordering::Relaxed) >= chunks {
-            return false;
+            return None;
         }
         let chunk = arr.claim.fetch_add(1, Ordering::AcqRel);
         if chunk >= chunks {
-            return false;
+            return None;
         }
         // SAFETY: `next` was published by `start_migration` before any chunk
         // could be claimed; it is retired only after it became current and
         // was then replaced, which needs this migration to finish first, and
         // it has not (this chunk is not counted yet).
         let target = unsafe { next.deref() };
-        self.copy_chunk(arr, target, chunk, guard);
+        let rows = self.copy_chunk(arr, target, chunk, guard);
         if arr.copied.fetch_add(1, Ordering::AcqRel) + 1 == chunks {
             self.finish(arr_ptr, arr, next, guard);
         }
-        true
+        Some(rows)
     }
 
     /// Makes the target current and retires the old array: called once, by
@@ -111,7 +125,9 @@ impl<K> Table<K> {
         }
     }
 
-    fn copy_chunk(&self, arr: &Array<K>, target: &Array<K>, chunk: usize, guard: &Guard) {
+    /// Copies chunk `chunk` of `arr` into `target`: the rows it met (copied,
+    /// or dropped as DEAD).
+    fn copy_chunk(&self, arr: &Array<K>, target: &Array<K>, chunk: usize, guard: &Guard) -> usize {
         let end = ((chunk + 1) * CHUNK).min(arr.slots.len());
         let slots = &arr.slots[chunk * CHUNK..end];
         // Start the chunk's cache misses together: its entries, then the
@@ -132,6 +148,7 @@ impl<K> Table<K> {
             }
         }
         let mut moved: Vec<(*mut Entry<K>, &Slot<K>)> = Vec::new();
+        let mut dropped = 0;
         for slot in slots {
             loop {
                 match slot.load() {
@@ -167,6 +184,7 @@ impl<K> Table<K> {
                             // so nobody else unlinks it).
                             slot.moved(p, e.hash);
                             self.len.fetch_sub(1, Ordering::SeqCst);
+                            dropped += 1;
                             // SAFETY: `p` is no longer linked anywhere (it was
                             // linked only in `arr`, and only this copier moves
                             // a marked slot on); retired once, by us.
@@ -197,6 +215,7 @@ impl<K> Table<K> {
         if !moved.is_empty() {
             fence(Ordering::SeqCst);
         }
+        let rows = dropped + moved.len();
         for (p, copy) in moved {
             // SAFETY: `p` was linked under our `guard`; it is retired only
             // after an unlink, so its destruction is deferred past `guard`.
@@ -205,10 +224,11 @@ impl<K> Table<K> {
                 self.unlink(copy, p, guard);
             }
         }
+        rows
     }
 
     /// Seals `arr` for migration (if it is current and nobody has), sizes,
-    /// allocates and publishes the target, and copies one chunk.
+    /// allocates and publishes the target, and copies a share (see `help`).
     pub(super) fn start_migration(&self, arr_ptr: Shared<'_, Array<K>>, guard: &Guard) {
         let (cur_ptr, _) = self.array(guard);
         if cur_ptr != arr_ptr && !cfg!(pace_mutant = "target_migrates_early") {

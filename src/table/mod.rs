@@ -47,6 +47,7 @@ mod slot;
 mod sweep;
 
 use floor::Floors;
+pub(crate) use slot::CALL_SLOTS as MIGRATION_CALL_SLOTS;
 pub(crate) use slot::CHUNK as MIGRATION_CHUNK;
 use slot::{probe_seq, Array, Entry, Slot, State, CLAIMED, DEAD};
 pub(crate) use sweep::SWEEP_CHUNK;
@@ -362,6 +363,9 @@ pub(crate) struct Table<K> {
     shrink_wanted: AtomicBool,
     /// Migrations started (for tests and benchmarks).
     migrations: AtomicUsize,
+    /// Slots of the chunks migrations have copied (for tests). A plain std
+    /// atomic even under loom: a statistic, not part of the protocol.
+    copied_slots: std::sync::atomic::AtomicUsize,
 }
 
 impl<K> Table<K> {
@@ -376,6 +380,7 @@ impl<K> Table<K> {
             floors: Floors::new(),
             shrink_wanted: AtomicBool::new(false),
             migrations: AtomicUsize::new(0),
+            copied_slots: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -399,6 +404,11 @@ impl<K> Table<K> {
     /// Migrations started since the table was made.
     pub(crate) fn migrations(&self) -> usize {
         self.migrations.load(Ordering::Relaxed)
+    }
+
+    /// Slots of the chunks migrations have copied since the table was made.
+    pub(crate) fn copied_slots(&self) -> usize {
+        self.copied_slots.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether a migration of the current array is running.
@@ -590,7 +600,7 @@ impl<K> Table<K> {
         self.reserve_slow(limits, hash, key, n, now, reread, guard)
     }
 
-    /// A migration is running: copy one chunk of it.
+    /// A migration is running: copy a share of it (see `help`).
     #[inline]
     fn help_if_migrating(&self, guard: &Guard) {
         let (_, cur) = self.array(guard);

@@ -65,6 +65,19 @@ pub(crate) const CHUNK: usize = 64;
 #[cfg(loom)]
 pub(crate) const CHUNK: usize = 2;
 
+/// The most slots one call copies: a call copies chunks until it has
+/// copied [`SPARSE_ROWS`] rows or scanned this many slots, so a sparse array
+/// (a shrink) migrates in `slots / CALL_SLOTS` calls while a dense one
+/// (growth) copies one chunk per call. Loom models copy one chunk per call.
+#[cfg(not(loom))]
+pub(crate) const CALL_SLOTS: usize = 1024;
+#[cfg(loom)]
+pub(crate) const CALL_SLOTS: usize = CHUNK;
+
+/// Rows after which a call copies no further chunk: a call copies fewer than
+/// `SPARSE_ROWS + CHUNK` rows.
+pub(crate) const SPARSE_ROWS: usize = 16;
+
 /// `sweep_next` when no pass is running. Far above any array length, and far
 /// below `usize::MAX`, so that late `fetch_add`s cannot wrap it.
 pub(crate) const SWEEP_IDLE: usize = usize::MAX / 2;
