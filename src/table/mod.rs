@@ -136,12 +136,17 @@ fn free_slots<K>(slots: Box<[Slot<K>]>) {
                 unsafe { std::alloc::dealloc(p as *mut u8, layout) };
                 FREES_IN_FLIGHT.fetch_sub(1, Ordering::Release);
             };
-            if std::thread::Builder::new()
-                .name("pace-free".into())
-                .stack_size(64 * 1024)
-                .spawn(free)
-                .is_err()
-            {
+            // Deferred frees can run anywhere a guard collects, even in a
+            // thread-local destructor at thread exit: a spawn that panics
+            // there (or fails) falls back to freeing here.
+            let spawned = std::panic::catch_unwind(move || {
+                std::thread::Builder::new()
+                    .name("pace-free".into())
+                    .stack_size(64 * 1024)
+                    .spawn(free)
+                    .is_ok()
+            });
+            if !matches!(spawned, Ok(true)) {
                 // The thread did not start and dropped `free` unrun (it
                 // owns only integers): free here.
                 // SAFETY: as above.
