@@ -239,8 +239,7 @@ pub mod __private {
             crossbeam_epoch::pin().flush();
         }
         // Large slot arrays are freed on threads of their own: wait for them.
-        #[cfg(not(miri))]
-        while crate::table::FREES_IN_FLIGHT.load(std::sync::atomic::Ordering::Acquire) > 0 {
+        while frees_in_flight() > 0 {
             std::thread::yield_now();
         }
     }

@@ -35,48 +35,44 @@ for t in a_stale_reserve_does_not_recreate_a_swept_row \
 done
 grep -E "exceeds the bound by" <<<"$out" | head -1
 
+# expect_caught MUTANT FILE MESSAGE CARGO_FLAGS TEST...: `cargo test
+# CARGO_FLAGS --test FILE` built with MUTANT must fail, each TEST must be
+# reported FAILED, and the output must contain MESSAGE.
+expect_caught() {
+    local mutant=$1 file=$2 message=$3 flags=$4 t status=0 out
+    shift 4
+    # shellcheck disable=SC2086 # `flags` is empty or one word
+    out=$(PACE_MUTANT=$mutant cargo test $flags --test "$file" -- --test-threads=1 2>&1) ||
+        status=$?
+    for t in "$@"; do
+        if [ "$status" -eq 0 ] || ! grep -qE "^test $t \.\.\. FAILED" <<<"$out" ||
+            ! grep -q -- "$message" <<<"$out"; then
+            echo "$out" | tail -40
+            echo "$mutant not caught by $t (tests/$file.rs)"
+            exit 1
+        fi
+        echo "$mutant caught by $t"
+    done
+}
+
 # Churn without migrations (tests/churn.rs) against `no_tombstone_reuse`:
 # every new row takes a vacant slot, so both churn tests must see migrations.
-status=0
-out=$(PACE_MUTANT=no_tombstone_reuse cargo test --release --test churn -- --test-threads=1 2>&1) || status=$?
-for t in refunded_keys_reuse_tombstones swept_keys_reuse_tombstones; do
-    if [ "$status" -eq 0 ] || ! grep -qE "^test $t \.\.\. FAILED" <<<"$out" ||
-        ! grep -q "no migration under churn" <<<"$out"; then
-        echo "$out" | tail -40
-        echo "no_tombstone_reuse not caught by $t"
-        exit 1
-    fi
-    echo "no_tombstone_reuse caught by $t"
-done
+expect_caught no_tombstone_reuse churn "no migration under churn" --release \
+    refunded_keys_reuse_tombstones swept_keys_reuse_tombstones
 
-# Every migration is spread over its chunks (tests/growth.rs), against two
+# Every migration is spread over many calls (tests/growth.rs), against two
 # variants whose target fills before its copy ends, so that the insert that
 # meets it copies every chunk left:
 #   copies_keep_their_room: copies stay counted against the room kept for them
 #   no_room_for_new_rows:   a shrink's target is sized from its rows alone
-for entry in copies_keep_their_room=each_growth_migration_is_spread_over_its_chunks \
-    no_room_for_new_rows=a_shrink_while_new_keys_arrive_is_spread_over_its_chunks; do
-    mutant=${entry%%=*}
-    t=${entry#*=}
-    status=0
-    out=$(PACE_MUTANT=$mutant cargo test --test growth 2>&1) || status=$?
-    if [ "$status" -eq 0 ] || ! grep -qE "^test $t \.\.\. FAILED" <<<"$out" ||
-        ! grep -q "some call copied more than one call.s share" <<<"$out"; then
-        echo "$out" | tail -40
-        echo "$mutant not caught by $t"
-        exit 1
-    fi
-    echo "$mutant caught by $t"
-done
+share="some call copied more than one call.s share"
+expect_caught copies_keep_their_room growth "$share" "" \
+    each_growth_migration_is_spread_over_its_chunks
+expect_caught no_room_for_new_rows growth "$share" "" \
+    a_shrink_while_new_keys_arrive_is_spread_over_its_chunks
 
 # Retired arrays are freed soon without a forced collection (tests/memory.rs)
 # against `arrays_wait_for_a_full_bag`: no flush after retiring an array, so
 # a growing table holds its old arrays until its thread's garbage bag fills.
-status=0
-out=$(PACE_MUTANT=arrays_wait_for_a_full_bag cargo test --test memory 2>&1) || status=$?
-if [ "$status" -eq 0 ] || ! grep -q "retired arrays are not freed" <<<"$out"; then
-    echo "$out" | tail -40
-    echo "arrays_wait_for_a_full_bag not caught by tests/memory.rs"
-    exit 1
-fi
-echo "arrays_wait_for_a_full_bag caught by memory_is_bounded_by_recent_exchanges"
+expect_caught arrays_wait_for_a_full_bag memory "retired arrays are not freed" "" \
+    memory_is_bounded_by_recent_exchanges

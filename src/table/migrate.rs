@@ -52,9 +52,12 @@ impl<K> Table<K> {
                 break;
             }
         }
+        if slots == 0 {
+            return false;
+        }
         self.copied_slots
             .fetch_add(slots, std::sync::atomic::Ordering::Relaxed);
-        slots > 0
+        true
     }
 
     /// Helps until no migration runs (for explicit whole-table calls only).

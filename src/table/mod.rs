@@ -369,8 +369,10 @@ pub(crate) struct Table<K> {
     /// Migrations started (for tests and benchmarks).
     migrations: AtomicUsize,
     /// Slots of the chunks migrations have copied (for tests). A plain std
-    /// atomic even under loom: a statistic, not part of the protocol.
-    copied_slots: std::sync::atomic::AtomicUsize,
+    /// atomic even under loom: a statistic, not part of the protocol. Padded:
+    /// copiers add to it, and it must not share a line with `current`, which
+    /// every call reads.
+    copied_slots: CachePadded<std::sync::atomic::AtomicUsize>,
 }
 
 impl<K> Table<K> {
@@ -385,7 +387,7 @@ impl<K> Table<K> {
             floors: Floors::new(),
             shrink_wanted: AtomicBool::new(false),
             migrations: AtomicUsize::new(0),
-            copied_slots: std::sync::atomic::AtomicUsize::new(0),
+            copied_slots: CachePadded::new(std::sync::atomic::AtomicUsize::new(0)),
         }
     }
 

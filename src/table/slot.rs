@@ -58,8 +58,9 @@ pub(crate) const DEAD: u64 = MAX_TIME + 1;
 /// other row: no debit, refund or sweep acts on it.
 pub(crate) const CLAIMED: u64 = MAX_TIME + 2;
 
-/// Slots a migration copies per chunk: the most any one call copies. Loom
-/// models copy 2 slots at a time, so a 4-slot array migrates over calls.
+/// Slots of a migration chunk, the unit a copier claims; a call copies one,
+/// or more while they are sparse (see [`CALL_SLOTS`]). Loom models copy 2
+/// slots at a time, so a 4-slot array migrates over calls.
 #[cfg(not(loom))]
 pub(crate) const CHUNK: usize = 64;
 #[cfg(loom)]
