@@ -911,3 +911,52 @@ mod memory_stats {
         assert_eq!(p.table_bytes(), m.array_bytes + m.floor_bytes);
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod sweep_cursor {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    /// A caller that saw a pass running and claims its chunk only after the
+    /// pass ended moves the idle cursor past `SWEEP_IDLE`. The next pass
+    /// still starts from there: the due pass below removes every refilled
+    /// row within `slots / SWEEP_CHUNK` calls. Known-wrong variant
+    /// `sweep_cursor_stuck` starts a pass only from exactly `SWEEP_IDLE`,
+    /// so no pass runs on that array again.
+    #[test]
+    fn a_late_chunk_claim_does_not_stop_later_passes() {
+        const T: u64 = 1_000_000;
+        let p: Pace<u64, RandomState, ManualClock> =
+            Pace::builder(Rate::new(1, std::time::Duration::from_nanos(T)).unwrap())
+                .capacity(1)
+                .clock(ManualClock::new())
+                .build()
+                .unwrap();
+        for k in 0..10_000u64 {
+            let _kept = p.reserve_n_at_inner(&k, 1, 0).expect("a fresh key");
+        }
+        // Let the passes and the migration that growth started end (every
+        // row is empty at 0: they remove nothing).
+        while p.table.migrating(&p.pin()) || p.table.sweep_running(&p.pin()) {
+            assert!(p.reserve_n_at_inner(&0, 1, 0).is_err(), "key 0 is empty");
+        }
+        p.table.sweep_chunk_late(0, &p.pin());
+        let rows = p.len();
+        assert_eq!(rows, 10_000);
+        let slots = p.table_slots();
+        assert!(slots > crate::table::SWEEP_CHUNK * 64, "a chunked pass");
+        let now = 10 * p.horizon;
+        let mut k = 1_000_000u64;
+        for _ in 0..slots.div_ceil(crate::table::SWEEP_CHUNK) {
+            k += 1;
+            p.reserve_n_at_inner(&k, 1, now)
+                .expect("a fresh key")
+                .refund_at_inner(now);
+        }
+        assert_eq!(
+            p.len(),
+            0,
+            "{rows} refilled rows in {slots} slots: no pass ran after a late claim"
+        );
+    }
+}

@@ -7,11 +7,16 @@
 //!   left;
 //! * `no_room_for_new_rows`: a shrinking table's target is sized from its
 //!   rows alone, so new rows fill it long before the copy of the large old
-//!   array ends, with the same effect.
+//!   array ends, with the same effect;
+//! * `passes_die_with_their_array`: a sweep pass that comes due while a
+//!   migration runs stops on the migrating array and is not started again on
+//!   the new one, so the rows it should remove stay a whole horizon longer.
 
 use std::time::Duration;
 
-use pace::__private::{PaceInternals, ReservationInternals, MIGRATION_CALL_SLOTS, MIGRATION_CHUNK};
+use pace::__private::{
+    PaceInternals, ReservationInternals, MIGRATION_CALL_SLOTS, MIGRATION_CHUNK, SWEEP_CHUNK,
+};
 use pace::{ManualClock, Pace, Rate};
 
 type P = Pace<u64, std::collections::hash_map::RandomState, ManualClock>;
@@ -115,7 +120,8 @@ fn a_shrink_while_new_keys_arrive_is_spread_over_its_chunks() {
         let _kept = p.reserve_n_at(&k, 1, 0).expect("a fresh key");
     }
     // Finish the last growth (denied calls copy too), so that the pass below
-    // runs over the grown array: a pass that meets a migration stops.
+    // runs over the grown array (a pass that meets a migration starts again
+    // on the new array once the copy ends).
     while p.migrating() {
         assert!(p.reserve_n_at(&0, 1, 0).is_err(), "key 0 is empty at 0");
     }
@@ -148,4 +154,48 @@ fn a_shrink_while_new_keys_arrive_is_spread_over_its_chunks() {
     assert_eq!(from, grown, "the shrink copied the grown array");
     assert!(p.slots() < grown, "the table shrank");
     assert_eq!(p.len(), 50 + calls - 1, "the 50 live rows and the new ones");
+}
+
+/// A time-driven sweep pass that comes due while a growth migration runs is
+/// carried to the new array: once the migration ends, the next
+/// `slots / SWEEP_CHUNK` calls remove every row that refilled, with no
+/// second horizon to wait for. Every call below presents a new key and
+/// refunds it, so no row is kept and no pass starts for any other reason.
+#[test]
+fn a_pass_due_during_a_migration_runs_on_the_new_array() {
+    let p = pace(1, T);
+    let horizon = u64::try_from(p.horizon().as_nanos()).unwrap();
+    // Rows taken at 0 (each full again at T), until a growth migration from
+    // an array too large to sweep at once is running.
+    let mut k = 0;
+    while !(k >= 20_000 && p.migrating()) {
+        let _kept = p.reserve_n_at(&k, 1, 0).expect("a fresh key");
+        k += 1;
+    }
+    let rows = p.len();
+    assert_eq!(rows, usize::try_from(k).unwrap());
+    let now = 10 * T.max(horizon); // the pass is due, every row refilled
+    let mut calls = 0;
+    while p.migrating() {
+        k += 1;
+        calls += 1;
+        p.reserve_n_at(&k, 1, now)
+            .expect("a fresh key")
+            .refund_at(now);
+        assert!(calls < 10 * rows, "the migration does not end");
+    }
+    assert!(calls > 1, "the pass came due while the array migrated");
+    let slots = p.slots();
+    for _ in 0..slots.div_ceil(SWEEP_CHUNK) {
+        k += 1;
+        p.reserve_n_at(&k, 1, now)
+            .expect("a fresh key")
+            .refund_at(now);
+    }
+    assert_eq!(
+        p.len(),
+        0,
+        "{rows} refilled rows, {slots} slots: the pass that came due during \
+         the migration did not run on the new array"
+    );
 }

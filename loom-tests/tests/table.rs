@@ -87,8 +87,8 @@ fn refund_vs_copy() {
 ///    one of them runs the time-driven sweep pass (a reserve runs it before
 ///    its debit), the other starts a migration and copies. Rows killed while
 ///    being moved are unlinked exactly once wherever the copy took them, so
-///    the row count stays exact; a pass that meets the migration stops (the
-///    rows it did not reach stay until a later pass), and the new rows live.
+///    the row count stays exact; a pass that meets the migration stops and
+///    starts again on the target once the copy ends, and the new rows live.
 fn sweep_vs_copy() {
     model(|| {
         let p = pace(4);

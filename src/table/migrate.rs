@@ -27,7 +27,9 @@
 
 use crossbeam_utils::Backoff;
 
-use super::slot::{probe_seq, Array, Entry, Slot, State, CALL_SLOTS, CHUNK, DEAD, SPARSE_ROWS};
+use super::slot::{
+    probe_seq, Array, Entry, Slot, State, CALL_SLOTS, CHUNK, DEAD, SPARSE_ROWS, SWEEP_IDLE,
+};
 use super::sweep::prefetch;
 use super::{is_migrating, retire_array, retire_entry, Table, PENDING};
 use crate::sync::epoch::{Guard, Owned, Shared};
@@ -113,12 +115,20 @@ impl<K> Table<K> {
         // SAFETY: as in `copy_one`.
         let target = unsafe { next.deref() };
         target.limit.store(target.grow_at(), Ordering::Relaxed);
+        // A sweep pass that started on `arr` and did not end (it met this
+        // migration) runs again on the target, from its start: the rows it
+        // would have removed were copied there. Nobody else touches the
+        // target's cursor before the swing below publishes it.
+        if arr.sweep_next.load(Ordering::Relaxed) < SWEEP_IDLE
+            && !cfg!(pace_mutant = "passes_die_with_their_array")
+        {
+            target.sweep_next.store(0, Ordering::Relaxed);
+        }
         let swung = self
             .current
             .compare_exchange(arr_ptr, next, Ordering::AcqRel, Ordering::Acquire, guard)
             .is_ok();
         debug_assert!(swung, "only the current array migrates");
-        let _ = arr;
         if swung {
             // SAFETY: `arr` is no longer reachable from `current`; readers
             // that reached it are pinned. Every slot of it is now a tombstone

@@ -61,18 +61,36 @@ impl<K> Table<K> {
     /// swept at once; larger ones are handed out a chunk at a time to the callers
     /// of [`sweep_step`](Table::sweep_step), so no caller scans more than one
     /// chunk. A pass already running continues.
+    ///
+    /// A pass that starts on a migrating array, or meets a migration on its
+    /// way, is not lost: the migration's finisher starts it again on the
+    /// target (see `finish` in `migrate.rs`).
     pub(crate) fn start_sweep(&self, now: u64, guard: &Guard) {
         let (arr_ptr, arr) = self.array(guard);
-        if arr.slots.len() <= SWEEP_AT_ONCE {
+        let migrating = is_migrating(arr.next.load(Ordering::Acquire, guard));
+        if arr.slots.len() <= SWEEP_AT_ONCE && !migrating {
             if self.sweep_range(arr, 0, arr.slots.len(), now, guard).1 {
                 self.shrink_if_sparse(arr_ptr, arr, guard);
             }
             return;
         }
-        let _ =
-            arr.sweep_next
-                .compare_exchange(SWEEP_IDLE, 0, Ordering::Relaxed, Ordering::Relaxed);
-        self.sweep_step(now, guard);
+        // Any cursor at or past the end means no pass runs: `SWEEP_IDLE`,
+        // but also `SWEEP_IDLE` plus the chunks that callers claimed late,
+        // after the last chunk's sweeper set it idle.
+        let at = arr.sweep_next.load(Ordering::Relaxed);
+        let idle = if cfg!(pace_mutant = "sweep_cursor_stuck") {
+            SWEEP_IDLE
+        } else {
+            at
+        };
+        if at >= arr.slots.len() {
+            let _ = arr
+                .sweep_next
+                .compare_exchange(idle, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        if !migrating {
+            self.sweep_step(now, guard);
+        }
     }
 
     /// Sweeps one chunk of the running pass, if there is one: two loads
@@ -83,6 +101,22 @@ impl<K> Table<K> {
         if arr.sweep_next.load(Ordering::Relaxed) < arr.slots.len() {
             self.sweep_chunk(arr_ptr, arr, now, guard);
         }
+    }
+
+    /// Whether a chunked pass is running on the current array (for tests).
+    #[cfg(test)]
+    pub(crate) fn sweep_running(&self, guard: &Guard) -> bool {
+        let (_, arr) = self.array(guard);
+        arr.sweep_next.load(Ordering::Relaxed) < arr.slots.len()
+    }
+
+    /// The second half of [`sweep_step`](Table::sweep_step) alone: a caller
+    /// that saw a running pass and claims its chunk late, after the pass
+    /// ended (for tests).
+    #[cfg(test)]
+    pub(crate) fn sweep_chunk_late(&self, now: u64, guard: &Guard) {
+        let (arr_ptr, arr) = self.array(guard);
+        self.sweep_chunk(arr_ptr, arr, now, guard);
     }
 
     #[cold]
