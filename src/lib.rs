@@ -218,9 +218,12 @@ pub use crate::rate::{ConfigError, Rate};
 pub mod __private {
     pub use crate::pace::{PaceInternals, ReservationInternals};
 
-    /// Slots per chunk of an incremental sweep pass: a pass over a table of
-    /// `n` slots takes `n.div_ceil(SWEEP_CHUNK)` calls (tests/memory.rs).
-    pub const SWEEP_CHUNK: usize = crate::table::SWEEP_CHUNK;
+    /// Slots per chunk of an incremental sweep pass over a table of `n`
+    /// slots: the pass takes `n.div_ceil(sweep_chunk(n))` calls
+    /// (tests/memory.rs).
+    pub fn sweep_chunk(n: usize) -> usize {
+        crate::table::sweep_chunk(n)
+    }
 
     /// Slots per chunk of a migration: a migration from an array of `n`
     /// slots takes at most `n.div_ceil(MIGRATION_CHUNK)` calls.

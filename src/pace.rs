@@ -920,7 +920,7 @@ mod sweep_cursor {
     /// A caller that saw a pass running and claims its chunk only after the
     /// pass ended moves the idle cursor past `SWEEP_IDLE`. The next pass
     /// still starts from there: the due pass below removes every refilled
-    /// row within `slots / SWEEP_CHUNK` calls. Known-wrong variant
+    /// row within `slots / sweep_chunk(slots)` calls. Known-wrong variant
     /// `sweep_cursor_stuck` starts a pass only from exactly `SWEEP_IDLE`,
     /// so no pass runs on that array again.
     #[test]
@@ -944,10 +944,10 @@ mod sweep_cursor {
         let rows = p.len();
         assert_eq!(rows, 10_000);
         let slots = p.table_slots();
-        assert!(slots > crate::table::SWEEP_CHUNK * 64, "a chunked pass");
+        assert!(slots > crate::table::SWEEP_AT_ONCE, "a chunked pass");
         let now = 10 * p.horizon;
         let mut k = 1_000_000u64;
-        for _ in 0..slots.div_ceil(crate::table::SWEEP_CHUNK) {
+        for _ in 0..slots.div_ceil(crate::table::sweep_chunk(slots)) {
             k += 1;
             p.reserve_n_at_inner(&k, 1, now)
                 .expect("a fresh key")

@@ -14,9 +14,7 @@
 
 use std::time::Duration;
 
-use pace::__private::{
-    PaceInternals, ReservationInternals, MIGRATION_CALL_SLOTS, MIGRATION_CHUNK, SWEEP_CHUNK,
-};
+use pace::__private::{PaceInternals, ReservationInternals, MIGRATION_CALL_SLOTS, MIGRATION_CHUNK};
 use pace::{ManualClock, Pace, Rate};
 
 type P = Pace<u64, std::collections::hash_map::RandomState, ManualClock>;
@@ -158,7 +156,7 @@ fn a_shrink_while_new_keys_arrive_is_spread_over_its_chunks() {
 
 /// A time-driven sweep pass that comes due while a growth migration runs is
 /// carried to the new array: once the migration ends, the next
-/// `slots / SWEEP_CHUNK` calls remove every row that refilled, with no
+/// `slots / sweep_chunk(slots)` calls remove every row that refilled, with no
 /// second horizon to wait for. Every call below presents a new key and
 /// refunds it, so no row is kept and no pass starts for any other reason.
 #[test]
@@ -186,7 +184,7 @@ fn a_pass_due_during_a_migration_runs_on_the_new_array() {
     }
     assert!(calls > 1, "the pass came due while the array migrated");
     let slots = p.slots();
-    for _ in 0..slots.div_ceil(SWEEP_CHUNK) {
+    for _ in 0..slots.div_ceil(pace::__private::sweep_chunk(slots)) {
         k += 1;
         p.reserve_n_at(&k, 1, now)
             .expect("a fresh key")

@@ -135,9 +135,10 @@ fn memory_is_bounded_by_recent_exchanges() {
     }
     clock.advance(keys.horizon());
     // Past the horizon the next call starts a sweep pass; on a table this
-    // large each call sweeps one chunk of `SWEEP_CHUNK` slots, so callers
-    // finish it.
-    let chunks = keys.table_slots().div_ceil(pace::__private::SWEEP_CHUNK);
+    // large each call sweeps one chunk of `sweep_chunk(slots)` slots, so
+    // callers finish it.
+    let slots_now = keys.table_slots();
+    let chunks = slots_now.div_ceil(pace::__private::sweep_chunk(slots_now));
     let mut calls = 0;
     while !keys.is_empty() || calls == 0 {
         keys.reserve(&u64::MAX).unwrap().refund(); // a rejected presentation

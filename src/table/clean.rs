@@ -50,7 +50,6 @@ impl<K> Table<K> {
                 // Known-wrong: vacate on a read of the next slot, so a row
                 // linked there meanwhile ends up behind a vacant slot.
                 if matches!(next.load(), State::Vacant) && slot.vacate() {
-                    arr.used.fetch_sub(1, Ordering::Relaxed);
                     vacated += 1;
                 }
                 continue;
@@ -61,11 +60,15 @@ impl<K> Table<K> {
                     continue;
                 }
                 if slot.vacate() {
-                    arr.used.fetch_sub(1, Ordering::Relaxed);
                     vacated += 1;
                 }
                 next.unfence();
             }
+        }
+        // One subtraction for the range: until it lands, `used` overstates
+        // the claimed slots, which only delays a claim's room.
+        if vacated > 0 {
+            arr.used.fetch_sub(vacated, Ordering::Relaxed);
         }
         vacated
     }

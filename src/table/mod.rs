@@ -50,7 +50,9 @@ use floor::Floors;
 pub(crate) use slot::CALL_SLOTS as MIGRATION_CALL_SLOTS;
 pub(crate) use slot::CHUNK as MIGRATION_CHUNK;
 use slot::{probe_seq, Array, Entry, Slot, State, CLAIMED, DEAD};
-pub(crate) use sweep::SWEEP_CHUNK;
+#[cfg(test)]
+pub(crate) use sweep::SWEEP_AT_ONCE;
+pub(crate) use sweep::{sweep_chunk, SWEEP_CHUNK};
 
 /// Tag on a null `next` pointer: a migration target is being allocated.
 const PENDING: usize = 1;
@@ -194,16 +196,18 @@ fn discard_pages(p: usize, len: usize) {
 }
 
 /// Hands the entries a sweep chunk unlinked to the collector as one deferred
-/// free, and flushes the thread's garbage so that it is collected soon:
-/// crossbeam-epoch frees a bounded number of deferred items per collection,
-/// so one item per chunk comes back far sooner than one per row.
+/// free (after taking them off `len`, which still counted them), and flushes
+/// the thread's garbage so that it is collected soon: crossbeam-epoch frees
+/// a bounded number of deferred items per collection, so one item per chunk
+/// comes back far sooner than one per row.
 ///
 /// # Safety
 /// As for [`retire_entry`], for every pointer in `batch`.
-unsafe fn retire_batch<K>(guard: &Guard, batch: Vec<usize>) {
+unsafe fn retire_batch<K>(guard: &Guard, len: &AtomicUsize, batch: Vec<usize>) {
     if batch.is_empty() {
         return;
     }
+    len.fetch_sub(batch.len(), Ordering::SeqCst);
     // SAFETY: the caller's contract, for each entry.
     unsafe {
         guard.defer_unchecked(move || {
@@ -1169,11 +1173,18 @@ impl<K> Table<K> {
         // retired only after an unlink, deferred past `guard`.
         let hash = unsafe { &*p }.hash;
         if slot.unlink(p, hash) {
-            self.len.fetch_sub(1, Ordering::SeqCst);
             if let Some(batch) = batch {
+                // `len` drops by the batch's length when it is retired: until
+                // then it counts this row too, which only overstates the rows
+                // a migration sizes its target for. One allocation holds a
+                // window's rows.
+                if batch.capacity() == 0 {
+                    batch.reserve_exact(SWEEP_CHUNK);
+                }
                 batch.push(p as usize);
                 return true;
             }
+            self.len.fetch_sub(1, Ordering::SeqCst);
             // SAFETY: `p` was linked only in this slot (see above: an older
             // array links it at most marked `Copying`, which a copier moves
             // on only after linking it here, and then no more). No new reader

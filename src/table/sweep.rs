@@ -10,13 +10,26 @@ use crate::sync::Ordering;
 /// starts a pass (tests/rules.rs and the sequential models count on it).
 pub(crate) const SWEEP_AT_ONCE: usize = 4096;
 
-/// Sweep passes over arrays larger than [`SWEEP_AT_ONCE`] run in chunks of
-/// this many slots, one chunk per caller. A chunk's rows are
-/// prefetched together and retired as one deferred free, so what one call
-/// pays for a chunk (scan, kills, the flush and the collection it runs) is
-/// bounded by this constant, whatever the table's size. It also sets how
-/// many calls a pass takes: `slots / SWEEP_CHUNK`.
+/// Sweep passes over arrays larger than [`SWEEP_AT_ONCE`] run in chunks,
+/// one chunk per caller, of [`sweep_chunk`] slots: at most this many. A
+/// chunk's rows are prefetched together and retired as one deferred free,
+/// so what one call pays for a chunk (scan, kills, the deferred free) is
+/// bounded by this constant, whatever the table's size.
 pub(crate) const SWEEP_CHUNK: usize = 64;
+
+/// The smallest sweep chunk.
+pub(crate) const SWEEP_CHUNK_MIN: usize = 16;
+
+/// Slots per chunk of a pass over an array of `slots` slots: as few as keep
+/// the pass within 2^16 calls, between [`SWEEP_CHUNK_MIN`] and
+/// [`SWEEP_CHUNK`]. Small chunks spread a churning table's kills thinly over
+/// its callers; large arrays take large chunks so that a pass, and the
+/// memory it gives back, ends within 65,536 calls up to 4M slots. A power of
+/// two, as `slots` is.
+#[inline]
+pub(crate) fn sweep_chunk(slots: usize) -> usize {
+    (slots >> 16).clamp(SWEEP_CHUNK_MIN, SWEEP_CHUNK)
+}
 
 /// Asks the CPU to start loading the cache line at `p`. A hint: it never
 /// faults and reads nothing, whatever `p` points at.
@@ -123,11 +136,12 @@ impl<K> Table<K> {
     #[inline(never)]
     fn sweep_chunk(&self, arr_ptr: Shared<'_, Array<K>>, arr: &Array<K>, now: u64, guard: &Guard) {
         let len = arr.slots.len();
-        let start = arr.sweep_next.fetch_add(SWEEP_CHUNK, Ordering::Relaxed);
+        let chunk = sweep_chunk(len);
+        let start = arr.sweep_next.fetch_add(chunk, Ordering::Relaxed);
         if start >= len {
             return;
         }
-        let end = (start + SWEEP_CHUNK).min(len);
+        let end = (start + chunk).min(len);
         // A migration met on the way abandons the pass (the array is going).
         if self.sweep_range(arr, start, end, now, guard).1 && end == len {
             arr.sweep_next.store(SWEEP_IDLE, Ordering::Relaxed);
@@ -166,7 +180,7 @@ impl<K> Table<K> {
                     State::Row(p) => p,
                     State::Copying(_) => {
                         // SAFETY: as below.
-                        unsafe { retire_batch::<K>(guard, batch) };
+                        unsafe { retire_batch::<K>(guard, &self.len, batch) };
                         return (removed, false);
                     }
                     _ => continue,
@@ -187,7 +201,7 @@ impl<K> Table<K> {
             // that runs it (in whichever caller pins then) stays bounded.
             // SAFETY: every entry in `batch` was unlinked by us (the CAS
             // winner) and is reachable by no new reader; retired once, here.
-            unsafe { retire_batch::<K>(guard, std::mem::take(&mut batch)) };
+            unsafe { retire_batch::<K>(guard, &self.len, std::mem::take(&mut batch)) };
         }
         // The rows it removed left tombstones: clean them in place.
         if removed > 0 && !is_migrating(arr.next.load(Ordering::Acquire, guard)) {
@@ -244,6 +258,26 @@ impl<K> Table<K> {
         let (arr_ptr, arr) = self.array(guard);
         if arr.slots.len() > self.min_slots && self.sparse(arr) {
             self.start_migration(arr_ptr, guard);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{sweep_chunk, SWEEP_CHUNK, SWEEP_CHUNK_MIN};
+
+    /// Small arrays take the smallest chunks; a pass over up to 4M slots
+    /// ends within 65,536 calls; no chunk exceeds `SWEEP_CHUNK`.
+    #[test]
+    fn chunks_follow_the_array() {
+        assert_eq!(sweep_chunk(8192), SWEEP_CHUNK_MIN);
+        assert_eq!(sweep_chunk(1 << 20), 16);
+        assert_eq!(sweep_chunk(1 << 21), 32);
+        assert_eq!(sweep_chunk(1 << 22), 64);
+        assert_eq!(sweep_chunk(1 << 30), SWEEP_CHUNK);
+        for shift in 13..=22 {
+            let slots = 1usize << shift;
+            assert!(slots / sweep_chunk(slots) <= 1 << 16, "{slots} slots");
         }
     }
 }
