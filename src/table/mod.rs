@@ -507,17 +507,35 @@ impl<K> Table<K> {
         K: Borrow<Q>,
         Q: ?Sized + Eq,
     {
+        match self.find_first(hash, key, mode, guard) {
+            Ok((e, arr, idx)) => Lookup::Row { e, arr, idx },
+            Err((arr_ptr, rest)) => self.find_from(hash, key, mode, guard, arr_ptr, rest),
+        }
+    }
+
+    /// [`find`](Table::find)'s probe of the key's first slot in the current
+    /// array: the key's row found there (with its array and slot), or the
+    /// array and what became of the slot, for [`find_from`](Table::find_from).
+    #[allow(clippy::type_complexity)] // find's two halves, private
+    #[inline(always)]
+    fn find_first<'g, Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        mode: Mode,
+        guard: &'g Guard,
+    ) -> Result<(&'g Entry<K>, Shared<'g, Array<K>>, usize), (Shared<'g, Array<K>>, First<K>)>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
         let (arr_ptr, arr) = self.array(guard);
         let idx = hash as usize & arr.mask();
         let slot = &arr.slots[idx];
         let rest = match slot.load_for(hash) {
             State::Row(p) | State::Copying(p) => {
                 if let Some(e) = self.key_row(slot, p, hash, key, mode, guard) {
-                    return Lookup::Row {
-                        e,
-                        arr: arr_ptr,
-                        idx,
-                    };
+                    return Ok((e, arr_ptr, idx));
                 }
                 First::Passed(None)
             }
@@ -525,7 +543,7 @@ impl<K> Table<K> {
             State::Closed | State::Other => First::Passed(None),
             s @ (State::Vacant | State::Fence | State::Sealed) => First::Loaded(s),
         };
-        self.find_from(hash, key, mode, guard, arr_ptr, rest)
+        Err((arr_ptr, rest))
     }
 
     /// Whether the row `p`, read from `slot` on the walk of the key with
@@ -681,7 +699,17 @@ impl<K> Table<K> {
     {
         self.shrink_pending(guard);
         self.help_if_migrating(guard);
-        if let Lookup::Row { e, .. } = self.find(hash, key, Mode::Insert, guard) {
+        // `find`, with only the row carried out of its two halves.
+        let row = match self.find_first(hash, key, Mode::Insert, guard) {
+            Ok((e, ..)) => Some(e),
+            Err((arr_ptr, rest)) => {
+                match self.find_from(hash, key, Mode::Insert, guard, arr_ptr, rest) {
+                    Lookup::Row { e, .. } => Some(e),
+                    Lookup::Vacant { .. } | Lookup::Full(_) => None,
+                }
+            }
+        };
+        if let Some(e) = row {
             if let Step::Done(r) = self.debit(e, limits, hash, n, &mut now, reread) {
                 return r.map(|(tat, prev)| Admitted {
                     tat,
@@ -1052,7 +1080,9 @@ impl<K> Table<K> {
             // loaded after the slot), hence after any removal of an earlier
             // row of this key raised it.
             let prev = if word == 0 {
-                self.fresh_start(hash, now, reread)
+                let (floor, at) = self.fresh_start(hash, *now, reread);
+                *now = at;
+                floor
             } else {
                 word
             };
@@ -1069,17 +1099,17 @@ impl<K> Table<K> {
         }
     }
 
-    /// Where a row never debited starts: its floor, with `now` read again
-    /// if the floor is later (see [`reserve`](Table::reserve)). Out of
-    /// line: only a just-created row's first debit gets here.
+    /// Where a row never debited starts, and when: its floor, and `now`
+    /// read again if the floor is later (see [`reserve`](Table::reserve)).
+    /// Out of line: only a just-created row's first debit gets here.
     #[cold]
     #[inline(never)]
-    fn fresh_start(&self, hash: u64, now: &mut u64, reread: &dyn Fn() -> u64) -> u64 {
+    fn fresh_start(&self, hash: u64, now: u64, reread: &dyn Fn() -> u64) -> (u64, u64) {
         let floor = self.floors.get(hash);
-        if floor > *now {
-            *now = (*now).max(reread());
+        if floor > now {
+            return (floor, now.max(reread()));
         }
-        floor
+        (floor, now)
     }
 
     /// Undoes a reservation (`n` tokens that moved `key`'s row from `prev` to
