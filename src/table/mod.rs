@@ -49,7 +49,7 @@ mod sweep;
 use floor::Floors;
 pub(crate) use slot::CALL_SLOTS as MIGRATION_CALL_SLOTS;
 pub(crate) use slot::CHUNK as MIGRATION_CHUNK;
-use slot::{probe_seq, Array, Entry, Slot, State, CLAIMED, DEAD};
+use slot::{probe_seq, probe_seq_from, Array, Entry, Slot, State, CLAIMED, DEAD};
 #[cfg(test)]
 pub(crate) use sweep::SWEEP_AT_ONCE;
 pub(crate) use sweep::{sweep_chunk, SWEEP_CHUNK};
@@ -341,6 +341,17 @@ enum Lookup<'g, K> {
     Full(Shared<'g, Array<K>>),
 }
 
+/// What [`Table::find`] read in the key's first slot of the current array
+/// before handing the walk to [`Table::find_from`].
+enum First<K> {
+    /// The slot was probed and passed over; a reusable tombstone there
+    /// (inserting lookups only).
+    Passed(Option<usize>),
+    /// The slot's state, read once and not yet acted on (it ends the key's
+    /// sequence or seals the array).
+    Loaded(State<K>),
+}
+
 /// What [`Table::reserve`] did.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Admitted {
@@ -485,21 +496,128 @@ impl<K> Table<K> {
     }
 
     /// Looks `key` up from the current array, following migration targets.
+    ///
+    /// The key's first slot in the current array is probed here, inline: a
+    /// row found there returns at once. Anything else goes on in
+    /// [`find_from`](Table::find_from) with what this probe read, so the
+    /// walk reads every slot and word exactly as one loop would.
+    #[inline(always)]
     fn find<'g, Q>(&self, hash: u64, key: &Q, mode: Mode, guard: &'g Guard) -> Lookup<'g, K>
     where
         K: Borrow<Q>,
         Q: ?Sized + Eq,
     {
-        let (mut arr_ptr, _) = self.array(guard);
+        match self.find_first(hash, key, mode, guard) {
+            Ok((e, arr, idx)) => Lookup::Row { e, arr, idx },
+            Err((arr_ptr, rest)) => self.find_from(hash, key, mode, guard, arr_ptr, rest),
+        }
+    }
+
+    /// [`find`](Table::find)'s probe of the key's first slot in the current
+    /// array: the key's row found there (with its array and slot), or the
+    /// array and what became of the slot, for [`find_from`](Table::find_from).
+    #[allow(clippy::type_complexity)] // find's two halves, private
+    #[inline(always)]
+    fn find_first<'g, Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        mode: Mode,
+        guard: &'g Guard,
+    ) -> Result<(&'g Entry<K>, Shared<'g, Array<K>>, usize), (Shared<'g, Array<K>>, First<K>)>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        let (arr_ptr, arr) = self.array(guard);
+        let idx = hash as usize & arr.mask();
+        let slot = &arr.slots[idx];
+        let rest = match slot.load_for(hash) {
+            State::Row(p) | State::Copying(p) => {
+                if let Some(e) = self.key_row(slot, p, hash, key, mode, guard) {
+                    return Ok((e, arr_ptr, idx));
+                }
+                First::Passed(None)
+            }
+            State::Tombstone => First::Passed((mode == Mode::Insert).then_some(idx)),
+            State::Closed | State::Other => First::Passed(None),
+            s @ (State::Vacant | State::Fence | State::Sealed) => First::Loaded(s),
+        };
+        Err((arr_ptr, rest))
+    }
+
+    /// Whether the row `p`, read from `slot` on the walk of the key with
+    /// `hash`, is that key's row: `Some` if it is and it is neither claimed
+    /// (its inserter checks the sequence, see `verify`: look past it) nor
+    /// DEAD (unlinked on the way unless `mode` is `Read`).
+    #[inline(always)]
+    fn key_row<'g, Q>(
+        &self,
+        slot: &Slot<K>,
+        p: *mut Entry<K>,
+        hash: u64,
+        key: &Q,
+        mode: Mode,
+        guard: &'g Guard,
+    ) -> Option<&'g Entry<K>>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        // SAFETY: a row pointer read under `guard` from an array reached
+        // under `guard` is retired only after its unlink from the current
+        // array, which happens after `guard` was pinned.
+        let e = unsafe { &*p };
+        if e.hash == hash && e.key.borrow() == key {
+            match e.word.load(Ordering::Acquire) {
+                CLAIMED => {}
+                DEAD => {
+                    if mode != Mode::Read {
+                        self.unlink(slot, p, guard);
+                    }
+                }
+                _ => return Some(e),
+            }
+        }
+        None
+    }
+
+    /// The walk of [`find`](Table::find) from `arr_ptr`, after `first` says
+    /// what became of the key's first slot there.
+    #[inline(never)]
+    fn find_from<'g, Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        mode: Mode,
+        guard: &'g Guard,
+        mut arr_ptr: Shared<'g, Array<K>>,
+        first: First<K>,
+    ) -> Lookup<'g, K>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        // Only for the first array walked: its slots already probed, the
+        // first reusable tombstone among them, and the state read from the
+        // next slot (then not read again).
+        let (mut skip, mut first_tomb, mut loaded) = match first {
+            First::Passed(tomb) => (1, tomb, None),
+            First::Loaded(s) => (0, None, Some(s)),
+        };
         'arrays: loop {
             // SAFETY: `arr_ptr` is `current` or a target reached from it
             // under `guard` (see `array` and `arrays`).
             let arr = unsafe { arr_ptr.deref() };
-            let mut tomb = None;
-            for idx in probe_seq(hash, arr.mask()) {
+            let mut tomb = first_tomb.take();
+            for idx in probe_seq_from(hash, arr.mask(), std::mem::take(&mut skip)) {
                 let slot = &arr.slots[idx];
                 loop {
-                    match slot.load_for(hash) {
+                    let state = match loaded.take() {
+                        Some(s) => s,
+                        None => slot.load_for(hash),
+                    };
+                    match state {
                         State::Tombstone => {
                             if mode == Mode::Insert && tomb.is_none() {
                                 tomb = Some(idx);
@@ -535,30 +653,12 @@ impl<K> Table<K> {
                             continue 'arrays;
                         }
                         State::Row(p) | State::Copying(p) => {
-                            // SAFETY: a row pointer read under `guard` from an
-                            // array reached under `guard` is retired only
-                            // after its unlink from the current array, which
-                            // happens after `guard` was pinned.
-                            let e = unsafe { &*p };
-                            if e.hash == hash && e.key.borrow() == key {
-                                match e.word.load(Ordering::Acquire) {
-                                    // Not yet the key's row: its inserter
-                                    // checks the sequence (`verify`), so
-                                    // look past it.
-                                    CLAIMED => {}
-                                    DEAD => {
-                                        if mode != Mode::Read {
-                                            self.unlink(slot, p, guard);
-                                        }
-                                    }
-                                    _ => {
-                                        return Lookup::Row {
-                                            e,
-                                            arr: arr_ptr,
-                                            idx,
-                                        }
-                                    }
-                                }
+                            if let Some(e) = self.key_row(slot, p, hash, key, mode, guard) {
+                                return Lookup::Row {
+                                    e,
+                                    arr: arr_ptr,
+                                    idx,
+                                };
                             }
                             break;
                         }
@@ -582,7 +682,7 @@ impl<K> Table<K> {
     /// reading and here), so the decision is taken on a fresh reading rather
     /// than charging the delay to a fresh key. Models pass `|| now`.
     #[allow(clippy::too_many_arguments)] // the rule's inputs, each used once
-    #[inline]
+    #[inline(always)]
     pub(crate) fn reserve<Q>(
         &self,
         limits: &Limits,
@@ -599,7 +699,17 @@ impl<K> Table<K> {
     {
         self.shrink_pending(guard);
         self.help_if_migrating(guard);
-        if let Lookup::Row { e, .. } = self.find(hash, key, Mode::Insert, guard) {
+        // `find`, with only the row carried out of its two halves.
+        let row = match self.find_first(hash, key, Mode::Insert, guard) {
+            Ok((e, ..)) => Some(e),
+            Err((arr_ptr, rest)) => {
+                match self.find_from(hash, key, Mode::Insert, guard, arr_ptr, rest) {
+                    Lookup::Row { e, .. } => Some(e),
+                    Lookup::Vacant { .. } | Lookup::Full(_) => None,
+                }
+            }
+        };
+        if let Some(e) = row {
             if let Step::Done(r) = self.debit(e, limits, hash, n, &mut now, reread) {
                 return r.map(|(tat, prev)| Admitted {
                     tat,
@@ -970,10 +1080,8 @@ impl<K> Table<K> {
             // loaded after the slot), hence after any removal of an earlier
             // row of this key raised it.
             let prev = if word == 0 {
-                let floor = self.floors.get(hash);
-                if floor > *now {
-                    *now = (*now).max(reread());
-                }
+                let (floor, at) = self.fresh_start(hash, *now, reread);
+                *now = at;
                 floor
             } else {
                 word
@@ -989,6 +1097,19 @@ impl<K> Table<K> {
                 denied => return Step::Done(Err(denied)),
             }
         }
+    }
+
+    /// Where a row never debited starts, and when: its floor, and `now`
+    /// read again if the floor is later (see [`reserve`](Table::reserve)).
+    /// Out of line: only a just-created row's first debit gets here.
+    #[cold]
+    #[inline(never)]
+    fn fresh_start(&self, hash: u64, now: u64, reread: &dyn Fn() -> u64) -> (u64, u64) {
+        let floor = self.floors.get(hash);
+        if floor > now {
+            return (floor, now.max(reread()));
+        }
+        (floor, now)
     }
 
     /// Undoes a reservation (`n` tokens that moved `key`'s row from `prev` to

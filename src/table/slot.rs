@@ -294,8 +294,15 @@ fn decode<K>(p: *mut Entry<K>) -> State<K> {
 /// The one probe sequence: linear from the hash's low bits, every slot once.
 #[inline]
 pub(crate) fn probe_seq(hash: u64, mask: usize) -> impl Iterator<Item = usize> {
+    probe_seq_from(hash, mask, 0)
+}
+
+/// [`probe_seq`] without its first `skip` slots (a lookup that already
+/// probed them).
+#[inline]
+pub(crate) fn probe_seq_from(hash: u64, mask: usize, skip: usize) -> impl Iterator<Item = usize> {
     let start = hash as usize & mask;
-    (0..=mask).map(move |i| (start + i) & mask)
+    (skip..=mask).map(move |i| (start + i) & mask)
 }
 
 /// One power-of-two array of slots plus its migration and sweep state.
