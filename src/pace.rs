@@ -924,6 +924,10 @@ mod sweep_cursor {
     /// `sweep_cursor_stuck` starts a pass only from exactly `SWEEP_IDLE`,
     /// so no pass runs on that array again.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "10,000 inserts: too slow interpreted (rules and stress cover the table under Miri)"
+    )]
     fn a_late_chunk_claim_does_not_stop_later_passes() {
         const T: u64 = 1_000_000;
         let p: Pace<u64, RandomState, ManualClock> =
