@@ -13,8 +13,9 @@ pub(crate) const SWEEP_AT_ONCE: usize = 4096;
 /// Sweep passes over arrays larger than [`SWEEP_AT_ONCE`] run in chunks,
 /// one chunk per caller, of [`sweep_chunk`] slots: at most this many. A
 /// chunk's rows are prefetched together and retired as one deferred free,
-/// so what one call pays for a chunk (scan, kills, the deferred free) is
-/// bounded by this constant, whatever the table's size.
+/// so what one call pays for a chunk (scan, kills, the deferred free, its
+/// flush and the collection that runs) is bounded by this constant,
+/// whatever the table's size.
 pub(crate) const SWEEP_CHUNK: usize = 64;
 
 /// The smallest sweep chunk.
