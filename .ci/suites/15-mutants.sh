@@ -89,3 +89,10 @@ expect_caught passes_die_with_their_array growth "did not run on the new array" 
     a_pass_due_during_a_migration_runs_on_the_new_array
 expect_caught sweep_cursor_stuck lib "no pass ran after a late claim" --release \
     pace::sweep_cursor::a_late_chunk_claim_does_not_stop_later_passes
+
+# An entry is retired only from its last link (src/table/migrate.rs, a unit
+# test), against `copies_land_unmarked`: a copy is linked into the target
+# unmarked, so a walker unlinks and retires it there while its old slot, not
+# yet closed, still links it for readers that pin after the retirement.
+expect_caught copies_land_unmarked lib "still linked in slot" "" \
+    table::migrate::tests::an_entry_is_retired_only_from_its_last_link

@@ -14,12 +14,15 @@
 //!   ends (a vacant slot, which an inserting lookup seals, or a sealed one).
 //!   New rows go to the target only.
 //! * Copying a row moves its entry pointer (the word lives in the entry):
-//!   mark the slot `Copying(e)`, link `e` into the target, close the slot.
-//!   A copier closes every vacant slot (sealed) and tombstone (closed) of its
-//!   chunk, so no insert links a row behind it into the old array. Until
-//!   the mark is removed, `e` is reachable in the old array
-//!   and nobody can unlink it there; a debit lands on `e` wherever it is
-//!   found. A row found DEAD when marked is not copied: the copier unlinks it.
+//!   mark the slot `Copying(e)`, link `e` into the target marked `Copying`
+//!   too, close the old slot, unmark `e` in the target. A copier closes
+//!   every vacant slot (sealed) and tombstone (closed) of its chunk, so no
+//!   insert links a row behind it into the old array. Until the old slot is
+//!   closed, `e` is reachable in the old array and nobody can unlink it
+//!   anywhere (both links are marked): an entry is unlinked only from its
+//!   last link, so its retirement never leaves a link for a later reader.
+//!   A debit lands on `e` wherever it is found. A row found DEAD when
+//!   marked is not copied: the copier unlinks it.
 //! * The copier of the last chunk makes the target current and retires the
 //!   old array. A target cannot start its own migration before that (only
 //!   the current array migrates); its `limit` keeps room for every row still
@@ -204,7 +207,19 @@ impl<K> Table<K> {
                             unsafe { retire_entry(guard, p) };
                         } else {
                             let copy = insert_copy(target, p, e.hash);
+                            #[cfg(all(test, not(loom)))]
+                            tests::copy_paused(e.hash);
                             slot.moved(p, e.hash);
+                            // Unmarked only now that the old slot is closed:
+                            // an unlink from the target removes its last link
+                            // (see `slot.rs`). Known-wrong variant: linked
+                            // unmarked, so a walker that passed the old slot
+                            // can unlink and retire it from the target while
+                            // the old slot still links it, and a reader that
+                            // pins after that retirement can still reach it.
+                            if !cfg!(pace_mutant = "copies_land_unmarked") {
+                                copy.arrived(p, e.hash);
+                            }
                             moved.push((p, copy));
                         }
                         break;
@@ -316,7 +331,8 @@ impl<K> Table<K> {
     }
 }
 
-/// Links a live row's entry into the target. Only copiers write there
+/// Links a live row's entry into the target, marked `Copying` (the copier
+/// unmarks it once the old slot is closed). Only copiers write there
 /// besides ordinary inserts, and the target's `limit` keeps a vacant slot
 /// for every row still to be copied; no other entry of the same key can be
 /// in the target (its lookups find this entry in the old array first).
@@ -327,7 +343,12 @@ fn insert_copy<K>(target: &Array<K>, p: *mut Entry<K>, hash: u64) -> &Slot<K> {
         loop {
             match slot.load() {
                 State::Vacant => {
-                    if slot.link(p, hash) {
+                    let linked = if cfg!(pace_mutant = "copies_land_unmarked") {
+                        slot.link(p, hash)
+                    } else {
+                        slot.link_copying(p, hash)
+                    };
+                    if linked {
                         return slot;
                     }
                 }
@@ -337,4 +358,93 @@ fn insert_copy<K>(target: &Array<K>, p: *mut Entry<K>, hash: u64) -> &Slot<K> {
         }
     }
     unreachable!("a migration target keeps room for every copied row");
+}
+
+#[cfg(all(test, not(loom)))]
+pub(super) mod tests {
+    use std::cell::RefCell;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::mpsc;
+
+    use super::super::{Table, MIN_SLOTS};
+    use crate::bucket::Limits;
+    use crate::sync::epoch;
+
+    thread_local! {
+        /// Run (once) by this thread's next copier between linking a row
+        /// into the target and closing its old slot.
+        static PAUSE: RefCell<Option<Box<dyn FnOnce(u64)>>> = RefCell::new(None);
+    }
+
+    /// The copier's hook: runs this thread's pause, if one is set.
+    pub(in crate::table) fn copy_paused(hash: u64) {
+        if let Some(pause) = PAUSE.with(|p| p.borrow_mut().take()) {
+            pause(hash);
+        }
+    }
+
+    /// A copier has linked key 0's row into the target and not yet closed
+    /// its old slot. The row is made full (DEAD) through the old slot, then
+    /// a reserve of the key walks past the old slot (marked: it cannot
+    /// unlink it there) into the target. It must not unlink the row there
+    /// while the old slot still links it: a reader that pins after that
+    /// retirement could reach the entry through the old slot after it is
+    /// freed. `unlink_into` checks that an entry it unlinks is linked
+    /// nowhere else in the current arrays. Known-wrong variant
+    /// `copies_land_unmarked` links copies unmarked, and the reserve
+    /// unlinks and retires the row from the target.
+    #[test]
+    fn an_entry_is_retired_only_from_its_last_link() {
+        let limits = Limits::new(1_000, 1).unwrap();
+        let table: Table<u64> = Table::new(MIN_SLOTS);
+        let now = || 0;
+        // Key k has hash k: key 0 sits in slot 0, the first one copied.
+        let a = {
+            let guard = epoch::pin();
+            table.reserve(&limits, 0, &0, 1, 0, &now, &guard).unwrap()
+        };
+        let (paused_tx, paused_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let copier = s.spawn(|| {
+                PAUSE.with(|p| {
+                    *p.borrow_mut() = Some(Box::new(move |hash| {
+                        paused_tx.send(hash).unwrap();
+                        let _ = go_rx.recv();
+                    }))
+                });
+                // New keys until one starts the migration and copies.
+                for k in 1..MIN_SLOTS as u64 {
+                    let guard = epoch::pin();
+                    let _ = table.reserve(&limits, k, &k, 1, 0, &|| 0, &guard);
+                }
+            });
+            let hash = paused_rx.recv().expect("a migration copied key 0's row");
+            assert_eq!(hash, 0);
+            let walked = catch_unwind(AssertUnwindSafe(|| {
+                let guard = epoch::pin();
+                // Full again: the row becomes DEAD (found in its old slot,
+                // marked, so its copier unlinks it).
+                table.refund(&limits, 0, &0, 1, a.tat, a.prev, 0, &guard);
+                // A new reserve of key 0 passes the DEAD row in the old array
+                // and meets it in the target.
+                table.reserve(&limits, 0, &0, 1, 0, &now, &guard).is_ok()
+            }));
+            go_tx.send(()).unwrap();
+            copier.join().unwrap();
+            let admitted = walked.unwrap_or_else(|e| {
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .unwrap_or_else(|| "a panic".into());
+                panic!("the reserve that met the copied row: {msg}")
+            });
+            assert!(admitted, "key 0 is full again: a fresh row admits");
+        });
+        let guard = epoch::pin();
+        let mut keys = table.live_keys(&guard);
+        keys.sort_unstable();
+        assert_eq!(keys, (0..MIN_SLOTS as u64).collect::<Vec<_>>());
+        assert_eq!(table.len(), MIN_SLOTS);
+    }
 }

@@ -16,12 +16,13 @@
 //! to the row's own `tat`, and never left; a debit CAS expects a live word,
 //! so no debit lands on a dead row. Lookups pass over DEAD rows as if they
 //! were tombstones; whoever meets one on its key's walk unlinks it (the slot
-//! becomes a tombstone) and retires it. A walk that finds an entry in a
-//! migration target passed the entry's old slot after it was moved, so no
-//! older array links it any more; an entry marked `Copying` cannot be
-//! unlinked (the CAS expects it unmarked), and its copier unlinks it from the
-//! target if it finds it DEAD after moving it (`remove_dead` and the copier
-//! each fence before they look, so one of them sees the other).
+//! becomes a tombstone) and retires it. An entry marked `Copying` cannot be
+//! unlinked (the CAS expects it unmarked); a copier links a row into the
+//! target marked too and unmarks it there only after closing its old slot,
+//! so an unlink always removes an entry's last link. The copier unlinks a
+//! row from the target if it finds it DEAD after moving it (`remove_dead`
+//! and the copier each fence before they look, so one of them sees the
+//! other).
 //!
 //! # One key, one live row
 //! Within an array a key's live row is the first match on its probe
@@ -1275,8 +1276,10 @@ impl<K> Table<K> {
     /// holds `p` unmarked. True for the one caller that did it.
     ///
     /// Callers found `p` in `slot` on its key's walk, or by sweeping the
-    /// current array, or (the copier) just linked it there after moving it
-    /// out of the old array: in each case no other array links `p` unmarked.
+    /// current array, or (the copier) linked it there after moving it out
+    /// of the old array. An entry is linked unmarked only where no other
+    /// slot links it (a copy is unmarked after its old slot is closed), so
+    /// the unlink removes its last link.
     pub(super) fn unlink(&self, slot: &Slot<K>, p: *mut Entry<K>, guard: &Guard) -> bool {
         self.unlink_into(slot, p, guard, None)
     }
@@ -1294,6 +1297,8 @@ impl<K> Table<K> {
         // retired only after an unlink, deferred past `guard`.
         let hash = unsafe { &*p }.hash;
         if slot.unlink(p, hash) {
+            #[cfg(all(test, not(loom)))]
+            self.assert_linked_nowhere(hash, p, guard);
             if let Some(batch) = batch {
                 // `len` drops by the batch's length when it is retired: until
                 // then it counts this row too, which only overstates the rows
@@ -1306,16 +1311,37 @@ impl<K> Table<K> {
                 return true;
             }
             self.len.fetch_sub(1, Ordering::SeqCst);
-            // SAFETY: `p` was linked only in this slot (see above: an older
-            // array links it at most marked `Copying`, which a copier moves
-            // on only after linking it here, and then no more). No new reader
-            // can reach it; readers that already did are pinned, so
-            // destruction is deferred past them. We won the CAS: retired
-            // exactly once.
+            // SAFETY: `p` was linked only in this slot (the CAS expected it
+            // unmarked, and a copier unmarks a copy only after closing its
+            // old slot). No new reader can reach it; readers that already did
+            // are pinned, so destruction is deferred past them. We won the
+            // CAS: retired exactly once.
             unsafe { retire_entry(guard, p) };
             true
         } else {
             false
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+impl<K> Table<K> {
+    /// Panics if `p`, just unlinked (and about to be retired), is still
+    /// linked on its sequence in the current array or its target: a reader
+    /// that pins after the retirement could reach it there.
+    fn assert_linked_nowhere(&self, hash: u64, p: *mut Entry<K>, guard: &Guard) {
+        let (cur, next) = self.arrays(guard);
+        for arr in std::iter::once(cur).chain(next) {
+            for idx in probe_seq(hash, arr.mask()) {
+                match arr.slots[idx].load() {
+                    State::Row(q) | State::Copying(q) if q == p => panic!(
+                        "an entry unlinked for retirement is still linked in slot {idx} of a {}-slot array",
+                        arr.slots.len()
+                    ),
+                    State::Vacant | State::Sealed => break,
+                    _ => {}
+                }
+            }
         }
     }
 }

@@ -13,6 +13,7 @@
 //! Vacant (null) --insert--> Row(e) --unlink (e's word is DEAD)--> Tombstone
 //!      \                       \--copy: mark--> Copying(e) --moved--> Closed
 //!       \--migration closes it--> Sealed
+//! Vacant (target) --copy: link marked--> Copying(e) --arrived--> Row(e)
 //! Tombstone --insert (reuse)--> Row(e)
 //! Tombstone --migration closes it--> Closed
 //! Tombstone --clean (next slot Fence)--> Vacant
@@ -29,7 +30,12 @@
 //! `Copying(e)` is `e` with the low tag bit set: only the copier of a
 //! migration chunk moves it on, and an unlinker (whose CAS expects the
 //! untagged `e`) cannot take an entry away from a copier that is linking it
-//! into the next array.
+//! into the next array. The copier links `e` into the target marked too,
+//! closes the old slot, and only then unmarks it in the target: so `e` is
+//! linked unmarked in at most one slot, and never while another slot still
+//! links it. Whoever unlinks an entry (a CAS that expects it unmarked) has
+//! therefore removed its last link, and may retire it: a reader that pins
+//! afterwards cannot reach it.
 //!
 //! # The row word
 //!
@@ -241,6 +247,24 @@ impl<K> Slot<K> {
         let r = row(e, hash);
         let done = self.cas(r.wrapping_byte_add(COPYING), marker(CLOSED));
         debug_assert!(done, "only the copier moves a copying slot on");
+    }
+
+    /// Links row `e`, which a copier is moving here, into a vacant slot of
+    /// a migration target, marked `Copying` until [`arrived`](Slot::arrived):
+    /// while the old array still links `e` (marked), nobody can unlink it
+    /// here, so an unlinked entry is linked nowhere else.
+    #[inline]
+    pub(crate) fn link_copying(&self, e: *mut Entry<K>, hash: u64) -> bool {
+        self.cas(ptr::null_mut(), row(e, hash).wrapping_byte_add(COPYING))
+    }
+
+    /// Unmarks row `e` in the target once its old slot is closed. Only the
+    /// copier that linked it calls this, so the CAS cannot fail.
+    #[inline]
+    pub(crate) fn arrived(&self, e: *mut Entry<K>, hash: u64) {
+        let r = row(e, hash);
+        let done = self.cas(r.wrapping_byte_add(COPYING), r);
+        debug_assert!(done, "only the copier unmarks a copied row");
     }
 
     #[inline]
