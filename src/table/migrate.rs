@@ -198,7 +198,7 @@ impl<K> Table<K> {
                             // Removed already (its floor is raised): drop it
                             // here instead of copying it (we hold it marked,
                             // so nobody else unlinks it).
-                            slot.moved(p, e.hash);
+                            slot.moved(p);
                             self.len.fetch_sub(1, Ordering::SeqCst);
                             dropped += 1;
                             // SAFETY: `p` is no longer linked anywhere (it was
@@ -209,7 +209,7 @@ impl<K> Table<K> {
                             let copy = insert_copy(target, p, e.hash);
                             #[cfg(all(test, not(loom)))]
                             tests::copy_paused(e.hash);
-                            slot.moved(p, e.hash);
+                            slot.moved(p);
                             // Unmarked only now that the old slot is closed:
                             // an unlink from the target removes its last link
                             // (see `slot.rs`). Known-wrong variant: linked

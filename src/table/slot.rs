@@ -240,13 +240,12 @@ impl<K> Slot<K> {
         self.cas(r, r.wrapping_byte_add(COPYING))
     }
 
-    /// Ends the copy of `e`: the slot becomes a closed tombstone. Only the
-    /// copier that marked it calls this, so the CAS cannot fail.
+    /// Ends the copy of `e`: the slot becomes a closed tombstone. A slot
+    /// marked `Copying` belongs to its copier (every other write is a CAS
+    /// that expects another state), so this is a plain store.
     #[inline]
-    pub(crate) fn moved(&self, e: *mut Entry<K>, hash: u64) {
-        let r = row(e, hash);
-        let done = self.cas(r.wrapping_byte_add(COPYING), marker(CLOSED));
-        debug_assert!(done, "only the copier moves a copying slot on");
+    pub(crate) fn moved(&self, e: *mut Entry<K>) {
+        self.copier_store(e, marker(CLOSED));
     }
 
     /// Links row `e`, which a copier is moving here, into a vacant slot of
@@ -258,13 +257,25 @@ impl<K> Slot<K> {
         self.cas(ptr::null_mut(), row(e, hash).wrapping_byte_add(COPYING))
     }
 
-    /// Unmarks row `e` in the target once its old slot is closed. Only the
-    /// copier that linked it calls this, so the CAS cannot fail.
+    /// Unmarks row `e` in the target once its old slot is closed: a plain
+    /// store, as in [`moved`](Slot::moved).
     #[inline]
     pub(crate) fn arrived(&self, e: *mut Entry<K>, hash: u64) {
-        let r = row(e, hash);
-        let done = self.cas(r.wrapping_byte_add(COPYING), r);
-        debug_assert!(done, "only the copier unmarks a copied row");
+        self.copier_store(e, row(e, hash));
+    }
+
+    /// Replaces `Copying(e)`, which only its copier may change, by `new`.
+    /// Release: a reader that loads `new` sees what the copier did before
+    /// (the link into the target, before the old slot is closed).
+    #[inline]
+    fn copier_store(&self, e: *mut Entry<K>, new: *mut Entry<K>) {
+        debug_assert!(
+            matches!(self.load(), State::Copying(q) if q == e),
+            "only the copier moves a copying slot on"
+        );
+        #[cfg(not(debug_assertions))]
+        let _ = e;
+        self.0.store(new, Ordering::Release);
     }
 
     #[inline]
