@@ -370,10 +370,13 @@ pub(super) mod tests {
     use crate::bucket::Limits;
     use crate::sync::epoch;
 
+    /// What a paused copier runs, given the hash of the row it holds.
+    type Pause = Box<dyn FnOnce(u64)>;
+
     thread_local! {
         /// Run (once) by this thread's next copier between linking a row
         /// into the target and closing its old slot.
-        static PAUSE: RefCell<Option<Box<dyn FnOnce(u64)>>> = RefCell::new(None);
+        static PAUSE: RefCell<Option<Pause>> = RefCell::new(None);
     }
 
     /// The copier's hook: runs this thread's pause, if one is set.
