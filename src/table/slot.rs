@@ -273,8 +273,6 @@ impl<K> Slot<K> {
             matches!(self.load(), State::Copying(q) if q == e),
             "only the copier moves a copying slot on"
         );
-        #[cfg(not(debug_assertions))]
-        let _ = e;
         self.0.store(new, Ordering::Release);
     }
 
