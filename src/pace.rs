@@ -351,7 +351,9 @@ impl<K, S, C> Builder<K, S, C> {
     /// # Errors
     /// [`ConfigError::ZeroCapacity`] for a capacity of 0;
     /// [`ConfigError::CapacityTooLarge`] when refilling an empty bucket would
-    /// take longer than the time space allows.
+    /// take longer than the time space allows;
+    /// [`ConfigError::MinSlotsTooLarge`] when [`min_slots`](Builder::min_slots)
+    /// is more slots than an array can have or the allocator gives.
     pub fn build(self) -> Result<Pace<K, S, C>, ConfigError> {
         let capacity = self.capacity.unwrap_or_else(|| self.rate.one_second());
         if capacity == 0 {
@@ -361,7 +363,7 @@ impl<K, S, C> Builder<K, S, C> {
             Limits::new(self.rate.interval_ns(), capacity).ok_or(ConfigError::CapacityTooLarge)?;
         let horizon = limits.tau().max(MIN_HORIZON_NS);
         Ok(Pace {
-            table: Table::new(self.min_slots),
+            table: Table::try_new(self.min_slots).ok_or(ConfigError::MinSlotsTooLarge)?,
             limits,
             rate: self.rate,
             hasher: self.hasher,

@@ -108,6 +108,10 @@ pub enum ConfigError {
     /// `capacity x interval` (the time to refill an empty bucket) does not fit
     /// the time space.
     CapacityTooLarge,
+    /// [`min_slots`](crate::Builder::min_slots), rounded up to a power of
+    /// two, is more slots than an array can have, or than the allocator
+    /// gives.
+    MinSlotsTooLarge,
 }
 
 impl fmt::Display for ConfigError {
@@ -124,6 +128,9 @@ impl fmt::Display for ConfigError {
             ConfigError::ZeroCapacity => "capacity must be at least 1 token",
             ConfigError::CapacityTooLarge => {
                 "capacity x interval (time to refill an empty bucket) exceeds ~73 years"
+            }
+            ConfigError::MinSlotsTooLarge => {
+                "min_slots is more slots than an array can have or the allocator gives"
             }
         })
     }

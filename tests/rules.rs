@@ -323,6 +323,37 @@ fn builder_errors_are_typed() {
     );
 }
 
+/// A slot count no array can have is a typed error from `build`, not a
+/// panic (or an abort) inside it.
+#[test]
+fn min_slots_beyond_any_array_is_a_typed_error() {
+    let r = Rate::per_second(10).unwrap();
+    for slots in [
+        usize::MAX,        // rounding up to a power of two overflows
+        (1 << 59) + 1,     // rounds to 2^60 slots: 2^63 bytes, beyond isize::MAX
+        1 << 62,           // a power of two whose byte size overflows
+        usize::MAX / 2 + 2,
+    ] {
+        assert_eq!(
+            Pace::<u64>::builder(r).min_slots(slots).build().err(),
+            Some(ConfigError::MinSlotsTooLarge),
+            "min_slots({slots})"
+        );
+    }
+    // An array the allocator refuses (2^59 slots, 4 EiB) is the same error
+    // (Miri stops on such a request instead of refusing it).
+    #[cfg(not(miri))]
+    assert_eq!(
+        Pace::<u64>::builder(r).min_slots(1 << 59).build().err(),
+        Some(ConfigError::MinSlotsTooLarge)
+    );
+    assert!(!ConfigError::MinSlotsTooLarge.to_string().is_empty());
+    for (slots, kept) in [(0, 4), (5, 8), (1 << 12, 1 << 12)] {
+        let p = Pace::<u64>::builder(r).min_slots(slots).build().unwrap();
+        assert_eq!(p.table_slots(), kept, "min_slots({slots})");
+    }
+}
+
 #[test]
 fn handles_are_thread_safe() {
     fn send_sync<T: Send + Sync>() {}

@@ -394,17 +394,24 @@ pub(crate) struct Table<K> {
 impl<K> Table<K> {
     /// A table that never shrinks below `min_slots` (rounded up to a power of
     /// two, at least [`MIN_SLOTS`]).
+    #[cfg(test)]
     pub(crate) fn new(min_slots: usize) -> Table<K> {
-        let min_slots = min_slots.max(MIN_SLOTS).next_power_of_two();
-        Table {
-            current: Atomic::new(Array::new(min_slots, 0)),
+        Table::try_new(min_slots).expect("min_slots fits an array")
+    }
+
+    /// [`new`](Table::new), or `None` if `min_slots` rounded up is more slots
+    /// than an array can have or the allocator gives.
+    pub(crate) fn try_new(min_slots: usize) -> Option<Table<K>> {
+        let min_slots = min_slots.max(MIN_SLOTS).checked_next_power_of_two()?;
+        Some(Table {
+            current: Atomic::new(Array::try_new(min_slots)?),
             len: CachePadded::new(AtomicUsize::new(0)),
             min_slots,
             floors: Floors::new(),
             shrink_wanted: AtomicBool::new(false),
             migrations: AtomicUsize::new(0),
             copied_slots: CachePadded::new(std::sync::atomic::AtomicUsize::new(0)),
-        }
+        })
     }
 
     /// Where a fresh row of a key with this hash starts: the largest `tat`

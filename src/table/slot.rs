@@ -366,10 +366,22 @@ impl<K> Array<K> {
     /// An array of `slots` vacant slots; `copies` of them are kept for rows
     /// a migration will copy in.
     pub(crate) fn new(slots: usize, copies: usize) -> Array<K> {
-        debug_assert!(slots.is_power_of_two());
-        let grow_at = grow_at(slots);
+        Array::with_slots(vacant_slots(slots), copies)
+    }
+
+    /// An array of `slots` vacant slots, or `None` if no array can have
+    /// that many (see [`try_vacant_slots`]).
+    pub(crate) fn try_new(slots: usize) -> Option<Array<K>> {
+        try_vacant_slots(slots)
+            .ok()
+            .map(|s| Array::with_slots(s, 0))
+    }
+
+    fn with_slots(slots: Box<[Slot<K>]>, copies: usize) -> Array<K> {
+        debug_assert!(slots.len().is_power_of_two());
+        let grow_at = grow_at(slots.len());
         Array {
-            slots: vacant_slots(slots),
+            slots,
             used: CachePadded::new(AtomicUsize::new(0)),
             limit: AtomicUsize::new(grow_at.saturating_sub(copies)),
             next: Atomic::null(),
@@ -405,30 +417,52 @@ pub(crate) fn grow_at(slots: usize) -> usize {
     slots - slots / 4
 }
 
-/// `n` vacant slots. Outside loom the memory comes zeroed from the allocator
-/// (a vacant slot is a null pointer), so allocating a large migration target
-/// costs no pass over it: its pages are touched by the copies that fill it.
-#[cfg(not(loom))]
+/// `n` vacant slots (for a migration target, whose size follows the rows:
+/// a size that overflows panics, an allocator that refuses aborts, as for
+/// any collection that grows).
 fn vacant_slots<K>(n: usize) -> Box<[Slot<K>]> {
-    use std::alloc::{alloc_zeroed, handle_alloc_error, Layout};
-    let layout = Layout::array::<Slot<K>>(n).expect("slot array size overflows");
-    assert!(layout.size() > 0);
+    match try_vacant_slots(n) {
+        Ok(slots) => slots,
+        #[cfg(not(loom))]
+        Err(Some(layout)) => std::alloc::handle_alloc_error(layout),
+        Err(_) => panic!("slot array size overflows"),
+    }
+}
+
+/// `n` vacant slots, or why not: `Err(None)` if `n` slots do not fit a
+/// layout, `Err(Some(layout))` if the allocator refused it. Outside loom the
+/// memory comes zeroed from the allocator (a vacant slot is a null pointer),
+/// so allocating a large migration target costs no pass over it: its pages
+/// are touched by the copies that fill it.
+#[cfg(not(loom))]
+pub(crate) fn try_vacant_slots<K>(
+    n: usize,
+) -> Result<Box<[Slot<K>]>, Option<std::alloc::Layout>> {
+    use std::alloc::{alloc_zeroed, Layout};
+    let layout = Layout::array::<Slot<K>>(n).map_err(|_| None)?;
+    if layout.size() == 0 {
+        return Err(None);
+    }
     // SAFETY: `layout` has a non-zero size (checked above).
     let p = unsafe { alloc_zeroed(layout) } as *mut Slot<K>;
     if p.is_null() {
-        handle_alloc_error(layout);
+        return Err(Some(layout));
     }
     // SAFETY: `p` points to `n` zeroed, properly aligned `Slot<K>`s allocated
     // by the global allocator with `Layout::array::<Slot<K>>(n)`, which is the
     // layout `Box<[Slot<K>]>` frees with. A `Slot` is a transparent
     // `AtomicPtr`, for which all-zero bytes are a valid null pointer.
-    unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(p, n)) }
+    Ok(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(p, n)) })
 }
 
-/// Loom atomics cannot be made by zeroing memory: build each slot.
+/// Loom atomics cannot be made by zeroing memory: build each slot (models
+/// use a handful).
 #[cfg(loom)]
-fn vacant_slots<K>(n: usize) -> Box<[Slot<K>]> {
-    (0..n)
+pub(crate) fn try_vacant_slots<K>(n: usize) -> Result<Box<[Slot<K>]>, Option<()>> {
+    if n == 0 {
+        return Err(None);
+    }
+    Ok((0..n)
         .map(|_| Slot(AtomicPtr::new(ptr::null_mut())))
-        .collect()
+        .collect())
 }
