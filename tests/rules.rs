@@ -329,9 +329,9 @@ fn builder_errors_are_typed() {
 fn min_slots_beyond_any_array_is_a_typed_error() {
     let r = Rate::per_second(10).unwrap();
     for slots in [
-        usize::MAX,        // rounding up to a power of two overflows
-        (1 << 59) + 1,     // rounds to 2^60 slots: 2^63 bytes, beyond isize::MAX
-        1 << 62,           // a power of two whose byte size overflows
+        usize::MAX,    // rounding up to a power of two overflows
+        (1 << 59) + 1, // rounds to 2^60 slots: 2^63 bytes, beyond isize::MAX
+        1 << 62,       // a power of two whose byte size overflows
         usize::MAX / 2 + 2,
     ] {
         assert_eq!(
