@@ -79,9 +79,8 @@ impl Cells {
         }
     }
 
-    /// The key's cell, claimed if absent; `None` once half the cells are
-    /// claimed and the key is not among them (the sizing rules that out in
-    /// this benchmark).
+    /// The key's cell, claimed if absent; `None` when every cell holds
+    /// another key (the sizing rules that out in this benchmark).
     #[inline]
     fn cell(&self, key: u64) -> Option<&AtomicU64> {
         assert_ne!(key, NO_KEY);
@@ -258,7 +257,7 @@ fn contenders() -> Vec<(&'static str, Make)> {
     }
     v.push(("governor", |r, n| Box::new(primed(Governor::new(r), r, n))));
     v.push(("dashmap", |r, n| Box::new(primed(DashAtomic::new(r), r, n))));
-    // Opt-in: a fourth 32 MiB table alive beside the others changes what
+    // Opt-in: one more 32 MiB table alive beside the others changes what
     // they measure at 1M keys (the L3 is shared), so the default run
     // leaves it out.
     if std::env::var_os("PACE_WARM_CELLS").is_some() {
