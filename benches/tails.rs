@@ -24,7 +24,14 @@
 //! cargo bench --bench tails                 # ~60 s
 //! PACE_TAIL_SECS=10 cargo bench --bench tails
 //! cargo bench --bench tails -- growth       # growth and churn only
+//! PACE_TAIL_SLOW_US=300 cargo bench --bench tails -- growth   # + where the slow calls fall
 //! ```
+//!
+//! With `PACE_TAIL_SLOW_US`, growth and churn also list each call slower
+//! than that many µs with its index (the rows the table had reserved
+//! before it; at most 1,000 per run), so a slow call can be matched with
+//! what the table did then (a migration starts when the rows reach 3/4 of
+//! a power-of-two array).
 
 mod common;
 
@@ -240,14 +247,37 @@ const CHURN: Regime = Regime {
 
 /// Reserves keys `0..n` once each, timing every call: (histogram, slowest
 /// call before `split` calls, slowest from `split` on, rows at the end).
-fn timed_flood<L: Contender<u64>>(
-    lim: &L,
-    n: u64,
-    split: u64,
-) -> (Histogram<u64>, u64, u64, usize) {
+/// Calls slower than `PACE_TAIL_SLOW_US` µs are listed (`None`: none).
+fn slow_threshold_ns() -> Option<u64> {
+    std::env::var("PACE_TAIL_SLOW_US")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(|us| us.saturating_mul(1000))
+}
+
+/// Most slow calls one run lists.
+const SLOW_LISTED: usize = 1000;
+
+struct Flood {
+    h: Histogram<u64>,
+    early: u64,
+    late: u64,
+    rows: usize,
+    /// (call index, ns) of calls above the threshold, in order.
+    slow: Vec<(u64, u64)>,
+}
+
+fn timed_flood<L: Contender<u64>>(lim: &L, n: u64, split: u64) -> Flood {
     let clock = QuantaClock::new();
     let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
     let (mut early, mut late) = (0u64, 0u64);
+    let threshold = slow_threshold_ns().unwrap_or(u64::MAX);
+    // Allocated up front: the loop allocates nothing of its own.
+    let mut slow = Vec::with_capacity(if threshold == u64::MAX {
+        0
+    } else {
+        SLOW_LISTED
+    });
     for k in 0..n {
         let a = clock.now_ns();
         std::hint::black_box(lim.reserve(&k));
@@ -258,12 +288,27 @@ fn timed_flood<L: Contender<u64>>(
         } else {
             late = late.max(d);
         }
+        if d > threshold && slow.len() < SLOW_LISTED {
+            slow.push((k, d));
+        }
     }
-    (h, early, late, lim.rows())
+    Flood {
+        h,
+        early,
+        late,
+        rows: lim.rows(),
+        slow,
+    }
 }
 
-fn flood_row(name: &str, who: &str, o: &(Histogram<u64>, u64, u64, usize)) {
-    let (h, early, late, rows) = o;
+fn flood_row(name: &str, who: &str, o: &Flood) {
+    let Flood {
+        h,
+        early,
+        late,
+        rows,
+        ..
+    } = o;
     let us = |v: u64| format!("{:.2}", v as f64 / 1000.0);
     println!(
         "| {name} | {who} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -294,32 +339,47 @@ fn growth_and_churn() {
     );
     println!("| workload | limiter | p50 | p99 | p99.9 | p99.99 | max | max < {split} | max ≥ {split} | rows at end |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut slow = Vec::new();
+    let mut row = |name: &'static str, who: &'static str, f: Flood| {
+        flood_row(name, who, &f);
+        slow.push((name, who, f.slow));
+    };
     let p = PaceC::<u64, _>::new(&GROW, QuantaClock::new());
-    flood_row(
+    row(
         "growth (1/100 s, capacity 100)",
         "pace",
-        &timed_flood(&p, n, split),
+        timed_flood(&p, n, split),
     );
     drop(p);
     let g = Governor::<u64>::new(&GROW);
-    flood_row(
+    row(
         "growth (1/100 s, capacity 100)",
         "governor",
-        &timed_flood(&g, n, split),
+        timed_flood(&g, n, split),
     );
     drop(g);
     let p = PaceC::<u64, _>::new(&CHURN, QuantaClock::new());
-    flood_row(
+    row(
         "churn (1000/s, capacity 1)",
         "pace",
-        &timed_flood(&p, n, split),
+        timed_flood(&p, n, split),
     );
     drop(p);
     let g = Governor::<u64>::new(&CHURN);
-    flood_row(
+    row(
         "churn (1000/s, capacity 1)",
         "governor",
-        &timed_flood(&g, n, split),
+        timed_flood(&g, n, split),
     );
     drop(g);
+    if let Some(t) = slow_threshold_ns() {
+        println!("\nCalls slower than {} µs, as call index: µs\n", t / 1000);
+        for (name, who, list) in slow {
+            let calls: Vec<String> = list
+                .iter()
+                .map(|(k, d)| format!("{k}: {:.0}", *d as f64 / 1000.0))
+                .collect();
+            println!("* {name}, {who} ({}): {}", list.len(), calls.join(", "));
+        }
+    }
 }
