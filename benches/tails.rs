@@ -245,8 +245,6 @@ const CHURN: Regime = Regime {
     prime: 0,
 };
 
-/// Reserves keys `0..n` once each, timing every call: (histogram, slowest
-/// call before `split` calls, slowest from `split` on, rows at the end).
 /// Calls slower than `PACE_TAIL_SLOW_US` µs are listed (`None`: none).
 fn slow_threshold_ns() -> Option<u64> {
     std::env::var("PACE_TAIL_SLOW_US")
@@ -258,6 +256,8 @@ fn slow_threshold_ns() -> Option<u64> {
 /// Most slow calls one run lists.
 const SLOW_LISTED: usize = 1000;
 
+/// One timed flood: every call in `h`, the slowest call before `split`
+/// calls (`early`) and from `split` on (`late`), rows at the end.
 struct Flood {
     h: Histogram<u64>,
     early: u64,
@@ -267,6 +267,7 @@ struct Flood {
     slow: Vec<(u64, u64)>,
 }
 
+/// Reserves keys `0..n` once each, timing every call.
 fn timed_flood<L: Contender<u64>>(lim: &L, n: u64, split: u64) -> Flood {
     let clock = QuantaClock::new();
     let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();

@@ -392,15 +392,15 @@ pub(crate) struct Table<K> {
 }
 
 impl<K> Table<K> {
-    /// A table that never shrinks below `min_slots` (rounded up to a power of
-    /// two, at least [`MIN_SLOTS`]).
+    /// [`try_new`](Table::try_new) for tests, whose `min_slots` always fits.
     #[cfg(test)]
     pub(crate) fn new(min_slots: usize) -> Table<K> {
         Table::try_new(min_slots).expect("min_slots fits an array")
     }
 
-    /// [`new`](Table::new), or `None` if `min_slots` rounded up is more slots
-    /// than an array can have or the allocator gives.
+    /// A table that never shrinks below `min_slots` (rounded up to a power of
+    /// two, at least [`MIN_SLOTS`]), or `None` if that is more slots than an
+    /// array can have or the allocator gives.
     pub(crate) fn try_new(min_slots: usize) -> Option<Table<K>> {
         let min_slots = min_slots.max(MIN_SLOTS).checked_next_power_of_two()?;
         Some(Table {

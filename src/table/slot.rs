@@ -435,7 +435,7 @@ fn vacant_slots<K>(n: usize) -> Box<[Slot<K>]> {
 /// so allocating a large migration target costs no pass over it: its pages
 /// are touched by the copies that fill it.
 #[cfg(not(loom))]
-pub(crate) fn try_vacant_slots<K>(n: usize) -> Result<Box<[Slot<K>]>, Option<std::alloc::Layout>> {
+fn try_vacant_slots<K>(n: usize) -> Result<Box<[Slot<K>]>, Option<std::alloc::Layout>> {
     use std::alloc::{alloc_zeroed, Layout};
     let layout = Layout::array::<Slot<K>>(n).map_err(|_| None)?;
     if layout.size() == 0 {
@@ -456,7 +456,7 @@ pub(crate) fn try_vacant_slots<K>(n: usize) -> Result<Box<[Slot<K>]>, Option<std
 /// Loom atomics cannot be made by zeroing memory: build each slot (models
 /// use a handful).
 #[cfg(loom)]
-pub(crate) fn try_vacant_slots<K>(n: usize) -> Result<Box<[Slot<K>]>, Option<()>> {
+fn try_vacant_slots<K>(n: usize) -> Result<Box<[Slot<K>]>, Option<()>> {
     if n == 0 {
         return Err(None);
     }
