@@ -8,7 +8,7 @@
 //! cargo bench --features foldhash --bench warm        # PACE_WARM_ROUNDS=3
 //! PACE_WARM_ORDER=pattern cargo bench --features foldhash --bench warm
 //! PACE_WARM_ORDER=seq cargo bench --features foldhash --bench warm
-//! PACE_WARM_CELLS=1 cargo bench --features foldhash --bench warm   # + `cells`
+//! PACE_WARM_CELLS=1 cargo bench --features foldhash --bench warm   # + `cells`, `cells128`
 //! ```
 //!
 //! Regime `admit` for every contender (1 µs per token, burst 2^32-1, every
@@ -46,6 +46,7 @@ use std::time::Duration;
 use common::*;
 use pace::__private::BucketMath;
 use pace::{Clock, CoarseClock, QuantaClock};
+use portable_atomic::AtomicU128;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -143,6 +144,96 @@ impl Contender<u64> for Cells {
         self.cells
             .iter()
             .filter(|(k, _)| k.load(Ordering::Relaxed) != NO_KEY)
+            .count()
+    }
+}
+
+/// Baseline `cells128`: `cells` with each cell one 128-bit atomic
+/// `{key, bucket word}`, read by a 128-bit load and updated by one 128-bit
+/// CAS (portable-atomic: `cmpxchg16b`, loads by `vmovdqa` where the CPU has
+/// AVX, chosen at run time). A key and its word change together, so a cell
+/// can be claimed, frozen, moved or reused by one CAS: what that costs on the
+/// lookup, beside `cells`' separate 64-bit key and word.
+struct Cells128 {
+    cells: Box<[AtomicU128]>,
+    hasher: RandomState,
+    clock: QuantaClock,
+    math: BucketMath,
+}
+
+/// `(key, word)` as one 128-bit value: key in the high half.
+#[inline]
+fn pack(key: u64, word: u64) -> u128 {
+    (u128::from(key) << 64) | u128::from(word)
+}
+
+impl Cells128 {
+    fn new(r: &Regime, keys: u64) -> Cells128 {
+        let n = (keys as usize).saturating_mul(2).next_power_of_two().max(4);
+        Cells128 {
+            cells: (0..n).map(|_| AtomicU128::new(pack(NO_KEY, 0))).collect(),
+            hasher: RandomState::new(),
+            clock: QuantaClock::new(),
+            math: r.math(),
+        }
+    }
+
+    #[inline]
+    fn reserve_n(&self, key: u64, n: u64) -> bool {
+        assert_ne!(key, NO_KEY);
+        let now = self.clock.now_ns();
+        let _guard = crossbeam_epoch::pin();
+        let mask = self.cells.len() - 1;
+        let mut i = self.hasher.hash_one(key) as usize & mask;
+        let mut probed = 0;
+        let mut cur = self.cells[i].load(Ordering::Acquire);
+        loop {
+            let cell = &self.cells[i];
+            let k = (cur >> 64) as u64;
+            let next = if k == key {
+                let Ok(new) = self.math.reserve(cur as u64, now, n) else {
+                    return false;
+                };
+                pack(key, new)
+            } else if k == NO_KEY {
+                pack(key, 0)
+            } else {
+                probed += 1;
+                if probed == self.cells.len() {
+                    return false;
+                }
+                i = (i + 1) & mask;
+                cur = self.cells[i].load(Ordering::Acquire);
+                continue;
+            };
+            match cell.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) if k == key => return true,
+                Ok(_) => cur = next,
+                Err(c) => cur = c,
+            }
+        }
+    }
+}
+
+impl Contender<u64> for Cells128 {
+    #[inline]
+    fn reserve(&self, key: &u64) -> bool {
+        self.reserve_n(*key, 1)
+    }
+    /// Debits only (its rows never leave; this benchmark does not churn).
+    fn churn(&self, key: &u64) {
+        self.reserve_n(*key, 1);
+    }
+    fn prime(&self, key: &u64, n: u32) {
+        assert!(
+            self.reserve_n(*key, u64::from(n.max(1))),
+            "priming admitted"
+        );
+    }
+    fn rows(&self) -> usize {
+        self.cells
+            .iter()
+            .filter(|c| (c.load(Ordering::Relaxed) >> 64) as u64 != NO_KEY)
             .count()
     }
 }
@@ -262,6 +353,9 @@ fn contenders() -> Vec<(&'static str, Make)> {
     // leaves it out.
     if std::env::var_os("PACE_WARM_CELLS").is_some() {
         v.push(("cells", |r, n| Box::new(primed(Cells::new(r, n), r, n))));
+        v.push(("cells128", |r, n| {
+            Box::new(primed(Cells128::new(r, n), r, n))
+        }));
     }
     v
 }
