@@ -25,7 +25,13 @@
 //! PACE_TAIL_SECS=10 cargo bench --bench tails
 //! cargo bench --bench tails -- growth       # growth and churn only
 //! PACE_TAIL_SLOW_US=300 cargo bench --bench tails -- growth   # + where the slow calls fall
+//! PACE_TAIL_SLOW_US=200 cargo bench --bench tails -- growth-control
 //! ```
+//!
+//! `growth-control` runs growth's keys through no limiter at all: one kept
+//! 24-byte allocation per call, alone in a fresh process. Its slow calls are
+//! what first touches of memory the process never used cost on this
+//! machine, whatever the limiter.
 //!
 //! With `PACE_TAIL_SLOW_US`, growth and churn also list each call slower
 //! than that many µs with its index (the rows the table had reserved
@@ -157,8 +163,12 @@ fn main() {
     if !args.is_empty()
         && !args
             .iter()
-            .any(|a| "tails".contains(a.as_str()) || a == "growth")
+            .any(|a| "tails".contains(a.as_str()) || a == "growth" || a == "growth-control")
     {
+        return;
+    }
+    if args.iter().any(|a| a == "growth-control") {
+        growth_control();
         return;
     }
     let only_growth = args.iter().any(|a| a == "growth");
@@ -267,6 +277,29 @@ struct Flood {
     slow: Vec<(u64, u64)>,
 }
 
+/// Control for growth (`-- growth-control`): no limiter, one 24-byte heap
+/// allocation per key (what a u64 row's entry in pace asks for), kept, in a
+/// process that has touched no other memory: what growing the heap into
+/// memory the process never used costs a call by itself.
+struct EntriesOnly(std::sync::Mutex<Vec<Box<[u64; 3]>>>);
+
+impl Contender<u64> for EntriesOnly {
+    fn reserve(&self, key: &u64) -> bool {
+        let e = Box::new([*key, 0, 0]);
+        self.0.lock().unwrap().push(e);
+        true
+    }
+    fn churn(&self, key: &u64) {
+        self.reserve(key);
+    }
+    fn prime(&self, key: &u64, _n: u32) {
+        self.reserve(key);
+    }
+    fn rows(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
 /// Reserves keys `0..n` once each, timing every call.
 fn timed_flood<L: Contender<u64>>(lim: &L, n: u64, split: u64) -> Flood {
     let clock = QuantaClock::new();
@@ -324,11 +357,47 @@ fn flood_row(name: &str, who: &str, o: &Flood) {
     );
 }
 
-fn growth_and_churn() {
-    let n: u64 = std::env::var("PACE_GROW")
+/// Growth's keys through [`EntriesOnly`], alone in this process (pace and
+/// governor, run first, would leave freed memory for it to reuse).
+fn growth_control() {
+    let n = grow_keys();
+    let split = n / 10;
+    println!(
+        "\n## Growth control, {n} kept 24-byte allocations, each call timed (load {})\n",
+        loadavg()
+    );
+    println!("| workload | limiter | p50 | p99 | p99.9 | p99.99 | max | max < {split} | max ≥ {split} | rows at end |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let c = EntriesOnly(std::sync::Mutex::new(Vec::with_capacity(n as usize)));
+    let f = timed_flood(&c, n, split);
+    flood_row("growth control", "entries only", &f);
+    print_slow(&[("growth control", "entries only", f.slow)]);
+}
+
+/// Keys of the growth and churn floods: `PACE_GROW`, 4M by default.
+fn grow_keys() -> u64 {
+    std::env::var("PACE_GROW")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(4_000_000);
+        .unwrap_or(4_000_000)
+}
+
+/// Lists the slow calls of each flood, with `PACE_TAIL_SLOW_US`.
+fn print_slow(slow: &[(&str, &str, Vec<(u64, u64)>)]) {
+    if let Some(t) = slow_threshold_ns() {
+        println!("\nCalls slower than {} µs, as call index: µs\n", t / 1000);
+        for (name, who, list) in slow {
+            let calls: Vec<String> = list
+                .iter()
+                .map(|(k, d)| format!("{k}: {:.0}", *d as f64 / 1000.0))
+                .collect();
+            println!("* {name}, {who} ({}): {}", list.len(), calls.join(", "));
+        }
+    }
+}
+
+fn growth_and_churn() {
+    let n = grow_keys();
     let split = n / 10;
     println!(
         "\n## Growth and churn, {n} distinct u64 keys, each call timed (load {})\n",
@@ -373,14 +442,5 @@ fn growth_and_churn() {
         timed_flood(&g, n, split),
     );
     drop(g);
-    if let Some(t) = slow_threshold_ns() {
-        println!("\nCalls slower than {} µs, as call index: µs\n", t / 1000);
-        for (name, who, list) in slow {
-            let calls: Vec<String> = list
-                .iter()
-                .map(|(k, d)| format!("{k}: {:.0}", *d as f64 / 1000.0))
-                .collect();
-            println!("* {name}, {who} ({}): {}", list.len(), calls.join(", "));
-        }
-    }
+    print_slow(&slow);
 }
