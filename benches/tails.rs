@@ -281,6 +281,7 @@ struct Flood {
 /// allocation per key (what a u64 row's entry in pace asks for), kept, in a
 /// process that has touched no other memory: what growing the heap into
 /// memory the process never used costs a call by itself.
+#[allow(clippy::vec_box)] // one heap allocation per call is the point
 struct EntriesOnly(std::sync::Mutex<Vec<Box<[u64; 3]>>>);
 
 impl Contender<u64> for EntriesOnly {
@@ -382,8 +383,11 @@ fn grow_keys() -> u64 {
         .unwrap_or(4_000_000)
 }
 
+/// A flood's slow calls: workload, limiter, (call index, ns).
+type SlowCalls<'a> = (&'a str, &'a str, Vec<(u64, u64)>);
+
 /// Lists the slow calls of each flood, with `PACE_TAIL_SLOW_US`.
-fn print_slow(slow: &[(&str, &str, Vec<(u64, u64)>)]) {
+fn print_slow(slow: &[SlowCalls<'_>]) {
     if let Some(t) = slow_threshold_ns() {
         println!("\nCalls slower than {} µs, as call index: µs\n", t / 1000);
         for (name, who, list) in slow {
