@@ -1,0 +1,265 @@
+//! The cell: one row of a word-sized key, `{key bits, word}` in one 128-bit
+//! atomic, and every encoding of its word in one place ([`CellState`]).
+//! `docs/cells.md` gives the states and the transitions between them.
+
+use crate::bucket::MAX_TIME;
+use crate::sync::Ordering;
+
+/// Set on every word of a cell a migration copier holds.
+const FROZEN: u64 = 1 << 63;
+
+/// The word of a never-used cell (a zeroed array is all empty).
+const EMPTY: u64 = 0;
+/// A live word is its `tat` plus one: `1..=LIVE_MAX`, so that a row of key 0
+/// at `tat` 0 is not the empty cell.
+const LIVE_MAX: u64 = MAX_TIME + 1;
+const TOMB: u64 = LIVE_MAX + 1;
+const FENCE: u64 = LIVE_MAX + 2;
+const CLAIMED: u64 = LIVE_MAX + 3;
+/// Only ever frozen.
+const MOVED: u64 = LIVE_MAX + 4;
+
+/// A decoded cell. Keys are the key's 64 bits (`InlineKey`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CellState {
+    /// Never used: ends every probe sequence.
+    Empty,
+    /// A removed row: passed over, reusable. Its key bits are stale.
+    Tomb,
+    /// An empty cell a cleaner holds for a moment.
+    Fence,
+    /// A new row of `key` whose inserter checks the sequence.
+    Claimed { key: u64 },
+    /// The row of `key`, bucket at `tat`.
+    Live { key: u64, tat: u64 },
+    /// A frozen empty cell: the sequence goes on in the migration's target.
+    Sealed,
+    /// A frozen tombstone: passed over, never reused.
+    Closed,
+    /// A claim a copier froze: its inserter withdraws and looks again.
+    FrozenClaimed { key: u64 },
+    /// A row a copier holds: final until it is moved.
+    FrozenLive { key: u64, tat: u64 },
+    /// The row of `key` is in the migration's target.
+    Moved { key: u64 },
+}
+
+impl CellState {
+    /// The 128-bit value of this state. The key bits of an empty cell, a
+    /// tombstone and their frozen forms are zero here; [`freeze`] keeps
+    /// whatever a cell holds.
+    pub(crate) fn encode(self) -> u128 {
+        let (key, word) = match self {
+            CellState::Empty => (0, EMPTY),
+            CellState::Tomb => (0, TOMB),
+            CellState::Fence => (0, FENCE),
+            CellState::Claimed { key } => (key, CLAIMED),
+            CellState::Live { key, tat } => {
+                debug_assert!(tat <= MAX_TIME);
+                (key, tat + 1)
+            }
+            CellState::Sealed => (0, FROZEN | EMPTY),
+            CellState::Closed => (0, FROZEN | TOMB),
+            CellState::FrozenClaimed { key } => (key, FROZEN | CLAIMED),
+            CellState::FrozenLive { key, tat } => {
+                debug_assert!(tat <= MAX_TIME);
+                (key, FROZEN | (tat + 1))
+            }
+            CellState::Moved { key } => (key, FROZEN | MOVED),
+        };
+        pack(key, word)
+    }
+
+    /// The state of a 128-bit cell value. Every value decodes: an empty
+    /// word reads as empty whatever its key bits, and words no transition
+    /// writes read as `Tomb` or `Closed`, which nobody acts on but the
+    /// cleaner and the copier.
+    pub(crate) fn decode(v: u128) -> CellState {
+        let key = (v >> 64) as u64;
+        let word = v as u64;
+        let frozen = word & FROZEN != 0;
+        match (frozen, word & !FROZEN) {
+            (false, EMPTY) => CellState::Empty,
+            (true, EMPTY) => CellState::Sealed,
+            (false, w @ 1..=LIVE_MAX) => CellState::Live { key, tat: w - 1 },
+            (true, w @ 1..=LIVE_MAX) => CellState::FrozenLive { key, tat: w - 1 },
+            (false, FENCE) => CellState::Fence,
+            (false, CLAIMED) => CellState::Claimed { key },
+            (true, CLAIMED) => CellState::FrozenClaimed { key },
+            (true, MOVED) => CellState::Moved { key },
+            (false, _) => CellState::Tomb,
+            (true, _) => CellState::Closed,
+        }
+    }
+}
+
+/// The frozen value of a cell holding `v`: what a copier's CAS writes.
+/// A fence is never frozen (the copier waits for its cleaner).
+pub(crate) fn freeze(v: u128) -> u128 {
+    debug_assert!(!matches!(CellState::decode(v), CellState::Fence));
+    v | u128::from(FROZEN)
+}
+
+#[inline]
+fn pack(key: u64, word: u64) -> u128 {
+    (u128::from(key) << 64) | u128::from(word)
+}
+
+/// One cell: a 128-bit atomic. Under loom, a mutex stands for it: loom
+/// has no 128-bit atomics, and a mutex models a linearizable one (every
+/// access sequentially consistent, stronger than the orderings used here).
+#[cfg(not(loom))]
+#[repr(transparent)]
+pub(crate) struct Cell(portable_atomic::AtomicU128);
+
+#[cfg(loom)]
+pub(crate) struct Cell(crate::sync::Mutex<u128>);
+
+impl Cell {
+    pub(crate) fn new(state: CellState) -> Cell {
+        #[cfg(not(loom))]
+        {
+            Cell(portable_atomic::AtomicU128::new(state.encode()))
+        }
+        #[cfg(loom)]
+        {
+            Cell(crate::sync::Mutex::new(state.encode()))
+        }
+    }
+
+    /// The cell's value (Acquire).
+    #[inline]
+    pub(crate) fn load(&self) -> u128 {
+        #[cfg(not(loom))]
+        {
+            self.0.load(Ordering::Acquire)
+        }
+        #[cfg(loom)]
+        {
+            *self.0.lock().unwrap()
+        }
+    }
+
+    /// One CAS from `cur` to `new` (AcqRel; the value found on failure).
+    #[inline]
+    pub(crate) fn cas(&self, cur: u128, new: u128) -> Result<u128, u128> {
+        #[cfg(not(loom))]
+        {
+            self.0
+                .compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire)
+        }
+        #[cfg(loom)]
+        {
+            let mut v = self.0.lock().unwrap();
+            if *v == cur {
+                *v = new;
+                Ok(cur)
+            } else {
+                Err(*v)
+            }
+        }
+    }
+
+    /// Writes `new` (Release): only for a cell whose writer is alone by the
+    /// protocol (a copier moving a cell it froze).
+    #[inline]
+    pub(crate) fn store(&self, new: u128) {
+        #[cfg(not(loom))]
+        {
+            self.0.store(new, Ordering::Release)
+        }
+        #[cfg(loom)]
+        {
+            *self.0.lock().unwrap() = new;
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn all_states(key: u64, tat: u64) -> Vec<CellState> {
+        vec![
+            CellState::Empty,
+            CellState::Tomb,
+            CellState::Fence,
+            CellState::Claimed { key },
+            CellState::Live { key, tat },
+            CellState::Sealed,
+            CellState::Closed,
+            CellState::FrozenClaimed { key },
+            CellState::FrozenLive { key, tat },
+            CellState::Moved { key },
+        ]
+    }
+
+    #[test]
+    fn every_state_round_trips() {
+        for key in [0, 1, 42, u64::MAX - 1, u64::MAX] {
+            for tat in [0, 1, 1 << 40, MAX_TIME - 1, MAX_TIME] {
+                for s in all_states(key, tat) {
+                    assert_eq!(CellState::decode(s.encode()), s, "{s:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_all_zero_cell_is_empty() {
+        // Arrays come zeroed from the allocator.
+        assert_eq!(CellState::decode(0), CellState::Empty);
+        assert_eq!(CellState::Empty.encode(), 0);
+    }
+
+    /// A row of key 0 at `tat` 0 is not the empty cell (live words are
+    /// offset by one for it).
+    #[test]
+    fn key_zero_at_tat_zero_is_a_row() {
+        let row = CellState::Live { key: 0, tat: 0 };
+        assert_ne!(row.encode(), 0);
+        assert_eq!(CellState::decode(row.encode()), row);
+    }
+
+    #[test]
+    fn the_words_do_not_overlap() {
+        let words = [EMPTY, 1, LIVE_MAX, TOMB, FENCE, CLAIMED, MOVED];
+        for (i, a) in words.iter().enumerate() {
+            assert!(a & FROZEN == 0);
+            for b in &words[i + 1..] {
+                assert!(a < b);
+            }
+        }
+    }
+
+    #[test]
+    fn freezing_maps_each_state_to_its_frozen_one() {
+        let (key, tat) = (7, 1234);
+        let pairs = [
+            (CellState::Empty, CellState::Sealed),
+            (CellState::Tomb, CellState::Closed),
+            (CellState::Claimed { key }, CellState::FrozenClaimed { key }),
+            (
+                CellState::Live { key, tat },
+                CellState::FrozenLive { key, tat },
+            ),
+        ];
+        for (from, to) in pairs {
+            assert_eq!(CellState::decode(freeze(from.encode())), to, "{from:?}");
+        }
+    }
+
+    #[test]
+    fn every_value_decodes_without_panicking() {
+        let mut x: u128 = 0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C834;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let _ = CellState::decode(x);
+        }
+        for w in [MOVED, MOVED + 1, FROZEN | (MOVED + 7), u64::MAX] {
+            let _ = CellState::decode(pack(3, w));
+        }
+    }
+}
