@@ -1,0 +1,194 @@
+//! The cell table against the entry table (`Table<u64>`): run one after the
+//! other on the same operations, they must answer exactly alike. Then
+//! concurrent inserters of the same keys: one row per key, counts exact.
+
+use std::hash::{BuildHasher, RandomState};
+
+use proptest::prelude::*;
+
+use super::{Admitted as CellAdmitted, CellTable, Denied};
+use crate::bucket::{Decision, Limits};
+use crate::sync::epoch;
+use crate::table::Table;
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Reserve `n` tokens of key `k`, after the clock moved `dt`.
+    Reserve { k: u64, n: u64, dt: u64 },
+    /// Refund the `i`-th admitted reservation still held (modulo).
+    Refund { i: usize, dt: u64 },
+    /// Sweep, after the clock moved `dt`.
+    Sweep { dt: u64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0u64..6, 1u64..4, 0u64..400).prop_map(|(k, n, dt)| Op::Reserve { k, n, dt }),
+        2 => (any::<usize>(), 0u64..400).prop_map(|(i, dt)| Op::Refund { i, dt }),
+        1 => (0u64..3_000).prop_map(|dt| Op::Sweep { dt }),
+    ]
+}
+
+/// What one reserve answered, in a form both tables share.
+fn entry_answer(r: Result<crate::table::Admitted, Decision>) -> Result<CellAdmitted, Decision> {
+    r.map(|a| CellAdmitted {
+        tat: a.tat,
+        prev: a.prev,
+        created: a.created,
+    })
+}
+
+fn cell_answer(r: Result<CellAdmitted, Denied>) -> Result<CellAdmitted, Decision> {
+    r.map_err(|d| match d {
+        Denied::Bucket(d) => d,
+        Denied::NoRoom => panic!("the cell table is sized for every key"),
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn cells_answer_as_entries_do(
+        interval in 1u64..200,
+        capacity in 1u64..4,
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        let limits = Limits::new(interval, capacity).unwrap();
+        let hasher = RandomState::new();
+        let hash = |k: u64| hasher.hash_one(k);
+        let entries: Table<u64> = Table::new(4);
+        let cells = CellTable::new(64);
+        let mut now = 1_000u64;
+        // Admitted reservations not yet refunded: (key, n, tat, prev).
+        let mut held: Vec<(u64, u64, u64, u64)> = Vec::new();
+        for op in ops {
+            let guard = epoch::pin();
+            match op {
+                Op::Reserve { k, n, dt } => {
+                    now += dt;
+                    let e = entry_answer(entries.reserve(&limits, hash(k), &k, n, now, &|| now, &guard));
+                    let c = cell_answer(cells.reserve(&limits, hash(k), k, n, now, &|| now));
+                    prop_assert_eq!(e, c, "reserve {} x{} at {}", k, n, now);
+                    if let Ok(a) = c {
+                        held.push((k, n, a.tat, a.prev));
+                    }
+                }
+                Op::Refund { i, dt } => {
+                    if held.is_empty() {
+                        continue;
+                    }
+                    now += dt;
+                    let (k, n, tat, prev) = held.swap_remove(i % held.len());
+                    entries.refund(&limits, hash(k), &k, n, tat, prev, now, &guard);
+                    cells.refund(&limits, hash(k), k, n, tat, prev, now);
+                }
+                Op::Sweep { dt } => {
+                    now += dt;
+                    let e = entries.sweep(now, &guard);
+                    let c = cells.sweep(now, &hash);
+                    prop_assert_eq!(e, c, "sweep at {}", now);
+                }
+            }
+            for k in 0..6u64 {
+                prop_assert_eq!(
+                    entries.peek(hash(k), &k, &guard),
+                    cells.peek(hash(k), k),
+                    "peek {} at {}", k, now
+                );
+            }
+            prop_assert_eq!(entries.len(), cells.len());
+        }
+    }
+}
+
+/// Keys 0 and u64::MAX are rows like any other (key bits are not states).
+#[test]
+fn extreme_keys_are_rows() {
+    let limits = Limits::new(10, 2).unwrap();
+    let cells = CellTable::new(16);
+    for k in [0, 1, u64::MAX] {
+        let a = cells.reserve(&limits, k, k, 1, 0, &|| 0).unwrap();
+        assert!(a.created);
+        assert_eq!(cells.peek(k, k), Some(a.tat));
+        let b = cells.reserve(&limits, k, k, 1, 0, &|| 0).unwrap();
+        assert!(!b.created);
+        assert_eq!(
+            cells.reserve(&limits, k, k, 1, 0, &|| 0),
+            Err(Denied::Bucket(Decision::Wait(10)))
+        );
+    }
+    let mut keys = cells.live_keys();
+    keys.sort_unstable();
+    assert_eq!(keys, vec![0, 1, u64::MAX]);
+    assert_eq!(cells.len(), 3);
+}
+
+/// A full array says so instead of spinning: 3/4 of 8 cells take 6 rows.
+#[test]
+fn a_full_array_has_no_room() {
+    let limits = Limits::new(10, 1).unwrap();
+    let cells = CellTable::new(8);
+    for k in 0..6 {
+        assert!(cells.reserve(&limits, k, k, 1, 0, &|| 0).is_ok());
+    }
+    assert_eq!(
+        cells.reserve(&limits, 6, 6, 1, 0, &|| 0),
+        Err(Denied::NoRoom)
+    );
+    // A removed row's tombstone on a new key's sequence takes it; a key
+    // whose sequence meets only an empty cell still finds no room (until
+    // cleaning and migration exist).
+    assert_eq!(cells.sweep(100, &|k| k), 6);
+    assert_eq!(
+        cells.reserve(&limits, 6, 6, 1, 100, &|| 100),
+        Err(Denied::NoRoom)
+    );
+    assert!(cells.reserve(&limits, 0, 6, 1, 100, &|| 100).is_ok());
+    assert_eq!(cells.peek(0, 6), Some(110));
+    assert_eq!(cells.len(), 1);
+}
+
+/// Two threads insert and debit the same keys at one instant, with every
+/// key hashed to one home so that their sequences overlap: each key ends
+/// with one row, and the admissions of each key are exactly its capacity.
+#[test]
+fn concurrent_inserters_make_one_row_per_key() {
+    for round in 0..200 {
+        let capacity = 3;
+        let limits = Limits::new(1_000, capacity).unwrap();
+        let cells = CellTable::new(64);
+        let keys: Vec<u64> = (0..8).map(|k| k * 7 + round).collect();
+        let admitted: Vec<Vec<u64>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|t| {
+                    let (cells, keys, limits) = (&cells, &keys, &limits);
+                    s.spawn(move || {
+                        let mut got = vec![0u64; keys.len()];
+                        for _ in 0..4 {
+                            for (i, &k) in keys.iter().enumerate() {
+                                let i = if t == 0 { i } else { keys.len() - 1 - i };
+                                let k = if t == 0 { k } else { keys[i] };
+                                // One home for every key: the worst overlap.
+                                if cells.reserve(limits, 5, k, 1, 0, &|| 0).is_ok() {
+                                    got[i] += 1;
+                                }
+                            }
+                        }
+                        got
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for i in 0..keys.len() {
+            assert_eq!(admitted[0][i] + admitted[1][i], capacity, "key {}", keys[i]);
+        }
+        let mut live = cells.live_keys();
+        live.sort_unstable();
+        let mut want = keys.clone();
+        want.sort_unstable();
+        assert_eq!(live, want, "one row per key");
+        assert_eq!(cells.len(), keys.len());
+    }
+}
