@@ -260,6 +260,58 @@ pub mod __private {
         }
     }
 
+    /// The cell table of word-sized keys (`docs/cells.md`, work in
+    /// progress), with the hash of key `k` equal to `k`, for loom models.
+    pub struct CellsModel {
+        table: crate::table::cells::CellTable,
+        limits: crate::bucket::Limits,
+    }
+
+    impl CellsModel {
+        /// `cells` cells; buckets of `capacity` tokens, one per `interval`.
+        pub fn new(cells: usize, interval: u64, capacity: u64) -> CellsModel {
+            CellsModel {
+                table: crate::table::cells::CellTable::new(cells),
+                limits: crate::bucket::Limits::new(interval, capacity).expect("valid bucket"),
+            }
+        }
+
+        /// Debits one token of `key` at `now`: the new `tat`, or `None`.
+        pub fn reserve(&self, key: u64, now: u64) -> Option<u64> {
+            self.table
+                .reserve(&self.limits, key, key, 1, now, &|| now)
+                .ok()
+                .map(|a| a.tat)
+        }
+
+        /// Removes the rows full at `now`; how many.
+        pub fn sweep(&self, now: u64) -> usize {
+            self.table.sweep(now, &|k| k)
+        }
+
+        /// The `tat` of `key`'s row.
+        pub fn peek(&self, key: u64) -> Option<u64> {
+            self.table.peek(key, key)
+        }
+
+        /// Keys of the live rows, sorted.
+        pub fn live_keys(&self) -> Vec<u64> {
+            let mut k = self.table.live_keys();
+            k.sort_unstable();
+            k
+        }
+
+        /// Rows counted.
+        pub fn len(&self) -> usize {
+            self.table.len()
+        }
+
+        /// Whether no row is counted.
+        pub fn is_empty(&self) -> bool {
+            self.len() == 0
+        }
+    }
+
     /// The bucket rule (`src/bucket.rs`) on plain integers, so that baseline
     /// limiters in benchmarks and exact models can share the crate's math.
     #[derive(Clone, Copy, Debug)]

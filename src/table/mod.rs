@@ -41,7 +41,7 @@ use crate::bucket::{Decision, Limits, Refund};
 use crate::sync::epoch::{self, Atomic, Guard, Shared};
 use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
 
-mod cells;
+pub(crate) mod cells;
 mod clean;
 mod floor;
 mod migrate;

@@ -3,6 +3,7 @@
 //! `docs/cells.md` gives the states and the transitions between them.
 
 use crate::bucket::MAX_TIME;
+#[cfg(not(loom))]
 use crate::sync::Ordering;
 
 /// Set on every word of a cell a migration copier holds.

@@ -1,0 +1,69 @@
+//! loom models of the cell table of word-sized keys (`docs/cells.md`, work
+//! in progress: one array, no migration yet). A cell is one 128-bit atomic,
+//! modelled by a loom mutex.
+//!
+//! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" CARGO_TARGET_DIR=target/loom \
+//!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release --test cells
+//!
+//! Known-wrong variant `cells_verify_off` (a claim is kept without checking
+//! the key's sequence) must fail `tombstone_reuse_vs_empty_claim`.
+#![cfg(loom)]
+
+use loom::sync::Arc;
+use loom::thread;
+use pace::__private::CellsModel;
+
+mod support;
+
+use support::model;
+
+/// One token per 10 ns, capacity 2.
+const T: u64 = 10;
+
+/// Key 0's row is full and is swept while two threads create key 4, whose
+/// sequence starts at key 0's cell (hash = key, 4 cells): one of them may
+/// claim the tombstone the sweep leaves, the other the empty cell after it.
+/// The key ends with one row holding both debits.
+#[test]
+fn tombstone_reuse_vs_empty_claim() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 2));
+        assert_eq!(t.reserve(0, 0), Some(T));
+        let sweeper = {
+            let t = t.clone();
+            thread::spawn(move || t.sweep(T))
+        };
+        let other = {
+            let t = t.clone();
+            thread::spawn(move || t.reserve(4, T))
+        };
+        let mine = t.reserve(4, T);
+        assert_eq!(sweeper.join().unwrap(), 1);
+        let other = other.join().unwrap();
+        let mut tats = [mine, other];
+        tats.sort_unstable();
+        assert_eq!(tats, [Some(2 * T), Some(3 * T)], "both debits, one bucket");
+        assert_eq!(t.live_keys(), vec![4], "one row of key 4");
+        assert_eq!(t.peek(4), Some(3 * T));
+        assert_eq!(t.len(), 1);
+    });
+}
+
+/// Two threads create the same key on one home: one claims the empty cell,
+/// the other finds the claim, then the row. One row, both debits.
+#[test]
+fn two_inserters_one_row() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 2));
+        let other = {
+            let t = t.clone();
+            thread::spawn(move || t.reserve(1, 0))
+        };
+        let mine = t.reserve(1, 0);
+        let mut tats = [mine, other.join().unwrap()];
+        tats.sort_unstable();
+        assert_eq!(tats, [Some(T), Some(2 * T)]);
+        assert_eq!(t.live_keys(), vec![1]);
+        assert_eq!(t.len(), 1);
+    });
+}
