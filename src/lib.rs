@@ -265,40 +265,56 @@ pub mod __private {
     pub struct CellsModel {
         table: crate::table::cells::CellTable,
         limits: crate::bucket::Limits,
+        epochs: crate::sync::Epochs,
     }
 
     impl CellsModel {
-        /// `cells` cells; buckets of `capacity` tokens, one per `interval`.
+        /// At least `cells` cells; buckets of `capacity` tokens, one per
+        /// `interval`.
         pub fn new(cells: usize, interval: u64, capacity: u64) -> CellsModel {
             CellsModel {
                 table: crate::table::cells::CellTable::new(cells),
                 limits: crate::bucket::Limits::new(interval, capacity).expect("valid bucket"),
+                epochs: crate::sync::Epochs::new(),
             }
         }
 
         /// Debits one token of `key` at `now`: the new `tat`, or `None`.
         pub fn reserve(&self, key: u64, now: u64) -> Option<u64> {
+            let guard = self.epochs.pin();
             self.table
-                .reserve(&self.limits, key, key, 1, now, &|| now)
+                .reserve(&self.limits, key, key, 1, now, &|| now, &|k| k, &guard)
                 .ok()
                 .map(|a| a.tat)
         }
 
+        /// Refunds one token of `key` that moved it from `prev` to `tat`.
+        pub fn refund(&self, key: u64, tat: u64, prev: u64, now: u64) {
+            let guard = self.epochs.pin();
+            self.table
+                .refund(&self.limits, key, key, 1, tat, prev, now, &|k| k, &guard)
+        }
+
         /// Removes the rows full at `now`; how many.
         pub fn sweep(&self, now: u64) -> usize {
-            self.table.sweep(now, &|k| k)
+            self.table.sweep(now, &|k| k, &self.epochs.pin())
         }
 
         /// The `tat` of `key`'s row.
         pub fn peek(&self, key: u64) -> Option<u64> {
-            self.table.peek(key, key)
+            self.table.peek(key, key, &self.epochs.pin())
         }
 
         /// Keys of the live rows, sorted.
         pub fn live_keys(&self) -> Vec<u64> {
-            let mut k = self.table.live_keys();
+            let mut k = self.table.live_keys(&self.epochs.pin());
             k.sort_unstable();
             k
+        }
+
+        /// Cells of the array new rows go to.
+        pub fn cells(&self) -> usize {
+            self.table.cells(&self.epochs.pin())
         }
 
         /// Rows counted.

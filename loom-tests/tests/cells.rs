@@ -5,8 +5,10 @@
 //! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" CARGO_TARGET_DIR=target/loom \
 //!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release --test cells
 //!
-//! Known-wrong variant `cells_verify_off` (a claim is kept without checking
-//! the key's sequence) must fail `tombstone_reuse_vs_empty_claim`.
+//! Known-wrong variants: `cells_verify_off` (a claim is kept without
+//! checking the key's sequence) must fail `tombstone_reuse_vs_empty_claim`
+//! and `two_inserters_one_row`; `cells_copy_unfrozen` must fail
+//! `reserve_vs_copy`.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -65,5 +67,31 @@ fn two_inserters_one_row() {
         assert_eq!(tats, [Some(T), Some(2 * T)]);
         assert_eq!(t.live_keys(), vec![1]);
         assert_eq!(t.len(), 1);
+    });
+}
+
+/// Reserve racing a chunk copy: keys 0, 1, 2 fill 3 of 4 cells (the limit),
+/// so a new key starts a migration (chunks of 2 cells) and copies a chunk,
+/// while another thread debits key 0 in the first chunk. Both of key 0's
+/// debits are in its row, wherever it ends. Known-wrong variant
+/// `cells_copy_unfrozen` (copy a row without freezing it) loses one.
+#[test]
+fn reserve_vs_copy() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 4));
+        for k in [0, 1, 2] {
+            assert_eq!(t.reserve(k, 0), Some(T));
+        }
+        let other = {
+            let t = t.clone();
+            thread::spawn(move || t.reserve(0, 0))
+        };
+        assert_eq!(t.reserve(5, 0), Some(T));
+        assert_eq!(other.join().unwrap(), Some(2 * T));
+        // A sweep at 0 removes nothing and finishes the migration.
+        assert_eq!(t.sweep(0), 0);
+        assert_eq!(t.peek(0), Some(2 * T), "both debits of key 0");
+        assert_eq!(t.live_keys(), vec![0, 1, 2, 5], "one row per key");
+        assert_eq!(t.len(), 4);
     });
 }

@@ -1,15 +1,16 @@
 //! The table for word-sized keys: rows live in 16-byte cells of the array
-//! (`docs/cells.md`). Work in progress: one array (no migration yet), not
-//! yet used by `Pace`.
+//! (`docs/cells.md`). Work in progress: arrays migrate chunk by chunk, no
+//! cleaning or incremental sweep yet, not yet used by `Pace`.
 #![allow(dead_code)]
 
 mod cell;
 
-use crossbeam_utils::Backoff;
+use crossbeam_utils::{Backoff, CachePadded};
 
 use super::floor::Floors;
 use super::slot::probe_seq;
 use crate::bucket::{Decision, Limits, Refund};
+use crate::sync::epoch::{Atomic, Guard, Owned, Shared};
 use crate::sync::{cas_retry, fence, snooze, AtomicUsize, Ordering};
 use cell::{Cell, CellState};
 
@@ -21,33 +22,19 @@ pub(crate) struct Admitted {
     pub(crate) created: bool,
 }
 
-/// Why a reserve failed: the bucket's decision, or no room for a new row
-/// (until migration exists).
+/// Why a reserve failed: the bucket's decision (`NoRoom` is kept for
+/// callers that cap the table; the table itself migrates).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Denied {
     Bucket(Decision),
     NoRoom,
 }
 
-/// Where a key's walk ended.
-enum Found {
-    /// The key's row: cell `idx` held `v` (live, `tat`).
-    Row { idx: usize, v: u128, tat: u64 },
-    /// No row: the first empty cell of the sequence, and the first tombstone
-    /// before it (with the value it held).
-    Absent {
-        empty: usize,
-        tomb: Option<(usize, u128)>,
-    },
-    /// Every cell probed, none empty.
-    Full { tomb: Option<(usize, u128)> },
-}
-
 /// Why a claim failed.
 enum Lost {
     /// The cell changed first: look again.
     Taken,
-    /// The array is at its limit (until migration exists).
+    /// The array is at its limit: migrate.
     NoRoom,
 }
 
@@ -59,25 +46,50 @@ enum Verdict {
     Await(usize),
 }
 
-/// One power-of-two array of cells.
-pub(crate) struct CellTable {
-    cells: Box<[Cell]>,
-    /// Cells not empty: rows, claims and tombstones.
-    used: AtomicUsize,
-    /// Rows: live cells plus claims in flight.
-    len: AtomicUsize,
-    floors: Floors,
+/// Cells per migration chunk (loom: 2, so a 4-cell array migrates over
+/// calls).
+#[cfg(not(loom))]
+const CHUNK: usize = 64;
+#[cfg(loom)]
+const CHUNK: usize = 2;
+
+/// Tag on a null `next`: a migration target is being allocated.
+const PENDING: usize = 1;
+
+/// The smallest array.
+const MIN_CELLS: usize = 4;
+
+/// Claims allowed in an array of `n` cells (3/4), so every sequence ends.
+fn grow_at(n: usize) -> usize {
+    n - n / 4
 }
 
-impl CellTable {
-    /// A table of `cells` cells (a power of two, at least 4).
-    pub(crate) fn new(cells: usize) -> CellTable {
-        let n = cells.max(4).next_power_of_two();
-        CellTable {
+/// One power-of-two array of cells and its migration state.
+struct CellArray {
+    cells: Box<[Cell]>,
+    /// Cells not empty: rows, claims, tombstones, copies.
+    used: CachePadded<AtomicUsize>,
+    /// Claims allowed (`grow_at`, less the rows a migration will copy in,
+    /// raised as each chunk's copies arrive).
+    limit: AtomicUsize,
+    /// The migration target: null, null tagged PENDING, or the next array.
+    next: Atomic<CellArray>,
+    /// Next chunk to copy.
+    claim: AtomicUsize,
+    /// Chunks copied.
+    copied: AtomicUsize,
+}
+
+impl CellArray {
+    fn new(n: usize, copies: usize) -> CellArray {
+        debug_assert!(n.is_power_of_two());
+        CellArray {
             cells: (0..n).map(|_| Cell::new(CellState::Empty)).collect(),
-            used: AtomicUsize::new(0),
-            len: AtomicUsize::new(0),
-            floors: Floors::new(),
+            used: CachePadded::new(AtomicUsize::new(0)),
+            limit: AtomicUsize::new(grow_at(n).saturating_sub(copies)),
+            next: Atomic::null(),
+            claim: AtomicUsize::new(0),
+            copied: AtomicUsize::new(0),
         }
     }
 
@@ -85,54 +97,166 @@ impl CellTable {
         self.cells.len() - 1
     }
 
-    /// Claims allowed (3/4 of the cells), so every sequence ends.
-    fn limit(&self) -> usize {
-        self.cells.len() - self.cells.len() / 4
+    fn chunks(&self) -> usize {
+        self.cells.len().div_ceil(CHUNK)
+    }
+}
+
+/// Whether an array's `next` says a migration has started.
+fn is_migrating(next: Shared<'_, CellArray>) -> bool {
+    !next.is_null() || next.tag() != 0
+}
+
+/// Where a key's walk ended.
+enum Found<'g> {
+    /// The key's row: cell `idx` of `arr` held `v` (live, `tat`).
+    Row {
+        arr: &'g CellArray,
+        idx: usize,
+        v: u128,
+        tat: u64,
+    },
+    /// No row: the first empty cell of the sequence in `arr` (which was not
+    /// migrating), and the first tombstone before it with its value.
+    Absent {
+        arr: Shared<'g, CellArray>,
+        empty: usize,
+        tomb: Option<(usize, u128)>,
+    },
+    /// Every cell of `arr` probed, none empty.
+    Full {
+        arr: Shared<'g, CellArray>,
+        tomb: Option<(usize, u128)>,
+    },
+}
+
+/// The table of word-sized keys: arrays of cells, migrating chunk by chunk.
+pub(crate) struct CellTable {
+    /// The oldest array in use: the one migrating, if a migration runs.
+    current: Atomic<CellArray>,
+    /// Rows: live cells plus claims in flight.
+    len: CachePadded<AtomicUsize>,
+    min_cells: usize,
+    floors: Floors,
+}
+
+impl CellTable {
+    /// A table that never shrinks below `min_cells` (a power of two, at
+    /// least 4).
+    pub(crate) fn new(min_cells: usize) -> CellTable {
+        let n = min_cells.max(MIN_CELLS).next_power_of_two();
+        CellTable {
+            current: Atomic::new(CellArray::new(n, 0)),
+            len: CachePadded::new(AtomicUsize::new(0)),
+            min_cells: n,
+            floors: Floors::new(),
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }
 
-    /// Walks `key`'s sequence.
-    fn find(&self, hash: u64, key: u64) -> Found {
-        let backoff = Backoff::new();
-        let mut tomb = None;
-        for idx in probe_seq(hash, self.mask()) {
-            loop {
-                let v = self.cells[idx].load();
-                match CellState::decode(v) {
-                    // A cleaner's fence ends the sequence as an empty cell
-                    // does (nothing lies beyond it); an insert there waits.
-                    CellState::Empty | CellState::Fence => {
-                        return Found::Absent { empty: idx, tomb }
-                    }
-                    CellState::Tomb => {
-                        if tomb.is_none() {
-                            tomb = Some((idx, v));
-                        }
-                    }
-                    CellState::Live { key: k, tat } if k == key => {
-                        return Found::Row { idx, v, tat }
-                    }
-                    // Another key's row, or a claim (its inserter decides).
-                    CellState::Live { .. } | CellState::Claimed { .. } => {}
-                    s => {
-                        // Frozen states belong to migrations, which this
-                        // stage does not have.
-                        debug_assert!(false, "unexpected {s:?}");
-                        snooze(&backoff);
-                        continue;
-                    }
-                }
-                break;
-            }
+    /// Cells of the array new rows go to (the target while migrating).
+    pub(crate) fn cells(&self, guard: &Guard) -> usize {
+        let (_, cur) = self.array(guard);
+        let next = cur.next.load(Ordering::Acquire, guard);
+        if next.is_null() {
+            cur.cells.len()
+        } else {
+            // SAFETY: see `next_of`.
+            unsafe { next.deref() }.cells.len()
         }
-        Found::Full { tomb }
+    }
+
+    fn array<'g>(&self, guard: &'g Guard) -> (Shared<'g, CellArray>, &'g CellArray) {
+        let p = self.current.load(Ordering::Acquire, guard);
+        // SAFETY: `current` is never null, and an array unpublished from it
+        // is retired through the epoch, so it outlives `guard`.
+        (p, unsafe { p.deref() })
+    }
+
+    /// The target of a migrating array, once allocated.
+    fn next_of<'g>(&self, arr: &'g CellArray, guard: &'g Guard) -> Shared<'g, CellArray> {
+        let backoff = Backoff::new();
+        loop {
+            let next = arr.next.load(Ordering::Acquire, guard);
+            if !next.is_null() {
+                return next;
+            }
+            snooze(&backoff); // its migration's starter is allocating it
+        }
+    }
+
+    /// Walks `key`'s sequence from the current array, following migration
+    /// targets. An inserting walk (`seal`) seals the empty cell that ends
+    /// the sequence in a migrating array, so nothing can claim it after.
+    fn find<'g>(&self, hash: u64, key: u64, seal: bool, guard: &'g Guard) -> Found<'g> {
+        let backoff = Backoff::new();
+        let (mut arr_ptr, _) = self.array(guard);
+        'arrays: loop {
+            // SAFETY: `current` or a target reached from it under `guard`.
+            let arr = unsafe { arr_ptr.deref() };
+            let mut tomb = None;
+            for idx in probe_seq(hash, arr.mask()) {
+                loop {
+                    let v = arr.cells[idx].load();
+                    match CellState::decode(v) {
+                        CellState::Empty | CellState::Fence => {
+                            if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+                                return Found::Absent {
+                                    arr: arr_ptr,
+                                    empty: idx,
+                                    tomb,
+                                };
+                            }
+                            if seal && !cfg!(pace_mutant = "cells_insert_into_migrating") {
+                                let sealed = CellState::Sealed.encode();
+                                if v != 0 || arr.cells[idx].cas(0, sealed).is_err() {
+                                    snooze(&backoff);
+                                    continue; // claimed, or a fence: read it again
+                                }
+                            }
+                            arr_ptr = self.next_of(arr, guard);
+                            continue 'arrays;
+                        }
+                        CellState::Sealed => {
+                            arr_ptr = self.next_of(arr, guard);
+                            continue 'arrays;
+                        }
+                        CellState::Tomb => {
+                            if tomb.is_none() {
+                                tomb = Some((idx, v));
+                            }
+                        }
+                        CellState::Live { key: k, tat } if k == key => {
+                            return Found::Row { arr, idx, v, tat };
+                        }
+                        CellState::FrozenLive { key: k, .. } if k == key => {
+                            // Its copier is moving it: wait for that one cell.
+                            snooze(&backoff);
+                            continue;
+                        }
+                        CellState::Moved { key: k } if k == key => {
+                            arr_ptr = self.next_of(arr, guard);
+                            continue 'arrays;
+                        }
+                        _ => {} // other keys, claims, closed tombstones
+                    }
+                    break;
+                }
+            }
+            if !is_migrating(arr.next.load(Ordering::Acquire, guard)) {
+                return Found::Full { arr: arr_ptr, tomb };
+            }
+            arr_ptr = self.next_of(arr, guard);
+        }
     }
 
     /// Debits `n` tokens from `key`'s bucket at `now`, creating its row if
     /// absent (from its floor). A denial writes and creates nothing.
+    /// `hash_of` gives any key's hash (a migration copy needs it).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn reserve(
         &self,
         limits: &Limits,
@@ -141,16 +265,21 @@ impl CellTable {
         n: u64,
         mut now: u64,
         reread: &dyn Fn() -> u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
     ) -> Result<Admitted, Denied> {
         let backoff = Backoff::new();
         loop {
-            let (empty, tomb) = match self.find(hash, key) {
-                Found::Row { idx, v, tat } => match self.debit(idx, v, tat, key, limits, n, now) {
-                    Some(r) => return r.map_err(Denied::Bucket),
-                    None => continue, // the row was removed under us
-                },
-                Found::Absent { empty, tomb } => (Some(empty), tomb),
-                Found::Full { tomb } => (None, tomb),
+            self.help(hash_of, guard);
+            let (arr_ptr, empty, tomb) = match self.find(hash, key, true, guard) {
+                Found::Row { arr, idx, v, tat } => {
+                    match self.debit(arr, idx, v, tat, key, limits, n, now) {
+                        Some(r) => return r.map_err(Denied::Bucket),
+                        None => continue, // removed or frozen under us
+                    }
+                }
+                Found::Absent { arr, empty, tomb } => (arr, Some(empty), tomb),
+                Found::Full { arr, tomb } => (arr, None, tomb),
             };
             // An absent row starts from its floor: decide before creating.
             let floor = self.floors.get(hash);
@@ -162,26 +291,31 @@ impl CellTable {
             {
                 return Err(Denied::Bucket(d));
             }
-            let at = match self.claim(key, empty, tomb) {
+            // SAFETY: reached under `guard` (see `find`).
+            let arr = unsafe { arr_ptr.deref() };
+            let at = match self.claim(arr, key, empty, tomb, guard) {
                 Ok(at) => at,
-                Err(Lost::NoRoom) => return Err(Denied::NoRoom),
+                Err(Lost::NoRoom) => {
+                    self.start_migration(arr_ptr, hash_of, guard);
+                    continue;
+                }
                 Err(Lost::Taken) => {
-                    // Taken first, or a cleaner's fence: look again.
+                    // Taken first, a cleaner's fence, or a migration began.
                     snooze(&backoff);
                     continue;
                 }
             };
-            // Dekker with every other inserter of the key: each claims, fences,
-            // then reads the whole sequence (see `verify`).
+            // Dekker with every other inserter of the key: each claims,
+            // fences, then reads the whole sequence (see `verify`).
             fence(Ordering::SeqCst);
-            match self.verify(hash, key, at) {
+            match self.verify(hash, key, arr_ptr, at, guard) {
                 Verdict::Keep => {}
                 verdict => {
-                    self.withdraw(at, key);
+                    self.withdraw(arr, at, key);
                     snooze(&backoff);
                     if let Verdict::Await(earlier) = verdict {
                         let claim = CellState::Claimed { key }.encode();
-                        while self.cells[earlier].load() == claim {
+                        while arr.cells[earlier].load() == claim {
                             snooze(&backoff);
                         }
                     }
@@ -191,7 +325,7 @@ impl CellTable {
             // The floor again, after the check: a row of the key removed
             // while we checked raised it before its cell became a tombstone.
             // The claim becomes the row with this debit in one CAS, so no
-            // row is ever live without its first debit (a sweep would take
+            // row is ever live before its first debit (a sweep would take
             // it for full); a denial now withdraws the claim.
             let floor = self.floors.get(hash);
             if floor > now {
@@ -201,47 +335,70 @@ impl CellTable {
                 Decision::Admit(tat) => {
                     let claim = CellState::Claimed { key }.encode();
                     let live = CellState::Live { key, tat }.encode();
-                    let promoted = self.cells[at].cas(claim, live);
-                    debug_assert!(promoted.is_ok(), "only its inserter changes a claim");
-                    return Ok(Admitted {
-                        tat,
-                        prev: floor,
-                        created: true,
-                    });
+                    if arr.cells[at].cas(claim, live).is_ok() {
+                        return Ok(Admitted {
+                            tat,
+                            prev: floor,
+                            created: true,
+                        });
+                    }
+                    // A copier froze the claim: it is not copied; look again.
+                    self.len.fetch_sub(1, Ordering::SeqCst);
                 }
                 denied => {
-                    self.withdraw(at, key);
+                    self.withdraw(arr, at, key);
                     return Err(Denied::Bucket(denied));
                 }
             }
         }
     }
 
-    /// Claims a cell for `key`: the tombstone if there is one, else the empty
-    /// cell (if the array has room for one more used cell).
+    /// Counts one more row unless `arr` is migrating: the handshake with
+    /// `start_migration`, which sizes the target from `len` after sealing.
+    fn count_row(&self, arr: &CellArray, guard: &Guard) -> bool {
+        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+            return false;
+        }
+        self.len.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+            self.len.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Claims a cell of `arr` for `key`: the tombstone if there is one, else
+    /// the empty cell (if the array has room for one more used cell).
     fn claim(
         &self,
+        arr: &CellArray,
         key: u64,
         empty: Option<usize>,
         tomb: Option<(usize, u128)>,
+        guard: &Guard,
     ) -> Result<usize, Lost> {
+        if !self.count_row(arr, guard) {
+            return Err(Lost::Taken);
+        }
         let claim = CellState::Claimed { key }.encode();
-        self.len.fetch_add(1, Ordering::SeqCst);
         let lost = if let Some((at, v)) = tomb {
-            // A tombstone is already counted in `used`.
-            if self.cells[at].cas(v, claim).is_ok() {
+            // A tombstone is already counted in `used`; a copier that froze
+            // it first makes this CAS fail.
+            if arr.cells[at].cas(v, claim).is_ok() {
                 return Ok(at);
             }
             Lost::Taken
         } else if let Some(at) = empty {
-            if self.used.fetch_add(1, Ordering::Relaxed) < self.limit() {
-                if self.cells[at].cas(0, claim).is_ok() {
+            let limit = arr.limit.load(Ordering::Acquire);
+            if arr.used.fetch_add(1, Ordering::Relaxed) < limit {
+                if arr.cells[at].cas(0, claim).is_ok() {
                     return Ok(at);
                 }
-                self.used.fetch_sub(1, Ordering::Relaxed);
+                arr.used.fetch_sub(1, Ordering::Relaxed);
                 Lost::Taken
             } else {
-                self.used.fetch_sub(1, Ordering::Relaxed);
+                arr.used.fetch_sub(1, Ordering::Relaxed);
                 Lost::NoRoom
             }
         } else {
@@ -251,67 +408,108 @@ impl CellTable {
         Err(lost)
     }
 
-    /// Withdraws our claim at `at`: it becomes a tombstone (still used).
-    fn withdraw(&self, at: usize, key: u64) {
+    /// Withdraws our claim at `at` of `arr`: it becomes a tombstone (still
+    /// used), or stays as a copier froze it (never copied).
+    fn withdraw(&self, arr: &CellArray, at: usize, key: u64) {
         let claim = CellState::Claimed { key }.encode();
-        let gone = self.cells[at].cas(claim, CellState::Tomb.encode());
-        debug_assert!(gone.is_ok(), "only its inserter changes a claim");
+        let _ = arr.cells[at].cas(claim, CellState::Tomb.encode());
         self.len.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// Whether our claim at `at` may become `key`'s row: no live row of the
-    /// key on its sequence, and no claim of it earlier in the sequence.
-    fn verify(&self, hash: u64, key: u64, at: usize) -> Verdict {
+    /// Whether our claim in cell `at` of `my_arr` may become `key`'s row: no
+    /// live row of the key on its sequence in any array, no claim of it
+    /// earlier in ours, and our array still the newest.
+    fn verify(
+        &self,
+        hash: u64,
+        key: u64,
+        my_arr: Shared<'_, CellArray>,
+        at: usize,
+        guard: &Guard,
+    ) -> Verdict {
         // Known-wrong variant: keep every claim unchecked.
         if cfg!(pace_mutant = "cells_verify_off") {
             return Verdict::Keep;
         }
+        // SAFETY: reached under `guard`.
+        let mine_arr = unsafe { my_arr.deref() };
+        let still_newest = || !is_migrating(mine_arr.next.load(Ordering::SeqCst, guard));
+        let keep_if = |keep: bool| {
+            if keep {
+                Verdict::Keep
+            } else {
+                Verdict::Withdraw
+            }
+        };
         let backoff = Backoff::new();
         let mut seen_me = false;
-        for idx in probe_seq(hash, self.mask()) {
-            loop {
-                if idx == at {
-                    seen_me = true;
+        let (mut arr_ptr, _) = self.array(guard);
+        'arrays: loop {
+            // SAFETY: as in `find`.
+            let arr = unsafe { arr_ptr.deref() };
+            let mine = arr_ptr == my_arr;
+            for idx in probe_seq(hash, arr.mask()) {
+                loop {
+                    if mine && idx == at {
+                        match CellState::decode(arr.cells[idx].load()) {
+                            CellState::Claimed { .. } => seen_me = true,
+                            _ => return Verdict::Withdraw, // frozen by a copier
+                        }
+                        break;
+                    }
+                    match CellState::decode(arr.cells[idx].load()) {
+                        CellState::Empty | CellState::Fence | CellState::Sealed if mine => {
+                            // A cleaner may have emptied a cell before ours
+                            // since the walk that chose it.
+                            return keep_if(seen_me && still_newest());
+                        }
+                        CellState::Empty | CellState::Fence | CellState::Sealed => {
+                            if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+                                return Verdict::Withdraw; // our array migrated away
+                            }
+                            arr_ptr = self.next_of(arr, guard);
+                            continue 'arrays;
+                        }
+                        CellState::Live { key: k, .. } | CellState::FrozenLive { key: k, .. }
+                            if k == key =>
+                        {
+                            return Verdict::Withdraw; // the key's row
+                        }
+                        CellState::Claimed { key: k } if k == key => {
+                            if mine && !seen_me {
+                                return Verdict::Await(idx);
+                            }
+                            if !still_newest() {
+                                return Verdict::Withdraw;
+                            }
+                            // A later claim, or one in an older array: its
+                            // inserter withdraws or is promoted (then we
+                            // withdraw).
+                            snooze(&backoff);
+                            continue;
+                        }
+                        _ => {} // other keys, tombstones, moved rows, dead claims
+                    }
                     break;
                 }
-                match CellState::decode(self.cells[idx].load()) {
-                    CellState::Empty | CellState::Fence => {
-                        // A cleaner may have emptied a cell before ours since
-                        // the walk that chose it: ours must still be on the
-                        // sequence.
-                        return if seen_me {
-                            Verdict::Keep
-                        } else {
-                            Verdict::Withdraw
-                        };
-                    }
-                    CellState::Live { key: k, .. } if k == key => return Verdict::Withdraw,
-                    CellState::Claimed { key: k } if k == key => {
-                        if !seen_me {
-                            return Verdict::Await(idx);
-                        }
-                        // A later claim: its inserter sees ours and
-                        // withdraws, or is promoted (we then withdraw).
-                        snooze(&backoff);
-                        continue;
-                    }
-                    _ => {}
-                }
-                break;
             }
-        }
-        if seen_me {
-            Verdict::Keep
-        } else {
-            Verdict::Withdraw
+            if mine {
+                return keep_if(seen_me && still_newest());
+            }
+            if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+                return Verdict::Withdraw;
+            }
+            arr_ptr = self.next_of(arr, guard);
         }
     }
 
-    /// The CAS loop that debits the row of `key` in cell `idx`, which held
-    /// `v` (live at `tat`). `None` if the row was removed first.
+    /// The CAS loop that debits the row of `key` in cell `idx` of `arr`,
+    /// which held `v` (live at `tat`). `None` if the row was removed or
+    /// frozen first (look again).
     #[allow(clippy::too_many_arguments)]
     fn debit(
         &self,
+        arr: &CellArray,
         idx: usize,
         mut v: u128,
         mut tat: u64,
@@ -325,7 +523,7 @@ impl CellTable {
             match limits.reserve(tat, now, n) {
                 Decision::Admit(new) => {
                     let next = CellState::Live { key, tat: new }.encode();
-                    match self.cells[idx].cas(v, next) {
+                    match arr.cells[idx].cas(v, next) {
                         Ok(_) => {
                             return Some(Ok(Admitted {
                                 tat: new,
@@ -361,59 +559,70 @@ impl CellTable {
         own_tat: u64,
         prev: u64,
         now: u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
     ) {
-        let Found::Row {
-            idx,
-            mut v,
-            mut tat,
-        } = self.find(hash, key)
-        else {
-            return;
-        };
+        self.help(hash_of, guard);
         let backoff = Backoff::new();
-        loop {
-            let (next, full) = match limits.refund(tat, now, n, own_tat, prev) {
-                Refund::Unchanged => return,
-                Refund::Set(t) => (CellState::Live { key, tat: t }.encode(), false),
-                Refund::Full => {
-                    if !cfg!(pace_mutant = "cells_refund_keeps_floor") {
-                        self.floors.raise(hash, prev);
-                    }
-                    (CellState::Tomb.encode(), true)
-                }
+        'find: loop {
+            let Found::Row {
+                arr,
+                idx,
+                mut v,
+                mut tat,
+            } = self.find(hash, key, false, guard)
+            else {
+                return;
             };
-            match self.cells[idx].cas(v, next) {
-                Ok(_) => {
-                    if full {
-                        self.len.fetch_sub(1, Ordering::SeqCst);
+            loop {
+                let (next, full) = match limits.refund(tat, now, n, own_tat, prev) {
+                    Refund::Unchanged => return,
+                    Refund::Set(t) => (CellState::Live { key, tat: t }.encode(), false),
+                    Refund::Full => {
+                        if !cfg!(pace_mutant = "cells_refund_keeps_floor") {
+                            self.floors.raise(hash, prev);
+                        }
+                        (CellState::Tomb.encode(), true)
                     }
-                    return;
+                };
+                match arr.cells[idx].cas(v, next) {
+                    Ok(_) => {
+                        if full {
+                            self.len.fetch_sub(1, Ordering::SeqCst);
+                        }
+                        return;
+                    }
+                    Err(actual) => match CellState::decode(actual) {
+                        CellState::Live { key: k, tat: t } if k == key => {
+                            v = actual;
+                            tat = t;
+                            cas_retry(&backoff);
+                        }
+                        // Frozen by a copier: find it in the target.
+                        CellState::FrozenLive { .. } | CellState::Moved { .. } => continue 'find,
+                        _ => return,
+                    },
                 }
-                Err(actual) => match CellState::decode(actual) {
-                    CellState::Live { key: k, tat: t } if k == key => {
-                        v = actual;
-                        tat = t;
-                        cas_retry(&backoff);
-                    }
-                    _ => return,
-                },
             }
         }
     }
 
     /// The `tat` of `key`'s row, if it has one.
-    pub(crate) fn peek(&self, hash: u64, key: u64) -> Option<u64> {
-        match self.find(hash, key) {
+    pub(crate) fn peek(&self, hash: u64, key: u64, guard: &Guard) -> Option<u64> {
+        match self.find(hash, key, false, guard) {
             Found::Row { tat, .. } => Some(tat),
             _ => None,
         }
     }
 
     /// Removes every row whose bucket is full at `now` (floor raised to its
-    /// own `tat` first). `hash_of` gives a key's hash: cells do not keep it.
-    pub(crate) fn sweep(&self, now: u64, hash_of: &dyn Fn(u64) -> u64) -> usize {
+    /// own `tat` first), after finishing any migration. `hash_of` gives a
+    /// key's hash: cells do not keep it.
+    pub(crate) fn sweep(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) -> usize {
+        self.finish_migration(hash_of, guard);
+        let (_, arr) = self.array(guard);
         let mut removed = 0;
-        for cell in self.cells.iter() {
+        for cell in arr.cells.iter() {
             let v = cell.load();
             if let CellState::Live { key, tat } = CellState::decode(v) {
                 if tat <= now {
@@ -430,15 +639,191 @@ impl CellTable {
         removed
     }
 
+    /// Starts a migration of `arr_ptr` if it is current and none runs: seal
+    /// `next`, size the target from `len`, publish it, copy a chunk.
+    fn start_migration(
+        &self,
+        arr_ptr: Shared<'_, CellArray>,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) {
+        let (cur_ptr, _) = self.array(guard);
+        if cur_ptr != arr_ptr {
+            self.help(hash_of, guard);
+            return; // a target cannot migrate before it is current
+        }
+        // SAFETY: loaded from `current` under `guard`.
+        let arr = unsafe { arr_ptr.deref() };
+        let pending = Shared::null().with_tag(PENDING);
+        if arr
+            .next
+            .compare_exchange(
+                Shared::null(),
+                pending,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+                guard,
+            )
+            .is_err()
+        {
+            self.help(hash_of, guard);
+            return;
+        }
+        // The other half of `count_row`'s Dekker: a claim that did not see
+        // the seal is counted here.
+        fence(Ordering::SeqCst);
+        let rows = self.len.load(Ordering::SeqCst);
+        // Rows take at most half the target, with room for one new row per
+        // chunk of the copy.
+        let room = rows
+            .saturating_add(arr.chunks() + 1)
+            .saturating_mul(4)
+            .div_ceil(3);
+        let n = rows
+            .saturating_mul(2)
+            .saturating_add(2)
+            .max(room)
+            .max(self.min_cells)
+            .next_power_of_two();
+        arr.next
+            .store(Owned::new(CellArray::new(n, rows)), Ordering::Release);
+        self.help(hash_of, guard);
+    }
+
+    /// Copies one chunk of the running migration, if a chunk is left to
+    /// claim; the copier of the last chunk makes the target current.
+    fn help(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        let (cur_ptr, cur) = self.array(guard);
+        let next_ptr = cur.next.load(Ordering::Acquire, guard);
+        if next_ptr.is_null() {
+            return;
+        }
+        let c = cur.claim.fetch_add(1, Ordering::Relaxed);
+        if c >= cur.chunks() {
+            return;
+        }
+        // SAFETY: a published target lives as long as its source.
+        let next = unsafe { next_ptr.deref() };
+        self.copy_chunk(cur, next, c, hash_of);
+        if cur.copied.fetch_add(1, Ordering::AcqRel) + 1 == cur.chunks() {
+            self.finish(cur_ptr, next_ptr, guard);
+        }
+    }
+
+    /// Copies every chunk left (for whole-table operations and tests).
+    fn finish_migration(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        let backoff = Backoff::new();
+        loop {
+            let (_, cur) = self.array(guard);
+            if !is_migrating(cur.next.load(Ordering::Acquire, guard)) {
+                return;
+            }
+            if cur.claim.load(Ordering::Relaxed) >= cur.chunks() {
+                snooze(&backoff); // the last chunks are with other copiers
+            }
+            self.help(hash_of, guard);
+        }
+    }
+
+    /// Freezes every cell of chunk `c` of `old`, places its rows in `new`,
+    /// marks them moved.
+    fn copy_chunk(&self, old: &CellArray, new: &CellArray, c: usize, hash_of: &dyn Fn(u64) -> u64) {
+        let backoff = Backoff::new();
+        let end = ((c + 1) * CHUNK).min(old.cells.len());
+        let mut copies = 0;
+        for cell in &old.cells[c * CHUNK..end] {
+            let frozen = loop {
+                let v = cell.load();
+                match CellState::decode(v) {
+                    CellState::Fence => snooze(&backoff), // a cleaner's moment
+                    CellState::Sealed
+                    | CellState::Closed
+                    | CellState::FrozenClaimed { .. }
+                    | CellState::FrozenLive { .. }
+                    | CellState::Moved { .. } => break v,
+                    // Known-wrong variant: copy a row without freezing it,
+                    // so a debit between the read and `Moved` is lost.
+                    CellState::Live { .. } if cfg!(pace_mutant = "cells_copy_unfrozen") => {
+                        break cell::freeze(v);
+                    }
+                    _ => {
+                        let f = cell::freeze(v);
+                        if cell.cas(v, f).is_ok() {
+                            break f;
+                        }
+                    }
+                }
+            };
+            if let CellState::FrozenLive { key, tat } = CellState::decode(frozen) {
+                Self::place(new, hash_of(key), CellState::Live { key, tat }.encode());
+                copies += 1;
+                cell.store(CellState::Moved { key }.encode());
+            }
+        }
+        // Room for the copies: `used` first, then `limit` (claims read
+        // `limit` before they add to `used`).
+        new.used.fetch_add(copies, Ordering::Relaxed);
+        new.limit.fetch_add(copies, Ordering::Release);
+    }
+
+    /// Writes a copied row into the first empty cell of its sequence in
+    /// `arr` (the target, which nothing else holds the key in).
+    fn place(arr: &CellArray, hash: u64, v: u128) {
+        for idx in probe_seq(hash, arr.mask()) {
+            if arr.cells[idx].cas(0, v).is_ok() {
+                return;
+            }
+        }
+        unreachable!("a target has room for every copy");
+    }
+
+    /// Makes the target current and retires the old array.
+    fn finish(&self, old: Shared<'_, CellArray>, new: Shared<'_, CellArray>, guard: &Guard) {
+        if self
+            .current
+            .compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire, guard)
+            .is_ok()
+        {
+            // SAFETY: `old` is unreachable from `current` now; readers that
+            // still hold it pinned before this, and the epoch frees it
+            // after them. It owns no heap per row.
+            unsafe { guard.defer_destroy(old) };
+        }
+    }
+
     /// Keys of the live rows (for tests; nothing in flight).
-    pub(crate) fn live_keys(&self) -> Vec<u64> {
-        self.cells
+    pub(crate) fn live_keys(&self, guard: &Guard) -> Vec<u64> {
+        let (_, cur) = self.array(guard);
+        let next = cur.next.load(Ordering::Acquire, guard);
+        let mut arrays = vec![cur];
+        if !next.is_null() {
+            // SAFETY: as in `next_of`.
+            arrays.push(unsafe { next.deref() });
+        }
+        arrays
             .iter()
+            .flat_map(|a| a.cells.iter())
             .filter_map(|c| match CellState::decode(c.load()) {
-                CellState::Live { key, .. } => Some(key),
+                CellState::Live { key, .. } | CellState::FrozenLive { key, .. } => Some(key),
                 _ => None,
             })
             .collect()
+    }
+}
+
+impl Drop for CellTable {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no other thread holds the table; the arrays
+        // are owned by `current` and its `next`.
+        unsafe {
+            let guard = crate::sync::epoch::unprotected();
+            let cur = self.current.load(Ordering::Relaxed, guard);
+            let next = cur.deref().next.load(Ordering::Relaxed, guard);
+            if !next.is_null() {
+                drop(next.into_owned());
+            }
+            drop(cur.into_owned());
+        }
     }
 }
 
