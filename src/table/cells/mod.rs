@@ -224,11 +224,7 @@ impl CellTable {
                             arr_ptr = self.next_of(arr, guard);
                             continue 'arrays;
                         }
-                        CellState::Tomb => {
-                            if tomb.is_none() {
-                                tomb = Some((idx, v));
-                            }
-                        }
+                        CellState::Tomb if tomb.is_none() => tomb = Some((idx, v)),
                         CellState::Live { key: k, tat } if k == key => {
                             return Found::Row { arr, idx, v, tat };
                         }
