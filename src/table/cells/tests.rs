@@ -152,18 +152,20 @@ fn a_full_array_migrates() {
 /// with one row, and the admissions of each key are exactly its capacity.
 #[test]
 fn concurrent_inserters_make_one_row_per_key() {
-    for round in 0..200 {
+    for round in 0..2_000 {
         let capacity = 3;
         let limits = Limits::new(1_000, capacity).unwrap();
         // 8 cells, 8 keys on one home: the table migrates under the race.
         let cells = CellTable::new(8);
         let keys: Vec<u64> = (0..8).map(|k| k * 7 + round).collect();
+        let start = std::sync::Barrier::new(2);
         let admitted: Vec<Vec<u64>> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..2)
                 .map(|t| {
-                    let (cells, keys, limits) = (&cells, &keys, &limits);
+                    let (cells, keys, limits, start) = (&cells, &keys, &limits, &start);
                     s.spawn(move || {
                         let mut got = vec![0u64; keys.len()];
+                        start.wait();
                         for _ in 0..4 {
                             for (i, &k) in keys.iter().enumerate() {
                                 let i = if t == 0 { i } else { keys.len() - 1 - i };
@@ -190,5 +192,64 @@ fn concurrent_inserters_make_one_row_per_key() {
         want.sort_unstable();
         assert_eq!(live, want, "one row per key");
         assert_eq!(cells.len(), keys.len());
+    }
+}
+
+/// Two threads reserve 32 keys on a 4-cell table (so it migrates again and
+/// again) while a clock shared by both advances by one ns per call, and one
+/// thread sweeps now and then (rows leave, floors rise). No key's admissions
+/// exceed its capacity plus what refilled over the run.
+#[test]
+#[cfg_attr(miri, ignore)] // 800k reserves
+fn concurrent_admissions_stay_within_the_bound() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let (interval, capacity) = (64u64, 3u64);
+    for round in 0..20u64 {
+        let limits = Limits::new(interval, capacity).unwrap();
+        let cells = CellTable::new(4);
+        let clock = AtomicU64::new(1_000);
+        let hasher = RandomState::new();
+        let hash = |k: u64| hasher.hash_one(k);
+        let keys = 32u64;
+        let start = std::sync::Barrier::new(2);
+        let admitted: Vec<Vec<u64>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let (cells, clock, limits, hash, start) =
+                        (&cells, &clock, &limits, &hash, &start);
+                    s.spawn(move || {
+                        let mut got = vec![0u64; keys as usize];
+                        start.wait();
+                        let mut x = round * 2 + t + 1;
+                        for i in 0..20_000u64 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let k = x % keys;
+                            let now = clock.fetch_add(1, Ordering::Relaxed);
+                            let g = epoch::pin();
+                            if t == 0 && i % 2_000 == 0 {
+                                cells.sweep(now, hash, &g);
+                            }
+                            if cells
+                                .reserve(limits, hash(k), k, 1, now, &|| now, hash, &g)
+                                .is_ok()
+                            {
+                                got[k as usize] += 1;
+                            }
+                        }
+                        got
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let elapsed = clock.load(Ordering::Relaxed) - 1_000;
+        // Readings lie in 1_000..1_000 + elapsed.
+        let bound = capacity + (elapsed - 1) / interval;
+        for k in 0..keys as usize {
+            let total = admitted[0][k] + admitted[1][k];
+            assert!(total <= bound, "key {k}: {total} admitted, bound {bound}");
+        }
     }
 }
