@@ -288,6 +288,24 @@ pub mod __private {
                 .map(|a| a.tat)
         }
 
+        /// Debits `n` tokens of `key` (whose hash is `hash`; `hash_of` gives
+        /// any key's) at `now`: the new `tat`, or `None` (for benchmarks).
+        #[inline]
+        pub fn reserve_hashed(
+            &self,
+            key: u64,
+            hash: u64,
+            n: u64,
+            now: u64,
+            hash_of: &dyn Fn(u64) -> u64,
+        ) -> Option<u64> {
+            let guard = self.epochs.pin();
+            self.table
+                .reserve(&self.limits, hash, key, n, now, &|| now, hash_of, &guard)
+                .ok()
+                .map(|a| a.tat)
+        }
+
         /// Refunds one token of `key` that moved it from `prev` to `tat`.
         pub fn refund(&self, key: u64, tat: u64, prev: u64, now: u64) {
             let guard = self.epochs.pin();
