@@ -94,6 +94,14 @@ impl CellState {
     }
 }
 
+/// The `tat` of `v` if it is `key`'s live row: the lookup's fast test, one
+/// compare of each half, without decoding every state.
+#[inline(always)]
+pub(crate) fn live_tat(v: u128, key: u64) -> Option<u64> {
+    let word = v as u64;
+    ((v >> 64) as u64 == key && (1..=LIVE_MAX).contains(&word)).then(|| word - 1)
+}
+
 /// The frozen value of a cell holding `v`: what a copier's CAS writes.
 /// A fence is never frozen (the copier waits for its cleaner).
 pub(crate) fn freeze(v: u128) -> u128 {
@@ -229,6 +237,24 @@ mod tests {
             assert!(a & FROZEN == 0);
             for b in &words[i + 1..] {
                 assert!(a < b);
+            }
+        }
+    }
+
+    #[test]
+    fn live_tat_agrees_with_decode() {
+        for key in [0, 5, u64::MAX] {
+            for tat in [0, 9, MAX_TIME] {
+                for s in all_states(key, tat) {
+                    let want = match s {
+                        CellState::Live { key: k, tat } if k == key => Some(tat),
+                        _ => None,
+                    };
+                    assert_eq!(live_tat(s.encode(), key), want, "{s:?}");
+                    if key != 5 {
+                        assert_eq!(live_tat(s.encode(), 5), None, "{s:?}");
+                    }
+                }
             }
         }
     }

@@ -252,8 +252,40 @@ impl CellTable {
     /// Debits `n` tokens from `key`'s bucket at `now`, creating its row if
     /// absent (from its floor). A denial writes and creates nothing.
     /// `hash_of` gives any key's hash (a migration copy needs it).
+    ///
+    /// The key's first cell of a current array that is not migrating is
+    /// probed here, inline: a row found there is debited at once.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(crate) fn reserve(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: u64,
+        n: u64,
+        now: u64,
+        reread: &dyn Fn() -> u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) -> Result<Admitted, Denied> {
+        let (_, arr) = self.array(guard);
+        if arr.next.load(Ordering::Relaxed, guard).is_null() {
+            let idx = hash as usize & arr.mask();
+            let v = arr.cells[idx].load();
+            if let Some(tat) = cell::live_tat(v, key) {
+                if let Some(r) = self.debit(arr, idx, v, tat, key, limits, n, now) {
+                    return r.map_err(Denied::Bucket);
+                }
+            }
+        }
+        self.reserve_slow(limits, hash, key, n, now, reread, hash_of, guard)
+    }
+
+    /// Everything but a row in the key's first cell: the walk, inserts,
+    /// migrations.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn reserve_slow(
         &self,
         limits: &Limits,
         hash: u64,
@@ -503,6 +535,7 @@ impl CellTable {
     /// which held `v` (live at `tat`). `None` if the row was removed or
     /// frozen first (look again).
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn debit(
         &self,
         arr: &CellArray,
@@ -527,13 +560,13 @@ impl CellTable {
                                 created: false,
                             }))
                         }
-                        Err(actual) => match CellState::decode(actual) {
-                            CellState::Live { key: k, tat: t } if k == key => {
+                        Err(actual) => match cell::live_tat(actual, key) {
+                            Some(t) => {
                                 v = actual;
                                 tat = t;
                                 cas_retry(&backoff);
                             }
-                            _ => return None,
+                            None => return None,
                         },
                     }
                 }
