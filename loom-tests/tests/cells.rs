@@ -8,7 +8,8 @@
 //! Known-wrong variants: `cells_verify_off` (a claim is kept without
 //! checking the key's sequence) must fail `tombstone_reuse_vs_empty_claim`
 //! and `two_inserters_one_row`; `cells_copy_unfrozen` must fail
-//! `reserve_vs_copy`.
+//! `reserve_vs_copy`; `cells_clean_without_fence` must fail
+//! `clean_vs_insert`.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -93,5 +94,32 @@ fn reserve_vs_copy() {
         assert_eq!(t.peek(0), Some(2 * T), "both debits of key 0");
         assert_eq!(t.live_keys(), vec![0, 1, 2, 5], "one row per key");
         assert_eq!(t.len(), 4);
+    });
+}
+
+/// Cleaning racing an insert: key 0's row (cell 0) is refunded to full, so
+/// its cell becomes a tombstone that the refund then empties (cell 1 is
+/// empty), while another thread creates key 4 on the same home. Key 4 must
+/// stay reachable: a peek and a second reserve find its row. Known-wrong
+/// variant `cells_clean_without_fence` empties cell 0 on a read of cell 1,
+/// so key 4's row can end up behind an empty cell, where a lookup that does
+/// not insert misses it (an insert's check walks past its own cell and
+/// still finds it).
+#[test]
+fn clean_vs_insert() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 2));
+        let tat = t.reserve(0, 0).unwrap();
+        let refunder = {
+            let t = t.clone();
+            thread::spawn(move || t.refund(0, tat, 0, 0))
+        };
+        let first = t.reserve(4, 0);
+        refunder.join().unwrap();
+        assert_eq!(first, Some(T));
+        assert_eq!(t.peek(4), Some(T), "key 4's row is on its sequence");
+        assert_eq!(t.reserve(4, 0), Some(2 * T), "key 4's row found again");
+        assert_eq!(t.live_keys(), vec![4]);
+        assert_eq!(t.len(), 1);
     });
 }

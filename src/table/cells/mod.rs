@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 mod cell;
+mod clean;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
@@ -78,6 +79,8 @@ struct CellArray {
     claim: AtomicUsize,
     /// Chunks copied.
     copied: AtomicUsize,
+    /// Next chunk to clean when the array meets its limit.
+    clean_next: AtomicUsize,
 }
 
 impl CellArray {
@@ -90,6 +93,7 @@ impl CellArray {
             next: Atomic::null(),
             claim: AtomicUsize::new(0),
             copied: AtomicUsize::new(0),
+            clean_next: AtomicUsize::new(0),
         }
     }
 
@@ -138,6 +142,8 @@ pub(crate) struct CellTable {
     len: CachePadded<AtomicUsize>,
     min_cells: usize,
     floors: Floors,
+    /// Migrations started (for tests).
+    migrations: AtomicUsize,
 }
 
 impl CellTable {
@@ -150,11 +156,17 @@ impl CellTable {
             len: CachePadded::new(AtomicUsize::new(0)),
             min_cells: n,
             floors: Floors::new(),
+            migrations: AtomicUsize::new(0),
         }
     }
 
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
+    }
+
+    /// Migrations started since the table was made.
+    pub(crate) fn migrations(&self) -> usize {
+        self.migrations.load(Ordering::Relaxed)
     }
 
     /// Cells of the array new rows go to (the target while migrating).
@@ -324,7 +336,11 @@ impl CellTable {
             let at = match self.claim(arr, key, empty, tomb, guard) {
                 Ok(at) => at,
                 Err(Lost::NoRoom) => {
-                    self.start_migration(arr_ptr, hash_of, guard);
+                    // Mostly tombstones: clean a chunk in place and claim
+                    // again; else migrate.
+                    if !self.clean_some(arr_ptr, arr, guard) {
+                        self.start_migration(arr_ptr, hash_of, guard);
+                    }
                     continue;
                 }
                 Err(Lost::Taken) => {
@@ -618,6 +634,7 @@ impl CellTable {
                     Ok(_) => {
                         if full {
                             self.len.fetch_sub(1, Ordering::SeqCst);
+                            self.clean_after(arr, idx, guard);
                         }
                         return;
                     }
@@ -651,7 +668,7 @@ impl CellTable {
         self.finish_migration(hash_of, guard);
         let (_, arr) = self.array(guard);
         let mut removed = 0;
-        for cell in arr.cells.iter() {
+        for (idx, cell) in arr.cells.iter().enumerate() {
             let v = cell.load();
             if let CellState::Live { key, tat } = CellState::decode(v) {
                 if tat <= now {
@@ -661,6 +678,7 @@ impl CellTable {
                     if cell.cas(v, CellState::Tomb.encode()).is_ok() {
                         self.len.fetch_sub(1, Ordering::SeqCst);
                         removed += 1;
+                        self.clean_after(arr, idx, guard);
                     }
                 }
             }
@@ -698,6 +716,7 @@ impl CellTable {
             self.help(hash_of, guard);
             return;
         }
+        self.migrations.fetch_add(1, Ordering::Relaxed);
         // The other half of `count_row`'s Dekker: a claim that did not see
         // the seal is counted here.
         fence(Ordering::SeqCst);
