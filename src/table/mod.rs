@@ -46,7 +46,7 @@ mod clean;
 mod floor;
 mod migrate;
 mod slot;
-mod sweep;
+pub(crate) mod sweep;
 
 use floor::Floors;
 pub(crate) use slot::CALL_SLOTS as MIGRATION_CALL_SLOTS;

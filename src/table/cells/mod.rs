@@ -5,6 +5,7 @@
 
 mod cell;
 mod clean;
+mod sweep;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
@@ -81,6 +82,8 @@ struct CellArray {
     copied: AtomicUsize,
     /// Next chunk to clean when the array meets its limit.
     clean_next: AtomicUsize,
+    /// Next cell of the running incremental sweep pass, or `SWEEP_IDLE`.
+    sweep_next: CachePadded<AtomicUsize>,
 }
 
 impl CellArray {
@@ -94,6 +97,7 @@ impl CellArray {
             claim: AtomicUsize::new(0),
             copied: AtomicUsize::new(0),
             clean_next: AtomicUsize::new(0),
+            sweep_next: CachePadded::new(AtomicUsize::new(crate::table::slot::SWEEP_IDLE)),
         }
     }
 
@@ -667,23 +671,7 @@ impl CellTable {
     pub(crate) fn sweep(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) -> usize {
         self.finish_migration(hash_of, guard);
         let (_, arr) = self.array(guard);
-        let mut removed = 0;
-        for (idx, cell) in arr.cells.iter().enumerate() {
-            let v = cell.load();
-            if let CellState::Live { key, tat } = CellState::decode(v) {
-                if tat <= now {
-                    if !cfg!(pace_mutant = "cells_sweep_keeps_floor") {
-                        self.floors.raise(hash_of(key), tat);
-                    }
-                    if cell.cas(v, CellState::Tomb.encode()).is_ok() {
-                        self.len.fetch_sub(1, Ordering::SeqCst);
-                        removed += 1;
-                        self.clean_after(arr, idx, guard);
-                    }
-                }
-            }
-        }
-        removed
+        self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard)
     }
 
     /// Starts a migration of `arr_ptr` if it is current and none runs: seal
@@ -832,6 +820,12 @@ impl CellTable {
             .compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire, guard)
             .is_ok()
         {
+            // A pass that was running on the old array goes on in the new.
+            // SAFETY: both reached under `guard`.
+            let (o, n) = unsafe { (old.deref(), new.deref()) };
+            if o.sweep_next.load(Ordering::Relaxed) < o.cells.len() {
+                n.sweep_next.store(0, Ordering::Relaxed);
+            }
             // SAFETY: `old` is unreachable from `current` now; readers that
             // still hold it pinned before this, and the epoch frees it
             // after them. It owns no heap per row.

@@ -279,3 +279,36 @@ fn churn_keeps_the_table_at_its_size() {
     assert_eq!(cells.migrations(), 0);
     assert_eq!(cells.cells(&g), 64);
 }
+
+/// A pass over a table of more than `SWEEP_AT_ONCE` cells runs a chunk per
+/// call: the call that starts it removes one chunk's full rows, and the
+/// pass ends after `cells / chunk` calls having removed every full row.
+#[test]
+#[cfg_attr(miri, ignore)] // 10k rows
+fn a_large_table_is_swept_a_chunk_per_call() {
+    let limits = Limits::new(10, 1).unwrap();
+    let cells = CellTable::new(16_384);
+    let g = epoch::pin();
+    let hasher = RandomState::new();
+    let hash = |k: u64| hasher.hash_one(k);
+    for k in 0..10_000u64 {
+        cells
+            .reserve(&limits, hash(k), k, 1, 0, &|| 0, &hash, &g)
+            .unwrap();
+    }
+    assert_eq!(cells.cells(&g), 16_384);
+    let chunk = crate::table::sweep_chunk(16_384);
+    cells.start_sweep(100, &hash, &g);
+    let mut calls = 1;
+    let mut seen = vec![10_000 - cells.len()];
+    while cells.sweep_running(&g) {
+        cells.sweep_step(100, &hash, &g);
+        calls += 1;
+        seen.push(10_000 - cells.len());
+    }
+    assert_eq!(calls, 16_384 / chunk);
+    assert_eq!(cells.len(), 0);
+    // No call removed more than its chunk held.
+    assert!(seen.windows(2).all(|w| w[1] - w[0] <= chunk));
+    assert!(seen[0] <= chunk);
+}

@@ -1,0 +1,112 @@
+//! Sweeps of the cell table, as `src/table/sweep.rs` does for slots: small
+//! arrays are swept whole by the call that starts a pass; larger ones a
+//! chunk per call ([`sweep_chunk`] cells), so no caller scans the table.
+//! A pass that meets a migration goes on in the target once the migration
+//! finishes (`CellTable::finish`).
+
+use super::cell::CellState;
+use super::{CellArray, CellTable};
+use crate::sync::epoch::Guard;
+use crate::sync::Ordering;
+use crate::table::slot::SWEEP_IDLE;
+use crate::table::sweep::SWEEP_AT_ONCE;
+use crate::table::sweep_chunk;
+
+impl CellTable {
+    /// Removes the rows of cells `start..end` of `arr` whose bucket is full
+    /// at `now`: the floor of each row's key raised to the row's own `tat`,
+    /// then the cell a tombstone (cleaned when it ends a run). Returns how
+    /// many it removed.
+    pub(super) fn sweep_range(
+        &self,
+        arr: &CellArray,
+        start: usize,
+        end: usize,
+        now: u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) -> usize {
+        let mut removed = 0;
+        for idx in start..end {
+            let cell = &arr.cells[idx];
+            let v = cell.load();
+            if let CellState::Live { key, tat } = CellState::decode(v) {
+                if tat <= now {
+                    if !cfg!(pace_mutant = "cells_sweep_keeps_floor") {
+                        self.floors.raise(hash_of(key), tat);
+                    }
+                    if cell.cas(v, CellState::Tomb.encode()).is_ok() {
+                        removed += 1;
+                        self.clean_after(arr, idx, guard);
+                    }
+                }
+            }
+        }
+        if removed > 0 {
+            self.len.fetch_sub(removed, Ordering::SeqCst);
+        }
+        removed
+    }
+
+    /// Starts a sweep pass on the current array: at once if it has at most
+    /// [`SWEEP_AT_ONCE`] cells and is not migrating, else a chunk per call
+    /// of [`sweep_step`](CellTable::sweep_step). A pass already running
+    /// goes on.
+    pub(crate) fn start_sweep(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        let (_, arr) = self.array(guard);
+        let migrating = super::is_migrating(arr.next.load(Ordering::Acquire, guard));
+        if arr.cells.len() <= SWEEP_AT_ONCE && !migrating {
+            self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
+            return;
+        }
+        // Any cursor at or past the end means no pass runs (`SWEEP_IDLE`,
+        // plus the chunks callers claimed late).
+        let at = arr.sweep_next.load(Ordering::Relaxed);
+        if at >= arr.cells.len() {
+            let _ = arr
+                .sweep_next
+                .compare_exchange(at, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        if !migrating {
+            self.sweep_step(now, hash_of, guard);
+        }
+    }
+
+    /// Sweeps one chunk of the running pass, if there is one: two loads
+    /// otherwise.
+    #[inline]
+    pub(crate) fn sweep_step(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        let (_, arr) = self.array(guard);
+        if arr.sweep_next.load(Ordering::Relaxed) < arr.cells.len() {
+            self.sweep_chunk_of(arr, now, hash_of, guard);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn sweep_chunk_of(
+        &self,
+        arr: &CellArray,
+        now: u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) {
+        let len = arr.cells.len();
+        let chunk = sweep_chunk(len);
+        let start = arr.sweep_next.fetch_add(chunk, Ordering::Relaxed);
+        if start >= len {
+            return; // the pass ended under us
+        }
+        let end = (start + chunk).min(len);
+        self.sweep_range(arr, start, end, now, hash_of, guard);
+        if end == len {
+            arr.sweep_next.store(SWEEP_IDLE, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a chunked pass is running on the current array (for tests).
+    pub(crate) fn sweep_running(&self, guard: &Guard) -> bool {
+        let (_, arr) = self.array(guard);
+        arr.sweep_next.load(Ordering::Relaxed) < arr.cells.len()
+    }
+}
