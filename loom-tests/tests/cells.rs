@@ -9,7 +9,8 @@
 //! checking the key's sequence) must fail `tombstone_reuse_vs_empty_claim`
 //! and `two_inserters_one_row`; `cells_copy_unfrozen` must fail
 //! `reserve_vs_copy`; `cells_clean_without_fence` must fail
-//! `clean_vs_insert`.
+//! `clean_vs_insert`; `cells_refund_gives_up_on_frozen` must fail
+//! `refund_vs_copy`.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -121,5 +122,41 @@ fn clean_vs_insert() {
         assert_eq!(t.reserve(4, 0), Some(2 * T), "key 4's row found again");
         assert_eq!(t.live_keys(), vec![4]);
         assert_eq!(t.len(), 1);
+    });
+}
+
+/// Refund racing a chunk copy: key 0 holds two debits (T, 2T) beside keys 1
+/// and 2 (3 of 4 cells: the limit); its last debit is refunded at T, which
+/// makes the bucket full (the row goes, the floor rises to T), while a new
+/// key starts a migration that copies key 0's chunk. A reserve of key 0
+/// with a reading of 0 afterwards starts from the floor: tat 2T. Known-wrong
+/// variant `cells_refund_gives_up_on_frozen` drops a refund that meets the
+/// frozen cell, so the row keeps 2T and that reserve is denied.
+#[test]
+fn refund_vs_copy() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 2));
+        assert_eq!(t.reserve(0, 0), Some(T));
+        assert_eq!(t.reserve(0, 0), Some(2 * T));
+        for k in [1, 2] {
+            assert_eq!(t.reserve(k, 0), Some(T));
+        }
+        let refunder = {
+            let t = t.clone();
+            thread::spawn(move || t.refund(0, 2 * T, T, T))
+        };
+        // In the other floor stripe (loom has two, by the hash's top bit),
+        // so the refund's floor does not reach it.
+        let new_key = (1 << 63) | 5;
+        assert_eq!(t.reserve(new_key, 0), Some(T));
+        refunder.join().unwrap();
+        assert_eq!(
+            t.reserve(0, 0),
+            Some(2 * T),
+            "from the floor the refund raised"
+        );
+        assert_eq!(t.sweep(0), 0);
+        assert_eq!(t.live_keys(), vec![0, 1, 2, new_key]);
+        assert_eq!(t.len(), 4);
     });
 }

@@ -649,7 +649,12 @@ impl CellTable {
                             cas_retry(&backoff);
                         }
                         // Frozen by a copier: find it in the target.
-                        CellState::FrozenLive { .. } | CellState::Moved { .. } => continue 'find,
+                        // (Known-wrong variant: give up, losing the refund.)
+                        CellState::FrozenLive { .. } | CellState::Moved { .. }
+                            if !cfg!(pace_mutant = "cells_refund_gives_up_on_frozen") =>
+                        {
+                            continue 'find
+                        }
                         _ => return,
                     },
                 }
