@@ -10,7 +10,7 @@
 //! and `two_inserters_one_row`; `cells_copy_unfrozen` must fail
 //! `reserve_vs_copy`; `cells_clean_without_fence` must fail
 //! `clean_vs_insert`; `cells_refund_gives_up_on_frozen` must fail
-//! `refund_vs_copy`.
+//! `refund_vs_copy`; `cells_sweep_keeps_floor` must fail `sweep_vs_copy`.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -158,5 +158,33 @@ fn refund_vs_copy() {
         assert_eq!(t.sweep(0), 0);
         assert_eq!(t.live_keys(), vec![0, 1, 2, new_key]);
         assert_eq!(t.len(), 4);
+    });
+}
+
+/// Sweep racing a chunk copy: keys 0, 1, 2 fill the limit of 4 cells with
+/// full buckets at T; a sweep at T removes them while a new key (in the
+/// other floor stripe) starts a migration that copies them. Whatever the
+/// copier took, a reserve of key 0 with a reading of 0 afterwards starts
+/// from the floor the sweep raised (or finds the moved row at T): tat 2T.
+/// Known-wrong variant `cells_sweep_keeps_floor` starts it from 0.
+#[test]
+fn sweep_vs_copy() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 2));
+        for k in [0, 1, 2] {
+            assert_eq!(t.reserve(k, 0), Some(T));
+        }
+        let sweeper = {
+            let t = t.clone();
+            thread::spawn(move || t.sweep(T))
+        };
+        let new_key = (1 << 63) | 5;
+        assert_eq!(t.reserve(new_key, 0), Some(T));
+        // Four rows were made, each full at T: the sweep removed some, the
+        // rest are counted.
+        let removed = sweeper.join().unwrap();
+        assert_eq!(t.len() + removed, 4);
+        assert_eq!(t.live_keys().len(), t.len());
+        assert_eq!(t.reserve(0, 0), Some(2 * T));
     });
 }

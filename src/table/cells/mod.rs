@@ -756,11 +756,14 @@ impl CellTable {
         let backoff = Backoff::new();
         loop {
             let (_, cur) = self.array(guard);
-            if !is_migrating(cur.next.load(Ordering::Acquire, guard)) {
+            let next = cur.next.load(Ordering::Acquire, guard);
+            if !is_migrating(next) {
                 return;
             }
-            if cur.claim.load(Ordering::Relaxed) >= cur.chunks() {
-                snooze(&backoff); // the last chunks are with other copiers
+            if next.is_null() || cur.claim.load(Ordering::Relaxed) >= cur.chunks() {
+                // Its starter is allocating the target, or the last chunks
+                // are with other copiers.
+                snooze(&backoff);
             }
             self.help(hash_of, guard);
         }
