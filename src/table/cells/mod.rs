@@ -671,12 +671,16 @@ impl CellTable {
     }
 
     /// Removes every row whose bucket is full at `now` (floor raised to its
-    /// own `tat` first), after finishing any migration. `hash_of` gives a
-    /// key's hash: cells do not keep it.
+    /// own `tat` first), after finishing any migration, then shrinks a
+    /// sparse array (whole: an explicit call). `hash_of` gives a key's hash:
+    /// cells do not keep it.
     pub(crate) fn sweep(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) -> usize {
         self.finish_migration(hash_of, guard);
         let (_, arr) = self.array(guard);
-        self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard)
+        let removed = self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
+        self.shrink_if_sparse(hash_of, guard);
+        self.finish_migration(hash_of, guard);
+        removed
     }
 
     /// Starts a migration of `arr_ptr` if it is current and none runs: seal
@@ -716,10 +720,13 @@ impl CellTable {
         let rows = self.len.load(Ordering::SeqCst);
         // Rows take at most half the target, with room for one new row per
         // chunk of the copy.
-        let room = rows
-            .saturating_add(arr.chunks() + 1)
-            .saturating_mul(4)
-            .div_ceil(3);
+        let room = if rows == 0 {
+            0
+        } else {
+            rows.saturating_add(arr.chunks() + 1)
+                .saturating_mul(4)
+                .div_ceil(3)
+        };
         let n = rows
             .saturating_mul(2)
             .saturating_add(2)

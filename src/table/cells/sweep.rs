@@ -57,6 +57,7 @@ impl CellTable {
         let migrating = super::is_migrating(arr.next.load(Ordering::Acquire, guard));
         if arr.cells.len() <= SWEEP_AT_ONCE && !migrating {
             self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
+            self.shrink_if_sparse(hash_of, guard);
             return;
         }
         // Any cursor at or past the end means no pass runs (`SWEEP_IDLE`,
@@ -101,6 +102,16 @@ impl CellTable {
         self.sweep_range(arr, start, end, now, hash_of, guard);
         if end == len {
             arr.sweep_next.store(SWEEP_IDLE, Ordering::Relaxed);
+            self.shrink_if_sparse(hash_of, guard);
+        }
+    }
+
+    /// Migrates the current array to a smaller one when rows fill less than
+    /// 1/16 of its cells (and it is above the table's minimum).
+    pub(super) fn shrink_if_sparse(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        let (arr_ptr, arr) = self.array(guard);
+        if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
+            self.start_migration(arr_ptr, hash_of, guard);
         }
     }
 

@@ -145,6 +145,15 @@ fn a_full_array_migrates() {
     assert!(cells.cells(&g) >= 256);
     assert_eq!(cells.sweep(100, &id, &g), 200);
     assert_eq!(cells.len(), 0);
+    // Empty now: the sweep shrank it to the table's minimum.
+    assert_eq!(cells.cells(&g), 8);
+    assert_eq!(
+        cells
+            .reserve(&limits, 7, 7, 1, 100, &|| 100, &id, &g)
+            .unwrap()
+            .tat,
+        110
+    );
 }
 
 /// Two threads insert and debit the same keys at one instant, with every
