@@ -49,6 +49,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(2_000))]
 
     #[test]
+    #[cfg_attr(miri, ignore)] // proptest reads the working directory
     fn cells_answer_as_entries_do(
         interval in 1u64..200,
         capacity in 1u64..4,
