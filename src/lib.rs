@@ -273,7 +273,7 @@ pub mod __private {
         /// `interval`.
         pub fn new(cells: usize, interval: u64, capacity: u64) -> CellsModel {
             CellsModel {
-                table: crate::table::cells::CellTable::new(cells),
+                table: crate::table::cells::CellTable::try_new(cells).expect("cells fit an array"),
                 limits: crate::bucket::Limits::new(interval, capacity).expect("valid bucket"),
                 epochs: crate::sync::Epochs::new(),
             }

@@ -14,6 +14,8 @@ use crate::clock::{Clock, DefaultClock};
 use crate::rate::{ConfigError, Rate};
 use crate::sync::epoch::Guard;
 use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
+use crate::table::cells::{self, CellTable};
+use crate::table::words::WordKey;
 use crate::table::Table;
 
 /// Default smallest slot array: the table shrinks back to this.
@@ -48,7 +50,7 @@ const MIN_HORIZON_NS: u64 = 1_000_000;
 /// # Ok::<(), pace::ConfigError>(())
 /// ```
 pub struct Pace<K, S = RandomState, C = DefaultClock> {
-    table: Table<K>,
+    rows: Rows<K>,
     limits: Limits,
     rate: Rate,
     hasher: S,
@@ -61,6 +63,15 @@ pub struct Pace<K, S = RandomState, C = DefaultClock> {
     epochs: Epochs,
 }
 
+/// Where a limiter's rows live: keys that fit in a word (`u64`, `i32`,
+/// `char`, `Ipv4Addr`, …) in 16-byte cells of the array, when the CPU has
+/// lock-free 128-bit atomics; any other key in a separately allocated entry
+/// per row (DESIGN.md §2).
+enum Rows<K> {
+    Entries(Table<K>),
+    Cells(CellTable, WordKey<K>),
+}
+
 /// Builds a [`Pace`] with a non-default capacity, clock or hasher.
 #[must_use = "a builder does nothing until build() is called"]
 pub struct Builder<K, S = RandomState, C = DefaultClock> {
@@ -69,6 +80,7 @@ pub struct Builder<K, S = RandomState, C = DefaultClock> {
     hasher: S,
     clock: C,
     min_slots: usize,
+    entry_rows: bool,
     _keys: PhantomData<fn() -> K>,
 }
 
@@ -290,6 +302,7 @@ impl<K> Pace<K> {
             hasher: RandomState::new(),
             clock: DefaultClock::new(),
             min_slots: DEFAULT_MIN_SLOTS,
+            entry_rows: false,
             _keys: PhantomData,
         }
     }
@@ -310,6 +323,7 @@ impl<K, S, C> Builder<K, S, C> {
             hasher: self.hasher,
             clock,
             min_slots: self.min_slots,
+            entry_rows: self.entry_rows,
             _keys: PhantomData,
         }
     }
@@ -323,6 +337,7 @@ impl<K, S, C> Builder<K, S, C> {
             hasher,
             clock: self.clock,
             min_slots: self.min_slots,
+            entry_rows: self.entry_rows,
             _keys: PhantomData,
         }
     }
@@ -346,6 +361,14 @@ impl<K, S, C> Builder<K, S, C> {
         self
     }
 
+    /// Rows in separately allocated entries even for word-sized keys (for
+    /// models and benchmarks of that table). Not a stable API.
+    #[doc(hidden)]
+    pub fn entry_rows(mut self) -> Self {
+        self.entry_rows = true;
+        self
+    }
+
     /// Builds the limiter.
     ///
     /// # Errors
@@ -362,8 +385,17 @@ impl<K, S, C> Builder<K, S, C> {
         let limits =
             Limits::new(self.rate.interval_ns(), capacity).ok_or(ConfigError::CapacityTooLarge)?;
         let horizon = limits.tau().max(MIN_HORIZON_NS);
+        let rows = match WordKey::<K>::new() {
+            Some(word) if !self.entry_rows && cells::lock_free() => Rows::Cells(
+                CellTable::try_new(self.min_slots).ok_or(ConfigError::MinSlotsTooLarge)?,
+                word,
+            ),
+            _ => Rows::Entries(
+                Table::try_new(self.min_slots).ok_or(ConfigError::MinSlotsTooLarge)?,
+            ),
+        };
         Ok(Pace {
-            table: Table::try_new(self.min_slots).ok_or(ConfigError::MinSlotsTooLarge)?,
+            rows,
             limits,
             rate: self.rate,
             hasher: self.hasher,
@@ -395,7 +427,10 @@ impl<K, S, C> Pace<K, S, C> {
 
     /// Rows held now: keys whose bucket is not known to be full.
     pub fn len(&self) -> usize {
-        self.table.len()
+        match &self.rows {
+            Rows::Entries(t) => t.len(),
+            Rows::Cells(t, _) => t.len(),
+        }
     }
 
     /// True when no row is held.
@@ -416,13 +451,22 @@ impl<K, S, C> Pace<K, S, C> {
     /// What the table holds now (see [`MemoryStats`]).
     pub fn memory(&self) -> MemoryStats {
         let guard = self.pin();
-        let rows = self.table.len();
-        MemoryStats {
-            slots: self.table.slots(&guard),
-            array_bytes: self.table.array_bytes(&guard),
-            entry_bytes: rows * Table::<K>::entry_bytes(),
-            floor_bytes: self.table.floor_bytes(),
-            rows,
+        let rows = self.len();
+        match &self.rows {
+            Rows::Entries(t) => MemoryStats {
+                slots: t.slots(&guard),
+                array_bytes: t.array_bytes(&guard),
+                entry_bytes: rows * Table::<K>::entry_bytes(),
+                floor_bytes: t.floor_bytes(),
+                rows,
+            },
+            Rows::Cells(t, _) => MemoryStats {
+                slots: t.cells(&guard),
+                array_bytes: t.array_bytes(&guard),
+                entry_bytes: 0,
+                floor_bytes: t.floor_bytes(),
+                rows,
+            },
         }
     }
 
@@ -442,7 +486,8 @@ impl<K, S, C> Pace<K, S, C> {
     }
 
     /// Bytes of one row's entry allocation (bucket word, hash and key, not
-    /// what the key owns on the heap).
+    /// what the key owns on the heap) when rows are entries; rows in cells
+    /// have none ([`MemoryStats::entry_bytes`] says which).
     #[doc(hidden)]
     pub fn entry_bytes() -> usize {
         Table::<K>::entry_bytes()
@@ -535,21 +580,39 @@ where
         }
         let hash = self.hasher.hash_one(key);
         let guard = self.pin();
-        let result = self
-            .table
-            .reserve(&self.limits, hash, key, n, now, reread, &guard);
-        let created = matches!(result, Ok(a) if a.created);
+        let result = match &self.rows {
+            Rows::Entries(t) => t
+                .reserve(&self.limits, hash, key, n, now, reread, &guard)
+                .map(|a| (a.tat, a.prev, a.created)),
+            Rows::Cells(t, word) => {
+                // A borrowed form of a word key other than the key type
+                // itself (a `Borrow` impl of the caller's) has no bits: its
+                // owned key has.
+                let bits = match word.bits_of(key) {
+                    Some(bits) => bits,
+                    None => word.bits(&key.to_owned()),
+                };
+                t.reserve(
+                    &self.limits,
+                    hash,
+                    bits,
+                    n,
+                    now,
+                    reread,
+                    &|b| self.hasher.hash_one(word.key(b)),
+                    &guard,
+                )
+                .map(|a| (a.tat, a.prev, a.created))
+            }
+        };
+        let created = matches!(result, Ok((_, _, true)));
         self.maybe_sweep(now, created, &guard);
         match result {
-            Ok(a) => Ok(Reservation {
+            Ok((tat, prev, _)) => Ok(Reservation {
                 pace: self,
                 key,
                 hash,
-                debit: Debit {
-                    n,
-                    tat: a.tat,
-                    prev: a.prev,
-                },
+                debit: Debit { n, tat, prev },
             }),
             Err(d) => Err(Denied::from_decision(d)),
         }
@@ -575,10 +638,16 @@ where
     {
         let hash = self.hasher.hash_one(key);
         let guard = self.pin();
-        let tat = match self.table.peek(hash, key, &guard) {
-            Some(tat) if tat != 0 => tat,
-            // Absent, dead or never debited: the row starts from its floor.
-            _ => self.table.floor(hash),
+        let tat = match &self.rows {
+            Rows::Entries(t) => match t.peek(hash, key, &guard) {
+                Some(tat) if tat != 0 => tat,
+                // Absent, dead or never debited: the row starts from its floor.
+                _ => t.floor(hash),
+            },
+            // A row in a cell is never live before its first debit.
+            Rows::Cells(t, word) => Self::cell_bits(t, word, hash, key, &guard)
+                .and_then(|bits| t.peek(hash, bits, &guard))
+                .unwrap_or_else(|| t.floor(hash)),
         };
         self.limits.tokens(tat, now)
     }
@@ -616,16 +685,54 @@ where
             return;
         }
         let guard = self.pin();
-        self.table.refund(
-            &self.limits,
-            hash,
-            key,
-            debit.n,
-            debit.tat,
-            debit.prev,
-            now,
-            &guard,
-        );
+        match &self.rows {
+            Rows::Entries(t) => t.refund(
+                &self.limits,
+                hash,
+                key,
+                debit.n,
+                debit.tat,
+                debit.prev,
+                now,
+                &guard,
+            ),
+            Rows::Cells(t, word) => {
+                // No row of the key: nothing to refund.
+                let Some(bits) = Self::cell_bits(t, word, hash, key, &guard) else {
+                    return;
+                };
+                t.refund(
+                    &self.limits,
+                    hash,
+                    bits,
+                    debit.n,
+                    debit.tat,
+                    debit.prev,
+                    now,
+                    &|b| self.hasher.hash_one(word.key(b)),
+                    &guard,
+                );
+            }
+        }
+    }
+
+    /// The bits of a borrowed word key: its own, or, for a borrowed form
+    /// other than the key type, those of the row whose key equals it (`None`
+    /// when the table holds no such row).
+    fn cell_bits<Q>(
+        t: &CellTable,
+        word: &WordKey<K>,
+        hash: u64,
+        key: &Q,
+        guard: &Guard,
+    ) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        word.bits_of(key).or_else(|| {
+            t.key_matching(hash, &|b| word.key(b).borrow() == key, guard)
+        })
     }
 
     /// The stripe of floors `key` shares with other keys (for models: a fresh
@@ -645,7 +752,12 @@ where
         Q: ?Sized + Hash + Eq,
     {
         let hash = self.hasher.hash_one(key);
-        self.table.peek(hash, key, &self.pin())
+        let guard = self.pin();
+        match &self.rows {
+            Rows::Entries(t) => t.peek(hash, key, &guard),
+            Rows::Cells(t, word) => Self::cell_bits(t, word, hash, key, &guard)
+                .and_then(|bits| t.peek(hash, bits, &guard)),
+        }
     }
 
     /// Removes every row whose bucket has refilled, and shrinks the table if
@@ -663,8 +775,11 @@ where
     }
 
     fn sweep_with(&self, now: u64, guard: &Guard) -> usize {
-        let removed = self.table.sweep(now, guard);
-        self.sweep_mark.store(self.table.len(), Ordering::Relaxed);
+        let removed = match &self.rows {
+            Rows::Entries(t) => t.sweep(now, guard),
+            Rows::Cells(t, word) => t.sweep(now, &|b| self.hasher.hash_one(word.key(b)), guard),
+        };
+        self.sweep_mark.store(self.len(), Ordering::Relaxed);
         removed
     }
 
@@ -689,7 +804,7 @@ where
             }
         } else if created {
             let mark = self.sweep_mark.load(Ordering::Relaxed);
-            let len = self.table.len();
+            let len = self.len();
             if len >= mark.max(SWEEP_FLOOR).saturating_mul(2)
                 && self
                     .sweep_mark
@@ -700,14 +815,24 @@ where
                 return;
             }
         }
-        self.table.sweep_step(now, guard);
+        match &self.rows {
+            Rows::Entries(t) => t.sweep_step(now, guard),
+            Rows::Cells(t, word) => {
+                t.sweep_step(now, &|b| self.hasher.hash_one(word.key(b)), guard)
+            }
+        }
     }
 
     #[cold]
     #[inline(never)]
     fn start_pass(&self, now: u64, guard: &Guard) {
-        self.table.start_sweep(now, guard);
-        self.sweep_mark.store(self.table.len(), Ordering::Relaxed);
+        match &self.rows {
+            Rows::Entries(t) => t.start_sweep(now, guard),
+            Rows::Cells(t, word) => {
+                t.start_sweep(now, &|b| self.hasher.hash_one(word.key(b)), guard)
+            }
+        }
+        self.sweep_mark.store(self.len(), Ordering::Relaxed);
     }
 }
 
@@ -715,7 +840,15 @@ impl<K: Clone, S, C> Pace<K, S, C> {
     /// Keys of the rows held now, for invariant checks in tests: call it only
     /// when no other operation is in flight.
     pub(crate) fn row_keys_inner(&self) -> Vec<K> {
-        self.table.live_keys(&self.pin())
+        let guard = self.pin();
+        match &self.rows {
+            Rows::Entries(t) => t.live_keys(&guard),
+            Rows::Cells(t, word) => t
+                .live_keys(&guard)
+                .into_iter()
+                .map(|b| word.key(b))
+                .collect(),
+        }
     }
 }
 
@@ -780,6 +913,8 @@ pub trait PaceInternals<K, S, C> {
     fn slots(&self) -> usize;
     /// Slots of the chunks migrations have copied since the limiter was made.
     fn copied_slots(&self) -> usize;
+    /// Whether rows live in cells (word-sized keys), not entries.
+    fn cell_rows(&self) -> bool;
 }
 
 impl<K, S, C> PaceInternals<K, S, C> for Pace<K, S, C>
@@ -818,19 +953,32 @@ where
     }
 
     fn migrations(&self) -> usize {
-        self.table.migrations()
+        match &self.rows {
+            Rows::Entries(t) => t.migrations(),
+            Rows::Cells(t, _) => t.migrations(),
+        }
     }
 
     fn migrating(&self) -> bool {
-        self.table.migrating(&self.pin())
+        match &self.rows {
+            Rows::Entries(t) => t.migrating(&self.pin()),
+            Rows::Cells(t, _) => t.migrating(&self.pin()),
+        }
     }
 
     fn slots(&self) -> usize {
-        self.table.slots(&self.pin())
+        self.memory().slots
     }
 
     fn copied_slots(&self) -> usize {
-        self.table.copied_slots()
+        match &self.rows {
+            Rows::Entries(t) => t.copied_slots(),
+            Rows::Cells(t, _) => t.copied_cells(),
+        }
+    }
+
+    fn cell_rows(&self) -> bool {
+        matches!(self.rows, Rows::Cells(..))
     }
 
     fn sweep_at(&self, now: u64) -> usize {
@@ -896,6 +1044,7 @@ mod memory_stats {
         let p: Pace<u64, RandomState, ManualClock> = Pace::builder(Rate::per_second(10).unwrap())
             .clock(ManualClock::new())
             .min_slots(4)
+            .entry_rows()
             .build()
             .unwrap();
         let empty = p.memory();
@@ -911,6 +1060,76 @@ mod memory_stats {
         assert!(m.slots >= 134, "3/4 load at most: {}", m.slots);
         assert!(m.array_bytes >= m.slots * 8);
         assert_eq!(p.table_bytes(), m.array_bytes + m.floor_bytes);
+    }
+
+    /// Rows of word-sized keys live in the array's 16-byte cells: no entry
+    /// bytes, and the array is all the table holds per row.
+    #[test]
+    fn word_keys_have_rows_in_cells() {
+        let p: Pace<u32, RandomState, ManualClock> = Pace::builder(Rate::per_second(10).unwrap())
+            .clock(ManualClock::new())
+            .min_slots(4)
+            .build()
+            .unwrap();
+        assert!(PaceInternals::cell_rows(&p), "u32 keys fit in a cell");
+        let empty = p.memory();
+        assert_eq!((empty.rows, empty.slots, empty.entry_bytes), (0, 4, 0));
+        for k in 0..100u32 {
+            let _kept = p.reserve(&k).unwrap();
+        }
+        let m = p.memory();
+        assert_eq!((m.rows, m.entry_bytes), (100, 0));
+        assert!(m.slots >= 134, "3/4 load at most: {}", m.slots);
+        assert!(m.array_bytes >= m.slots * 16);
+        let mut keys = p.row_keys_inner();
+        keys.sort_unstable();
+        assert_eq!(keys, (0..100).collect::<Vec<u32>>());
+        let s: Pace<String> = Pace::new(Rate::per_second(10).unwrap());
+        assert!(!PaceInternals::cell_rows(&s), "a String has no bits");
+    }
+
+    /// A borrowed form of a word key that is not the key type itself (a
+    /// caller's own `Borrow` impl) finds the row through its owned key.
+    #[test]
+    fn a_foreign_borrowed_form_finds_the_row() {
+        #[derive(Hash, PartialEq, Eq)]
+        struct Id(u64);
+        static IDS: [Id; 10] = [
+            Id(0),
+            Id(1),
+            Id(2),
+            Id(3),
+            Id(4),
+            Id(5),
+            Id(6),
+            Id(7),
+            Id(8),
+            Id(9),
+        ];
+        impl Borrow<Id> for u64 {
+            fn borrow(&self) -> &Id {
+                &IDS[*self as usize % IDS.len()]
+            }
+        }
+        impl ToOwned for Id {
+            type Owned = u64;
+            fn to_owned(&self) -> u64 {
+                self.0
+            }
+        }
+        let p: Pace<u64, RandomState, ManualClock> = Pace::builder(Rate::per_second(2).unwrap())
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+        assert!(PaceInternals::cell_rows(&p));
+        let _first = p.reserve(&7u64).expect("full");
+        assert_eq!(p.peek(&Id(7)), 1);
+        let second = p.reserve(&Id(7)).expect("capacity 2");
+        assert_eq!(p.peek(&7u64), 0);
+        assert!(p.reserve(&Id(7)).is_err());
+        second.refund();
+        assert_eq!(p.peek(&Id(7)), 1, "refunded through the foreign form");
+        assert_eq!(p.peek(&Id(8)), 2, "no row");
     }
 }
 
@@ -936,17 +1155,21 @@ mod sweep_cursor {
             Pace::builder(Rate::new(1, std::time::Duration::from_nanos(T)).unwrap())
                 .capacity(1)
                 .clock(ManualClock::new())
+                .entry_rows()
                 .build()
                 .unwrap();
+        let Rows::Entries(table) = &p.rows else {
+            unreachable!("entry rows")
+        };
         for k in 0..10_000u64 {
             let _kept = p.reserve_n_at_inner(&k, 1, 0).expect("a fresh key");
         }
         // Let the passes and the migration that growth started end (every
         // row is empty at 0: they remove nothing).
-        while p.table.migrating(&p.pin()) || p.table.sweep_running(&p.pin()) {
+        while table.migrating(&p.pin()) || table.sweep_running(&p.pin()) {
             assert!(p.reserve_n_at_inner(&0, 1, 0).is_err(), "key 0 is empty");
         }
-        p.table.sweep_chunk_late(0, &p.pin());
+        table.sweep_chunk_late(0, &p.pin());
         let rows = p.len();
         assert_eq!(rows, 10_000);
         let slots = p.table_slots();

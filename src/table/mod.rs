@@ -42,6 +42,7 @@ use crate::sync::epoch::{self, Atomic, Guard, Shared};
 use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
 
 pub(crate) mod cells;
+pub(crate) mod words;
 mod clean;
 mod floor;
 mod migrate;

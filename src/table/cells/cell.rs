@@ -124,7 +124,53 @@ pub(crate) struct Cell(portable_atomic::AtomicU128);
 #[cfg(loom)]
 pub(crate) struct Cell(crate::sync::Mutex<u128>);
 
+/// `n` empty cells, or `None` if no array can have that many or the
+/// allocator refuses them. Outside loom the memory comes zeroed from the
+/// allocator (an empty cell is all zero bits), so a large migration target
+/// costs its starter no pass over it: the copies that fill it touch its
+/// pages.
+#[cfg(not(loom))]
+pub(crate) fn empty_cells(n: usize) -> Option<Box<[Cell]>> {
+    use std::alloc::{alloc_zeroed, Layout};
+    debug_assert_eq!(CellState::Empty.encode(), 0);
+    let layout = Layout::array::<Cell>(n).ok()?;
+    if layout.size() == 0 {
+        return None;
+    }
+    // SAFETY: `layout` has a non-zero size (checked above).
+    let p = unsafe { alloc_zeroed(layout) } as *mut Cell;
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` points to `n` zeroed cells, aligned for `Cell` and
+    // allocated by the global allocator with `Layout::array::<Cell>(n)`, the
+    // layout `Box<[Cell]>` frees with. A `Cell` is a transparent
+    // `AtomicU128`, for which all-zero bytes are the value 0: the empty cell.
+    Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) })
+}
+
+/// Loom's mutexes cannot be made by zeroing memory: build each cell (models
+/// use a handful).
+#[cfg(loom)]
+pub(crate) fn empty_cells(n: usize) -> Option<Box<[Cell]>> {
+    (n > 0).then(|| (0..n).map(|_| Cell::new(CellState::Empty)).collect())
+}
+
+/// Whether cells are lock-free 128-bit atomics on this CPU (loom's stand-in
+/// counts as one).
+pub(crate) fn lock_free() -> bool {
+    #[cfg(not(loom))]
+    {
+        portable_atomic::AtomicU128::is_lock_free()
+    }
+    #[cfg(loom)]
+    {
+        true
+    }
+}
+
 impl Cell {
+    #[cfg(loom)]
     pub(crate) fn new(state: CellState) -> Cell {
         #[cfg(not(loom))]
         {

@@ -1,11 +1,12 @@
 //! The table for word-sized keys: rows live in 16-byte cells of the array
-//! (`docs/cells.md`). Work in progress: arrays migrate chunk by chunk, no
-//! cleaning or incremental sweep yet, not yet used by `Pace`.
-#![allow(dead_code)]
+//! (`docs/cells.md`).
 
 mod cell;
+pub(crate) use cell::lock_free;
 mod clean;
 mod sweep;
+
+use std::mem::size_of;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
@@ -22,14 +23,6 @@ pub(crate) struct Admitted {
     pub(crate) tat: u64,
     pub(crate) prev: u64,
     pub(crate) created: bool,
-}
-
-/// Why a reserve failed: the bucket's decision (`NoRoom` is kept for
-/// callers that cap the table; the table itself migrates).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Denied {
-    Bucket(Decision),
-    NoRoom,
 }
 
 /// Why a claim failed.
@@ -87,10 +80,19 @@ struct CellArray {
 }
 
 impl CellArray {
+    /// A migration target: an allocation failure aborts, as a `Vec`'s does.
     fn new(n: usize, copies: usize) -> CellArray {
+        CellArray::try_new(n, copies).unwrap_or_else(|| {
+            let layout = std::alloc::Layout::array::<Cell>(n)
+                .unwrap_or_else(|_| std::alloc::Layout::new::<Cell>());
+            std::alloc::handle_alloc_error(layout)
+        })
+    }
+
+    fn try_new(n: usize, copies: usize) -> Option<CellArray> {
         debug_assert!(n.is_power_of_two());
-        CellArray {
-            cells: (0..n).map(|_| Cell::new(CellState::Empty)).collect(),
+        Some(CellArray {
+            cells: cell::empty_cells(n)?,
             used: CachePadded::new(AtomicUsize::new(0)),
             limit: AtomicUsize::new(grow_at(n).saturating_sub(copies)),
             next: Atomic::null(),
@@ -98,7 +100,7 @@ impl CellArray {
             copied: AtomicUsize::new(0),
             clean_next: AtomicUsize::new(0),
             sweep_next: CachePadded::new(AtomicUsize::new(crate::table::slot::SWEEP_IDLE)),
-        }
+        })
     }
 
     fn mask(&self) -> usize {
@@ -148,19 +150,99 @@ pub(crate) struct CellTable {
     floors: Floors,
     /// Migrations started (for tests).
     migrations: AtomicUsize,
+    /// Cells of the chunks copied (for tests).
+    copied_cells: AtomicUsize,
 }
 
 impl CellTable {
     /// A table that never shrinks below `min_cells` (a power of two, at
     /// least 4).
+    #[cfg(test)]
     pub(crate) fn new(min_cells: usize) -> CellTable {
-        let n = min_cells.max(MIN_CELLS).next_power_of_two();
-        CellTable {
-            current: Atomic::new(CellArray::new(n, 0)),
+        CellTable::try_new(min_cells).expect("min_cells fits an array")
+    }
+
+    /// A table that never shrinks below `min_cells` (rounded up to a power
+    /// of two, at least 4), or `None` if that is more cells than an array
+    /// can have or the allocator gives.
+    pub(crate) fn try_new(min_cells: usize) -> Option<CellTable> {
+        let n = min_cells.max(MIN_CELLS).checked_next_power_of_two()?;
+        Some(CellTable {
+            current: Atomic::new(CellArray::try_new(n, 0)?),
             len: CachePadded::new(AtomicUsize::new(0)),
             min_cells: n,
             floors: Floors::new(),
             migrations: AtomicUsize::new(0),
+            copied_cells: AtomicUsize::new(0),
+        })
+    }
+
+    /// Where a fresh row of a key with this hash starts (its stripe's floor).
+    #[inline]
+    pub(crate) fn floor(&self, hash: u64) -> u64 {
+        self.floors.get(hash)
+    }
+
+    /// Bytes held by the floors.
+    pub(crate) fn floor_bytes(&self) -> usize {
+        self.floors.bytes()
+    }
+
+    /// Cells of the chunks migrations have copied since the table was made.
+    pub(crate) fn copied_cells(&self) -> usize {
+        self.copied_cells.load(Ordering::Relaxed)
+    }
+
+    /// Whether a migration of the current array is running.
+    pub(crate) fn migrating(&self, guard: &Guard) -> bool {
+        let (_, cur) = self.array(guard);
+        is_migrating(cur.next.load(Ordering::Acquire, guard))
+    }
+
+    /// Bytes of the arrays in use: the current one and, while a migration
+    /// runs, its target. Rows own nothing else.
+    pub(crate) fn array_bytes(&self, guard: &Guard) -> usize {
+        let (_, cur) = self.array(guard);
+        let next = cur.next.load(Ordering::Acquire, guard);
+        let bytes = |a: &CellArray| size_of::<CellArray>() + a.cells.len() * size_of::<Cell>();
+        // SAFETY: as in `next_of`: a published target lives as long as its
+        // source, which `guard` keeps.
+        bytes(cur) + if next.is_null() { 0 } else { bytes(unsafe { next.deref() }) }
+    }
+
+    /// The bits of the row whose key `matches` (at most one key does), if
+    /// the key's sequence holds one: for callers whose borrowed form of a
+    /// key has no bits of its own. Reads only; waits for nothing.
+    pub(crate) fn key_matching(
+        &self,
+        hash: u64,
+        matches: &dyn Fn(u64) -> bool,
+        guard: &Guard,
+    ) -> Option<u64> {
+        let (mut arr_ptr, _) = self.array(guard);
+        loop {
+            // SAFETY: `current` or a target reached from it under `guard`.
+            let arr = unsafe { arr_ptr.deref() };
+            for idx in probe_seq(hash, arr.mask()) {
+                match CellState::decode(arr.cells[idx].load()) {
+                    CellState::Empty | CellState::Fence | CellState::Sealed => break,
+                    CellState::Claimed { key }
+                    | CellState::Live { key, .. }
+                    | CellState::FrozenClaimed { key }
+                    | CellState::FrozenLive { key, .. }
+                    | CellState::Moved { key }
+                        if matches(key) =>
+                    {
+                        return Some(key)
+                    }
+                    _ => {}
+                }
+            }
+            let next = arr.next.load(Ordering::Acquire, guard);
+            if next.is_null() {
+                return None;
+            }
+            arr_ptr = next;
         }
     }
 
@@ -283,14 +365,14 @@ impl CellTable {
         reread: &dyn Fn() -> u64,
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
-    ) -> Result<Admitted, Denied> {
+    ) -> Result<Admitted, Decision> {
         let (_, arr) = self.array(guard);
         if arr.next.load(Ordering::Relaxed, guard).is_null() {
             let idx = hash as usize & arr.mask();
             let v = arr.cells[idx].load();
             if let Some(tat) = cell::live_tat(v, key) {
                 if let Some(r) = self.debit(arr, idx, v, tat, key, limits, n, now) {
-                    return r.map_err(Denied::Bucket);
+                    return r;
                 }
             }
         }
@@ -311,14 +393,14 @@ impl CellTable {
         reread: &dyn Fn() -> u64,
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
-    ) -> Result<Admitted, Denied> {
+    ) -> Result<Admitted, Decision> {
         let backoff = Backoff::new();
         loop {
             self.help(hash_of, guard);
             let (arr_ptr, empty, tomb) = match self.find(hash, key, true, guard) {
                 Found::Row { arr, idx, v, tat } => {
                     match self.debit(arr, idx, v, tat, key, limits, n, now) {
-                        Some(r) => return r.map_err(Denied::Bucket),
+                        Some(r) => return r,
                         None => continue, // removed or frozen under us
                     }
                 }
@@ -333,7 +415,7 @@ impl CellTable {
             if let d @ (Decision::Wait(_) | Decision::Never | Decision::TimeExhausted) =
                 limits.reserve(floor, now, n)
             {
-                return Err(Denied::Bucket(d));
+                return Err(d);
             }
             // SAFETY: reached under `guard` (see `find`).
             let arr = unsafe { arr_ptr.deref() };
@@ -395,7 +477,7 @@ impl CellTable {
                 }
                 denied => {
                     self.withdraw(arr, at, key);
-                    return Err(Denied::Bucket(denied));
+                    return Err(denied);
                 }
             }
         }
@@ -753,6 +835,8 @@ impl CellTable {
         // SAFETY: a published target lives as long as its source.
         let next = unsafe { next_ptr.deref() };
         self.copy_chunk(cur, next, c, hash_of);
+        let cells = CHUNK.min(cur.cells.len() - c * CHUNK);
+        self.copied_cells.fetch_add(cells, Ordering::Relaxed);
         if cur.copied.fetch_add(1, Ordering::AcqRel) + 1 == cur.chunks() {
             self.finish(cur_ptr, next_ptr, guard);
         }

@@ -116,6 +116,7 @@ impl CellTable {
     }
 
     /// Whether a chunked pass is running on the current array (for tests).
+    #[cfg(test)]
     pub(crate) fn sweep_running(&self, guard: &Guard) -> bool {
         let (_, arr) = self.array(guard);
         arr.sweep_next.load(Ordering::Relaxed) < arr.cells.len()
