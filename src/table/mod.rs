@@ -109,7 +109,7 @@ unsafe fn retire_array<K>(guard: &Guard, arr: Shared<'_, Array<K>>) {
             let mut owned = Box::from_raw(ptr as *mut Array<K>);
             let slots = std::mem::take(&mut owned.slots);
             drop(owned);
-            free_slots(slots);
+            free_array(slots);
         })
     };
     // Not under loom: when garbage is collected is not what the models
@@ -123,21 +123,24 @@ unsafe fn retire_array<K>(guard: &Guard, arr: Shared<'_, Array<K>>) {
     }
 }
 
-/// Frees a retired slot array: at once if small, else on a new thread (or at
-/// once if no thread can be started).
-fn free_slots<K>(slots: Box<[Slot<K>]>) {
+/// Frees a retired array of slots or cells (atomics: nothing to drop): at
+/// once if small, else on a new thread (or at once if no thread can be
+/// started).
+pub(crate) fn free_array<T>(slots: Box<[T]>) {
+    debug_assert!(!std::mem::needs_drop::<T>());
     #[cfg(not(any(loom, miri)))]
     {
-        let layout = std::alloc::Layout::for_value::<[Slot<K>]>(&slots);
+        let layout = std::alloc::Layout::for_value::<[T]>(&slots);
         if layout.size() >= FREE_OFF_CALLER {
             let p = Box::into_raw(slots) as *mut u8 as usize;
             FREES_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
             let free = move || {
                 discard_pages(p, layout.size());
-                // SAFETY: `p` is the slot box's allocation, made by the
-                // global allocator with `layout` (what `Box<[Slot<K>]>`
-                // frees with), and freed exactly once: here, or below if
-                // the thread never started.
+                // SAFETY: `p` is the box's allocation, made by the global
+                // allocator with `layout` (what `Box<[T]>` frees with), and
+                // freed exactly once: here, or below if the thread never
+                // started. `T` has no drop glue, so freeing without
+                // dropping the elements loses nothing.
                 unsafe { std::alloc::dealloc(p as *mut u8, layout) };
                 FREES_IN_FLIGHT.fetch_sub(1, Ordering::Release);
             };

@@ -14,7 +14,7 @@ use super::floor::Floors;
 use super::slot::probe_seq;
 use crate::bucket::{Decision, Limits, Refund};
 use crate::sync::epoch::{Atomic, Guard, Owned, Shared};
-use crate::sync::{cas_retry, fence, snooze, AtomicUsize, Ordering};
+use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
 use cell::{Cell, CellState};
 
 /// What a reserve did (as `Table::reserve`'s `Admitted`).
@@ -112,6 +112,34 @@ impl CellArray {
     }
 }
 
+/// Hands an array unpublished from `current` to the collector and flushes
+/// the thread's garbage, so that it is freed soon (a growing table retires
+/// little else); a large array is freed off the caller's path
+/// (`free_array`).
+///
+/// # Safety
+/// `arr` was unpublished from `current` (unreachable for new readers) and
+/// is retired exactly once.
+unsafe fn retire_array(guard: &Guard, arr: Shared<'_, CellArray>) {
+    let ptr = arr.as_raw() as usize;
+    // SAFETY: the caller's contract; the closure rebuilds the `Box` (made by
+    // `Owned::new`) once, after every guard that could see `arr` is gone.
+    unsafe {
+        guard.defer_unchecked(move || {
+            let mut owned = Box::from_raw(ptr as *mut CellArray);
+            let cells = std::mem::take(&mut owned.cells);
+            drop(owned);
+            super::free_array(cells);
+        })
+    };
+    // Not under loom, as for slot arrays. (Known-wrong variant
+    // `arrays_wait_for_a_full_bag`: no flush.)
+    #[cfg(not(loom))]
+    if !cfg!(pace_mutant = "arrays_wait_for_a_full_bag") {
+        guard.flush();
+    }
+}
+
 /// Whether an array's `next` says a migration has started.
 fn is_migrating(next: Shared<'_, CellArray>) -> bool {
     !next.is_null() || next.tag() != 0
@@ -152,6 +180,9 @@ pub(crate) struct CellTable {
     migrations: AtomicUsize,
     /// Cells of the chunks copied (for tests).
     copied_cells: AtomicUsize,
+    /// A sweep pass ended on a sparse array that still held rows: the next
+    /// insert or removal starts the shrink (`shrink_pending`).
+    shrink_wanted: AtomicBool,
 }
 
 impl CellTable {
@@ -174,6 +205,7 @@ impl CellTable {
             floors: Floors::new(),
             migrations: AtomicUsize::new(0),
             copied_cells: AtomicUsize::new(0),
+            shrink_wanted: AtomicBool::new(false),
         })
     }
 
@@ -395,8 +427,12 @@ impl CellTable {
         guard: &Guard,
     ) -> Result<Admitted, Decision> {
         let backoff = Backoff::new();
+        // One chunk of a running migration per call: a call that starts one
+        // or finds its target full copies again only through
+        // `start_migration`, so no call copies more than a constant.
+        self.shrink_pending(hash_of, guard);
+        self.help(hash_of, guard);
         loop {
-            self.help(hash_of, guard);
             let (arr_ptr, empty, tomb) = match self.find(hash, key, true, guard) {
                 Found::Row { arr, idx, v, tat } => {
                     match self.debit(arr, idx, v, tat, key, limits, n, now) {
@@ -721,6 +757,7 @@ impl CellTable {
                         if full {
                             self.len.fetch_sub(1, Ordering::SeqCst);
                             self.clean_after(arr, idx, guard);
+                            self.shrink_pending(hash_of, guard);
                         }
                         return;
                     }
@@ -757,12 +794,20 @@ impl CellTable {
     /// sparse array (whole: an explicit call). `hash_of` gives a key's hash:
     /// cells do not keep it.
     pub(crate) fn sweep(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) -> usize {
-        self.finish_migration(hash_of, guard);
-        let (_, arr) = self.array(guard);
-        let removed = self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
-        self.shrink_if_sparse(hash_of, guard);
-        self.finish_migration(hash_of, guard);
-        removed
+        let mut removed = 0;
+        loop {
+            self.finish_migration(hash_of, guard);
+            let (arr_ptr, arr) = self.array(guard);
+            removed += self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
+            if is_migrating(arr.next.load(Ordering::Acquire, guard)) {
+                continue; // a migration started under the pass: sweep its target
+            }
+            if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
+                self.start_migration(arr_ptr, hash_of, guard);
+            }
+            self.finish_migration(hash_of, guard);
+            return removed;
+        }
     }
 
     /// Starts a migration of `arr_ptr` if it is current and none runs: seal
@@ -809,12 +854,33 @@ impl CellTable {
                 .saturating_mul(4)
                 .div_ceil(3)
         };
+        // An array that filled with tombstones which cleaning in place could
+        // not clear (rows leave from the middle of linear-probing runs) is
+        // churning: its target gives rows at most a quarter of the cells,
+        // where runs stay short enough for reuse and cleaning to keep up, so
+        // churn at a steady number of live rows stops migrating (as
+        // `migrate.rs` sizes slot arrays).
+        let churning = arr.used.load(Ordering::Relaxed).saturating_sub(rows)
+            >= arr.cells.len() / 4
+            && !cfg!(pace_mutant = "cells_no_clean");
         let n = rows
-            .saturating_mul(2)
+            .saturating_mul(if churning { 4 } else { 2 })
             .saturating_add(2)
             .max(room)
             .max(self.min_cells)
             .next_power_of_two();
+        if rows == 0 {
+            // No row is live and no claim is in flight (each is counted in
+            // `len` before it checks the seal): nothing to copy, so the
+            // target becomes current at once.
+            let chunks = arr.chunks();
+            arr.claim.store(chunks, Ordering::Relaxed);
+            arr.copied.store(chunks, Ordering::Relaxed);
+            let next = Owned::new(CellArray::new(n, 0)).into_shared(guard);
+            arr.next.store(next, Ordering::Release);
+            self.finish(arr_ptr, next, guard);
+            return;
+        }
         arr.next
             .store(Owned::new(CellArray::new(n, rows)), Ordering::Release);
         self.help(hash_of, guard);
@@ -927,8 +993,9 @@ impl CellTable {
             }
             // SAFETY: `old` is unreachable from `current` now; readers that
             // still hold it pinned before this, and the epoch frees it
-            // after them. It owns no heap per row.
-            unsafe { guard.defer_destroy(old) };
+            // after them. It owns no heap per row; it is retired once (only
+            // the copier of the last chunk gets here).
+            unsafe { retire_array(guard, old) };
         }
     }
 

@@ -107,8 +107,38 @@ impl CellTable {
     }
 
     /// Migrates the current array to a smaller one when rows fill less than
-    /// 1/16 of its cells (and it is above the table's minimum).
+    /// 1/16 of its cells (and it is above the table's minimum). An empty
+    /// table swaps in O(1); otherwise the shrink is left for the next insert
+    /// or removal ([`shrink_pending`](CellTable::shrink_pending)), so that a
+    /// pass ending under a reserve's own short-lived row does not start a
+    /// copy (sized for the new rows of the whole copy) that the row's refund
+    /// a moment later makes unnecessary.
     pub(super) fn shrink_if_sparse(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        let (arr_ptr, arr) = self.array(guard);
+        if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
+            if self.len() == 0 {
+                self.start_migration(arr_ptr, hash_of, guard);
+            } else {
+                self.shrink_wanted.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Starts a shrink left pending by the last sweep pass, if the table is
+    /// still sparse.
+    #[inline]
+    pub(super) fn shrink_pending(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        if self.shrink_wanted.load(Ordering::Relaxed) {
+            self.start_pending_shrink(hash_of, guard);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn start_pending_shrink(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        if !self.shrink_wanted.swap(false, Ordering::Relaxed) {
+            return;
+        }
         let (arr_ptr, arr) = self.array(guard);
         if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
             self.start_migration(arr_ptr, hash_of, guard);
