@@ -390,9 +390,9 @@ impl<K, S, C> Builder<K, S, C> {
                 CellTable::try_new(self.min_slots).ok_or(ConfigError::MinSlotsTooLarge)?,
                 word,
             ),
-            _ => Rows::Entries(
-                Table::try_new(self.min_slots).ok_or(ConfigError::MinSlotsTooLarge)?,
-            ),
+            _ => {
+                Rows::Entries(Table::try_new(self.min_slots).ok_or(ConfigError::MinSlotsTooLarge)?)
+            }
         };
         Ok(Pace {
             rows,
@@ -730,9 +730,8 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        word.bits_of(key).or_else(|| {
-            t.key_matching(hash, &|b| word.key(b).borrow() == key, guard)
-        })
+        word.bits_of(key)
+            .or_else(|| t.key_matching(hash, &|b| word.key(b).borrow() == key, guard))
     }
 
     /// The stripe of floors `key` shares with other keys (for models: a fresh

@@ -1,7 +1,9 @@
 //! Churn without migrations: a flood of new keys at a steady number of live
 //! rows reuses the tombstones that removed rows leave, so the table keeps its
-//! size and starts no migration. Known-wrong variant: `no_tombstone_reuse`
-//! (every new row takes a vacant slot), which these tests catch.
+//! size and starts no migration. Known-wrong variants, each caught here:
+//! `no_tombstone_reuse` (every new row takes a vacant slot) by the
+//! `entries::` tests, `cells_no_clean` (tombstones only reused, never
+//! cleaned) by the `cells::` tests.
 
 use std::time::Duration;
 
@@ -10,22 +12,56 @@ use pace::{ManualClock, Pace, Rate};
 
 const T: u64 = 1_000;
 
-fn pace(capacity: u64) -> Pace<u64, std::collections::hash_map::RandomState, ManualClock> {
-    Pace::builder(Rate::new(1, Duration::from_nanos(T)).unwrap())
+fn pace(
+    capacity: u64,
+    interval: Duration,
+    rows: Rows,
+) -> Pace<u64, std::collections::hash_map::RandomState, ManualClock> {
+    let b = Pace::builder(Rate::new(1, interval).unwrap())
         .capacity(capacity)
-        .clock(ManualClock::new())
-        .build()
-        .unwrap()
+        .clock(ManualClock::new());
+    match rows {
+        Rows::Cells => b.build().unwrap(),
+        Rows::Entries => b.entry_rows().build().unwrap(),
+    }
 }
+
+/// Which table a test's limiter keeps its `u64` rows in.
+#[derive(Clone, Copy)]
+enum Rows {
+    /// 16-byte cells in the array (the default for word-sized keys).
+    Cells,
+    /// A separately allocated entry per row (`Builder::entry_rows`).
+    Entries,
+}
+
+/// Each test, once per table: `cells::name` and `entries::name`.
+macro_rules! both_tables {
+    ($($name:ident),* $(,)?) => {
+        mod cells {
+            $(#[test]
+            fn $name() {
+                super::$name(super::Rows::Cells)
+            })*
+        }
+        mod entries {
+            $(#[test]
+            fn $name() {
+                super::$name(super::Rows::Entries)
+            })*
+        }
+    };
+}
+
+both_tables!(refunded_keys_reuse_tombstones, swept_keys_reuse_tombstones);
 
 /// Create a row, hand the debit back (the bucket is full again: the row
 /// goes), next key: 1,000 live rows at every step. After a warm-up of 10,000
 /// keys (where the table may grow once to make room for churn), 190,000 more
 /// keys neither migrate nor resize the table.
-#[test]
-fn refunded_keys_reuse_tombstones() {
+fn refunded_keys_reuse_tombstones(rows: Rows) {
     const LIVE: u64 = 1_000;
-    let p = pace(1);
+    let p = pace(1, Duration::from_nanos(T), rows);
     let now = 10 * T;
     let mut held = std::collections::VecDeque::new();
     let churn = |ids: std::ops::Range<u64>, held: &mut std::collections::VecDeque<_>| {
@@ -55,14 +91,8 @@ fn refunded_keys_reuse_tombstones() {
 /// time-driven sweep removes full rows each 1 ms horizon, so the table holds
 /// one to two horizons of keys: after the first horizons it neither grows,
 /// shrinks nor migrates.
-#[test]
-fn swept_keys_reuse_tombstones() {
-    let p: Pace<u64, std::collections::hash_map::RandomState, ManualClock> =
-        Pace::builder(Rate::new(1, Duration::from_millis(1)).unwrap())
-            .capacity(1)
-            .clock(ManualClock::new())
-            .build()
-            .unwrap();
+fn swept_keys_reuse_tombstones(rows: Rows) {
+    let p = pace(1, Duration::from_millis(1), rows);
     let step = 250; // ns between calls: 4,000 calls per 1 ms horizon
     let horizon = p.horizon().as_nanos() as u64;
     assert_eq!(horizon, 1_000_000);

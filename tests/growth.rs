@@ -21,13 +21,48 @@ type P = Pace<u64, std::collections::hash_map::RandomState, ManualClock>;
 
 const T: u64 = 1_000_000;
 
-fn pace(capacity: u64, interval: u64) -> P {
-    Pace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
+fn pace(capacity: u64, interval: u64, rows: Rows) -> P {
+    let b = Pace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
         .capacity(capacity)
-        .clock(ManualClock::new())
-        .build()
-        .unwrap()
+        .clock(ManualClock::new());
+    match rows {
+        Rows::Cells => b.build().unwrap(),
+        Rows::Entries => b.entry_rows().build().unwrap(),
+    }
 }
+
+/// Which table a test's limiter keeps its `u64` rows in.
+#[derive(Clone, Copy)]
+enum Rows {
+    /// 16-byte cells in the array (the default for word-sized keys).
+    Cells,
+    /// A separately allocated entry per row (`Builder::entry_rows`).
+    Entries,
+}
+
+/// Each test, once per table: `cells::name` and `entries::name`.
+macro_rules! both_tables {
+    ($($name:ident),* $(,)?) => {
+        mod cells {
+            $(#[test]
+            fn $name() {
+                super::$name(super::Rows::Cells)
+            })*
+        }
+        mod entries {
+            $(#[test]
+            fn $name() {
+                super::$name(super::Rows::Entries)
+            })*
+        }
+    };
+}
+
+both_tables!(
+    each_growth_migration_is_spread_over_its_chunks,
+    a_shrink_while_new_keys_arrive_is_spread_over_its_chunks,
+    a_pass_due_during_a_migration_runs_on_the_new_array,
+);
 
 /// Follows the migrations that `call` meets, one call at a time: no call
 /// copies more than `MIGRATION_CALL_SLOTS` slots of a migration (whole
@@ -73,14 +108,13 @@ impl Watch {
 
 /// One thread, every call a new key that it keeps (nothing refills during
 /// the test): in release, migrations up to one from 2^19 slots.
-#[test]
-fn each_growth_migration_is_spread_over_its_chunks() {
+fn each_growth_migration_is_spread_over_its_chunks(rows: Rows) {
     const KEYS: u64 = if cfg!(debug_assertions) {
         100_000
     } else {
         600_000
     };
-    let p = pace(100, 100 * 1_000_000_000);
+    let p = pace(100, 100 * 1_000_000_000, rows);
     let now = 1_000_000_000;
     let mut w = Watch::default();
     for k in 0..KEYS {
@@ -110,10 +144,9 @@ fn each_growth_migration_is_spread_over_its_chunks() {
 /// 50 rows. Meanwhile every call presents a new key: refunded (no row) during
 /// the pass, kept after it. The shrink, too, copies at most one call's share
 /// per call.
-#[test]
-fn a_shrink_while_new_keys_arrive_is_spread_over_its_chunks() {
+fn a_shrink_while_new_keys_arrive_is_spread_over_its_chunks(rows: Rows) {
     const KEYS: u64 = 100_000;
-    let p = pace(1, T);
+    let p = pace(1, T, rows);
     for k in 0..KEYS {
         let _kept = p.reserve_n_at(&k, 1, 0).expect("a fresh key");
     }
@@ -159,9 +192,8 @@ fn a_shrink_while_new_keys_arrive_is_spread_over_its_chunks() {
 /// `slots / sweep_chunk(slots)` calls remove every row that refilled, with no
 /// second horizon to wait for. Every call below presents a new key and
 /// refunds it, so no row is kept and no pass starts for any other reason.
-#[test]
-fn a_pass_due_during_a_migration_runs_on_the_new_array() {
-    let p = pace(1, T);
+fn a_pass_due_during_a_migration_runs_on_the_new_array(rows: Rows) {
+    let p = pace(1, T, rows);
     let horizon = u64::try_from(p.horizon().as_nanos()).unwrap();
     // Rows taken at 0 (each full again at T), until a growth migration from
     // an array too large to sweep at once is running.

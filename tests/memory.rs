@@ -1,7 +1,8 @@
 //! Memory follows the keys that exchanged, not the keys anyone named.
 //!
 //! Measured with a counting global allocator. This file holds one test so
-//! that nothing else allocates concurrently in this binary.
+//! that nothing else allocates concurrently in this binary; it floods both
+//! tables of `u64` rows (cells and entries) in turn.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::hash_map::RandomState;
@@ -82,11 +83,53 @@ fn memory_is_bounded_by_recent_exchanges() {
     let after = held();
     assert!(after - base <= SLACK, "flood left {} bytes", after - base);
 
-    // 2. A flood of keys that each really exchanged once: rows live for one
-    //    horizon, then the first call after it sweeps them and the table
-    //    shrinks back to its minimum.
-    let keys: Pace<u64, RandomState, ManualClock> =
+    // 2. A flood of keys that each really exchanged once, in each table.
+    let cells = flood("cells", rate, &clock, slots);
+    let entries = flood("entries", rate, &clock, slots);
+
+    // 3. The same with String keys (what a claimed id usually is).
+    let base = held();
+    let names: Pace<String, RandomState, ManualClock> =
         Pace::builder(rate).clock(clock.clone()).build().unwrap();
+    let n = FLOOD / 4;
+    for i in 0..n {
+        let _kept = names.reserve(format!("client-{i:08}").as_str()).unwrap();
+    }
+    let peak = held();
+    eprintln!(
+        "{n} live String rows (15-byte keys): {:.1} bytes per row",
+        (peak - base) as f64 / n as f64
+    );
+    clock.advance(names.horizon());
+    assert_eq!(names.sweep(), n as usize);
+    assert_eq!(names.table_slots(), slots);
+    drop(names);
+    drop(cells);
+    drop(entries);
+    drop(ids);
+    let end = held();
+    assert!(end - base <= SLACK, "{} bytes left after drop", end - base);
+}
+
+/// Part 2 of the test, for one table (`rows`: "cells" or "entries"): a
+/// flood of keys that each really exchanged once. Rows live for one
+/// horizon, then the first calls after it sweep them and the table shrinks
+/// back to its minimum. Returns the limiter, to be dropped with the others.
+fn flood(
+    rows: &str,
+    rate: Rate,
+    clock: &ManualClock,
+    slots: usize,
+) -> Pace<u64, RandomState, ManualClock> {
+    let keys: Pace<u64, RandomState, ManualClock> = match rows {
+        "cells" => Pace::builder(rate).clock(clock.clone()).build().unwrap(),
+        _ => Pace::builder(rate)
+            .clock(clock.clone())
+            .entry_rows()
+            .build()
+            .unwrap(),
+    };
+    assert_eq!(keys.cell_rows(), rows == "cells");
     let slots = keys.table_slots();
     let base = held();
     for k in 0..FLOOD {
@@ -107,7 +150,7 @@ fn memory_is_bounded_by_recent_exchanges() {
         std::thread::yield_now();
     }
     let uncollected = HELD.load(Ordering::Relaxed) - base;
-    let live = (keys.table_bytes() + FLOOD as usize * Pace::<u64>::entry_bytes()) as isize;
+    let live = (keys.table_bytes() + keys.memory().entry_bytes) as isize;
     assert!(
         uncollected <= live + SLACK,
         "{uncollected} bytes held without a forced collection, {live} live: \
@@ -115,7 +158,7 @@ fn memory_is_bounded_by_recent_exchanges() {
     );
     let peak = held();
     eprintln!(
-        "{FLOOD} live u64 rows: {} bytes, {:.1} bytes per row ({} table slots)",
+        "{FLOOD} live u64 rows in {rows}: {} bytes, {:.1} bytes per row ({} table slots)",
         peak - base,
         (peak - base) as f64 / FLOOD as f64,
         keys.table_slots()
@@ -154,26 +197,5 @@ fn memory_is_bounded_by_recent_exchanges() {
         "{} bytes left after the horizon",
         after - base
     );
-
-    // 3. The same with String keys (what a claimed id usually is).
-    let base = held();
-    let names: Pace<String, RandomState, ManualClock> =
-        Pace::builder(rate).clock(clock.clone()).build().unwrap();
-    let n = FLOOD / 4;
-    for i in 0..n {
-        let _kept = names.reserve(format!("client-{i:08}").as_str()).unwrap();
-    }
-    let peak = held();
-    eprintln!(
-        "{n} live String rows (15-byte keys): {:.1} bytes per row",
-        (peak - base) as f64 / n as f64
-    );
-    clock.advance(names.horizon());
-    assert_eq!(names.sweep(), n as usize);
-    assert_eq!(names.table_slots(), slots);
-    drop(names);
-    drop(keys);
-    drop(ids);
-    let end = held();
-    assert!(end - base <= SLACK, "{} bytes left after drop", end - base);
+    keys
 }

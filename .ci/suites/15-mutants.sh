@@ -57,10 +57,14 @@ expect_caught() {
     done
 }
 
-# Churn without migrations (tests/churn.rs) against `no_tombstone_reuse`:
-# every new row takes a vacant slot, so both churn tests must see migrations.
+# Churn without migrations (tests/churn.rs), in each table: against
+# `no_tombstone_reuse` every new slot row takes a vacant slot, against
+# `cells_no_clean` no tombstone cell is ever cleaned, so the churn tests of
+# that table must see migrations.
 expect_caught no_tombstone_reuse churn "no migration under churn" --release \
-    refunded_keys_reuse_tombstones swept_keys_reuse_tombstones
+    entries::refunded_keys_reuse_tombstones entries::swept_keys_reuse_tombstones
+expect_caught cells_no_clean churn "no migration under churn" --release \
+    cells::refunded_keys_reuse_tombstones cells::swept_keys_reuse_tombstones
 
 # Every migration is spread over many calls (tests/growth.rs), against two
 # variants whose target fills before its copy ends, so that the insert that
@@ -69,9 +73,9 @@ expect_caught no_tombstone_reuse churn "no migration under churn" --release \
 #   no_room_for_new_rows:   a shrink's target is sized from its rows alone
 share="some call copied more than one call.s share"
 expect_caught copies_keep_their_room growth "$share" "" \
-    each_growth_migration_is_spread_over_its_chunks
+    entries::each_growth_migration_is_spread_over_its_chunks
 expect_caught no_room_for_new_rows growth "$share" "" \
-    a_shrink_while_new_keys_arrive_is_spread_over_its_chunks
+    entries::a_shrink_while_new_keys_arrive_is_spread_over_its_chunks
 
 # Retired arrays are freed soon without a forced collection (tests/memory.rs)
 # against `arrays_wait_for_a_full_bag`: no flush after retiring an array, so
@@ -86,7 +90,7 @@ expect_caught arrays_wait_for_a_full_bag memory "retired arrays are not freed" "
 #   sweep_cursor_stuck: a chunk claimed after its pass ended leaves a cursor
 #     from which no later pass starts (src/pace.rs, a unit test)
 expect_caught passes_die_with_their_array growth "did not run on the new array" --release \
-    a_pass_due_during_a_migration_runs_on_the_new_array
+    entries::a_pass_due_during_a_migration_runs_on_the_new_array
 expect_caught sweep_cursor_stuck lib "no pass ran after a late claim" --release \
     pace::sweep_cursor::a_late_chunk_claim_does_not_stop_later_passes
 

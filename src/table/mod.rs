@@ -42,12 +42,12 @@ use crate::sync::epoch::{self, Atomic, Guard, Shared};
 use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
 
 pub(crate) mod cells;
-pub(crate) mod words;
 mod clean;
 mod floor;
 mod migrate;
 mod slot;
 pub(crate) mod sweep;
+pub(crate) mod words;
 
 use floor::Floors;
 pub(crate) use slot::CALL_SLOTS as MIGRATION_CALL_SLOTS;

@@ -200,7 +200,11 @@ mod tests {
         round_trip(&[0u8, 255]);
         round_trip(&[0i8, -1, i8::MIN]);
         round_trip(&['a', '\0', char::MAX, 'é']);
-        round_trip(&[Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::BROADCAST, Ipv4Addr::UNSPECIFIED]);
+        round_trip(&[
+            Ipv4Addr::new(10, 0, 0, 1),
+            Ipv4Addr::BROADCAST,
+            Ipv4Addr::UNSPECIFIED,
+        ]);
     }
 
     #[test]

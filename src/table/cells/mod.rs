@@ -239,7 +239,12 @@ impl CellTable {
         let bytes = |a: &CellArray| size_of::<CellArray>() + a.cells.len() * size_of::<Cell>();
         // SAFETY: as in `next_of`: a published target lives as long as its
         // source, which `guard` keeps.
-        bytes(cur) + if next.is_null() { 0 } else { bytes(unsafe { next.deref() }) }
+        bytes(cur)
+            + if next.is_null() {
+                0
+            } else {
+                bytes(unsafe { next.deref() })
+            }
     }
 
     /// The bits of the row whose key `matches` (at most one key does), if
@@ -860,8 +865,7 @@ impl CellTable {
         // where runs stay short enough for reuse and cleaning to keep up, so
         // churn at a steady number of live rows stops migrating (as
         // `migrate.rs` sizes slot arrays).
-        let churning = arr.used.load(Ordering::Relaxed).saturating_sub(rows)
-            >= arr.cells.len() / 4
+        let churning = arr.used.load(Ordering::Relaxed).saturating_sub(rows) >= arr.cells.len() / 4
             && !cfg!(pace_mutant = "cells_no_clean");
         let n = rows
             .saturating_mul(if churning { 4 } else { 2 })
