@@ -1,14 +1,15 @@
 //! The warm path, as a server sees it: ns per reserve on a warm key and on
-//! 1M live keys in random order, 1 and 2 threads, for `Pace` with its
-//! defaults, with `CoarseClock`, with the fast hasher (feature `foldhash`)
-//! and with both, against governor's default keyed limiter and a
-//! DashMap-of-atomics limiter, all in one process (a harness, not criterion).
+//! 1M live keys in random order, 1 and 2 threads, for `Pace<u64>` with its
+//! defaults (rows in cells), with `CoarseClock`, with the fast hasher
+//! (feature `foldhash`) and with both, against governor's default keyed
+//! limiter and a DashMap-of-atomics limiter, all in one process (a harness,
+//! not criterion).
 //!
 //! ```text
 //! cargo bench --features foldhash --bench warm        # PACE_WARM_ROUNDS=3
 //! PACE_WARM_ORDER=pattern cargo bench --features foldhash --bench warm
 //! PACE_WARM_ORDER=seq cargo bench --features foldhash --bench warm
-//! PACE_WARM_CELLS=1 cargo bench --features foldhash --bench warm   # + `cells`, `cells128`
+//! PACE_WARM_CELLS=1 cargo bench --features foldhash --bench warm   # + `cells`, `cells128`, `pace-entries`
 //! ```
 //!
 //! Regime `admit` for every contender (1 µs per token, burst 2^32-1, every
@@ -238,55 +239,6 @@ impl Contender<u64> for Cells128 {
     }
 }
 
-/// `pace-cells` (branch `cells`, opt-in with `PACE_WARM_CELLS=1`): the cell
-/// table of word-sized keys as it stands (`docs/cells.md`), with `Pace`'s
-/// default hasher and clock around it: its real protocol (claims, freezing
-/// migrations, floors), not a baseline.
-struct PaceCells {
-    t: pace::__private::CellsModel,
-    hasher: RandomState,
-    clock: QuantaClock,
-}
-
-impl PaceCells {
-    fn new(r: &Regime, keys: u64) -> PaceCells {
-        let _ = keys;
-        PaceCells {
-            t: pace::__private::CellsModel::new(4, r.interval_ns, u64::from(r.capacity)),
-            hasher: RandomState::new(),
-            clock: QuantaClock::new(),
-        }
-    }
-
-    #[inline]
-    fn reserve_n(&self, key: u64, n: u64) -> bool {
-        let now = self.clock.now_ns();
-        let hash = self.hasher.hash_one(key);
-        self.t
-            .reserve_hashed(key, hash, n, now, &|k| self.hasher.hash_one(k))
-            .is_some()
-    }
-}
-
-impl Contender<u64> for PaceCells {
-    #[inline]
-    fn reserve(&self, key: &u64) -> bool {
-        self.reserve_n(*key, 1)
-    }
-    fn churn(&self, key: &u64) {
-        self.reserve_n(*key, 1);
-    }
-    fn prime(&self, key: &u64, n: u32) {
-        assert!(
-            self.reserve_n(*key, u64::from(n.max(1))),
-            "priming admitted"
-        );
-    }
-    fn rows(&self) -> usize {
-        self.t.len()
-    }
-}
-
 const KEYS_1M: u64 = 1_000_000;
 
 #[derive(Clone, Copy, PartialEq)]
@@ -405,8 +357,8 @@ fn contenders() -> Vec<(&'static str, Make)> {
         v.push(("cells128", |r, n| {
             Box::new(primed(Cells128::new(r, n), r, n))
         }));
-        v.push(("pace-cells", |r, n| {
-            Box::new(primed(PaceCells::new(r, n), r, n))
+        v.push(("pace-entries", |r, n| {
+            Box::new(primed(pace_entries(r, QuantaClock::new()), r, n))
         }));
     }
     v

@@ -29,6 +29,7 @@ mutants=(
     "unlink_without_dead=the debit is held by a live row"
     "refund_undrained=kept admissions exceed the bucket"
     "fresh_row_from_zero=kept admissions exceed the bucket"
+    "fresh_row_from_zero:fresh_row_from_zero_cells=kept admissions exceed the bucket"
 )
 # Each entry is "mutant=message": built with that mutant, the file's
 # `mutant_<mutant>` test must fail, and with the model's own message.
@@ -102,3 +103,24 @@ table_mutants=(
     "clean_without_fence=every lookup finds the row"
 )
 expect_caught table "${table_mutants[@]}"
+
+# The cell table of word-sized keys (loom-tests/tests/cells.rs), likewise.
+cells_mutants=(
+    "cells_verify_off=both debits, one row"
+    "cells_copy_unfrozen=both debits of key 0"
+    "cells_clean_without_fence=key 4's row is on its sequence"
+    "cells_refund_gives_up_on_frozen=from the floor the refund raised"
+    "cells_sweep_keeps_floor=from the floor the sweep raised"
+)
+expect_caught cells "${cells_mutants[@]}"
+# Every cell mutant in src/table/cells is run here, or by the unit tests
+# (.ci/suites/15-mutants.sh).
+for m in $(grep -rhoE 'pace_mutant = "cells_[a-z_]+"' src/table/cells | sort -u | sed -E 's/.*"(.*)"/\1/'); do
+    case " ${cells_mutants[*]} cells_no_clean cells_refund_keeps_floor " in
+    *" $m="* | *" $m "*) ;;
+    *)
+        echo "cell mutant $m is in src/table/cells but run nowhere"
+        exit 1
+        ;;
+    esac
+done

@@ -1,6 +1,7 @@
-//! loom models of the cell table of word-sized keys (`docs/cells.md`, work
-//! in progress: one array, no migration yet). A cell is one 128-bit atomic,
-//! modelled by a loom mutex.
+//! loom models of the cell table of word-sized keys (DESIGN.md §2): claims,
+//! cleaning, chunked migrations and sweeps racing each other. A cell is one
+//! 128-bit atomic, modelled by a loom mutex. (`tests/pace.rs` runs every
+//! `Pace` model on this table too, with `u64` keys.)
 //!
 //! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" CARGO_TARGET_DIR=target/loom \
 //!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release --test cells
@@ -66,7 +67,7 @@ fn two_inserters_one_row() {
         let mine = t.reserve(1, 0);
         let mut tats = [mine, other.join().unwrap()];
         tats.sort_unstable();
-        assert_eq!(tats, [Some(T), Some(2 * T)]);
+        assert_eq!(tats, [Some(T), Some(2 * T)], "both debits, one row");
         assert_eq!(t.live_keys(), vec![1]);
         assert_eq!(t.len(), 1);
     });
@@ -185,7 +186,11 @@ fn sweep_vs_copy() {
         let removed = sweeper.join().unwrap();
         assert_eq!(t.len() + removed, 4);
         assert_eq!(t.live_keys().len(), t.len());
-        assert_eq!(t.reserve(0, 0), Some(2 * T));
+        assert_eq!(
+            t.reserve(0, 0),
+            Some(2 * T),
+            "from the floor the sweep raised"
+        );
     });
 }
 
@@ -217,4 +222,37 @@ fn migration_while_the_previous_finishes() {
         assert_eq!(t.live_keys(), (0..8).collect::<Vec<u64>>());
         assert_eq!(t.len(), 8);
     });
+}
+
+// Known-wrong variants: each runs the model that must catch it
+// (`.ci/suites/10-loom.sh` asserts that it fails with the model's message).
+
+#[cfg(pace_mutant = "cells_verify_off")]
+#[test]
+fn mutant_cells_verify_off() {
+    two_inserters_one_row();
+}
+
+#[cfg(pace_mutant = "cells_copy_unfrozen")]
+#[test]
+fn mutant_cells_copy_unfrozen() {
+    reserve_vs_copy();
+}
+
+#[cfg(pace_mutant = "cells_clean_without_fence")]
+#[test]
+fn mutant_cells_clean_without_fence() {
+    clean_vs_insert();
+}
+
+#[cfg(pace_mutant = "cells_refund_gives_up_on_frozen")]
+#[test]
+fn mutant_cells_refund_gives_up_on_frozen() {
+    refund_vs_copy();
+}
+
+#[cfg(pace_mutant = "cells_sweep_keeps_floor")]
+#[test]
+fn mutant_cells_sweep_keeps_floor() {
+    sweep_vs_copy();
 }

@@ -23,10 +23,10 @@ use support::*;
 /// 1. Two threads race for the last tokens of one bucket: exactly the
 ///    tokens left are admitted, and the word ends exactly where the
 ///    sequential execution puts it.
-fn exact_admission() {
+fn exact_admission<K: ModelKey>() {
     model(|| {
-        let p = pace(3);
-        let k = key(1);
+        let p = pace_of::<K>(3);
+        let k = K::of(1);
         drop(p.reserve_n_at(&k, 1, 0).unwrap()); // 2 tokens left
         let handles: Vec<_> = (0..2)
             .map(|_| {
@@ -48,10 +48,10 @@ fn exact_admission() {
 /// 2. A reserve races the sweep that unlinks its full row: the debit lands
 ///    on a live row (the old one before it dies, or a fresh one), never on a
 ///    dead one.
-fn reserve_vs_unlink() {
+fn reserve_vs_unlink<K: ModelKey>() {
     model(|| {
-        let p = pace(2);
-        let k = key(1);
+        let p = pace_of::<K>(2);
+        let k = K::of(1);
         drop(p.reserve_n_at(&k, 1, 0).unwrap()); // full again at T
         let sweeper = {
             let p = p.clone();
@@ -73,10 +73,10 @@ fn reserve_vs_unlink() {
 }
 
 /// 3a. A late refund (its debit drained) races a sweep: nothing is minted.
-fn late_refund_vs_sweep() {
+fn late_refund_vs_sweep<K: ModelKey>() {
     model(|| {
-        let p = pace(2);
-        let k = key(1);
+        let p = pace_of::<K>(2);
+        let k = K::of(1);
         let early = p.reserve_n_at(&k, 1, 0).unwrap(); // ends at T
         drop(p.reserve_n_at(&k, 1, T).unwrap()); // from full at T: ends at 2T
         let sweeper = {
@@ -92,10 +92,10 @@ fn late_refund_vs_sweep() {
 /// 3b. A refund races the sweep of its (full) row, and an undrained refund
 ///     races a sweep: no row is resurrected, and a refund that fills the
 ///     bucket leaves no row.
-fn refund_vs_sweep() {
+fn refund_vs_sweep<K: ModelKey>() {
     model(|| {
-        let p = pace(2);
-        let (a, b) = (key(1), key(2));
+        let p = pace_of::<K>(2);
+        let (a, b) = (K::of(1), K::of(2));
         let swept = p.reserve_n_at(&a, 1, 0).unwrap(); // full at T
         let held = p.reserve_n_at(&b, 2, 0).unwrap(); // full at 2T
         let sweeper = {
@@ -116,37 +116,41 @@ fn refund_vs_sweep() {
 }
 
 /// 4. Two threads create the same key's row at once: one row, both debits.
-fn create_same_key() {
+fn create_same_key<K: ModelKey>() {
     model(|| {
-        let p = pace(2);
+        let p = pace_of::<K>(2);
         let other = {
             let p = p.clone();
-            thread::spawn(move || p.reserve_n_at(&key(7), 1, 0).is_ok())
+            thread::spawn(move || p.reserve_n_at(&K::of(7), 1, 0).is_ok())
         };
-        let mine = p.reserve_n_at(&key(7), 1, 0).is_ok();
+        let mine = p.reserve_n_at(&K::of(7), 1, 0).is_ok();
         assert!(other.join().unwrap() && mine);
         assert_eq!(ids(&p), vec![7], "one live row");
-        assert_eq!(p.row_tat(&key(7)), Some(2 * T), "both debits counted");
+        assert_eq!(p.row_tat(&K::of(7)), Some(2 * T), "both debits counted");
         assert_eq!(p.len(), 1);
     });
 }
 
 /// 5a. Growth (migration) races a debit of an existing row.
-fn growth_vs_reserve() {
+fn growth_vs_reserve<K: ModelKey>() {
     model(|| {
-        let p = pace(2);
+        let p = pace_of::<K>(2);
         for id in [0, 4, 2] {
-            drop(p.reserve_n_at(&key(id), 1, 0).unwrap()); // 3 of 4 slots: next insert migrates
+            drop(p.reserve_n_at(&K::of(id), 1, 0).unwrap()); // 3 of 4 slots: next insert migrates
         }
         let grower = {
             let p = p.clone();
-            thread::spawn(move || p.reserve_n_at(&key(3), 1, 0).is_ok())
+            thread::spawn(move || p.reserve_n_at(&K::of(3), 1, 0).is_ok())
         };
-        let debited = p.reserve_n_at(&key(4), 1, 0).is_ok();
+        let debited = p.reserve_n_at(&K::of(4), 1, 0).is_ok();
         assert!(grower.join().unwrap() && debited);
         assert_eq!(ids(&p), vec![0, 2, 3, 4], "no row lost, none duplicated");
-        assert_eq!(p.row_tat(&key(4)), Some(2 * T), "no debit lost or doubled");
-        assert_eq!(p.row_tat(&key(3)), Some(T));
+        assert_eq!(
+            p.row_tat(&K::of(4)),
+            Some(2 * T),
+            "no debit lost or doubled"
+        );
+        assert_eq!(p.row_tat(&K::of(3)), Some(T));
         assert_eq!(p.len(), 4);
         assert_eq!(p.table_slots(), 8);
     });
@@ -154,10 +158,10 @@ fn growth_vs_reserve() {
 
 /// 5b. A sweep that shrinks the table (a migration to a smaller array) races
 ///     a reserve that creates a row.
-fn shrink_vs_reserve() {
+fn shrink_vs_reserve<K: ModelKey>() {
     model(|| {
-        let p = pace(2);
-        let keys: Vec<Key> = (0..4).map(key).collect();
+        let p = pace_of::<K>(2);
+        let keys: Vec<K> = (0..4).map(K::of).collect();
         let held: Vec<_> = keys
             .iter()
             .map(|k| p.reserve_n_at(k, 1, 0).unwrap())
@@ -171,11 +175,11 @@ fn shrink_vs_reserve() {
             let p = p.clone();
             thread::spawn(move || p.sweep_at(T)) // sparse: shrinks to 4 slots
         };
-        let end = p.reserve_n_at(&key(9), 1, T).unwrap().debit_end_ns();
+        let end = p.reserve_n_at(&K::of(9), 1, T).unwrap().debit_end_ns();
         sweeper.join().unwrap();
         assert_eq!(end, 2 * T);
         assert_eq!(ids(&p), vec![9], "the new row survives the migration");
-        assert_eq!(p.row_tat(&key(9)), Some(2 * T));
+        assert_eq!(p.row_tat(&K::of(9)), Some(2 * T));
         assert_eq!(p.len(), 1);
         assert!([4, 8].contains(&p.table_slots()));
     });
@@ -183,10 +187,10 @@ fn shrink_vs_reserve() {
 
 /// 7. Stale and out-of-order `now` per thread: the state's time never moves
 ///    backwards, and each admission's debit ends after every earlier one.
-fn stale_clocks() {
+fn stale_clocks<K: ModelKey>() {
     model(|| {
-        let p = pace(2);
-        let k = key(1);
+        let p = pace_of::<K>(2);
+        let k = K::of(1);
         let late = {
             let (p, k) = (p.clone(), k.clone());
             // This thread's clock is 100 intervals behind.
@@ -249,10 +253,10 @@ fn assert_fits(kept: &[(u64, u64)], capacity: u64) {
 /// 8a. Time as it really is: a reserve that read the clock at 10T, and is
 ///     pre-empted while a sweep reading 11T + 1 removes the (full by then)
 ///     row, must not create a fresh row from 10T. Capacity 1.
-fn stale_reserve_vs_sweep() {
+fn stale_reserve_vs_sweep<K: ModelKey>() {
     model(|| {
-        let p = pace(1);
-        let k = key(1);
+        let p = pace_of::<K>(1);
+        let k = K::of(1);
         drop(p.reserve_n_at(&k, 1, 10 * T).unwrap()); // kept at 10T
         let sweeper = {
             let p = p.clone();
@@ -271,10 +275,10 @@ fn stale_reserve_vs_sweep() {
 /// 8b. The same against a refund that fills the row and unlinks it: a and b
 ///     kept at 10T and 11T, then b refunded at 11T (restores 11T: full, the
 ///     row goes) while a reserve that read 10T acts.
-fn stale_reserve_vs_refund_unlink() {
+fn stale_reserve_vs_refund_unlink<K: ModelKey>() {
     model(|| {
-        let p = pace(1);
-        let k = key(1);
+        let p = pace_of::<K>(1);
+        let k = K::of(1);
         drop(p.reserve_n_at(&k, 1, 10 * T).unwrap()); // kept at 10T: full at 11T
         let b = p.reserve_n_at(&k, 1, 11 * T).unwrap(); // refunded below
         let stale = {
@@ -295,10 +299,10 @@ fn stale_reserve_vs_refund_unlink() {
 /// 9. A refund that read an earlier clock than a kept reservation that
 ///    followed: a at 10T; the other thread reserves twice at 11T while a is
 ///    refunded with a reading of 10T. Capacity 1: at most one kept at 11T.
-fn stale_refund_vs_later_reserve() {
+fn stale_refund_vs_later_reserve<K: ModelKey>() {
     model(|| {
-        let p = pace(1);
-        let k = key(1);
+        let p = pace_of::<K>(1);
+        let k = K::of(1);
         let a = p.reserve_n_at(&k, 1, 10 * T).unwrap().detach();
         let refunder = {
             let (p, k) = (p.clone(), k.clone());
@@ -320,10 +324,10 @@ fn stale_refund_vs_later_reserve() {
 /// 10. Refunds out of order, racing later reserves: capacity 2, a and b at
 ///     10T; one thread refunds a (at 10T) and reserves at 10.5T, the other
 ///     refunds b (at 10.9T) and reserves at 10.9T and 11T.
-fn out_of_order_refunds() {
+fn out_of_order_refunds<K: ModelKey>() {
     model(|| {
-        let p = pace(2);
-        let k = key(1);
+        let p = pace_of::<K>(2);
+        let k = K::of(1);
         let a = p.reserve_n_at(&k, 1, 10 * T).unwrap().detach();
         let b = p.reserve_n_at(&k, 1, 10 * T).unwrap().detach();
         let other = {
@@ -348,31 +352,42 @@ fn out_of_order_refunds() {
 }
 
 macro_rules! models {
-    ($($name:ident),* $(,)?) => {$(
+    ($key:ty: $($name:ident),* $(,)?) => {$(
         #[cfg(not(pace_mutant))]
         #[test]
         fn $name() {
-            super::$name();
+            super::$name::<$key>();
         }
     )*};
 }
 
-mod model {
-    models!(
-        exact_admission,
-        reserve_vs_unlink,
-        late_refund_vs_sweep,
-        refund_vs_sweep,
-        create_same_key,
-        growth_vs_reserve,
-        shrink_vs_reserve,
-        stale_clocks,
-        stale_reserve_vs_sweep,
-        stale_reserve_vs_refund_unlink,
-        stale_refund_vs_later_reserve,
-        out_of_order_refunds,
-    );
+/// Every model with rows in entries (`Key`s: a leaked or doubly freed entry
+/// shows) and with rows in cells (`u64` keys).
+macro_rules! both_tables {
+    ($($name:ident),* $(,)?) => {
+        mod model {
+            models!(super::Key: $($name),*);
+        }
+        mod cells_model {
+            models!(u64: $($name),*);
+        }
+    };
 }
+
+both_tables!(
+    exact_admission,
+    reserve_vs_unlink,
+    late_refund_vs_sweep,
+    refund_vs_sweep,
+    create_same_key,
+    growth_vs_reserve,
+    shrink_vs_reserve,
+    stale_clocks,
+    stale_reserve_vs_sweep,
+    stale_reserve_vs_refund_unlink,
+    stale_refund_vs_later_reserve,
+    out_of_order_refunds,
+);
 
 // Mutants: each runs the model that must catch it. loom aborts the process
 // on a failed model (a panic while unwinding its scheduler), so these are not
@@ -382,23 +397,31 @@ mod model {
 #[cfg(pace_mutant = "check_then_debit")]
 #[test]
 fn mutant_check_then_debit() {
-    exact_admission();
+    exact_admission::<Key>();
 }
 
 #[cfg(pace_mutant = "unlink_without_dead")]
 #[test]
 fn mutant_unlink_without_dead() {
-    reserve_vs_unlink();
+    reserve_vs_unlink::<Key>();
 }
 
 #[cfg(pace_mutant = "refund_undrained")]
 #[test]
 fn mutant_refund_undrained() {
-    stale_refund_vs_later_reserve();
+    stale_refund_vs_later_reserve::<Key>();
 }
 
 #[cfg(pace_mutant = "fresh_row_from_zero")]
 #[test]
 fn mutant_fresh_row_from_zero() {
-    stale_reserve_vs_sweep();
+    stale_reserve_vs_sweep::<Key>();
+}
+
+/// The floors are shared by both tables: a cell row must start from them
+/// too.
+#[cfg(pace_mutant = "fresh_row_from_zero")]
+#[test]
+fn mutant_fresh_row_from_zero_cells() {
+    stale_reserve_vs_sweep::<u64>();
 }

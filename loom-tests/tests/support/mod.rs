@@ -61,15 +61,51 @@ impl Hasher for IdHasher {
 pub type P = Pace<Key, BuildHasherDefault<IdHasher>, StdClock>;
 
 pub fn pace(capacity: u64) -> Arc<P> {
-    Arc::new(
-        Pace::builder(Rate::new(1, Duration::from_nanos(T)).unwrap())
-            .capacity(capacity)
-            .min_slots(4)
-            .hasher(BuildHasherDefault::<IdHasher>::default())
-            .clock(StdClock::new())
-            .build()
-            .unwrap(),
-    )
+    pace_of::<Key>(capacity)
+}
+
+/// A key of the models: [`Key`] (rows in entries: it owns a loom `Arc`) or
+/// `u64` (rows in cells). Both hash to their id.
+pub trait ModelKey: Clone + Hash + Eq + Send + Sync + std::fmt::Debug + 'static {
+    fn of(id: u64) -> Self;
+    fn id(&self) -> u64;
+}
+
+impl ModelKey for Key {
+    fn of(id: u64) -> Key {
+        key(id)
+    }
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl ModelKey for u64 {
+    fn of(id: u64) -> u64 {
+        id
+    }
+    fn id(&self) -> u64 {
+        *self
+    }
+}
+
+pub type PaceOf<K> = Pace<K, BuildHasherDefault<IdHasher>, StdClock>;
+
+/// A limiter of 4 slots (or cells) with the id hasher: rows of `u64` keys
+/// in cells, of [`Key`]s in entries.
+pub fn pace_of<K: ModelKey>(capacity: u64) -> Arc<PaceOf<K>> {
+    let p = Pace::builder(Rate::new(1, Duration::from_nanos(T)).unwrap())
+        .capacity(capacity)
+        .min_slots(4)
+        .hasher(BuildHasherDefault::<IdHasher>::default())
+        .clock(StdClock::new())
+        .build()
+        .unwrap();
+    assert_eq!(
+        p.cell_rows(),
+        std::any::TypeId::of::<K>() == std::any::TypeId::of::<u64>()
+    );
+    Arc::new(p)
 }
 
 /// `loom::model` with room for the spin-waits of a migration: each wait is a
@@ -100,8 +136,8 @@ fn run<F: Fn() + Sync + Send + 'static>(mut builder: loom::model::Builder, f: F)
     );
 }
 
-pub fn ids(p: &P) -> Vec<u64> {
-    let mut v: Vec<u64> = p.row_keys().iter().map(|k| k.id).collect();
+pub fn ids<K: ModelKey>(p: &PaceOf<K>) -> Vec<u64> {
+    let mut v: Vec<u64> = p.row_keys().iter().map(|k| k.id()).collect();
     v.sort_unstable();
     v
 }

@@ -345,7 +345,7 @@ impl CellTable {
                                     tomb,
                                 };
                             }
-                            if seal && !cfg!(pace_mutant = "cells_insert_into_migrating") {
+                            if seal {
                                 let sealed = CellState::Sealed.encode();
                                 if v != 0 || arr.cells[idx].cas(0, sealed).is_err() {
                                     snooze(&backoff);
@@ -467,6 +467,9 @@ impl CellTable {
                     // again; else migrate.
                     if !self.clean_some(arr_ptr, arr, guard) {
                         self.start_migration(arr_ptr, hash_of, guard);
+                        // The full array may be a target whose copy other
+                        // callers are finishing: let them.
+                        snooze(&backoff);
                     }
                     continue;
                 }
