@@ -159,7 +159,7 @@ fn per_row<K: Key>(n: usize) {
     flush_epoch();
     let ours = since(before);
     assert_eq!(pace.len(), n);
-    let structural = pace.table_bytes() + n * Pace::<K>::entry_bytes();
+    let structural = pace.table_bytes() + pace.memory().entry_bytes;
     let slots = pace.table_slots();
     drop(pace);
     flush_epoch();
