@@ -10,8 +10,9 @@
 //! shrinks the table); random reserves go on throughout, so whoever calls
 //! `reserve` when a sweep is due pays for it.
 //!
-//! Then growth and churn, each call timed, pace and governor in this one
-//! process on the same keys:
+//! Then growth and churn, each call timed, pace (`u64` rows in cells),
+//! governor and pace with its rows in entries (`pace-entries`, the table of
+//! every other key type) in this one process on the same keys:
 //!
 //! * growth: `PACE_GROW` (default 4M) distinct u64 keys reserved once and
 //!   kept (1/100 s, capacity 100: nothing refills during the run); the slowest
@@ -432,6 +433,13 @@ fn growth_and_churn() {
         timed_flood(&g, n, split),
     );
     drop(g);
+    let p = pace_entries::<u64, _>(&GROW, QuantaClock::new());
+    row(
+        "growth (1/100 s, capacity 100)",
+        "pace-entries",
+        timed_flood(&p, n, split),
+    );
+    drop(p);
     let p = PaceC::<u64, _>::new(&CHURN, QuantaClock::new());
     row(
         "churn (1000/s, capacity 1)",
@@ -446,5 +454,12 @@ fn growth_and_churn() {
         timed_flood(&g, n, split),
     );
     drop(g);
+    let p = pace_entries::<u64, _>(&CHURN, QuantaClock::new());
+    row(
+        "churn (1000/s, capacity 1)",
+        "pace-entries",
+        timed_flood(&p, n, split),
+    );
+    drop(p);
     print_slow(&slow);
 }

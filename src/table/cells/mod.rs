@@ -937,9 +937,14 @@ impl CellTable {
     /// marks them moved.
     fn copy_chunk(&self, old: &CellArray, new: &CellArray, c: usize, hash_of: &dyn Fn(u64) -> u64) {
         let backoff = Backoff::new();
+        let start = c * CHUNK;
         let end = ((c + 1) * CHUNK).min(old.cells.len());
+        // The frozen rows, placed after the whole chunk is frozen: each row's
+        // target cell is prefetched as it is found, so the chunk's (random)
+        // target lines are fetched together rather than one after another.
+        let mut rows = [(0usize, 0u64, 0u128, 0u64); CHUNK];
         let mut copies = 0;
-        for cell in &old.cells[c * CHUNK..end] {
+        for (i, cell) in old.cells[start..end].iter().enumerate() {
             let frozen = loop {
                 let v = cell.load();
                 match CellState::decode(v) {
@@ -963,10 +968,15 @@ impl CellTable {
                 }
             };
             if let CellState::FrozenLive { key, tat } = CellState::decode(frozen) {
-                Self::place(new, hash_of(key), CellState::Live { key, tat }.encode());
+                let hash = hash_of(key);
+                super::sweep::prefetch(&new.cells[hash as usize & new.mask()]);
+                rows[copies] = (start + i, key, CellState::Live { key, tat }.encode(), hash);
                 copies += 1;
-                cell.store(CellState::Moved { key }.encode());
             }
+        }
+        for &(idx, key, live, hash) in &rows[..copies] {
+            Self::place(new, hash, live);
+            old.cells[idx].store(CellState::Moved { key }.encode());
         }
         // Room for the copies: `used` first, then `limit` (claims read
         // `limit` before they add to `used`).
