@@ -11,7 +11,9 @@ use std::mem::size_of;
 use crossbeam_utils::{Backoff, CachePadded};
 
 use super::floor::Floors;
-use super::slot::probe_seq;
+// Cells per migration chunk, rows that make a chunk dense, and the most a
+// call copies: the slot table's (64, 16, 1,024; loom: 2, 16, 2).
+use super::slot::{probe_seq, CALL_SLOTS, CHUNK, SPARSE_ROWS};
 use crate::bucket::{Decision, Limits, Refund};
 use crate::sync::epoch::{Atomic, Guard, Owned, Shared};
 use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
@@ -41,22 +43,24 @@ enum Verdict {
     Await(usize),
 }
 
-/// Cells per migration chunk (loom: 2, so a 4-cell array migrates over
-/// calls).
-#[cfg(not(loom))]
-const CHUNK: usize = 64;
-#[cfg(loom)]
-const CHUNK: usize = 2;
-
 /// Tag on a null `next`: a migration target is being allocated.
 const PENDING: usize = 1;
 
 /// The smallest array.
 const MIN_CELLS: usize = 4;
 
-/// Claims allowed in an array of `n` cells (3/4), so every sequence ends.
+/// Claims allowed in an array of `n` cells, so every sequence ends: 13/16
+/// from 64 cells on (so that, say, 100k rows fit 2^17 cells: 16 bytes a
+/// cell, 21 bytes a row), 3/4 below (the models' 4-cell arrays keep a
+/// quarter empty). Linear probing at 13/16 walks about 3 cells to find a
+/// row and 15 to find none, against 2.5 and 8.5 at 3/4; arrays sit that
+/// full only between 3/4 of one size and the growth to the next.
 fn grow_at(n: usize) -> usize {
-    n - n / 4
+    if n >= 64 {
+        n - 3 * (n / 16)
+    } else {
+        n - n / 4
+    }
 }
 
 /// One power-of-two array of cells and its migration state.
@@ -901,18 +905,29 @@ impl CellTable {
         if next_ptr.is_null() {
             return;
         }
-        let c = cur.claim.fetch_add(1, Ordering::Relaxed);
-        if c >= cur.chunks() {
-            return;
-        }
         // SAFETY: a published target lives as long as its source.
         let next = unsafe { next_ptr.deref() };
-        self.copy_chunk(cur, next, c, hash_of);
-        let cells = CHUNK.min(cur.cells.len() - c * CHUNK);
-        self.copied_cells.fetch_add(cells, Ordering::Relaxed);
-        if cur.copied.fetch_add(1, Ordering::AcqRel) + 1 == cur.chunks() {
-            self.finish(cur_ptr, next_ptr, guard);
+        // One chunk, and more while the chunks copied so far held fewer
+        // than `SPARSE_ROWS` rows, up to `CALL_SLOTS` cells (as slot arrays
+        // are copied): a shrink of a large, nearly empty array ends within
+        // cells / CALL_SLOTS calls.
+        let (mut rows, mut cells) = (0, 0);
+        loop {
+            let c = cur.claim.fetch_add(1, Ordering::Relaxed);
+            if c >= cur.chunks() {
+                break;
+            }
+            rows += self.copy_chunk(cur, next, c, hash_of);
+            cells += CHUNK.min(cur.cells.len() - c * CHUNK);
+            if cur.copied.fetch_add(1, Ordering::AcqRel) + 1 == cur.chunks() {
+                self.finish(cur_ptr, next_ptr, guard);
+                break;
+            }
+            if rows >= SPARSE_ROWS || cells + CHUNK > CALL_SLOTS {
+                break;
+            }
         }
+        self.copied_cells.fetch_add(cells, Ordering::Relaxed);
     }
 
     /// Copies every chunk left (for whole-table operations and tests).
@@ -935,7 +950,14 @@ impl CellTable {
 
     /// Freezes every cell of chunk `c` of `old`, places its rows in `new`,
     /// marks them moved.
-    fn copy_chunk(&self, old: &CellArray, new: &CellArray, c: usize, hash_of: &dyn Fn(u64) -> u64) {
+    /// Returns the rows it copied.
+    fn copy_chunk(
+        &self,
+        old: &CellArray,
+        new: &CellArray,
+        c: usize,
+        hash_of: &dyn Fn(u64) -> u64,
+    ) -> usize {
         let backoff = Backoff::new();
         let start = c * CHUNK;
         let end = ((c + 1) * CHUNK).min(old.cells.len());
@@ -982,6 +1004,7 @@ impl CellTable {
         // `limit` before they add to `used`).
         new.used.fetch_add(copies, Ordering::Relaxed);
         new.limit.fetch_add(copies, Ordering::Release);
+        copies
     }
 
     /// Writes a copied row into the first empty cell of its sequence in
