@@ -225,6 +225,11 @@ pub mod __private {
         crate::table::sweep_chunk(n)
     }
 
+    /// The same for a table of `n` cells (rows of word-sized keys).
+    pub fn cell_sweep_chunk(n: usize) -> usize {
+        crate::table::cells::cell_sweep_chunk(n)
+    }
+
     /// Slots per chunk of a migration: a migration from an array of `n`
     /// slots takes at most `n.div_ceil(MIGRATION_CHUNK)` calls.
     pub const MIGRATION_CHUNK: usize = crate::table::MIGRATION_CHUNK;

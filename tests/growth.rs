@@ -216,7 +216,12 @@ fn a_pass_due_during_a_migration_runs_on_the_new_array(rows: Rows) {
     }
     assert!(calls > 1, "the pass came due while the array migrated");
     let slots = p.slots();
-    for _ in 0..slots.div_ceil(pace::__private::sweep_chunk(slots)) {
+    let chunk = if p.cell_rows() {
+        pace::__private::cell_sweep_chunk(slots)
+    } else {
+        pace::__private::sweep_chunk(slots)
+    };
+    for _ in 0..slots.div_ceil(chunk) {
         k += 1;
         p.reserve_n_at(&k, 1, now)
             .expect("a fresh key")

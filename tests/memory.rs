@@ -181,7 +181,12 @@ fn flood(
     // large each call sweeps one chunk of `sweep_chunk(slots)` slots, so
     // callers finish it.
     let slots_now = keys.table_slots();
-    let chunks = slots_now.div_ceil(pace::__private::sweep_chunk(slots_now));
+    let chunk = if keys.cell_rows() {
+        pace::__private::cell_sweep_chunk(slots_now)
+    } else {
+        pace::__private::sweep_chunk(slots_now)
+    };
+    let chunks = slots_now.div_ceil(chunk);
     let mut calls = 0;
     while !keys.is_empty() || calls == 0 {
         keys.reserve(&u64::MAX).unwrap().refund(); // a rejected presentation

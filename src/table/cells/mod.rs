@@ -3,6 +3,7 @@
 
 mod cell;
 pub(crate) use cell::lock_free;
+pub(crate) use sweep::cell_sweep_chunk;
 mod clean;
 mod sweep;
 

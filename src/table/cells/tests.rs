@@ -306,7 +306,7 @@ fn a_large_table_is_swept_a_chunk_per_call() {
             .unwrap();
     }
     assert_eq!(cells.cells(&g), 16_384);
-    let chunk = crate::table::sweep_chunk(16_384);
+    let chunk = super::cell_sweep_chunk(16_384);
     cells.start_sweep(100, &hash, &g);
     let mut calls = 1;
     let mut seen = vec![10_000 - cells.len()];
