@@ -265,8 +265,8 @@ pub mod __private {
         }
     }
 
-    /// The cell table of word-sized keys (`docs/cells.md`, work in
-    /// progress), with the hash of key `k` equal to `k`, for loom models.
+    /// The cell table of word-sized keys (DESIGN.md §2, "Rows in cells"),
+    /// with the hash of key `k` equal to `k`, for loom models.
     pub struct CellsModel {
         table: crate::table::cells::CellTable,
         limits: crate::bucket::Limits,

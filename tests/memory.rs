@@ -84,8 +84,8 @@ fn memory_is_bounded_by_recent_exchanges() {
     assert!(after - base <= SLACK, "flood left {} bytes", after - base);
 
     // 2. A flood of keys that each really exchanged once, in each table.
-    let cells = flood("cells", rate, &clock, slots);
-    let entries = flood("entries", rate, &clock, slots);
+    let cells = flood("cells", rate, &clock);
+    let entries = flood("entries", rate, &clock);
 
     // 3. The same with String keys (what a claimed id usually is).
     let base = held();
@@ -115,12 +115,7 @@ fn memory_is_bounded_by_recent_exchanges() {
 /// flood of keys that each really exchanged once. Rows live for one
 /// horizon, then the first calls after it sweep them and the table shrinks
 /// back to its minimum. Returns the limiter, to be dropped with the others.
-fn flood(
-    rows: &str,
-    rate: Rate,
-    clock: &ManualClock,
-    slots: usize,
-) -> Pace<u64, RandomState, ManualClock> {
+fn flood(rows: &str, rate: Rate, clock: &ManualClock) -> Pace<u64, RandomState, ManualClock> {
     let keys: Pace<u64, RandomState, ManualClock> = match rows {
         "cells" => Pace::builder(rate).clock(clock.clone()).build().unwrap(),
         _ => Pace::builder(rate)

@@ -202,7 +202,7 @@ fn sweep_vs_copy() {
 /// migrates it in turn. Every key ends with one row. (No known-wrong
 /// variant: letting the target start its migration early turned out
 /// harmless here, because copies only ever go from the current array, so
-/// the early migration waits; see docs/cells.md.)
+/// the early migration waits.)
 #[test]
 fn migration_while_the_previous_finishes() {
     model(|| {

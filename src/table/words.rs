@@ -116,7 +116,7 @@ impl<K> WordKey<K> {
     /// `p` points to a valid value of the type of `self.kind`.
     #[inline]
     unsafe fn read(&self, p: *const u8) -> u64 {
-        // SAFETY (every arm): the caller's contract; each arm reads the type
+        // SAFETY: every arm: the caller's contract; each arm reads the type
         // of its kind, aligned as a reference to it was.
         unsafe {
             match self.kind {
@@ -150,7 +150,7 @@ impl<K> WordKey<K> {
             // SAFETY: the caller's contract: `T` and `K` are one type.
             unsafe { std::mem::transmute_copy::<T, K>(&*v) }
         }
-        // SAFETY (every arm): `self.kind` was found from `K`'s type id, so
+        // SAFETY: every arm: `self.kind` was found from `K`'s type id, so
         // `K` is the type each arm builds. Truncating casts undo `read`'s
         // widening.
         unsafe {

@@ -1,6 +1,7 @@
 //! The cell: one row of a word-sized key, `{key bits, word}` in one 128-bit
 //! atomic, and every encoding of its word in one place ([`CellState`]).
-//! `docs/cells.md` gives the states and the transitions between them.
+//! DESIGN.md §2 ("Rows in cells") gives the states and the transitions
+//! between them.
 
 use crate::bucket::MAX_TIME;
 #[cfg(not(loom))]
@@ -20,7 +21,7 @@ const CLAIMED: u64 = LIVE_MAX + 3;
 /// Only ever frozen.
 const MOVED: u64 = LIVE_MAX + 4;
 
-/// A decoded cell. Keys are the key's 64 bits (`InlineKey`).
+/// A decoded cell. Keys are the key's 64 bits (`WordKey::bits`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CellState {
     /// Never used: ends every probe sequence.

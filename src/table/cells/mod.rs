@@ -1,5 +1,5 @@
 //! The table for word-sized keys: rows live in 16-byte cells of the array
-//! (`docs/cells.md`).
+//! (DESIGN.md §2, "Rows in cells").
 
 mod cell;
 pub(crate) use cell::lock_free;
@@ -242,14 +242,13 @@ impl CellTable {
         let (_, cur) = self.array(guard);
         let next = cur.next.load(Ordering::Acquire, guard);
         let bytes = |a: &CellArray| size_of::<CellArray>() + a.cells.len() * size_of::<Cell>();
+        if next.is_null() {
+            return bytes(cur);
+        }
         // SAFETY: as in `next_of`: a published target lives as long as its
         // source, which `guard` keeps.
-        bytes(cur)
-            + if next.is_null() {
-                0
-            } else {
-                bytes(unsafe { next.deref() })
-            }
+        let target = unsafe { next.deref() };
+        bytes(cur) + bytes(target)
     }
 
     /// The bits of the row whose key `matches` (at most one key does), if
