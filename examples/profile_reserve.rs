@@ -12,8 +12,13 @@
 //! Modes: `pace`, `pace-foldhash`, `pace-foldhash-fixed` (foldhash and a
 //! clock that is one relaxed load), `governor` (regime `admit`: 1 µs per
 //! token, burst 2^32-1, keys primed with 2^31 tokens), and `pace-churn`,
-//! `governor-churn` (a new key per op, refunded by pace). Arguments: mode,
-//! ops, keys (cycled in order).
+//! `governor-churn` (a new key per op, refunded by pace). `pace` keeps its
+//! `u64` rows in cells; `entries`, `entries-foldhash-fixed` and
+//! `entries-churn` are the same with rows in the slot table
+//! (`Builder::entry_rows`). Arguments: mode, ops, keys (cycled in order).
+//! Quanta's one-time calibration varies from run to run: subtract its
+//! count (`callgrind_annotate --inclusive=yes`, the line
+//! `once_cell::imp::OnceCell<T>::initialize`) from both totals.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -73,6 +78,32 @@ fn main() {
             let c = Fixed(AtomicU64::new(1));
             let p = Pace::builder(rate).capacity(cap).hasher(h).clock(c).build();
             run(&p.unwrap(), &keys, ops)
+        }
+        "entries" => run(
+            &Pace::builder(rate)
+                .capacity(cap)
+                .entry_rows()
+                .build()
+                .unwrap(),
+            &keys,
+            ops,
+        ),
+        "entries-foldhash-fixed" => {
+            let h = foldhash::fast::RandomState::default();
+            let c = Fixed(AtomicU64::new(1));
+            let b = Pace::builder(rate).capacity(cap).hasher(h).clock(c);
+            run(&b.entry_rows().build().unwrap(), &keys, ops)
+        }
+        "entries-churn" => {
+            let p: Pace<u64> = Pace::builder(Rate::per_second(10).unwrap())
+                .entry_rows()
+                .build()
+                .unwrap();
+            for i in 0..ops {
+                if let Ok(r) = p.reserve(&key(i)) {
+                    r.refund();
+                }
+            }
         }
         "governor" => {
             let q = governor::Quota::with_period(Duration::from_micros(1))
