@@ -7,51 +7,14 @@
 
 use std::time::Duration;
 
+#[macro_use]
+mod tables;
+
 use pace::__private::PaceInternals;
-use pace::{ManualClock, Pace, Rate};
+use pace::Pace;
+use tables::{limiter, Rows};
 
 const T: u64 = 1_000;
-
-fn pace(
-    capacity: u64,
-    interval: Duration,
-    rows: Rows,
-) -> Pace<u64, std::collections::hash_map::RandomState, ManualClock> {
-    let b = Pace::builder(Rate::new(1, interval).unwrap())
-        .capacity(capacity)
-        .clock(ManualClock::new());
-    match rows {
-        Rows::Cells => b.build().unwrap(),
-        Rows::Entries => b.entry_rows().build().unwrap(),
-    }
-}
-
-/// Which table a test's limiter keeps its `u64` rows in.
-#[derive(Clone, Copy)]
-enum Rows {
-    /// 16-byte cells in the array (the default for word-sized keys).
-    Cells,
-    /// A separately allocated entry per row (`Builder::entry_rows`).
-    Entries,
-}
-
-/// Each test, once per table: `cells::name` and `entries::name`.
-macro_rules! both_tables {
-    ($($name:ident),* $(,)?) => {
-        mod cells {
-            $(#[test]
-            fn $name() {
-                super::$name(super::Rows::Cells)
-            })*
-        }
-        mod entries {
-            $(#[test]
-            fn $name() {
-                super::$name(super::Rows::Entries)
-            })*
-        }
-    };
-}
 
 both_tables!(refunded_keys_reuse_tombstones, swept_keys_reuse_tombstones);
 
@@ -61,7 +24,7 @@ both_tables!(refunded_keys_reuse_tombstones, swept_keys_reuse_tombstones);
 /// keys neither migrate nor resize the table.
 fn refunded_keys_reuse_tombstones(rows: Rows) {
     const LIVE: u64 = 1_000;
-    let p = pace(1, Duration::from_nanos(T), rows);
+    let p = limiter(1, Duration::from_nanos(T), rows);
     let now = 10 * T;
     let mut held = std::collections::VecDeque::new();
     let churn = |ids: std::ops::Range<u64>, held: &mut std::collections::VecDeque<_>| {
@@ -92,7 +55,7 @@ fn refunded_keys_reuse_tombstones(rows: Rows) {
 /// one to two horizons of keys: after the first horizons it neither grows,
 /// shrinks nor migrates.
 fn swept_keys_reuse_tombstones(rows: Rows) {
-    let p = pace(1, Duration::from_millis(1), rows);
+    let p = limiter(1, Duration::from_millis(1), rows);
     let step = 250; // ns between calls: 4,000 calls per 1 ms horizon
     let horizon = p.horizon().as_nanos() as u64;
     assert_eq!(horizon, 1_000_000);

@@ -14,49 +14,16 @@
 
 use std::time::Duration;
 
+#[macro_use]
+mod tables;
+
 use pace::__private::{PaceInternals, ReservationInternals, MIGRATION_CALL_SLOTS, MIGRATION_CHUNK};
-use pace::{ManualClock, Pace, Rate};
+use pace::{ManualClock, Pace};
+use tables::{limiter, Rows};
 
 type P = Pace<u64, std::collections::hash_map::RandomState, ManualClock>;
 
 const T: u64 = 1_000_000;
-
-fn pace(capacity: u64, interval: u64, rows: Rows) -> P {
-    let b = Pace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
-        .capacity(capacity)
-        .clock(ManualClock::new());
-    match rows {
-        Rows::Cells => b.build().unwrap(),
-        Rows::Entries => b.entry_rows().build().unwrap(),
-    }
-}
-
-/// Which table a test's limiter keeps its `u64` rows in.
-#[derive(Clone, Copy)]
-enum Rows {
-    /// 16-byte cells in the array (the default for word-sized keys).
-    Cells,
-    /// A separately allocated entry per row (`Builder::entry_rows`).
-    Entries,
-}
-
-/// Each test, once per table: `cells::name` and `entries::name`.
-macro_rules! both_tables {
-    ($($name:ident),* $(,)?) => {
-        mod cells {
-            $(#[test]
-            fn $name() {
-                super::$name(super::Rows::Cells)
-            })*
-        }
-        mod entries {
-            $(#[test]
-            fn $name() {
-                super::$name(super::Rows::Entries)
-            })*
-        }
-    };
-}
 
 both_tables!(
     each_growth_migration_is_spread_over_its_chunks,
@@ -114,7 +81,7 @@ fn each_growth_migration_is_spread_over_its_chunks(rows: Rows) {
     } else {
         600_000
     };
-    let p = pace(100, 100 * 1_000_000_000, rows);
+    let p = limiter(100, Duration::from_secs(100), rows);
     let now = 1_000_000_000;
     let mut w = Watch::default();
     for k in 0..KEYS {
@@ -146,7 +113,7 @@ fn each_growth_migration_is_spread_over_its_chunks(rows: Rows) {
 /// per call.
 fn a_shrink_while_new_keys_arrive_is_spread_over_its_chunks(rows: Rows) {
     const KEYS: u64 = 100_000;
-    let p = pace(1, T, rows);
+    let p = limiter(1, Duration::from_nanos(T), rows);
     for k in 0..KEYS {
         let _kept = p.reserve_n_at(&k, 1, 0).expect("a fresh key");
     }
@@ -193,7 +160,7 @@ fn a_shrink_while_new_keys_arrive_is_spread_over_its_chunks(rows: Rows) {
 /// second horizon to wait for. Every call below presents a new key and
 /// refunds it, so no row is kept and no pass starts for any other reason.
 fn a_pass_due_during_a_migration_runs_on_the_new_array(rows: Rows) {
-    let p = pace(1, T, rows);
+    let p = limiter(1, Duration::from_nanos(T), rows);
     let horizon = u64::try_from(p.horizon().as_nanos()).unwrap();
     // Rows taken at 0 (each full again at T), until a growth migration from
     // an array too large to sweep at once is running.

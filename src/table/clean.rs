@@ -23,14 +23,14 @@ use crate::sync::epoch::{Guard, Shared};
 use crate::sync::Ordering;
 
 /// Chunks an insert at the limit cleans before it gives up and migrates.
-const CLEAN_TRIES: usize = 4;
+pub(super) const CLEAN_TRIES: usize = 4;
 
 /// Slots per cleaning chunk, and the most a tombstone's cleaning walks back.
 /// Loom models clean 2 slots at a time, like their migration chunks.
 #[cfg(not(loom))]
-const CLEAN_CHUNK: usize = 256;
+pub(super) const CLEAN_CHUNK: usize = 256;
 #[cfg(loom)]
-const CLEAN_CHUNK: usize = 2;
+pub(super) const CLEAN_CHUNK: usize = 2;
 
 impl<K> Table<K> {
     /// Vacates the tombstones among slots `start..end` of `arr` that end a

@@ -38,6 +38,43 @@ use super::{is_migrating, retire_array, retire_entry, Table, PENDING};
 use crate::sync::epoch::{Guard, Owned, Shared};
 use crate::sync::{fence, snooze, Ordering};
 
+/// The size of a migration's target (slots or cells, both tables): rows
+/// take at most half of it. An array that filled with tombstones which
+/// cleaning in place could not clear (rows leave from the middle of
+/// linear-probing runs) is churning: its target gives rows at most a
+/// quarter, where runs stay short enough for reuse and cleaning to keep up,
+/// so churn at a steady number of live rows stops migrating (only when
+/// `churn_aware`: each table's known-wrong variant that stops cleaning turns
+/// it off). And, if there is anything to copy, room for one new row per
+/// chunk beyond the copies (3/4 of an array is claimable at least): a
+/// thread copies a chunk in each call, so one thread never finds the target
+/// full before the copy ends (which would make its insert copy every chunk
+/// left). (Known-wrong variant `no_room_for_new_rows`: size from the rows
+/// alone.) `used` counts the old array's claimed entries (rows, tombstones,
+/// claims), `len` its size, `chunks` its copy chunks.
+pub(super) fn target_size(
+    rows: usize,
+    used: usize,
+    len: usize,
+    chunks: usize,
+    min: usize,
+    churn_aware: bool,
+) -> usize {
+    let churning = churn_aware && used.saturating_sub(rows) >= len / 4;
+    let room = if rows == 0 || cfg!(pace_mutant = "no_room_for_new_rows") {
+        0
+    } else {
+        rows.saturating_add(chunks + 1)
+            .saturating_mul(4)
+            .div_ceil(3)
+    };
+    rows.saturating_mul(if churning { 4 } else { 2 })
+        .saturating_add(2)
+        .max(room)
+        .max(min)
+        .next_power_of_two()
+}
+
 impl<K> Table<K> {
     /// Copies chunks of the running migration, if there is one with a chunk
     /// left to claim: one, and more while the chunks copied so far held
@@ -287,34 +324,14 @@ impl<K> Table<K> {
         // see the seal is counted here.
         fence(Ordering::SeqCst);
         let rows = self.len.load(Ordering::SeqCst);
-        // Rows take at most half of the target. An array that filled with
-        // tombstones which cleaning in place could not clear (rows leave
-        // from the middle of linear-probing runs) is churning: its target
-        // gives rows at most a quarter, where runs stay short enough for
-        // reuse and cleaning to keep up, so churn at a steady number of live
-        // rows stops migrating.
-        let churning = arr.used.load(Ordering::Relaxed).saturating_sub(rows) >= arr.slots.len() / 4
-            && !cfg!(pace_mutant = "no_tombstone_reuse");
-        // And, if there is anything to copy, room for one new row per chunk
-        // beyond the copies (3/4 of the slots are claimable): a thread
-        // copies a chunk in each call, so one thread never finds the target
-        // full before the copy ends (which would make its insert copy every
-        // chunk left).
-        // (Known-wrong variant `no_room_for_new_rows`: size from the rows
-        // alone.)
-        let room = if rows == 0 || cfg!(pace_mutant = "no_room_for_new_rows") {
-            0
-        } else {
-            rows.saturating_add(arr.chunks() + 1)
-                .saturating_mul(4)
-                .div_ceil(3)
-        };
-        let slots = rows
-            .saturating_mul(if churning { 4 } else { 2 })
-            .saturating_add(2)
-            .max(room)
-            .max(self.min_slots)
-            .next_power_of_two();
+        let slots = target_size(
+            rows,
+            arr.used.load(Ordering::Relaxed),
+            arr.slots.len(),
+            arr.chunks(),
+            self.min_slots,
+            !cfg!(pace_mutant = "no_tombstone_reuse"),
+        );
         if rows == 0 {
             // No row is linked and no insert is in flight: nothing to copy.
             let chunks = arr.chunks();

@@ -62,6 +62,28 @@ const PENDING: usize = 1;
 /// The smallest array the table uses.
 pub(crate) const MIN_SLOTS: usize = 4;
 
+/// Counts one more row in `len` unless `migrating()` (a SeqCst load of the
+/// array's `next`) says the array the row goes to has begun migrating: the
+/// handshake of both tables' inserts with `start_migration`. The row is
+/// counted before it is linked, and the migration check comes after the
+/// count (both SeqCst): a migration that sizes its target from `len` after
+/// sealing `next` counts every row that can still be linked into the array.
+pub(crate) fn count_unless_migrating(len: &AtomicUsize, migrating: impl Fn() -> bool) -> bool {
+    if migrating() {
+        return false;
+    }
+    len.fetch_add(1, Ordering::SeqCst);
+    // Dekker with `start_migration` (seal `next`, fence, read `len`): at
+    // least one side sees the other's write. The fence makes the argument
+    // hold in loom too, which models SeqCst accesses as AcqRel.
+    fence(Ordering::SeqCst);
+    if migrating() {
+        len.fetch_sub(1, Ordering::SeqCst);
+        return false;
+    }
+    true
+}
+
 /// Hands an unlinked entry to the collector. Dropping the key runs user code:
 /// a panicking `Drop` is caught so that it cannot unwind through the
 /// collector (and into whichever thread happens to run the deferred free).
@@ -1018,23 +1040,9 @@ impl<K> Table<K> {
     /// closes every tombstone it passes, so a reuse either lands before the
     /// copier reads the slot (and the row is copied) or fails.
     fn count_row(&self, arr: &Array<K>, guard: &Guard) -> bool {
-        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
-            return false;
-        }
-        // The row is counted before it is linked, and the migration check
-        // comes after the count (both SeqCst): a migration that sizes its
-        // target from `len` after sealing `next` counts every row that can
-        // still be linked into `arr`. See `start_migration`.
-        self.len.fetch_add(1, Ordering::SeqCst);
-        // Dekker with `start_migration` (seal `next`, fence, read `len`): at
-        // least one side sees the other's write. The fences make the
-        // argument hold in loom too, which models SeqCst accesses as AcqRel.
-        fence(Ordering::SeqCst);
-        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
-            self.len.fetch_sub(1, Ordering::SeqCst);
-            return false;
-        }
-        true
+        count_unless_migrating(&self.len, || {
+            is_migrating(arr.next.load(Ordering::SeqCst, guard))
+        })
     }
 
     /// Counts one more row and one more used slot in `arr`, unless `arr` is

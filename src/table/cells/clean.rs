@@ -8,14 +8,10 @@ use super::{is_migrating, CellArray, CellTable};
 use crate::sync::epoch::{Guard, Shared};
 use crate::sync::Ordering;
 
-/// Cells per cleaning chunk, and the most a tombstone's cleaning walks back.
-#[cfg(not(loom))]
-const CLEAN_CHUNK: usize = 256;
-#[cfg(loom)]
-const CLEAN_CHUNK: usize = 2;
-
-/// Chunks a claim at the limit cleans before it gives up and migrates.
-const CLEAN_TRIES: usize = 4;
+// Cells per cleaning chunk (and the most a tombstone's cleaning walks
+// back) and chunks a claim at the limit cleans before it migrates: the slot
+// table's.
+use crate::table::clean::{CLEAN_CHUNK, CLEAN_TRIES};
 
 impl CellTable {
     /// Empties the tombstones among cells `start..end` of `arr` that end a

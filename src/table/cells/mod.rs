@@ -12,6 +12,7 @@ use std::mem::size_of;
 use crossbeam_utils::{Backoff, CachePadded};
 
 use super::floor::Floors;
+use super::migrate::target_size;
 // Cells per migration chunk, rows that make a chunk dense, and the most a
 // call copies: the slot table's (64, 16, 1,024; loom: 2, 16, 2).
 use super::slot::{probe_seq, CALL_SLOTS, CHUNK, SPARSE_ROWS};
@@ -534,16 +535,9 @@ impl CellTable {
     /// Counts one more row unless `arr` is migrating: the handshake with
     /// `start_migration`, which sizes the target from `len` after sealing.
     fn count_row(&self, arr: &CellArray, guard: &Guard) -> bool {
-        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
-            return false;
-        }
-        self.len.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        if is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
-            self.len.fetch_sub(1, Ordering::SeqCst);
-            return false;
-        }
-        true
+        super::count_unless_migrating(&self.len, || {
+            is_migrating(arr.next.load(Ordering::SeqCst, guard))
+        })
     }
 
     /// Claims a cell of `arr` for `key`: the tombstone if there is one, else
@@ -857,29 +851,15 @@ impl CellTable {
         // the seal is counted here.
         fence(Ordering::SeqCst);
         let rows = self.len.load(Ordering::SeqCst);
-        // Rows take at most half the target, with room for one new row per
-        // chunk of the copy.
-        let room = if rows == 0 {
-            0
-        } else {
-            rows.saturating_add(arr.chunks() + 1)
-                .saturating_mul(4)
-                .div_ceil(3)
-        };
-        // An array that filled with tombstones which cleaning in place could
-        // not clear (rows leave from the middle of linear-probing runs) is
-        // churning: its target gives rows at most a quarter of the cells,
-        // where runs stay short enough for reuse and cleaning to keep up, so
-        // churn at a steady number of live rows stops migrating (as
-        // `migrate.rs` sizes slot arrays).
-        let churning = arr.used.load(Ordering::Relaxed).saturating_sub(rows) >= arr.cells.len() / 4
-            && !cfg!(pace_mutant = "cells_no_clean");
-        let n = rows
-            .saturating_mul(if churning { 4 } else { 2 })
-            .saturating_add(2)
-            .max(room)
-            .max(self.min_cells)
-            .next_power_of_two();
+        // Sized as slot arrays are (`target_size`).
+        let n = target_size(
+            rows,
+            arr.used.load(Ordering::Relaxed),
+            arr.cells.len(),
+            arr.chunks(),
+            self.min_cells,
+            !cfg!(pace_mutant = "cells_no_clean"),
+        );
         if rows == 0 {
             // No row is live and no claim is in flight (each is counted in
             // `len` before it checks the seal): nothing to copy, so the
