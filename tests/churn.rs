@@ -16,7 +16,17 @@ use tables::{limiter, Rows};
 
 const T: u64 = 1_000;
 
-both_tables!(refunded_keys_reuse_tombstones, swept_keys_reuse_tombstones);
+both_tables!(refunded_keys_reuse_tombstones, swept_keys_reuse_tombstones,);
+
+/// Slots (or cells) per live row a churning array may have: its target
+/// gives rows at most a quarter of a slot array and an eighth of a cell
+/// array (`target_size`), rounded up to a power of two.
+fn churn_room(rows: Rows) -> usize {
+    match rows {
+        Rows::Cells => 16,
+        Rows::Entries => 8,
+    }
+}
 
 /// Create a row, hand the debit back (the bucket is full again: the row
 /// goes), next key: 1,000 live rows at every step. After a warm-up of 10,000
@@ -40,7 +50,8 @@ fn refunded_keys_reuse_tombstones(rows: Rows) {
     churn(0..11 * LIVE, &mut held);
     let slots = p.table_slots();
     let migrations = p.migrations();
-    assert!(slots <= 8 * LIVE as usize, "{slots} slots for {LIVE} rows");
+    let most = churn_room(rows) * LIVE as usize;
+    assert!(slots <= most, "{slots} slots for {LIVE} rows");
     churn(11 * LIVE..200 * LIVE, &mut held);
     assert_eq!(p.migrations(), migrations, "no migration under churn");
     assert_eq!(p.table_slots(), slots, "the table keeps its size");
@@ -80,4 +91,39 @@ fn swept_keys_reuse_tombstones(rows: Rows) {
         "rows are the last horizons' keys: {}",
         p.len()
     );
+}
+
+/// A flood of new keys into a cell table whose arrays grew for rows alone
+/// (the first horizon's keys, before any was swept): at the end of a sweep
+/// pass that leaves tombstones in a quarter of the cells, the table moves
+/// to an array sized for churn, where a horizon's rows (4,000) take at most
+/// 1/8 of the cells, and stays there. (The slot table resizes for churn
+/// only when its tombstones fill the array.) Known-wrong variant, caught
+/// here: `cells_no_churn_resize` (the cells stay at 16,384 until their
+/// tombstones fill the array, 20 horizons later).
+#[test]
+fn a_churning_cell_array_is_resized_for_churn() {
+    let p = limiter(1, Duration::from_millis(1), Rows::Cells);
+    assert!(p.cell_rows(), "u64 rows are in cells");
+    let step = 250; // ns between calls: 4,000 calls per 1 ms horizon
+    let calls_per_horizon = p.horizon().as_nanos() as u64 / step;
+    let mut id = 0u64;
+    let mut now = 1_000_000_000;
+    let mut run = |horizons: u64, p: &Pace<_, _, _>| {
+        for _ in 0..horizons * calls_per_horizon {
+            drop(p.reserve_n_at(&id, 1, now).unwrap());
+            id += 1;
+            now += step;
+        }
+    };
+    run(12, &p);
+    let slots = p.table_slots();
+    assert!(
+        slots >= 8 * calls_per_horizon as usize,
+        "{slots} slots for {calls_per_horizon} rows a horizon"
+    );
+    let migrations = p.migrations();
+    run(20, &p);
+    assert_eq!(p.migrations(), migrations, "resized once");
+    assert_eq!(p.table_slots(), slots, "the table keeps its size");
 }

@@ -65,6 +65,11 @@ expect_caught no_tombstone_reuse churn "no migration under churn" --release \
     entries::refunded_keys_reuse_tombstones entries::swept_keys_reuse_tombstones
 expect_caught cells_no_clean churn "no migration under churn" --release \
     cells::refunded_keys_reuse_tombstones cells::swept_keys_reuse_tombstones
+# Against `cells_no_churn_resize` a sweep pass that leaves tombstones in a
+# quarter of the cells does not resize the array for churn, so a flood of
+# new keys runs in the array that grew for its first horizon's rows.
+expect_caught cells_no_churn_resize churn "slots for 4000 rows a horizon" --release \
+    a_churning_cell_array_is_resized_for_churn
 
 # The cell table answers as the slot table does (src/table/cells/tests.rs, a
 # differential proptest), against `cells_refund_keeps_floor`: a refund that

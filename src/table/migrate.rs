@@ -41,11 +41,11 @@ use crate::sync::{fence, snooze, Ordering};
 /// The size of a migration's target (slots or cells, both tables): rows
 /// take at most half of it. An array that filled with tombstones which
 /// cleaning in place could not clear (rows leave from the middle of
-/// linear-probing runs) is churning: its target gives rows at most a
-/// quarter, where runs stay short enough for reuse and cleaning to keep up,
-/// so churn at a steady number of live rows stops migrating (only when
-/// `churn_aware`: each table's known-wrong variant that stops cleaning turns
-/// it off). And, if there is anything to copy, room for one new row per
+/// linear-probing runs) is churning: its target gives rows at most
+/// `1 / churn_factor` of it (the slot table 4, the cell table 8), where runs
+/// stay short enough for reuse and cleaning to keep up, so churn at a steady
+/// number of live rows stops migrating (only when `churn_aware`: each
+/// table's known-wrong variant that stops cleaning turns it off). And, if there is anything to copy, room for one new row per
 /// chunk beyond the copies (3/4 of an array is claimable at least): a
 /// thread copies a chunk in each call, so one thread never finds the target
 /// full before the copy ends (which would make its insert copy every chunk
@@ -59,6 +59,7 @@ pub(super) fn target_size(
     chunks: usize,
     min: usize,
     churn_aware: bool,
+    churn_factor: usize,
 ) -> usize {
     let churning = churn_aware && used.saturating_sub(rows) >= len / 4;
     let room = if rows == 0 || cfg!(pace_mutant = "no_room_for_new_rows") {
@@ -68,7 +69,7 @@ pub(super) fn target_size(
             .saturating_mul(4)
             .div_ceil(3)
     };
-    rows.saturating_mul(if churning { 4 } else { 2 })
+    rows.saturating_mul(if churning { churn_factor } else { 2 })
         .saturating_add(2)
         .max(room)
         .max(min)
@@ -331,6 +332,7 @@ impl<K> Table<K> {
             arr.chunks(),
             self.min_slots,
             !cfg!(pace_mutant = "no_tombstone_reuse"),
+            4,
         );
         if rows == 0 {
             // No row is linked and no insert is in flight: nothing to copy.

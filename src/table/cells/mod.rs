@@ -51,6 +51,18 @@ const PENDING: usize = 1;
 /// The smallest array.
 const MIN_CELLS: usize = 4;
 
+/// A churning array's target gives rows at most 1/8 of its cells (the slot
+/// table: 1/4). Under a steady flood of new keys, tombstones left in the
+/// middle of runs hold about as many cells as the rows do; with rows at a
+/// quarter, runs grow long enough that a new key's walk to the empty cell
+/// ending its sequence (it must pass every tombstone to know the key has no
+/// row) is the slowest part of a call (in one measured flood, 1 call in
+/// 1,000 walked over 100 cells at 4,000 live rows in 16,384 cells).
+const CHURN_FACTOR: usize = 8;
+
+/// Arrays this small are never resized for churn (`resize_if_churning`).
+const CHURN_RESIZE_MIN: usize = 64;
+
 /// Claims allowed in an array of `n` cells, so every sequence ends: 13/16
 /// from 64 cells on (so that, say, 100k rows fit 2^17 cells: 16 bytes a
 /// cell, 21 bytes a row), 3/4 below (the models' 4-cell arrays keep a
@@ -859,6 +871,7 @@ impl CellTable {
             arr.chunks(),
             self.min_cells,
             !cfg!(pace_mutant = "cells_no_clean"),
+            CHURN_FACTOR,
         );
         if rows == 0 {
             // No row is live and no claim is in flight (each is counted in

@@ -5,7 +5,7 @@
 //! finishes (`CellTable::finish`).
 
 use super::cell::CellState;
-use super::{CellArray, CellTable};
+use super::{CellArray, CellTable, CHURN_FACTOR, CHURN_RESIZE_MIN};
 use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
 use crate::table::slot::SWEEP_IDLE;
@@ -71,7 +71,7 @@ impl CellTable {
         let migrating = super::is_migrating(arr.next.load(Ordering::Acquire, guard));
         if arr.cells.len() <= SWEEP_AT_ONCE && !migrating {
             self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
-            self.shrink_if_sparse(hash_of, guard);
+            self.resize_after_pass(hash_of, guard);
             return;
         }
         // Any cursor at or past the end means no pass runs (`SWEEP_IDLE`,
@@ -116,7 +116,40 @@ impl CellTable {
         self.sweep_range(arr, start, end, now, hash_of, guard);
         if end == len {
             arr.sweep_next.store(SWEEP_IDLE, Ordering::Relaxed);
-            self.shrink_if_sparse(hash_of, guard);
+            self.resize_after_pass(hash_of, guard);
+        }
+    }
+
+    /// After a sweep pass: shrinks a sparse array, or resizes a churning
+    /// one.
+    fn resize_after_pass(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        self.shrink_if_sparse(hash_of, guard);
+        self.resize_if_churning(hash_of, guard);
+    }
+
+    /// Migrates the current array to one sized for churn (rows at most
+    /// 1/[`CHURN_FACTOR`] of it, `target_size`) when, after a whole pass and
+    /// the cleaning its removals did, tombstones still hold a quarter of its
+    /// cells and rows more than 1/8: a flood of new keys at a steady number
+    /// of rows that would otherwise run at that load for good (its arrays
+    /// grew before any row was swept, for rows alone). Once the rows take at
+    /// most 1/8 the condition no longer holds, so a steady flood resizes at
+    /// most once; a shrink (rows under 1/16) sizes its target for churn too.
+    /// (Known-wrong variant `cells_no_churn_resize`: never.)
+    fn resize_if_churning(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        if cfg!(pace_mutant = "cells_no_churn_resize") {
+            return;
+        }
+        let (arr_ptr, arr) = self.array(guard);
+        let n = arr.cells.len();
+        let rows = self.len();
+        let tombs = arr.used.load(Ordering::Relaxed).saturating_sub(rows);
+        if n >= CHURN_RESIZE_MIN
+            && tombs >= n / 4
+            && rows.saturating_mul(CHURN_FACTOR) > n
+            && !super::is_migrating(arr.next.load(Ordering::Acquire, guard))
+        {
+            self.start_migration(arr_ptr, hash_of, guard);
         }
     }
 
