@@ -68,7 +68,12 @@ fn main() {
         "pace-foldhash" => {
             let h = foldhash::fast::RandomState::default();
             run(
-                &Pace::builder(rate).capacity(cap).hasher(h).build().unwrap(),
+                &Pace::builder(rate)
+                    .capacity(cap)
+                    .hasher(h)
+                    .cells_with_any_hasher()
+                    .build()
+                    .unwrap(),
                 &keys,
                 ops,
             )
@@ -76,7 +81,8 @@ fn main() {
         "pace-foldhash-fixed" => {
             let h = foldhash::fast::RandomState::default();
             let c = Fixed(AtomicU64::new(1));
-            let p = Pace::builder(rate).capacity(cap).hasher(h).clock(c).build();
+            let b = Pace::builder(rate).capacity(cap).hasher(h).clock(c);
+            let p = b.cells_with_any_hasher().build();
             run(&p.unwrap(), &keys, ops)
         }
         "entries" => run(

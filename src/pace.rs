@@ -15,7 +15,7 @@ use crate::rate::{ConfigError, Rate};
 use crate::sync::epoch::Guard;
 use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
 use crate::table::cells::{self, CellTable};
-use crate::table::words::WordKey;
+use crate::table::words::{self, WordKey};
 use crate::table::Table;
 
 /// Default smallest slot array: the table shrinks back to this.
@@ -65,11 +65,25 @@ pub struct Pace<K, S = RandomState, C = DefaultClock> {
 
 /// Where a limiter's rows live: keys that fit in a word (`u64`, `i32`,
 /// `char`, `Ipv4Addr`, …) in 16-byte cells of the array, when the CPU has
-/// lock-free 128-bit atomics; any other key in a separately allocated entry
-/// per row (DESIGN.md §2).
+/// lock-free 128-bit atomics and the hasher is std's `RandomState` (the
+/// default), `BuildHasherDefault<DefaultHasher>` or `FastHasher`; any
+/// other key, or any other hasher, in a separately allocated entry per row
+/// (DESIGN.md §2).
 enum Rows<K> {
     Entries(Table<K>),
     Cells(CellTable, WordKey<K>),
+}
+
+/// Which table a builder gives word-sized keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowsPick {
+    /// Cells when the hasher is one whose hash of an integer cannot panic
+    /// (`words::hasher_cannot_panic`), else entries.
+    ByType,
+    /// Entries (`Builder::entry_rows`).
+    Entries,
+    /// Cells whatever the hasher (`Builder::cells_with_any_hasher`).
+    CellsAnyHasher,
 }
 
 /// Builds a [`Pace`] with a non-default capacity, clock or hasher.
@@ -80,7 +94,7 @@ pub struct Builder<K, S = RandomState, C = DefaultClock> {
     hasher: S,
     clock: C,
     min_slots: usize,
-    entry_rows: bool,
+    rows: RowsPick,
     _keys: PhantomData<fn() -> K>,
 }
 
@@ -302,7 +316,7 @@ impl<K> Pace<K> {
             hasher: RandomState::new(),
             clock: DefaultClock::new(),
             min_slots: DEFAULT_MIN_SLOTS,
-            entry_rows: false,
+            rows: RowsPick::ByType,
             _keys: PhantomData,
         }
     }
@@ -323,13 +337,21 @@ impl<K, S, C> Builder<K, S, C> {
             hasher: self.hasher,
             clock,
             min_slots: self.min_slots,
-            entry_rows: self.entry_rows,
+            rows: self.rows,
             _keys: PhantomData,
         }
     }
 
     /// The hasher (default: `RandomState`, randomly seeded SipHash). Keys are
     /// chosen by clients, so a predictable hasher invites collision floods.
+    ///
+    /// Word-sized keys (`u64`, `i32`, `char`, `Ipv4Addr`, …) keep their rows
+    /// in 16-byte cells of the table only with std's `RandomState`,
+    /// `BuildHasherDefault<DefaultHasher>` or `fast_hasher()` (feature `foldhash`)
+    /// (hashers that cannot panic on an integer: a cell keeps no hash, so
+    /// moving or removing a row hashes its key again); with any other
+    /// hasher they get a separately allocated entry per row, as other keys
+    /// do (slower to look up in a large table; DESIGN.md §2).
     pub fn hasher<S2: BuildHasher>(self, hasher: S2) -> Builder<K, S2, C> {
         Builder {
             rate: self.rate,
@@ -337,7 +359,7 @@ impl<K, S, C> Builder<K, S, C> {
             hasher,
             clock: self.clock,
             min_slots: self.min_slots,
-            entry_rows: self.entry_rows,
+            rows: self.rows,
             _keys: PhantomData,
         }
     }
@@ -365,7 +387,17 @@ impl<K, S, C> Builder<K, S, C> {
     /// models and benchmarks of that table). Not a stable API.
     #[doc(hidden)]
     pub fn entry_rows(mut self) -> Self {
-        self.entry_rows = true;
+        self.rows = RowsPick::Entries;
+        self
+    }
+
+    /// Rows of word-sized keys in cells whatever the hasher, for models and
+    /// benchmarks whose own hasher cannot panic (a cell keeps no hash, so a
+    /// migration and a sweep hash the keys they move or remove; see
+    /// [`Builder::hasher`]). Not a stable API.
+    #[doc(hidden)]
+    pub fn cells_with_any_hasher(mut self) -> Self {
+        self.rows = RowsPick::CellsAnyHasher;
         self
     }
 
@@ -385,8 +417,13 @@ impl<K, S, C> Builder<K, S, C> {
         let limits =
             Limits::new(self.rate.interval_ns(), capacity).ok_or(ConfigError::CapacityTooLarge)?;
         let horizon = limits.tau().max(MIN_HORIZON_NS);
+        let cells_fit = match self.rows {
+            RowsPick::ByType => words::hasher_cannot_panic::<S>(),
+            RowsPick::Entries => false,
+            RowsPick::CellsAnyHasher => true,
+        };
         let rows = match WordKey::<K>::new() {
-            Some(word) if !self.entry_rows && cells::lock_free() => Rows::Cells(
+            Some(word) if cells_fit && cells::lock_free() => Rows::Cells(
                 CellTable::try_new(self.min_slots).ok_or(ConfigError::MinSlotsTooLarge)?,
                 word,
             ),

@@ -7,6 +7,31 @@ use std::any::TypeId;
 use std::marker::PhantomData;
 use std::net::Ipv4Addr;
 
+/// Whether every hasher of type `S` hashes an integer without panicking:
+/// std's `RandomState` and `BuildHasherDefault<DefaultHasher>` (SipHash)
+/// and, with the `foldhash` feature, the crate's `FastHasher`. A cell keeps
+/// no hash, so a migration's copier and a sweep hash the keys of the cells
+/// they hold; a hasher that panicked there would leave a chunk frozen (its
+/// keys' callers, and every insert once the target fills, would wait for
+/// good) or a sweep's removals uncounted. A limiter with any other hasher
+/// keeps word-sized keys in the slot table, which hashes a key only before
+/// it changes anything. (Known-wrong variant `cells_any_hasher`: trust
+/// every hasher.)
+pub(crate) fn hasher_cannot_panic<S: ?Sized>() -> bool {
+    if cfg!(pace_mutant = "cells_any_hasher") {
+        return true;
+    }
+    let id = typeid::of::<S>();
+    #[cfg(feature = "foldhash")]
+    if id == TypeId::of::<crate::pace::FastHasher>() {
+        return true;
+    }
+    id == TypeId::of::<std::collections::hash_map::RandomState>()
+        || id
+            == TypeId::of::<std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>>(
+            )
+}
+
 /// A word-sized key type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {

@@ -98,6 +98,7 @@ pub fn pace_of<K: ModelKey>(capacity: u64) -> Arc<PaceOf<K>> {
         .capacity(capacity)
         .min_slots(4)
         .hasher(BuildHasherDefault::<IdHasher>::default())
+        .cells_with_any_hasher() // the id hasher cannot panic
         .clock(StdClock::new())
         .build()
         .unwrap();
