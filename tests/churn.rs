@@ -3,15 +3,18 @@
 //! size and starts no migration. Known-wrong variants, each caught here:
 //! `no_tombstone_reuse` (every new row takes a vacant slot) by the
 //! `entries::` tests, `cells_no_clean` (tombstones only reused, never
-//! cleaned) by the `cells::` tests.
+//! cleaned) by the `cells::` tests, `cells_no_churn_resize` (a churning
+//! cell array never resized after a pass) by
+//! `a_churning_cell_array_is_resized_for_churn`.
 
+use std::collections::hash_map::RandomState;
 use std::time::Duration;
 
 #[macro_use]
 mod tables;
 
 use pace::__private::PaceInternals;
-use pace::Pace;
+use pace::{ManualClock, Pace};
 use tables::{limiter, Rows};
 
 const T: u64 = 1_000;
@@ -67,27 +70,15 @@ fn refunded_keys_reuse_tombstones(rows: Rows) {
 /// shrinks nor migrates.
 fn swept_keys_reuse_tombstones(rows: Rows) {
     let p = limiter(1, Duration::from_millis(1), rows);
-    let step = 250; // ns between calls: 4,000 calls per 1 ms horizon
-    let horizon = p.horizon().as_nanos() as u64;
-    assert_eq!(horizon, 1_000_000);
-    let calls_per_horizon = horizon / step;
-    let mut id = 0u64;
-    let mut now = 1_000_000_000;
-    let mut run = |horizons: u64, p: &Pace<_, _, _>| {
-        for _ in 0..horizons * calls_per_horizon {
-            drop(p.reserve_n_at(&id, 1, now).unwrap());
-            id += 1;
-            now += step;
-        }
-    };
-    run(30, &p);
+    let mut flood = SweptFlood::new(&p);
+    flood.run(30);
     let slots = p.table_slots();
     let migrations = p.migrations();
-    run(100, &p);
+    flood.run(100);
     assert_eq!(p.migrations(), migrations, "no migration under churn");
     assert_eq!(p.table_slots(), slots, "the table keeps its size");
     assert!(
-        (p.len() as u64) <= 3 * calls_per_horizon,
+        (p.len() as u64) <= 3 * SweptFlood::PER_HORIZON,
         "rows are the last horizons' keys: {}",
         p.len()
     );
@@ -105,25 +96,46 @@ fn swept_keys_reuse_tombstones(rows: Rows) {
 fn a_churning_cell_array_is_resized_for_churn() {
     let p = limiter(1, Duration::from_millis(1), Rows::Cells);
     assert!(p.cell_rows(), "u64 rows are in cells");
-    let step = 250; // ns between calls: 4,000 calls per 1 ms horizon
-    let calls_per_horizon = p.horizon().as_nanos() as u64 / step;
-    let mut id = 0u64;
-    let mut now = 1_000_000_000;
-    let mut run = |horizons: u64, p: &Pace<_, _, _>| {
-        for _ in 0..horizons * calls_per_horizon {
-            drop(p.reserve_n_at(&id, 1, now).unwrap());
-            id += 1;
-            now += step;
-        }
-    };
-    run(12, &p);
+    let mut flood = SweptFlood::new(&p);
+    flood.run(12);
     let slots = p.table_slots();
+    let per_horizon = SweptFlood::PER_HORIZON;
     assert!(
-        slots >= 8 * calls_per_horizon as usize,
-        "{slots} slots for {calls_per_horizon} rows a horizon"
+        slots >= 8 * per_horizon as usize,
+        "{slots} slots for {per_horizon} rows a horizon"
     );
     let migrations = p.migrations();
-    run(20, &p);
+    flood.run(20);
     assert_eq!(p.migrations(), migrations, "resized once");
     assert_eq!(p.table_slots(), slots, "the table keeps its size");
+}
+
+/// New keys, one each 250 ns, into a limiter of 1 ms horizon: 4,000 keys a
+/// horizon, each row full again 1 ms after its reserve.
+struct SweptFlood<'a> {
+    p: &'a Pace<u64, RandomState, ManualClock>,
+    id: u64,
+    now: u64,
+}
+
+impl<'a> SweptFlood<'a> {
+    const STEP: u64 = 250;
+    const PER_HORIZON: u64 = 1_000_000 / Self::STEP;
+
+    fn new(p: &'a Pace<u64, RandomState, ManualClock>) -> SweptFlood<'a> {
+        assert_eq!(p.horizon(), Duration::from_millis(1));
+        SweptFlood {
+            p,
+            id: 0,
+            now: 1_000_000_000,
+        }
+    }
+
+    fn run(&mut self, horizons: u64) {
+        for _ in 0..horizons * Self::PER_HORIZON {
+            drop(self.p.reserve_n_at(&self.id, 1, self.now).unwrap());
+            self.id += 1;
+            self.now += Self::STEP;
+        }
+    }
 }
