@@ -19,7 +19,8 @@
 //!   call up to 400k rows and from 400k to the end, so a cost that grows with
 //!   the table shows up as the second against the first;
 //! * churn: as many distinct keys at 1000/s with capacity 1 (each row is
-//!   full again 1 ms after its reserve and is swept): the tail per call.
+//!   full again 1 ms after its reserve and is swept): the tail per call,
+//!   and the bytes of pace's tables at the end.
 //!
 //! ```text
 //! cargo bench --bench tails                 # ~60 s
@@ -446,6 +447,7 @@ fn growth_and_churn() {
         "pace",
         timed_flood(&p, n, split),
     );
+    let churn_tables = vec![("pace", p.0.memory())];
     drop(p);
     let g = Governor::<u64>::new(&CHURN);
     row(
@@ -460,6 +462,22 @@ fn growth_and_churn() {
         "pace-entries",
         timed_flood(&p, n, split),
     );
+    let mut churn_tables = churn_tables;
+    churn_tables.push(("pace-entries", p.0.memory()));
     drop(p);
+    println!("\nTables at the end of churn (governor keeps a row for each of the {n} keys):\n");
+    for (who, m) in churn_tables {
+        let bytes = m.array_bytes + m.entry_bytes + m.floor_bytes;
+        println!(
+            "* {who}: {} rows, {} slots or cells, {:.1} KiB (array {:.1} KiB, entries {:.1} KiB, floors {:.1} KiB), {:.0} B per row",
+            m.rows,
+            m.slots,
+            bytes as f64 / 1024.0,
+            m.array_bytes as f64 / 1024.0,
+            m.entry_bytes as f64 / 1024.0,
+            m.floor_bytes as f64 / 1024.0,
+            bytes as f64 / m.rows.max(1) as f64,
+        );
+    }
     print_slow(&slow);
 }
