@@ -570,8 +570,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        let now = self.clock.now_ns();
-        self.reserve_n_with(key, n, now, &|| self.clock.now_ns())
+        self.reserve_n_with(key, n, &|| self.clock.now_ns())
     }
 
     /// [`reserve_n`](Pace::reserve_n) at an explicit time (for models).
@@ -585,7 +584,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_n_with(key, n, now, &|| now)
+        self.reserve_n_with(key, n, &|| now)
     }
 
     #[inline]
@@ -593,8 +592,7 @@ where
         &'a self,
         key: &'a Q,
         n: u64,
-        now: u64,
-        reread: &dyn Fn() -> u64,
+        clock: &dyn Fn() -> u64,
     ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
     where
         K: Borrow<Q>,
@@ -616,6 +614,13 @@ where
             return Err(Denied::from_decision(Decision::Never));
         }
         let hash = self.hasher.hash_one(key);
+        // The key's cell is fetched while the epoch is pinned and the clock
+        // read, which is why the clock is read only now.
+        if let Rows::Cells(t, _) = &self.rows {
+            t.prefetch(hash);
+        }
+        let now = clock();
+        let reread = clock;
         let guard = self.pin();
         let result = match &self.rows {
             Rows::Entries(t) => t

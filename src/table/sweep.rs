@@ -35,7 +35,7 @@ pub(crate) fn sweep_chunk(slots: usize) -> usize {
 /// Asks the CPU to start loading the cache line at `p`. A hint: it never
 /// faults and reads nothing, whatever `p` points at.
 #[inline(always)]
-pub(super) fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};

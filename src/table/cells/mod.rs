@@ -201,6 +201,15 @@ pub(crate) struct CellTable {
     /// A sweep pass ended on a sparse array that still held rows: the next
     /// insert or removal starts the shrink (`shrink_pending`).
     shrink_wanted: AtomicBool,
+    /// The current array's first cell and mask, as plain numbers, for
+    /// [`prefetch`](CellTable::prefetch) before a call pins the epoch:
+    /// never read through (the array may be gone, and the two may belong
+    /// to different arrays for a moment).
+    #[cfg(not(loom))]
+    hint: (
+        std::sync::atomic::AtomicUsize,
+        std::sync::atomic::AtomicUsize,
+    ),
 }
 
 impl CellTable {
@@ -216,8 +225,16 @@ impl CellTable {
     /// can have or the allocator gives.
     pub(crate) fn try_new(min_cells: usize) -> Option<CellTable> {
         let n = min_cells.max(MIN_CELLS).checked_next_power_of_two()?;
+        let first = CellArray::try_new(n, 0)?;
+        #[cfg(not(loom))]
+        let hint = (
+            std::sync::atomic::AtomicUsize::new(first.cells.as_ptr() as usize),
+            std::sync::atomic::AtomicUsize::new(first.mask()),
+        );
         Some(CellTable {
-            current: Atomic::new(CellArray::try_new(n, 0)?),
+            #[cfg(not(loom))]
+            hint,
+            current: Atomic::new(first),
             len: CachePadded::new(AtomicUsize::new(0)),
             min_cells: n,
             floors: Floors::new(),
@@ -225,6 +242,24 @@ impl CellTable {
             copied_cells: AtomicUsize::new(0),
             shrink_wanted: AtomicBool::new(false),
         })
+    }
+
+    /// Asks the CPU to fetch the cell where a key with this hash starts in
+    /// the current array, before the caller pins the epoch and reads the
+    /// clock: the lookup's one cache miss then overlaps them. An address
+    /// from a stale hint is only a wasted prefetch; nothing reads through
+    /// it.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, hash: u64) {
+        #[cfg(not(loom))]
+        {
+            let relaxed = std::sync::atomic::Ordering::Relaxed;
+            let base = self.hint.0.load(relaxed) as *const Cell;
+            let idx = hash as usize & self.hint.1.load(relaxed);
+            crate::table::sweep::prefetch(base.wrapping_add(idx));
+        }
+        #[cfg(loom)]
+        let _ = hash;
     }
 
     /// Where a fresh row of a key with this hash starts (its stripe's floor).
@@ -1021,6 +1056,12 @@ impl CellTable {
             // A pass that was running on the old array goes on in the new.
             // SAFETY: both reached under `guard`.
             let (o, n) = unsafe { (old.deref(), new.deref()) };
+            #[cfg(not(loom))]
+            {
+                let relaxed = std::sync::atomic::Ordering::Relaxed;
+                self.hint.0.store(n.cells.as_ptr() as usize, relaxed);
+                self.hint.1.store(n.mask(), relaxed);
+            }
             if o.sweep_next.load(Ordering::Relaxed) < o.cells.len() {
                 n.sweep_next.store(0, Ordering::Relaxed);
             }
