@@ -42,10 +42,11 @@ use crate::sync::{fence, snooze, Ordering};
 /// take at most half of it. An array that filled with tombstones which
 /// cleaning in place could not clear (rows leave from the middle of
 /// linear-probing runs) is churning: its target gives rows at most
-/// `1 / churn_factor` of it (the slot table 4, the cell table 8), where runs
-/// stay short enough for reuse and cleaning to keep up, so churn at a steady
-/// number of live rows stops migrating (only when `churn_aware`: each
-/// table's known-wrong variant that stops cleaning turns it off). And, if there is anything to copy, room for one new row per
+/// `1 / churn_factor` of it (the slot table 4, the cell table 8), where
+/// runs stay short enough for reuse and cleaning to keep up, so churn at a
+/// steady number of live rows stops migrating (only when `churn_aware`:
+/// each table's known-wrong variant that stops cleaning turns it off).
+/// And, if there is anything to copy, room for one new row per
 /// chunk beyond the copies (3/4 of an array is claimable at least): a
 /// thread copies a chunk in each call, so one thread never finds the target
 /// full before the copy ends (which would make its insert copy every chunk

@@ -202,9 +202,12 @@ pub(crate) struct CellTable {
     /// insert or removal starts the shrink (`shrink_pending`).
     shrink_wanted: AtomicBool,
     /// The current array's first cell and mask, as plain numbers, for
-    /// [`prefetch`](CellTable::prefetch) before a call pins the epoch:
-    /// never read through (the array may be gone, and the two may belong
-    /// to different arrays for a moment).
+    /// [`prefetch`](CellTable::prefetch) before a call pins the epoch,
+    /// stored by `finish` after it makes an array current. Never read
+    /// through: the array may be gone, the two may belong to different
+    /// arrays for a moment, and a finisher pre-empted before its stores
+    /// while a later migration also ends leaves an older array's address
+    /// until the next migration ends. Each is only a wasted prefetch.
     #[cfg(not(loom))]
     hint: (
         std::sync::atomic::AtomicUsize,
