@@ -359,6 +359,7 @@ impl CellTable {
         }
     }
 
+    #[inline(always)]
     fn array<'g>(&self, guard: &'g Guard) -> (Shared<'g, CellArray>, &'g CellArray) {
         let p = self.current.load(Ordering::Acquire, guard);
         // SAFETY: `current` is never null, and an array unpublished from it
