@@ -9,6 +9,7 @@
 //! cargo bench --features foldhash --bench warm        # PACE_WARM_ROUNDS=3
 //! PACE_WARM_ORDER=pattern cargo bench --features foldhash --bench warm
 //! PACE_WARM_ORDER=seq cargo bench --features foldhash --bench warm
+//! PACE_WARM_ORDER=fenced cargo bench --features foldhash --bench warm
 //! PACE_WARM_CELLS=1 cargo bench --features foldhash --bench warm   # + `cells`, `cells128`, `pace-entries`
 //! ```
 //!
@@ -32,6 +33,14 @@
 //! contender, the range over rounds of ns per reserve (wall time over all
 //! threads divided by reserves) and of governor's time over its own (above
 //! 1: faster than governor), with the load at the start of each round.
+//!
+//! `PACE_WARM_ORDER=fenced` is `hash` with an `lfence` before each reserve
+//! (x86-64; elsewhere the same as `hash`): no reserve of a thread begins
+//! before the one before it has returned. In a tight loop the CPU starts
+//! the next reserves while one waits for memory (its hash, even its
+//! prefetch, if they fit in the out-of-order window); a server does other
+//! work between two reserves, so `fenced` is nearer to what one reserve
+//! costs it.
 //!
 //! `PACE_WARM_ORDER=seq` walks the keys in the order their rows were created
 //! (not what a server sees: it shows what creation-order locality is worth).
@@ -244,9 +253,23 @@ const KEYS_1M: u64 = 1_000_000;
 #[derive(Clone, Copy, PartialEq)]
 enum Order {
     Hash,
+    Fenced,
     Pattern,
     Seq,
     Replay,
+}
+
+/// Waits until every earlier instruction has completed and starts no later
+/// one before (x86-64 `lfence`), so that a reserve begins only after the one
+/// before it has returned. Elsewhere it does nothing.
+#[inline(always)]
+fn one_at_a_time() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `lfence` reads and writes no memory, and it needs only SSE2,
+    // which every x86-64 CPU has.
+    unsafe {
+        std::arch::x86_64::_mm_lfence()
+    };
 }
 
 /// Key index of reserve `i` of thread `t`, uniform over `0..n`.
@@ -288,6 +311,13 @@ fn measure<L: Contender<u64>>(
             Order::Hash => {
                 for i in base..base + ops {
                     let k = u64::make(draw(t, i, n));
+                    black_box(lim.reserve(&k));
+                }
+            }
+            Order::Fenced => {
+                for i in base..base + ops {
+                    let k = u64::make(draw(t, i, n));
+                    one_at_a_time();
                     black_box(lim.reserve(&k));
                 }
             }
@@ -403,6 +433,7 @@ fn main() {
         Ok("pattern") => Order::Pattern,
         Ok("seq") => Order::Seq,
         Ok("replay") => Order::Replay,
+        Ok("fenced") => Order::Fenced,
         _ => Order::Hash,
     };
     let workloads = [
@@ -426,6 +457,7 @@ fn main() {
         "order {}, rounds {rounds}, slices {slices}",
         match order {
             Order::Hash => "hash",
+            Order::Fenced => "fenced",
             Order::Pattern => "pattern",
             Order::Seq => "seq",
             Order::Replay => "replay",
