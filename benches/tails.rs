@@ -35,14 +35,14 @@
 //! thread's CPU clock (`CLOCK_THREAD_CPUTIME_ID`, which counts the call's
 //! page faults but not the time the thread was not running). A call whose
 //! wall time is far above its CPU time spent the difference off the CPU
-//! (preempted, or waiting for the kernel on another thread's behalf);
+//! (preempted, or blocked in the kernel, on a lock another thread holds);
 //! the slowest call by CPU time is what the table's own work and its
 //! memory cost the caller.
 //!
 //! `growth` and `growth-cpu` first touch and free `PACE_TAIL_PREFAULT_MB`
 //! MiB (default 2048; 0 for none). On a virtual machine a page the guest
 //! never used costs a fault in the hypervisor too on its first touch
-//! (calls of 0.4–0.5 ms of CPU time here, a few per array), whatever the
+//! (calls of 0.35–0.5 ms of CPU time here, during migrations), whatever the
 //! limiter, and only the limiter that runs first in a process meets such
 //! pages; the others reuse the pages it freed. After the prefault every
 //! limiter reuses pages the guest has used.
