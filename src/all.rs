@@ -48,7 +48,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 
 use crate::clock::Clock;
-use crate::pace::{Debit, Denied, Pace};
+use crate::pace::{Debit, Denied, Pace, Refunded};
 
 /// One `(limiter, key)` pair, with the key's type erased so that pairs of
 /// different key types can be reserved together.
@@ -64,7 +64,7 @@ pub trait Axis {
     fn reserve_n(&self, n: u64) -> Result<Debit, Denied>;
 
     /// Refunds a debit this pair made ([`Pace::refund`]).
-    fn refund(&self, debit: Debit);
+    fn refund(&self, debit: Debit) -> Refunded;
 
     /// Whole tokens the key could reserve now ([`Pace::peek`]).
     fn peek(&self) -> u64;
@@ -81,7 +81,7 @@ where
         self.0.reserve_n(self.1, n).map(|r| r.detach())
     }
 
-    fn refund(&self, debit: Debit) {
+    fn refund(&self, debit: Debit) -> Refunded {
         self.0.refund(self.1, debit)
     }
 
@@ -100,7 +100,7 @@ where
         self.0.reserve_n(&self.1, n).map(|r| r.detach())
     }
 
-    fn refund(&self, debit: Debit) {
+    fn refund(&self, debit: Debit) -> Refunded {
         self.0.refund(&self.1, debit)
     }
 

@@ -209,7 +209,9 @@ pub use crate::clock::{CoarseClock, QuantaClock};
 pub use crate::gate::{AdmitError, Gate, GateStats, Resource, Ticket};
 #[cfg(feature = "foldhash")]
 pub use crate::pace::FastHasher;
-pub use crate::pace::{Builder, Debit, Denied, DenyReason, MemoryStats, Pace, Reservation};
+pub use crate::pace::{
+    Builder, Debit, Denied, DenyReason, MemoryStats, Pace, Refunded, Reservation,
+};
 pub use crate::rate::{ConfigError, Rate};
 
 /// Internals exposed for benchmarks, fuzz targets and models only. Not a
@@ -312,7 +314,7 @@ pub mod __private {
         }
 
         /// Refunds one token of `key` that moved it from `prev` to `tat`.
-        pub fn refund(&self, key: u64, tat: u64, prev: u64, now: u64) {
+        pub fn refund(&self, key: u64, tat: u64, prev: u64, now: u64) -> crate::Refunded {
             let guard = self.epochs.pin();
             self.table
                 .refund(&self.limits, key, key, 1, tat, prev, now, &|k| k, &guard)

@@ -61,7 +61,14 @@ pub struct Pace<K, S = RandomState, C = DefaultClock> {
     /// Rows left by the last sweep; a sweep also runs when `len` doubles it.
     sweep_mark: AtomicUsize,
     epochs: Epochs,
+    /// This limiter's identity, carried by every [`Debit`] it hands out so
+    /// that a debit refunded to another limiter returns nothing.
+    id: u64,
 }
+
+/// The identities of limiters: each `build` takes the next one. (A plain std
+/// atomic: it orders nothing, so loom need not model it.)
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Where a limiter's rows live: keys that fit in a word (`u64`, `i32`,
 /// `char`, `Ipv4Addr`, …) in 16-byte cells of the array, when the CPU has
@@ -216,8 +223,6 @@ impl std::error::Error for Denied {}
 pub struct Reservation<'a, K, Q: ?Sized, S = RandomState, C = DefaultClock> {
     pace: &'a Pace<K, S, C>,
     key: &'a Q,
-    /// The key's hash, so a refund does not hash again.
-    hash: u64,
     debit: Debit,
 }
 
@@ -225,8 +230,11 @@ pub struct Reservation<'a, K, Q: ?Sized, S = RandomState, C = DefaultClock> {
 /// [`Reservation::detach`]): refund it with [`Pace::refund`] on the same
 /// limiter and key, or drop it to keep the debit.
 ///
-/// Refunding a `Debit` on another limiter or another key is a logic error:
-/// it is memory-safe and panics nowhere, but what it returns is unspecified.
+/// A `Debit` knows where it came from: the limiter that made it and its
+/// key's hash. Refunded to another limiter, or to a key whose hash differs,
+/// it returns nothing ([`Refunded::Misdirected`]). (Two keys whose 64-bit
+/// hashes are equal are not told apart; with the default hasher, keyed per
+/// limiter, nobody outside the process can choose such a pair.)
 #[must_use = "dropping a Debit keeps it; refund it with Pace::refund if the exchange did not happen"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct Debit {
@@ -235,6 +243,41 @@ pub struct Debit {
     tat: u64,
     /// The bucket's `tat` before the debit: what a refund restores.
     prev: u64,
+    /// The key's hash, so a refund does not hash again, and so a refund to
+    /// another key is recognised.
+    hash: u64,
+    /// The identity of the limiter that made it (`Pace::id`).
+    limiter: u64,
+}
+
+/// What a refund returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refunded {
+    /// The reservation is undone: the key's bucket is in the state it had
+    /// before the debit, as if the reservation never happened.
+    Restored,
+    /// The reservation is undone and the state it restored is a full bucket,
+    /// so the key's row was removed (a full bucket is the same as none).
+    Removed,
+    /// The key was debited since: nothing was returned, since those later
+    /// debits were decided on this one.
+    Superseded,
+    /// The key has no row: its bucket is full already (the debit drained and
+    /// the row was removed), so there was nothing to return.
+    Refilled,
+    /// The debit belongs to another limiter or another key: nothing was
+    /// returned.
+    Misdirected,
+    /// The debit was of zero tokens: there was nothing to return.
+    Nothing,
+}
+
+impl Refunded {
+    /// True when the refund returned the debit's tokens.
+    pub fn returned(self) -> bool {
+        matches!(self, Refunded::Restored | Refunded::Removed)
+    }
 }
 
 impl Debit {
@@ -277,15 +320,14 @@ where
     /// returns nothing: those later debits were decided on this one, and
     /// returning it could admit more than the bucket allows. A refund never
     /// creates a row; a refund that fills the bucket removes the row.
-    pub fn refund(self) {
+    pub fn refund(self) -> Refunded {
         let now = self.pace.clock.now_ns();
         self.refund_at_inner(now)
     }
 
     /// [`refund`](Reservation::refund) at an explicit time (for models).
-    pub(crate) fn refund_at_inner(self, now: u64) {
-        self.pace
-            .refund_hashed(self.key, self.hash, self.debit, now);
+    pub(crate) fn refund_at_inner(self, now: u64) -> Refunded {
+        self.pace.refund_hashed(self.key, self.debit, now)
     }
 
     /// Detaches the debit from its borrows, to refund it later with
@@ -441,6 +483,7 @@ impl<K, S, C> Builder<K, S, C> {
             next_sweep: CachePadded::new(AtomicU64::new(horizon)),
             sweep_mark: AtomicUsize::new(0),
             epochs: Epochs::new(),
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 }
@@ -602,11 +645,12 @@ where
             return Ok(Reservation {
                 pace: self,
                 key,
-                hash: 0,
                 debit: Debit {
                     n: 0,
                     tat: 0,
                     prev: 0,
+                    hash: 0,
+                    limiter: self.id,
                 },
             });
         }
@@ -653,8 +697,13 @@ where
             Ok((tat, prev, _)) => Ok(Reservation {
                 pace: self,
                 key,
-                hash,
-                debit: Debit { n, tat, prev },
+                debit: Debit {
+                    n,
+                    tat,
+                    prev,
+                    hash,
+                    limiter: self.id,
+                },
             }),
             Err(d) => Err(Denied::from_decision(d)),
         }
@@ -695,8 +744,10 @@ where
     }
 
     /// Refunds a detached [`Debit`] of `key` (see [`Reservation::refund`] for
-    /// what a refund returns).
-    pub fn refund<Q>(&self, key: &Q, debit: Debit)
+    /// what a refund returns). A debit made by another limiter, or for a key
+    /// whose hash differs from `key`'s, returns nothing
+    /// ([`Refunded::Misdirected`]).
+    pub fn refund<Q>(&self, key: &Q, debit: Debit) -> Refunded
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
@@ -706,26 +757,50 @@ where
     }
 
     /// [`refund`](Pace::refund) at an explicit time (for models).
-    pub(crate) fn refund_at_inner<Q>(&self, key: &Q, debit: Debit, now: u64)
+    pub(crate) fn refund_at_inner<Q>(&self, key: &Q, debit: Debit, now: u64) -> Refunded
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
         if debit.n == 0 {
-            return;
+            return Refunded::Nothing;
         }
-        let hash = self.hasher.hash_one(key);
-        self.refund_hashed(key, hash, debit, now);
+        if !self.made(&debit, key) {
+            return Refunded::Misdirected;
+        }
+        self.refund_hashed(key, debit, now)
     }
 
-    fn refund_hashed<Q>(&self, key: &Q, hash: u64, debit: Debit, now: u64)
+    /// Whether `debit` was made by this limiter for a key hashed as `key`.
+    #[cfg(not(pace_mutant = "refund_ignores_origin"))]
+    fn made<Q>(&self, debit: &Debit, key: &Q) -> bool
+    where
+        Q: ?Sized + Hash,
+    {
+        debit.limiter == self.id && debit.hash == self.hasher.hash_one(key)
+    }
+
+    /// Known-wrong variant for mutation tests: a debit is refunded to
+    /// whatever limiter and key it is handed to.
+    #[cfg(pace_mutant = "refund_ignores_origin")]
+    fn made<Q>(&self, _debit: &Debit, _key: &Q) -> bool
+    where
+        Q: ?Sized + Hash,
+    {
+        true
+    }
+
+    /// Refunds `debit`, made by this limiter for `key` (its hash is the
+    /// debit's).
+    fn refund_hashed<Q>(&self, key: &Q, debit: Debit, now: u64) -> Refunded
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
         if debit.n == 0 {
-            return;
+            return Refunded::Nothing;
         }
+        let hash = debit.hash;
         let guard = self.pin();
         match &self.rows {
             Rows::Entries(t) => t.refund(
@@ -741,7 +816,7 @@ where
             Rows::Cells(t, word) => {
                 // No row of the key: nothing to refund.
                 let Some(bits) = Self::cell_bits(t, word, hash, key, &guard) else {
-                    return;
+                    return Refunded::Refilled;
                 };
                 t.refund(
                     &self.limits,
@@ -753,7 +828,7 @@ where
                     now,
                     &|b| self.hasher.hash_one(word.key(b)),
                     &guard,
-                );
+                )
             }
         }
     }
@@ -925,7 +1000,7 @@ pub trait PaceInternals<K, S, C> {
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq;
     /// [`Pace::refund`] at `now`.
-    fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64)
+    fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64) -> Refunded
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq;
@@ -985,7 +1060,7 @@ where
         self.peek_at_inner(key, now)
     }
 
-    fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64)
+    fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64) -> Refunded
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
@@ -1054,7 +1129,7 @@ where
 #[doc(hidden)]
 pub trait ReservationInternals {
     /// [`Reservation::refund`] at `now`.
-    fn refund_at(self, now: u64);
+    fn refund_at(self, now: u64) -> Refunded;
     /// Where this debit ends on the bucket's timeline (ns).
     fn debit_end_ns(&self) -> u64;
 }
@@ -1066,7 +1141,7 @@ where
     S: BuildHasher,
     C: Clock,
 {
-    fn refund_at(self, now: u64) {
+    fn refund_at(self, now: u64) -> Refunded {
         self.refund_at_inner(now)
     }
 

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use pace::{Axis, Debit, Denied, DenyReason, ManualClock, Pace, Rate};
+use pace::{Axis, Debit, Denied, DenyReason, ManualClock, Pace, Rate, Refunded};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -166,7 +166,7 @@ impl Axis for RacingDenial<'_> {
         Err(self.pace.reserve_n(&self.key, 1000).unwrap_err())
     }
 
-    fn refund(&self, _debit: Debit) {
+    fn refund(&self, _debit: Debit) -> Refunded {
         unreachable!("a denying pair holds no debit")
     }
 

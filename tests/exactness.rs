@@ -117,7 +117,9 @@ fn run(c: &Config, run_for: Duration) -> (i128, usize) {
                         if let Ok(res) = pace.reserve_n(&keys[k], n) {
                             let now = LAST.with(Cell::get);
                             match (r >> 16) % 4 {
-                                0 => res.refund(),
+                                0 => {
+                                    res.refund();
+                                }
                                 1 => held.push((res, k as u64, now, n)),
                                 _ => kept.push((k as u64, now, n)),
                             }

@@ -57,6 +57,13 @@ expect_caught() {
     done
 }
 
+# A `Debit` is refunded only by the limiter that made it, to a key of its
+# hash (tests/refund_origin.rs), against `refund_ignores_origin`: a debit
+# refunded to another limiter or another key restores that bucket.
+expect_caught refund_ignores_origin refund_origin "minted tokens" "" \
+    misdirected_to_another_limiter_cells misdirected_to_another_limiter_entries \
+    misdirected_to_another_key_cells misdirected_to_another_key_entries
+
 # Churn without migrations (tests/churn.rs), in each table: against
 # `no_tombstone_reuse` every new slot row takes a vacant slot, against
 # `cells_no_clean` no tombstone cell is ever cleaned, so the churn tests of

@@ -38,6 +38,7 @@ use std::mem::size_of;
 use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::bucket::{Decision, Limits, Refund};
+use crate::pace::Refunded;
 use crate::sync::epoch::{self, Atomic, Guard, Shared};
 use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
 
@@ -1149,23 +1150,24 @@ impl<K> Table<K> {
         prev: u64,
         now: u64,
         guard: &Guard,
-    ) where
+    ) -> Refunded
+    where
         K: Borrow<Q>,
         Q: ?Sized + Eq,
     {
         self.help_if_migrating(guard);
         let (e, arr_ptr, idx) = match self.find(hash, key, Mode::Write, guard) {
             Lookup::Row { e, arr, idx } => (e, arr, idx),
-            Lookup::Vacant { .. } | Lookup::Full(_) => return,
+            Lookup::Vacant { .. } | Lookup::Full(_) => return Refunded::Refilled,
         };
         let backoff = Backoff::new();
         let mut word = e.word.load(Ordering::Acquire);
         loop {
             if word == DEAD {
-                return;
+                return Refunded::Refilled;
             }
             let (target, full) = match limits.refund(word, now, n, own_tat, prev) {
-                Refund::Unchanged => return,
+                Refund::Unchanged => return Refunded::Superseded,
                 Refund::Set(tat) => (tat, false),
                 Refund::Full => {
                     // The row's last state is `prev`: whoever creates the key
@@ -1186,8 +1188,9 @@ impl<K> Table<K> {
                         self.remove_dead(&arr.slots[idx], p, guard, None);
                         self.clean_after(arr_ptr, idx, guard);
                         self.shrink_pending(guard);
+                        return Refunded::Removed;
                     }
-                    return;
+                    return Refunded::Restored;
                 }
                 Err(actual) => {
                     word = actual;

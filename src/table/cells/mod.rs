@@ -17,6 +17,7 @@ use super::migrate::target_size;
 // call copies: the slot table's (64, 16, 1,024; loom: 2, 16, 2).
 use super::slot::{probe_seq, CALL_SLOTS, CHUNK, SPARSE_ROWS};
 use crate::bucket::{Decision, Limits, Refund};
+use crate::pace::Refunded;
 use crate::sync::epoch::{Atomic, Guard, Owned, Shared};
 use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
 use cell::{Cell, CellState};
@@ -785,7 +786,7 @@ impl CellTable {
         now: u64,
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
-    ) {
+    ) -> Refunded {
         self.help(hash_of, guard);
         let backoff = Backoff::new();
         'find: loop {
@@ -796,11 +797,11 @@ impl CellTable {
                 mut tat,
             } = self.find(hash, key, false, guard)
             else {
-                return;
+                return Refunded::Refilled;
             };
             loop {
                 let (next, full) = match limits.refund(tat, now, n, own_tat, prev) {
-                    Refund::Unchanged => return,
+                    Refund::Unchanged => return Refunded::Superseded,
                     Refund::Set(t) => (CellState::Live { key, tat: t }.encode(), false),
                     Refund::Full => {
                         if !cfg!(pace_mutant = "cells_refund_keeps_floor") {
@@ -815,8 +816,9 @@ impl CellTable {
                             self.len.fetch_sub(1, Ordering::SeqCst);
                             self.clean_after(arr, idx, guard);
                             self.shrink_pending(hash_of, guard);
+                            return Refunded::Removed;
                         }
-                        return;
+                        return Refunded::Restored;
                     }
                     Err(actual) => match CellState::decode(actual) {
                         CellState::Live { key: k, tat: t } if k == key => {
@@ -831,7 +833,8 @@ impl CellTable {
                         {
                             continue 'find
                         }
-                        _ => return,
+                        // Removed (full) or reused since: nothing to return.
+                        _ => return Refunded::Refilled,
                     },
                 }
             }
