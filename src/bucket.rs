@@ -18,7 +18,7 @@ pub(crate) const MAX_TIME: u64 = (1 << 62) - 1;
 pub(crate) const MAX_TAU: u64 = MAX_TIME / 2;
 
 /// A bucket's shape: `capacity` tokens refilled one per `interval` ns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Limits {
     interval: u64,
     capacity: u64,
@@ -66,6 +66,11 @@ impl Limits {
 
     pub(crate) fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// Nanoseconds one token takes to refill.
+    pub(crate) fn interval(&self) -> u64 {
+        self.interval
     }
 
     /// Time for an empty bucket to become full: the horizon after which every

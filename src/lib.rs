@@ -212,7 +212,7 @@ pub use crate::pace::FastHasher;
 pub use crate::pace::{
     Builder, Debit, Denied, DenyReason, MemoryStats, Pace, Refunded, Reservation,
 };
-pub use crate::rate::{ConfigError, Rate};
+pub use crate::rate::{ConfigError, Quota, Rate};
 
 /// Internals exposed for benchmarks, fuzz targets and models only. Not a
 /// stable API: anything here may change in any release.

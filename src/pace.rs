@@ -11,10 +11,11 @@ use crossbeam_utils::CachePadded;
 
 use crate::bucket::{Decision, Limits};
 use crate::clock::{Clock, DefaultClock};
-use crate::rate::{ConfigError, Rate};
+use crate::rate::{ConfigError, Quota, Rate};
 use crate::sync::epoch::Guard;
 use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
 use crate::table::cells::{self, CellTable};
+use crate::table::quota::QuotaCell;
 use crate::table::words::{self, WordKey};
 use crate::table::Table;
 
@@ -51,11 +52,13 @@ const MIN_HORIZON_NS: u64 = 1_000_000;
 /// ```
 pub struct Pace<K, S = RandomState, C = DefaultClock> {
     rows: Rows<K>,
-    limits: Limits,
-    rate: Rate,
+    /// The default quota: what `reserve` decides with.
+    quota: QuotaCell,
     hasher: S,
     clock: C,
-    horizon: u64,
+    /// The time between time-driven sweep passes: the default quota's
+    /// horizon (at least `MIN_HORIZON_NS`).
+    horizon: AtomicU64,
     /// When the next time-driven sweep is due (ns on the clock).
     next_sweep: CachePadded<AtomicU64>,
     /// Rows left by the last sweep; a sweep also runs when `len` doubles it.
@@ -371,6 +374,14 @@ impl<K, S, C> Builder<K, S, C> {
         self
     }
 
+    /// The default quota: its rate and capacity (the same as
+    /// `Pace::builder(quota.rate()).capacity(quota.capacity())`).
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.rate = quota.rate();
+        self.capacity = Some(quota.capacity());
+        self
+    }
+
     /// The clock (default [`DefaultClock`]: quanta with the default feature).
     pub fn clock<C2: Clock>(self, clock: C2) -> Builder<K, S, C2> {
         Builder {
@@ -453,12 +464,8 @@ impl<K, S, C> Builder<K, S, C> {
     /// is more slots than an array can have or the allocator gives.
     pub fn build(self) -> Result<Pace<K, S, C>, ConfigError> {
         let capacity = self.capacity.unwrap_or_else(|| self.rate.one_second());
-        if capacity == 0 {
-            return Err(ConfigError::ZeroCapacity);
-        }
-        let limits =
-            Limits::new(self.rate.interval_ns(), capacity).ok_or(ConfigError::CapacityTooLarge)?;
-        let horizon = limits.tau().max(MIN_HORIZON_NS);
+        let quota = Quota::new(self.rate, capacity)?;
+        let horizon = quota.limits().tau().max(MIN_HORIZON_NS);
         let cells_fit = match self.rows {
             RowsPick::ByType => words::hasher_cannot_panic::<S>(),
             RowsPick::Entries => false,
@@ -475,11 +482,10 @@ impl<K, S, C> Builder<K, S, C> {
         };
         Ok(Pace {
             rows,
-            limits,
-            rate: self.rate,
+            quota: QuotaCell::new(quota),
             hasher: self.hasher,
             clock: self.clock,
-            horizon,
+            horizon: AtomicU64::new(horizon),
             next_sweep: CachePadded::new(AtomicU64::new(horizon)),
             sweep_mark: AtomicUsize::new(0),
             epochs: Epochs::new(),
@@ -489,20 +495,37 @@ impl<K, S, C> Builder<K, S, C> {
 }
 
 impl<K, S, C> Pace<K, S, C> {
-    /// The declared rate.
+    /// The default quota: what [`reserve`](Pace::reserve) decides with.
+    pub fn quota(&self) -> Quota {
+        *self.quota.load(&self.pin())
+    }
+
+    /// Replaces the default quota while the limiter runs, without a lock:
+    /// each reserve decides with the quota it loaded, the old or the new one,
+    /// never a mix. No key's debt is lost or reset: a row stores only the
+    /// time its bucket is full again, whichever quota debited it. Sweep
+    /// passes follow the new quota's horizon.
+    pub fn set_quota(&self, quota: Quota) {
+        self.horizon
+            .store(quota.limits().tau().max(MIN_HORIZON_NS), Ordering::Relaxed);
+        self.quota.store(quota, &self.pin());
+    }
+
+    /// The default quota's rate.
     pub fn rate(&self) -> Rate {
-        self.rate
+        self.quota().rate()
     }
 
-    /// Tokens a bucket holds when full.
+    /// Tokens a bucket holds when full, under the default quota.
     pub fn capacity(&self) -> u64 {
-        self.limits.capacity()
+        self.quota().capacity()
     }
 
-    /// The time an empty bucket takes to refill (`capacity x interval`): after
-    /// this long without exchanges every row is full, hence removable.
+    /// The time an empty bucket takes to refill under the default quota
+    /// (`capacity x interval`): after this long without exchanges every row
+    /// debited under it is full, hence removable.
     pub fn horizon(&self) -> Duration {
-        Duration::from_nanos(self.limits.tau())
+        self.quota().horizon()
     }
 
     /// Rows held now: keys whose bucket is not known to be full.
@@ -613,28 +636,79 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_n_with(key, n, &|| self.clock.now_ns())
+        self.reserve_n_clocked(key, n, None, &|| self.clock.now_ns())
     }
 
-    /// [`reserve_n`](Pace::reserve_n) at an explicit time (for models).
+    /// Debits one token from `key`'s bucket under `quota` instead of the
+    /// limiter's default: a key's plan or tenant limit, chosen per call.
+    ///
+    /// A row stores only the time its bucket is full again, so a key may be
+    /// debited under different quotas: each decision admits when the key's
+    /// debt after it is at most `quota`'s horizon, and each token costs
+    /// `quota`'s interval. The kept admissions of a key read in any window
+    /// `[t1, t2]` then cost at most `(t2 − t1) +` the largest horizon among
+    /// the quotas they were decided with (DESIGN.md §3); with one quota that
+    /// is `capacity + span / interval` tokens.
+    ///
+    /// # Errors
+    /// [`Denied`] as for [`reserve`](Pace::reserve).
+    #[inline]
+    pub fn reserve_with<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        quota: Quota,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.reserve_n_with(key, 1, quota)
+    }
+
+    /// Debits `n` tokens at once, or none, under `quota` (see
+    /// [`reserve_with`](Pace::reserve_with)). `n > quota.capacity()` is
+    /// denied permanently.
+    ///
+    /// # Errors
+    /// [`Denied`] as for [`reserve`](Pace::reserve).
+    #[inline]
+    pub fn reserve_n_with<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Quota,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.reserve_n_clocked(key, n, Some(quota.limits()), &|| self.clock.now_ns())
+    }
+
+    /// [`reserve_n`](Pace::reserve_n) (or, with a quota,
+    /// [`reserve_n_with`](Pace::reserve_n_with)) at an explicit time (for
+    /// models).
     pub(crate) fn reserve_n_at_inner<'a, Q>(
         &'a self,
         key: &'a Q,
         n: u64,
+        quota: Option<Quota>,
         now: u64,
     ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_n_with(key, n, &|| now)
+        self.reserve_n_clocked(key, n, quota.map(|q| q.limits()), &|| now)
     }
 
+    /// The reserve: `limits` is the call's quota, `None` for the default.
     #[inline]
-    fn reserve_n_with<'a, Q>(
+    fn reserve_n_clocked<'a, Q>(
         &'a self,
         key: &'a Q,
         n: u64,
+        limits: Option<Limits>,
         clock: &dyn Fn() -> u64,
     ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
     where
@@ -654,9 +728,6 @@ where
                 },
             });
         }
-        if n > self.limits.capacity() {
-            return Err(Denied::from_decision(Decision::Never));
-        }
         let hash = self.hasher.hash_one(key);
         // The key's cell is fetched while the epoch is pinned and the clock
         // read, which is why the clock is read only now.
@@ -666,9 +737,14 @@ where
         let now = clock();
         let reread = clock;
         let guard = self.pin();
+        let limits = self.call_limits(limits, &guard);
+        if n > limits.capacity() {
+            return Err(Denied::from_decision(Decision::Never));
+        }
+        let limits = &limits;
         let result = match &self.rows {
             Rows::Entries(t) => t
-                .reserve(&self.limits, hash, key, n, now, reread, &guard)
+                .reserve(limits, hash, key, n, now, reread, &guard)
                 .map(|a| (a.tat, a.prev, a.created)),
             Rows::Cells(t, word) => {
                 // A borrowed form of a word key other than the key type
@@ -679,7 +755,7 @@ where
                     None => word.bits(&key.to_owned()),
                 };
                 t.reserve(
-                    &self.limits,
+                    limits,
                     hash,
                     bits,
                     n,
@@ -709,6 +785,29 @@ where
         }
     }
 
+    /// The quota a call decides with: its own, or the default in force.
+    #[cfg(not(pace_mutant = "quota_cost_of_default"))]
+    #[inline]
+    fn call_limits(&self, call: Option<Limits>, guard: &Guard) -> Limits {
+        match call {
+            Some(l) => l,
+            None => self.quota.load(guard).limits(),
+        }
+    }
+
+    /// Known-wrong variant for mutation tests: a call's quota gives the
+    /// horizon, but its tokens cost the default quota's interval.
+    #[cfg(pace_mutant = "quota_cost_of_default")]
+    fn call_limits(&self, call: Option<Limits>, guard: &Guard) -> Limits {
+        let default = self.quota.load(guard).limits();
+        match call {
+            Some(l) => {
+                Limits::new(default.interval(), (l.tau() / default.interval()).max(1)).unwrap_or(l)
+            }
+            None => default,
+        }
+    }
+
     /// Whole tokens `key` could reserve now. A pure load: it writes nothing
     /// and creates no row. For observability only: deciding on it and then
     /// reserving is exactly the check-then-act race `reserve` exists to avoid.
@@ -718,17 +817,30 @@ where
         Q: ?Sized + Hash + Eq,
     {
         let now = self.clock.now_ns();
-        self.peek_at_inner(key, now)
+        self.peek_at_inner(key, None, now)
     }
 
-    /// [`peek`](Pace::peek) at an explicit time (for models).
-    pub(crate) fn peek_at_inner<Q>(&self, key: &Q, now: u64) -> u64
+    /// Whole tokens `key` could reserve now under `quota` (see
+    /// [`peek`](Pace::peek) and [`reserve_with`](Pace::reserve_with)).
+    pub fn peek_with<Q>(&self, key: &Q, quota: Quota) -> u64
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let now = self.clock.now_ns();
+        self.peek_at_inner(key, Some(quota), now)
+    }
+
+    /// [`peek`](Pace::peek) or [`peek_with`](Pace::peek_with) at an explicit
+    /// time (for models).
+    pub(crate) fn peek_at_inner<Q>(&self, key: &Q, quota: Option<Quota>, now: u64) -> u64
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
         let hash = self.hasher.hash_one(key);
         let guard = self.pin();
+        let limits = quota.unwrap_or_else(|| *self.quota.load(&guard)).limits();
         let tat = match &self.rows {
             Rows::Entries(t) => match t.peek(hash, key, &guard) {
                 Some(tat) if tat != 0 => tat,
@@ -740,7 +852,7 @@ where
                 .and_then(|bits| t.peek(hash, bits, &guard))
                 .unwrap_or_else(|| t.floor(hash)),
         };
-        self.limits.tokens(tat, now)
+        limits.tokens(tat, now)
     }
 
     /// Refunds a detached [`Debit`] of `key` (see [`Reservation::refund`] for
@@ -802,16 +914,12 @@ where
         }
         let hash = debit.hash;
         let guard = self.pin();
+        // The refund rule looks at no quota; the table takes one for its
+        // known-wrong variants.
+        let limits = &self.quota.load(&guard).limits();
         match &self.rows {
             Rows::Entries(t) => t.refund(
-                &self.limits,
-                hash,
-                key,
-                debit.n,
-                debit.tat,
-                debit.prev,
-                now,
-                &guard,
+                limits, hash, key, debit.n, debit.tat, debit.prev, now, &guard,
             ),
             Rows::Cells(t, word) => {
                 // No row of the key: nothing to refund.
@@ -819,7 +927,7 @@ where
                     return Refunded::Refilled;
                 };
                 t.refund(
-                    &self.limits,
+                    limits,
                     hash,
                     bits,
                     debit.n,
@@ -908,8 +1016,9 @@ where
         let due = self.next_sweep.load(Ordering::Relaxed);
         // A due time more than a horizon ahead means the clock stepped back:
         // treat it as due, so sweeps do not stall until the clock catches up.
-        if now >= due || due - now > self.horizon {
-            let next = now.saturating_add(self.horizon);
+        let horizon = self.horizon.load(Ordering::Relaxed);
+        if now >= due || due - now > horizon {
+            let next = now.saturating_add(horizon);
             if self
                 .next_sweep
                 .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
@@ -971,8 +1080,7 @@ impl<K: Clone, S, C> Pace<K, S, C> {
 impl<K, S, C: fmt::Debug> fmt::Debug for Pace<K, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pace")
-            .field("rate", &self.rate)
-            .field("capacity", &self.limits.capacity())
+            .field("quota", &self.quota())
             .field("rows", &self.len())
             .field("clock", &self.clock)
             .finish_non_exhaustive()
@@ -989,6 +1097,18 @@ pub trait PaceInternals<K, S, C> {
         &'a self,
         key: &'a Q,
         n: u64,
+        now: u64,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>;
+    /// [`Pace::reserve_n_with`] deciding with `now` instead of a clock
+    /// reading.
+    fn reserve_n_with_at<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Quota,
         now: u64,
     ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
     where
@@ -1049,7 +1169,21 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_n_at_inner(key, n, now)
+        self.reserve_n_at_inner(key, n, None, now)
+    }
+
+    fn reserve_n_with_at<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Quota,
+        now: u64,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.reserve_n_at_inner(key, n, Some(quota), now)
     }
 
     fn peek_at<Q>(&self, key: &Q, now: u64) -> u64
@@ -1057,7 +1191,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        self.peek_at_inner(key, now)
+        self.peek_at_inner(key, None, now)
     }
 
     fn refund_at<Q>(&self, key: &Q, debit: Debit, now: u64) -> Refunded
@@ -1284,23 +1418,26 @@ mod sweep_cursor {
             unreachable!("entry rows")
         };
         for k in 0..10_000u64 {
-            let _kept = p.reserve_n_at_inner(&k, 1, 0).expect("a fresh key");
+            let _kept = p.reserve_n_at_inner(&k, 1, None, 0).expect("a fresh key");
         }
         // Let the passes and the migration that growth started end (every
         // row is empty at 0: they remove nothing).
         while table.migrating(&p.pin()) || table.sweep_running(&p.pin()) {
-            assert!(p.reserve_n_at_inner(&0, 1, 0).is_err(), "key 0 is empty");
+            assert!(
+                p.reserve_n_at_inner(&0, 1, None, 0).is_err(),
+                "key 0 is empty"
+            );
         }
         table.sweep_chunk_late(0, &p.pin());
         let rows = p.len();
         assert_eq!(rows, 10_000);
         let slots = p.table_slots();
         assert!(slots > crate::table::SWEEP_AT_ONCE, "a chunked pass");
-        let now = 10 * p.horizon;
+        let now = 10 * p.horizon.load(Ordering::Relaxed);
         let mut k = 1_000_000u64;
         for _ in 0..slots.div_ceil(crate::table::sweep_chunk(slots)) {
             k += 1;
-            p.reserve_n_at_inner(&k, 1, now)
+            p.reserve_n_at_inner(&k, 1, None, now)
                 .expect("a fresh key")
                 .refund_at_inner(now);
         }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::bucket::MAX_TAU;
+use crate::bucket::{Limits, MAX_TAU};
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
@@ -88,6 +88,96 @@ impl Rate {
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} per {:?}", self.count, self.per())
+    }
+}
+
+/// A bucket's shape: a [`Rate`] and a capacity, validated once.
+///
+/// What a limiter decides with: [`Pace::new`](crate::Pace::new) and
+/// [`Builder::capacity`](crate::Builder::capacity) make its default quota,
+/// [`Pace::set_quota`](crate::Pace::set_quota) replaces that default while
+/// the limiter runs, and [`Pace::reserve_with`](crate::Pace::reserve_with)
+/// decides one call with a quota of its own (a key's plan, a tenant's
+/// limit). A row stores only a time, so a key debited under one quota and
+/// then another keeps its debt across the change.
+///
+/// ```
+/// use pace::{Quota, Rate};
+///
+/// let free = Quota::per_second(10)?; // capacity: one second of the rate
+/// let paid = Quota::new(Rate::per_second(1000)?, 50)?;
+/// assert_eq!((free.capacity(), paid.capacity()), (10, 50));
+/// assert_eq!(paid.horizon(), std::time::Duration::from_millis(50));
+/// # Ok::<(), pace::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Quota {
+    rate: Rate,
+    limits: Limits,
+}
+
+impl Quota {
+    /// `capacity` tokens refilled at `rate`.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroCapacity`] for a capacity of 0;
+    /// [`ConfigError::CapacityTooLarge`] when refilling an empty bucket would
+    /// take longer than the time space allows.
+    pub fn new(rate: Rate, capacity: u64) -> Result<Quota, ConfigError> {
+        if capacity == 0 {
+            return Err(ConfigError::ZeroCapacity);
+        }
+        let limits =
+            Limits::new(rate.interval_ns(), capacity).ok_or(ConfigError::CapacityTooLarge)?;
+        Ok(Quota { rate, limits })
+    }
+
+    /// `rate` with one second of it as capacity (at least one token), as
+    /// [`Pace::new`](crate::Pace::new) does.
+    ///
+    /// # Errors
+    /// As [`Quota::new`].
+    pub fn of(rate: Rate) -> Result<Quota, ConfigError> {
+        Quota::new(rate, rate.one_second())
+    }
+
+    /// `n` tokens per second with a capacity of one second (`n` tokens).
+    ///
+    /// # Errors
+    /// As [`Rate::per_second`] and [`Quota::new`].
+    pub fn per_second(n: u64) -> Result<Quota, ConfigError> {
+        Quota::of(Rate::per_second(n)?)
+    }
+
+    /// The rate tokens refill at.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// Tokens a full bucket holds.
+    pub fn capacity(&self) -> u64 {
+        self.limits.capacity()
+    }
+
+    /// The time one token takes to refill (the rate's interval, rounded up
+    /// to whole nanoseconds).
+    pub fn interval(&self) -> Duration {
+        Duration::from_nanos(self.limits.interval())
+    }
+
+    /// The time an empty bucket takes to refill: `capacity × interval`.
+    pub fn horizon(&self) -> Duration {
+        Duration::from_nanos(self.limits.tau())
+    }
+
+    pub(crate) fn limits(&self) -> Limits {
+        self.limits
+    }
+}
+
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}, capacity {}", self.rate, self.capacity())
     }
 }
 

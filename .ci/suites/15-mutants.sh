@@ -64,6 +64,12 @@ expect_caught refund_ignores_origin refund_origin "minted tokens" "" \
     misdirected_to_another_limiter_cells misdirected_to_another_limiter_entries \
     misdirected_to_another_key_cells misdirected_to_another_key_entries
 
+# Quotas per call keep the contract (tests/quotas.rs), against
+# `quota_cost_of_default`: a call's quota gives the horizon but its tokens
+# cost the default quota's interval.
+expect_caught quota_cost_of_default quotas "exceed the bound by" "" \
+    random_mixed_quota_histories_never_exceed_the_bound
+
 # Churn without migrations (tests/churn.rs), in each table: against
 # `no_tombstone_reuse` every new slot row takes a vacant slot, against
 # `cells_no_clean` no tombstone cell is ever cleaned, so the churn tests of

@@ -46,3 +46,39 @@ pub fn worst_excess_ns_brute(kept: &[(u64, u64)], capacity: u64, interval: u64) 
     }
     best
 }
+
+/// The promise under quotas that differ from call to call: over every window
+/// `[t1, t2]` of decision times, the kept admissions read in it cost at most
+/// `(t2 - t1) +` the largest horizon among their quotas, each token costing
+/// its own quota's interval. Returns the worst excess in ns (at most 0 when
+/// the promise holds). `kept` holds `(now_ns, cost_ns, horizon_ns)` of each
+/// kept admission (`cost = tokens x interval`, `horizon = capacity x
+/// interval` of the quota it was decided with), in any order. By brute force
+/// over every pair of readings: with one quota it is
+/// [`worst_excess_ns_brute`].
+pub fn worst_excess_mixed_ns(kept: &[(u64, u64, u64)]) -> i128 {
+    let mut sorted = kept.to_vec();
+    sorted.sort_unstable();
+    let mut best = i128::MIN;
+    for i in 0..sorted.len() {
+        let t1 = sorted[i].0;
+        // Every admission read at t1 belongs to each window that starts there.
+        let first = sorted.partition_point(|&(t, _, _)| t < t1);
+        if first != i {
+            continue;
+        }
+        let mut cost: i128 = 0;
+        let mut horizon: u64 = 0;
+        let mut j = i;
+        while j < sorted.len() {
+            let t2 = sorted[j].0;
+            while j < sorted.len() && sorted[j].0 == t2 {
+                cost += sorted[j].1 as i128;
+                horizon = horizon.max(sorted[j].2);
+                j += 1;
+            }
+            best = best.max(cost - (t2 - t1) as i128 - horizon as i128);
+        }
+    }
+    best
+}

@@ -46,6 +46,7 @@ pub(crate) mod cells;
 mod clean;
 mod floor;
 mod migrate;
+pub(crate) mod quota;
 mod slot;
 pub(crate) mod sweep;
 pub(crate) mod words;
