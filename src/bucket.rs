@@ -73,6 +73,17 @@ impl Limits {
         self.interval
     }
 
+    /// The same bucket admitting debits that fit it up to `wait` ns after
+    /// the decision's reading: a decision at `now` under these limits is the
+    /// decision of the original ones at the reading `max(now, new − τ)`, the
+    /// instant its debit fits (DESIGN.md §3, "Waiting for a turn").
+    pub(crate) fn waiting(&self, wait: u64) -> Limits {
+        Limits {
+            tau: self.tau.saturating_add(wait),
+            ..*self
+        }
+    }
+
     /// Time for an empty bucket to become full: the horizon after which every
     /// row that has not exchanged is full, hence removable.
     pub(crate) fn tau(&self) -> u64 {

@@ -239,6 +239,12 @@ pub mod __private {
     /// The most slots of a migration one call copies (whole chunks).
     pub const MIGRATION_CALL_SLOTS: usize = crate::table::MIGRATION_CALL_SLOTS;
 
+    /// Sleeps taken by callers waiting for a turn (`Pace::acquire`,
+    /// `Pace::acquire_blocking`) in this process so far.
+    pub fn turn_sleeps() -> u64 {
+        crate::pace::turn_sleeps()
+    }
+
     /// Pins and flushes the current thread's epoch handle until deferred
     /// frees have run, so memory tests can measure what is really held.
     #[cfg(not(loom))]

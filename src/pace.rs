@@ -341,6 +341,64 @@ where
     }
 }
 
+/// A reservation and its slot: the instant (ns on the limiter's clock) its
+/// debit fits the bucket, when a caller waiting for its turn goes through.
+pub type Turned<'a, K, Q, S, C> = (Reservation<'a, K, Q, S, C>, u64);
+
+/// When a debit ending at `tat` fits a bucket of horizon `tau`: the instant
+/// a turn is let through (`Pace::acquire`).
+#[cfg(not(pace_mutant = "turn_before_its_slot"))]
+#[inline]
+fn slot_of(tat: u64, tau: u64, _wait: u64) -> u64 {
+    tat.saturating_sub(tau)
+}
+
+/// Known-wrong variant for mutation tests: a turn is let through as soon as
+/// it was decided, up to its whole wait before its debit fits.
+#[cfg(pace_mutant = "turn_before_its_slot")]
+#[inline]
+fn slot_of(tat: u64, tau: u64, wait: u64) -> u64 {
+    tat.saturating_sub(tau).saturating_sub(wait)
+}
+
+/// A turn being waited for (`Pace::acquire`): refunded if dropped before
+/// the turn comes.
+#[cfg(feature = "tokio")]
+struct Turn<'a, K, Q, S, C>(Option<Reservation<'a, K, Q, S, C>>)
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq,
+    S: BuildHasher,
+    C: Clock;
+
+#[cfg(feature = "tokio")]
+impl<K, Q, S, C> Drop for Turn<'_, K, Q, S, C>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.refund();
+        }
+    }
+}
+
+/// Sleeps taken by callers waiting for a turn, in this process (for the
+/// fairness benchmark: one per waiter means no wasted wake-up).
+static TURN_SLEEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn note_turn_sleep() {
+    TURN_SLEEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Sleeps taken by callers waiting for a turn in this process so far.
+pub(crate) fn turn_sleeps() -> u64 {
+    TURN_SLEEPS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 impl<K> Pace<K> {
     /// A limiter at `rate` with one second of it as capacity, the default
     /// clock and a randomly seeded SipHash.
@@ -715,8 +773,28 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
+        self.reserve_slot(key, n, limits, 0, clock).map(|(r, _)| r)
+    }
+
+    /// The reserve, admitting a debit that fits the bucket up to `wait_ns`
+    /// after `now` (0: fits now). Returns the reservation and the instant
+    /// its debit fits the bucket (its slot: `tat − τ`, or earlier when it
+    /// fits at once).
+    #[inline]
+    fn reserve_slot<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        limits: Option<Limits>,
+        wait_ns: u64,
+        clock: &dyn Fn() -> u64,
+    ) -> Result<Turned<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
         if n == 0 {
-            return Ok(Reservation {
+            let r = Reservation {
                 pace: self,
                 key,
                 debit: Debit {
@@ -726,7 +804,8 @@ where
                     hash: 0,
                     limiter: self.id,
                 },
-            });
+            };
+            return Ok((r, 0));
         }
         let hash = self.hasher.hash_one(key);
         // The key's cell is fetched while the epoch is pinned and the clock
@@ -741,7 +820,12 @@ where
         if n > limits.capacity() {
             return Err(Denied::from_decision(Decision::Never));
         }
-        let limits = &limits;
+        let tau = limits.tau();
+        let limits = &if wait_ns == 0 {
+            limits
+        } else {
+            limits.waiting(wait_ns)
+        };
         let result = match &self.rows {
             Rows::Entries(t) => t
                 .reserve(limits, hash, key, n, now, reread, &guard)
@@ -770,17 +854,24 @@ where
         let created = matches!(result, Ok((_, _, true)));
         self.maybe_sweep(now, created, &guard);
         match result {
-            Ok((tat, prev, _)) => Ok(Reservation {
-                pace: self,
-                key,
-                debit: Debit {
-                    n,
-                    tat,
-                    prev,
-                    hash,
-                    limiter: self.id,
+            Ok((tat, prev, _)) => Ok((
+                Reservation {
+                    pace: self,
+                    key,
+                    debit: Debit {
+                        n,
+                        tat,
+                        prev,
+                        hash,
+                        limiter: self.id,
+                    },
                 },
-            }),
+                slot_of(tat, tau, wait_ns),
+            )),
+            // The wait beyond `wait_ns`, plus `wait_ns`: the whole wait.
+            Err(Decision::Wait(ns)) => Err(Denied::from_decision(Decision::Wait(
+                ns.saturating_add(wait_ns),
+            ))),
             Err(d) => Err(Denied::from_decision(d)),
         }
     }
@@ -806,6 +897,198 @@ where
             }
             None => default,
         }
+    }
+
+    /// Waits for a turn instead of being refused: reserves a token of
+    /// `key` in a slot that may lie up to `max_wait` in the future (one CAS,
+    /// as [`reserve_n`](Pace::reserve_n)), then sleeps the thread until the
+    /// limiter's clock reaches the slot. Callers of one key are let through
+    /// in the order of their debits (first come, first served), each after
+    /// one exact sleep (re-checking the clock, since a sleep and the clock
+    /// may disagree), with no retries. `quota` is the call's quota, `None`
+    /// for the default.
+    ///
+    /// Over the instants callers are let through, the kept admissions of a
+    /// key obey the same bound as reserves (DESIGN.md §3, "Waiting for a
+    /// turn"). With a [`ManualClock`](crate::ManualClock) the thread sleeps
+    /// until another thread advances the clock past the slot.
+    ///
+    /// # Errors
+    /// [`Denied`] at once, having written nothing, when the turn lies more
+    /// than `max_wait` ahead (its [`retry_after`](Denied::retry_after) is the
+    /// whole wait the request would need now), or when the request can never
+    /// pass ([`Denied::is_permanent`]).
+    pub fn acquire_blocking<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_blocking_inner(key, 1, None, max_wait)
+    }
+
+    /// [`acquire_blocking`](Pace::acquire_blocking) of `n` tokens at once.
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Pace::acquire_blocking).
+    pub fn acquire_n_blocking<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_blocking_inner(key, n, None, max_wait)
+    }
+
+    /// [`acquire_n_blocking`](Pace::acquire_n_blocking) under the call's own
+    /// `quota` (see [`reserve_with`](Pace::reserve_with)).
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Pace::acquire_blocking).
+    pub fn acquire_n_with_blocking<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Quota,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_blocking_inner(key, n, Some(quota), max_wait)
+    }
+
+    fn acquire_blocking_inner<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let (r, slot) = self.reserve_turn(key, n, quota, max_wait)?;
+        while let Some(wait) = self.until(slot) {
+            note_turn_sleep();
+            std::thread::sleep(wait);
+        }
+        Ok(r)
+    }
+
+    /// [`acquire_blocking`](Pace::acquire_blocking) for async code (feature
+    /// `tokio`): the task sleeps on tokio's timer until its turn.
+    ///
+    /// Dropping the future before its turn refunds the reservation by the
+    /// refund rule: the slot comes back when nothing was debited from the key
+    /// since, and is otherwise lost (later callers keep their slots: fewer
+    /// admissions, never more).
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Pace::acquire_blocking).
+    #[cfg(feature = "tokio")]
+    pub async fn acquire<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_inner(key, 1, None, max_wait).await
+    }
+
+    /// [`acquire`](Pace::acquire) of `n` tokens at once.
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Pace::acquire_blocking).
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_n<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_inner(key, n, None, max_wait).await
+    }
+
+    /// [`acquire_n`](Pace::acquire_n) under the call's own `quota` (see
+    /// [`reserve_with`](Pace::reserve_with)).
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Pace::acquire_blocking).
+    #[cfg(feature = "tokio")]
+    pub async fn acquire_n_with<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Quota,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_inner(key, n, Some(quota), max_wait).await
+    }
+
+    #[cfg(feature = "tokio")]
+    async fn acquire_inner<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let (r, slot) = self.reserve_turn(key, n, quota, max_wait)?;
+        let mut turn = Turn(Some(r));
+        while let Some(wait) = self.until(slot) {
+            note_turn_sleep();
+            tokio::time::sleep(wait).await;
+        }
+        Ok(turn.0.take().expect("taken only here"))
+    }
+
+    /// The reservation of a turn and its slot (ns on the limiter's clock).
+    fn reserve_turn<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait: Duration,
+    ) -> Result<Turned<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let wait_ns = u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX);
+        self.reserve_slot(key, n, quota.map(|q| q.limits()), wait_ns, &|| {
+            self.clock.now_ns()
+        })
+    }
+
+    /// How long until the limiter's clock reaches `slot`, if it has not.
+    fn until(&self, slot: u64) -> Option<Duration> {
+        let now = self.clock.now_ns();
+        (now < slot).then(|| Duration::from_nanos(slot - now))
     }
 
     /// Whole tokens `key` could reserve now. A pure load: it writes nothing
@@ -1114,6 +1397,20 @@ pub trait PaceInternals<K, S, C> {
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>;
+    /// The reservation of [`Pace::acquire_n_with`] (a slot up to `max_wait_ns`
+    /// ahead) decided with `now`, and its slot (ns): the caller is let
+    /// through when the clock reaches it. No sleep.
+    fn reserve_turn_at<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait_ns: u64,
+        now: u64,
+    ) -> Result<Turned<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>;
     /// [`Pace::peek`] at `now`.
     fn peek_at<Q>(&self, key: &Q, now: u64) -> u64
     where
@@ -1184,6 +1481,21 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         self.reserve_n_at_inner(key, n, Some(quota), now)
+    }
+
+    fn reserve_turn_at<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait_ns: u64,
+        now: u64,
+    ) -> Result<Turned<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.reserve_slot(key, n, quota.map(|q| q.limits()), max_wait_ns, &|| now)
     }
 
     fn peek_at<Q>(&self, key: &Q, now: u64) -> u64

@@ -163,7 +163,7 @@ fn random_mixed_quota_histories_never_exceed_the_bound() {
             clock += rng.gen_range(0..80);
             // A reading taken up to 400 ns ago by a pre-empted thread.
             let reading = clock - rng.gen_range(0..400).min(clock);
-            match rng.gen_range(0..10) {
+            match rng.gen_range(0..12) {
                 0..=5 => {
                     let (q, r) = if rng.gen_bool(0.3) {
                         (default, p.reserve_n_at(&key, 1, reading))
@@ -177,6 +177,25 @@ fn random_mixed_quota_histories_never_exceed_the_bound() {
                         let h = q.horizon().as_nanos() as u64;
                         admitted.push((reading, r.tokens() * t, h, false));
                         if rng.gen_bool(0.5) {
+                            held.push(Held {
+                                r,
+                                at: admitted.len() - 1,
+                            });
+                        }
+                    }
+                }
+                // A turn up to 300 ns ahead (`acquire`): let through at its
+                // slot, which is the reading it counts at.
+                10 | 11 => {
+                    let q = quotas[rng.gen_range(0..quotas.len())];
+                    let n = rng.gen_range(1..=q.capacity() + 1);
+                    let wait = rng.gen_range(0..300);
+                    if let Ok((r, slot)) = p.reserve_turn_at(&key, n, Some(q), wait, reading) {
+                        assert!(slot <= reading + wait, "a turn beyond its wait");
+                        let t = q.interval().as_nanos() as u64;
+                        let h = q.horizon().as_nanos() as u64;
+                        admitted.push((slot.max(reading), r.tokens() * t, h, false));
+                        if rng.gen_bool(0.3) {
                             held.push(Held {
                                 r,
                                 at: admitted.len() - 1,

@@ -69,6 +69,10 @@ expect_caught refund_ignores_origin refund_origin "minted tokens" "" \
 # cost the default quota's interval.
 expect_caught quota_cost_of_default quotas "exceed the bound by" "" \
     random_mixed_quota_histories_never_exceed_the_bound
+# ... and against `turn_before_its_slot`: a turn (`acquire`) is let through
+# when it is decided, up to its whole wait before its debit fits.
+expect_caught turn_before_its_slot quotas "exceed the bound by" "" \
+    random_mixed_quota_histories_never_exceed_the_bound
 
 # Churn without migrations (tests/churn.rs), in each table: against
 # `no_tombstone_reuse` every new slot row takes a vacant slot, against

@@ -1,0 +1,206 @@
+//! Waiting for a turn (`acquire`, `acquire_blocking`): one reservation of a
+//! slot up to `max_wait` ahead, let through when the limiter's clock reaches
+//! it, in the order of the debits; refused at once when the turn lies
+//! further; a cancelled turn refunded by the refund rule.
+//!
+//! The bound over the instants turns are let through is checked with the
+//! quotas' random histories (tests/quotas.rs).
+
+use std::collections::hash_map::RandomState;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pace::__private::PaceInternals;
+#[cfg(feature = "tokio")]
+use pace::Refunded;
+use pace::{DenyReason, ManualClock, Pace, Quota, Rate};
+
+type P = Pace<u64, RandomState, ManualClock>;
+
+const MS: u64 = 1_000_000;
+
+fn limiter(interval: Duration, capacity: u64) -> (P, ManualClock) {
+    let clock = ManualClock::new();
+    let p = Pace::builder(Rate::new(1, interval).unwrap())
+        .capacity(capacity)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    (p, clock)
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[test]
+fn a_turn_beyond_max_wait_is_refused_at_once_and_writes_nothing() {
+    let (p, clock) = limiter(ms(100), 2);
+    clock.set(Duration::from_secs(10));
+    drop(p.reserve_n(&1, 2).unwrap());
+    // The next token fits in 100 ms: refused with 99 ms to wait at most.
+    let d = p.acquire_blocking(&1, ms(99)).unwrap_err();
+    assert_eq!(d.reason(), DenyReason::Exhausted);
+    assert_eq!(d.retry_after(), ms(100), "the whole wait it would need");
+    // Two tokens fit in 200 ms.
+    assert_eq!(
+        p.acquire_n_blocking(&1, 2, ms(150))
+            .unwrap_err()
+            .retry_after(),
+        ms(200)
+    );
+    assert_eq!(p.peek(&1), 0);
+    assert_eq!(p.row_tat(&1), Some(10_200 * MS), "a refusal writes nothing");
+    // More than the capacity can never pass, whatever the wait.
+    let never = p.acquire_n_blocking(&1, 3, Duration::MAX).unwrap_err();
+    assert!(never.is_permanent());
+    assert_eq!(never.reason(), DenyReason::ExceedsCapacity);
+    // A turn that is due now returns at once.
+    clock.advance(ms(100));
+    let r = p.acquire_blocking(&1, Duration::ZERO).unwrap();
+    assert_eq!(r.tokens(), 1);
+}
+
+/// Four callers queue on a drained key (slots 1, 2, 3 and 4 ms ahead, in the
+/// order they came); each is let through only once the clock reaches its
+/// slot, in that order.
+#[test]
+fn turns_are_let_through_in_order_and_never_before_their_slot() {
+    let (p, clock) = limiter(ms(1), 1);
+    let p = Arc::new(p);
+    clock.set(Duration::from_secs(1));
+    drop(p.reserve(&9).unwrap());
+    let through = Arc::new(AtomicUsize::new(0));
+    let mut threads = Vec::new();
+    for i in 0..4u64 {
+        let (p2, through2) = (p.clone(), through.clone());
+        threads.push(std::thread::spawn(move || {
+            let r = p2.acquire_blocking(&9, ms(10)).unwrap();
+            let order = through2.fetch_add(1, Ordering::SeqCst);
+            drop(r);
+            order
+        }));
+        // Wait until this caller's debit has landed: its slot is i + 1 ms.
+        let want = 1_000 * MS + (i + 2) * MS;
+        let start = Instant::now();
+        while p.row_tat(&9) != Some(want) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "caller {i} never queued"
+            );
+            std::thread::yield_now();
+        }
+    }
+    for step in 1..=4usize {
+        // Nobody is let through before the clock reaches their slot.
+        std::thread::sleep(ms(30));
+        assert_eq!(
+            through.load(Ordering::SeqCst),
+            step - 1,
+            "let through early"
+        );
+        clock.advance(ms(1));
+        let start = Instant::now();
+        while through.load(Ordering::SeqCst) < step {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "turn {step} never came"
+            );
+            std::thread::sleep(ms(1));
+        }
+    }
+    let orders: Vec<usize> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(orders, vec![0, 1, 2, 3], "first come, first served");
+}
+
+#[test]
+fn a_turn_under_its_own_quota() {
+    let (p, clock) = limiter(ms(100), 1);
+    clock.set(Duration::from_secs(10));
+    let q = Quota::new(Rate::new(1, ms(10)).unwrap(), 5).unwrap();
+    drop(p.reserve_n_with(&1, 5, q).unwrap());
+    // 50 ms of debt. Under q (horizon 50 ms) the next token fits in 10 ms;
+    // under the default (100 ms a token, horizon 100 ms) in 50 ms.
+    assert_eq!(
+        p.acquire_n_with_blocking(&1, 1, q, ms(5))
+            .unwrap_err()
+            .retry_after(),
+        ms(10)
+    );
+    assert_eq!(
+        p.acquire_blocking(&1, ms(5)).unwrap_err().retry_after(),
+        ms(50)
+    );
+}
+
+#[cfg(feature = "tokio")]
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+/// A turn dropped while it waits is refunded: it comes back when it is the
+/// newest debit, and is lost (never returned twice) when a later turn was
+/// debited after it.
+#[cfg(feature = "tokio")]
+#[test]
+fn a_cancelled_turn_follows_the_refund_rule() {
+    let (p, clock) = limiter(ms(100), 3);
+    clock.set(Duration::from_secs(10));
+    let rt = runtime();
+    rt.block_on(async {
+        drop(p.reserve_n(&1, 3).unwrap());
+        let tat = p.row_tat(&1);
+        // Alone: dropped before its turn, it is returned whole.
+        let waited = tokio::time::timeout(ms(20), p.acquire(&1, Duration::from_secs(1))).await;
+        assert!(waited.is_err(), "the turn is 100 ms away on a frozen clock");
+        assert_eq!(p.row_tat(&1), tat, "the cancelled turn came back");
+        // Two queued: the older cancelled first is lost, the newer returns.
+        let a = p.acquire(&1, Duration::from_secs(1));
+        let b = p.acquire(&1, Duration::from_secs(1));
+        let (mut a, mut b) = (Box::pin(a), Box::pin(b));
+        assert!(tokio::time::timeout(ms(5), &mut a).await.is_err());
+        assert!(tokio::time::timeout(ms(5), &mut b).await.is_err());
+        assert_eq!(p.row_tat(&1), Some(10_500 * MS));
+        drop(a); // others stacked on it: nothing comes back
+        assert_eq!(p.row_tat(&1), Some(10_500 * MS));
+        drop(b); // the newest: back to where it was before it
+        assert_eq!(p.row_tat(&1), Some(10_400 * MS));
+        // A turn that came is kept when the future completes.
+        clock.advance(ms(500));
+        let r = p.acquire(&1, Duration::ZERO).await.unwrap();
+        assert_eq!(r.refund(), Refunded::Removed, "lone: back to full");
+    });
+}
+
+/// A turn that waits on a real clock is let through at or after its slot.
+#[test]
+fn a_turn_waits_on_the_limiters_own_clock() {
+    let p: Pace<u64> = Pace::builder(Rate::new(1, ms(20)).unwrap())
+        .capacity(1)
+        .build()
+        .unwrap();
+    drop(p.reserve(&1).unwrap());
+    #[cfg(feature = "tokio")]
+    {
+        let rt = runtime();
+        let start = Instant::now();
+        let r = rt.block_on(p.acquire(&1, ms(100))).unwrap();
+        assert!(
+            start.elapsed() >= ms(19),
+            "let through {:?} after",
+            start.elapsed()
+        );
+        drop(r);
+    }
+    let start = Instant::now();
+    drop(p.acquire_blocking(&1, ms(100)).unwrap());
+    assert!(
+        start.elapsed() >= ms(19),
+        "let through {:?} after",
+        start.elapsed()
+    );
+}
