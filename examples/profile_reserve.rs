@@ -9,7 +9,8 @@
 //! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.n $B pace 200000 1
 //! ```
 //!
-//! Modes: `pace`, `pace-foldhash`, `pace-foldhash-fixed` (foldhash and a
+//! Modes: `pace`, `pace-with` (each reserve with its own quota),
+//! `pace-foldhash`, `pace-foldhash-fixed` (foldhash and a
 //! clock that is one relaxed load), `governor` (regime `admit`: 1 µs per
 //! token, burst 2^32-1, keys primed with 2^31 tokens), and `pace-churn`,
 //! `governor-churn` (a new key per op, refunded by pace). `pace` keeps its
@@ -65,6 +66,17 @@ fn main() {
             &keys,
             ops,
         ),
+        "pace-with" => {
+            // The same, each reserve under a quota of its own (`reserve_with`).
+            let p = Pace::builder(rate).capacity(cap).build().unwrap();
+            let q = pace::Quota::new(rate, cap).unwrap();
+            for k in &keys {
+                let _kept = p.reserve_n(k, 1 << 31).expect("primed");
+            }
+            for i in 0..ops {
+                black_box(p.reserve_with(&keys[(i % nkeys) as usize], q).is_ok());
+            }
+        }
         "pace-foldhash" => {
             let h = foldhash::fast::RandomState::default();
             run(

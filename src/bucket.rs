@@ -73,6 +73,12 @@ impl Limits {
         self.interval
     }
 
+    /// `l` with another horizon (for a known-wrong variant only).
+    #[cfg(pace_mutant = "quota_read_twice")]
+    pub(crate) fn mixed(l: Limits, tau: u64) -> Limits {
+        Limits { tau, ..l }
+    }
+
     /// The same bucket admitting debits that fit it up to `wait` ns after
     /// the decision's reading: a decision at `now` under these limits is the
     /// decision of the original ones at the reading `max(now, new − τ)`, the

@@ -773,15 +773,17 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_slot(key, n, limits, 0, clock).map(|(r, _)| r)
+        self.reserve_slot::<Q, false>(key, n, limits, 0, clock)
+            .map(|(r, _)| r)
     }
 
     /// The reserve, admitting a debit that fits the bucket up to `wait_ns`
     /// after `now` (0: fits now). Returns the reservation and the instant
     /// its debit fits the bucket (its slot: `tat − τ`, or earlier when it
-    /// fits at once).
+    /// fits at once). `TURN` is false for a plain reserve (`wait_ns` 0, no
+    /// slot: the compiler drops both).
     #[inline]
-    fn reserve_slot<'a, Q>(
+    fn reserve_slot<'a, Q, const TURN: bool>(
         &'a self,
         key: &'a Q,
         n: u64,
@@ -821,10 +823,10 @@ where
             return Err(Denied::from_decision(Decision::Never));
         }
         let tau = limits.tau();
-        let limits = &if wait_ns == 0 {
-            limits
-        } else {
+        let limits = &if TURN {
             limits.waiting(wait_ns)
+        } else {
+            limits
         };
         let result = match &self.rows {
             Rows::Entries(t) => t
@@ -866,18 +868,22 @@ where
                         limiter: self.id,
                     },
                 },
-                slot_of(tat, tau, wait_ns),
+                if TURN { slot_of(tat, tau, wait_ns) } else { 0 },
             )),
             // The wait beyond `wait_ns`, plus `wait_ns`: the whole wait.
-            Err(Decision::Wait(ns)) => Err(Denied::from_decision(Decision::Wait(
+            Err(Decision::Wait(ns)) if TURN => Err(Denied::from_decision(Decision::Wait(
                 ns.saturating_add(wait_ns),
             ))),
             Err(d) => Err(Denied::from_decision(d)),
         }
     }
 
-    /// The quota a call decides with: its own, or the default in force.
-    #[cfg(not(pace_mutant = "quota_cost_of_default"))]
+    /// The quota a call decides with: its own, or the default in force
+    /// (loaded once: one whole quota).
+    #[cfg(not(any(
+        pace_mutant = "quota_cost_of_default",
+        pace_mutant = "quota_read_twice"
+    )))]
     #[inline]
     fn call_limits(&self, call: Option<Limits>, guard: &Guard) -> Limits {
         match call {
@@ -897,6 +903,19 @@ where
             }
             None => default,
         }
+    }
+
+    /// Known-wrong variant for mutation tests: the default quota is read
+    /// twice, its horizon from the first read and its capacity and cost
+    /// from the second, so a swap in between mixes two quotas.
+    #[cfg(pace_mutant = "quota_read_twice")]
+    fn call_limits(&self, call: Option<Limits>, guard: &Guard) -> Limits {
+        if let Some(l) = call {
+            return l;
+        }
+        let first = self.quota.load(guard).limits();
+        let second = self.quota.load(guard).limits();
+        Limits::mixed(second, first.tau())
     }
 
     /// Waits for a turn instead of being refused: reserves a token of
@@ -1080,7 +1099,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let wait_ns = u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX);
-        self.reserve_slot(key, n, quota.map(|q| q.limits()), wait_ns, &|| {
+        self.reserve_slot::<Q, true>(key, n, quota.map(|q| q.limits()), wait_ns, &|| {
             self.clock.now_ns()
         })
     }
@@ -1495,7 +1514,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_slot(key, n, quota.map(|q| q.limits()), max_wait_ns, &|| now)
+        self.reserve_slot::<Q, true>(key, n, quota.map(|q| q.limits()), max_wait_ns, &|| now)
     }
 
     fn peek_at<Q>(&self, key: &Q, now: u64) -> u64

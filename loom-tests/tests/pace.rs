@@ -351,6 +351,125 @@ fn out_of_order_refunds<K: ModelKey>() {
     });
 }
 
+/// 11. The default quota is replaced while a reserve decides: the reserve
+///     decides with one whole quota, old or new. A: 5 per token, capacity 2
+///     (horizon 10); B: 1 per token, capacity 3 (horizon 3). The key owes 5
+///     at 0. Three tokens are more than A holds and do not fit B's horizon
+///     (5 + 3 > 3); only a decision that took B's capacity and cost with A's
+///     horizon (5 + 3 <= 10) would admit them.
+fn quota_swap_vs_reserve<K: ModelKey>() {
+    model(|| {
+        let a = quota(5 * T, 2);
+        let b = quota(T, 3);
+        let p = pace_of::<K>(1);
+        p.set_quota(a);
+        let k = K::of(1);
+        drop(p.reserve_n_at(&k, 1, 0).unwrap()); // owes 5T under A
+        let swapper = {
+            let p = p.clone();
+            thread::spawn(move || p.set_quota(b))
+        };
+        let three = p.reserve_n_at(&k, 3, 0);
+        swapper.join().unwrap();
+        assert!(three.is_err(), "a decision mixed two quotas");
+        assert_eq!(p.row_tat(&k), Some(5 * T), "a denial writes nothing");
+        assert_eq!(p.quota(), b);
+    });
+}
+
+/// 12. A turn is cancelled while a later turn queues behind it (capacity 1,
+///     the key owes T at 0): whichever lands first, the later turn goes
+///     through at its slot, and the kept admissions counted at their slots
+///     fit the bucket; a cancelled turn that the later one stacked on is
+///     lost (fewer admissions), never returned twice.
+fn cancelled_turn_vs_later_turn<K: ModelKey>() {
+    model(|| {
+        let p = pace_of::<K>(1);
+        let k = K::of(1);
+        drop(p.reserve_n_at(&k, 1, 0).unwrap()); // kept at 0, ends at T
+        let first = {
+            let (p, k) = (p.clone(), k.clone());
+            thread::spawn(move || {
+                let (r, _slot) = p.reserve_turn_at(&k, 1, None, 3 * T, 0).unwrap();
+                r.refund_at(0) // cancelled before its turn
+            })
+        };
+        let (later, slot) = p.reserve_turn_at(&k, 1, None, 3 * T, 0).unwrap();
+        let end = later.debit_end_ns();
+        drop(later); // let through at `slot`: kept
+        let cancelled = first.join().unwrap();
+        assert_fits(&[(0, 1), (slot, 1)], 1);
+        match cancelled {
+            // Refunded before the later turn: the later one is the 2nd slot.
+            pace::Refunded::Restored => assert_eq!((slot, end), (T, 2 * T)),
+            // Stacked on: lost, the later turn is the 3rd slot.
+            pace::Refunded::Superseded => assert_eq!((slot, end), (2 * T, 3 * T)),
+            other => panic!("unexpected refund {other:?}"),
+        }
+        assert_eq!(p.row_tat(&k), Some(end));
+    });
+}
+
+/// 13. A turn under the default quota (T a token, horizon T) races a
+///     reserve under a quota of its own (T/2 a token, horizon 2T); the key
+///     owes T at 0. The quota's reserve fits only before the turn; the turn
+///     goes through where its debit fits the default bucket; the kept
+///     admissions, each counted at its reading (the turn at its slot) and
+///     costed by its quota, fit the mixed bound.
+fn turn_vs_reserve_with_quota<K: ModelKey>() {
+    model(|| {
+        let p = pace_of::<K>(1);
+        let k = K::of(1);
+        let own = quota(T / 2, 4); // horizon 2T
+        drop(p.reserve_n_at(&k, 1, 0).unwrap()); // owes T
+        let other = {
+            let (p, k) = (p.clone(), k.clone());
+            thread::spawn(move || p.reserve_n_with_at(&k, 1, own, 0).is_ok())
+        };
+        let (turn, slot) = p.reserve_turn_at(&k, 1, None, 4 * T, 0).unwrap();
+        let end = turn.debit_end_ns();
+        drop(turn);
+        let own_admitted = other.join().unwrap();
+        assert_eq!(end - slot, T, "a turn goes through when its debit fits");
+        let mut kept = vec![(0, T, T), (slot, T, T)];
+        if own_admitted {
+            assert_eq!((slot, end), (3 * T / 2, 5 * T / 2));
+            kept.push((0, T / 2, 2 * T));
+        } else {
+            assert_eq!((slot, end), (T, 2 * T));
+        }
+        assert_fits_mixed(&kept);
+        assert_eq!(p.row_tat(&k), Some(end));
+    });
+}
+
+/// Kept admissions `(reading, cost, horizon)`: over every window of
+/// readings their cost is at most the span plus their largest horizon.
+fn assert_fits_mixed(kept: &[(u64, u64, u64)]) {
+    for &(a, _, _) in kept {
+        for &(b, _, _) in kept {
+            if a > b {
+                continue;
+            }
+            let inside = kept.iter().filter(|&&(t, _, _)| a <= t && t <= b);
+            let cost: u64 = inside.clone().map(|&(_, c, _)| c).sum();
+            let horizon = inside.map(|&(_, _, h)| h).max().unwrap_or(0);
+            assert!(
+                cost <= (b - a) + horizon,
+                "kept admissions exceed the bucket: cost {cost} in [{a}, {b}] ({kept:?})"
+            );
+        }
+    }
+}
+
+fn quota(interval: u64, capacity: u64) -> pace::Quota {
+    pace::Quota::new(
+        pace::Rate::new(1, std::time::Duration::from_nanos(interval)).unwrap(),
+        capacity,
+    )
+    .unwrap()
+}
+
 macro_rules! models {
     ($key:ty: $($name:ident),* $(,)?) => {$(
         #[cfg(not(pace_mutant))]
@@ -387,6 +506,9 @@ both_tables!(
     stale_reserve_vs_refund_unlink,
     stale_refund_vs_later_reserve,
     out_of_order_refunds,
+    quota_swap_vs_reserve,
+    cancelled_turn_vs_later_turn,
+    turn_vs_reserve_with_quota,
 );
 
 // Mutants: each runs the model that must catch it. loom aborts the process
@@ -424,4 +546,16 @@ fn mutant_fresh_row_from_zero() {
 #[test]
 fn mutant_fresh_row_from_zero_cells() {
     stale_reserve_vs_sweep::<u64>();
+}
+
+#[cfg(pace_mutant = "quota_read_twice")]
+#[test]
+fn mutant_quota_read_twice() {
+    quota_swap_vs_reserve::<Key>();
+}
+
+#[cfg(pace_mutant = "turn_before_its_slot")]
+#[test]
+fn mutant_turn_before_its_slot() {
+    cancelled_turn_vs_later_turn::<Key>();
 }
