@@ -694,7 +694,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_n_clocked(key, n, None, &|| self.clock.now_ns())
+        self.reserve_slot::<Q, _, false>(key, n, None, 0, &mut 0, || self.clock.now_ns())
     }
 
     /// Debits one token from `key`'s bucket under `quota` instead of the
@@ -740,7 +740,8 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_n_clocked(key, n, Some(quota.limits()), &|| self.clock.now_ns())
+        let limits = Some(quota.limits_ref());
+        self.reserve_slot::<Q, _, false>(key, n, limits, 0, &mut 0, || self.clock.now_ns())
     }
 
     /// [`reserve_n`](Pace::reserve_n) (or, with a quota,
@@ -757,43 +758,30 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_n_clocked(key, n, quota.map(|q| q.limits()), &|| now)
+        let limits = quota.as_ref().map(Quota::limits_ref);
+        self.reserve_slot::<Q, _, false>(key, n, limits, 0, &mut 0, || now)
     }
 
     /// The reserve: `limits` is the call's quota, `None` for the default.
+    /// With `TURN` it admits a debit that fits the bucket up to `wait_ns`
+    /// after `now` and writes to `slot` the instant its debit fits the
+    /// bucket (`tat − τ`, or earlier when it fits at once); a plain reserve
+    /// (`TURN` false) does neither, and the compiler drops both.
     #[inline]
-    fn reserve_n_clocked<'a, Q>(
+    #[allow(clippy::too_many_arguments)] // a plain reserve passes five
+    fn reserve_slot<'a, Q, F, const TURN: bool>(
         &'a self,
         key: &'a Q,
         n: u64,
-        limits: Option<Limits>,
-        clock: &dyn Fn() -> u64,
+        limits: Option<&Limits>,
+        wait_ns: u64,
+        slot: &mut u64,
+        clock: F,
     ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
-    {
-        self.reserve_slot::<Q, false>(key, n, limits, 0, clock)
-            .map(|(r, _)| r)
-    }
-
-    /// The reserve, admitting a debit that fits the bucket up to `wait_ns`
-    /// after `now` (0: fits now). Returns the reservation and the instant
-    /// its debit fits the bucket (its slot: `tat − τ`, or earlier when it
-    /// fits at once). `TURN` is false for a plain reserve (`wait_ns` 0, no
-    /// slot: the compiler drops both).
-    #[inline]
-    fn reserve_slot<'a, Q, const TURN: bool>(
-        &'a self,
-        key: &'a Q,
-        n: u64,
-        limits: Option<Limits>,
-        wait_ns: u64,
-        clock: &dyn Fn() -> u64,
-    ) -> Result<Turned<'a, K, Q, S, C>, Denied>
-    where
-        K: Borrow<Q>,
-        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+        F: Fn() -> u64,
     {
         if n == 0 {
             let r = Reservation {
@@ -807,7 +795,7 @@ where
                     limiter: self.id,
                 },
             };
-            return Ok((r, 0));
+            return Ok(r);
         }
         let hash = self.hasher.hash_one(key);
         // The key's cell is fetched while the epoch is pinned and the clock
@@ -816,15 +804,17 @@ where
             t.prefetch(hash);
         }
         let now = clock();
-        let reread = clock;
+        let reread: &dyn Fn() -> u64 = &clock;
         let guard = self.pin();
         let limits = self.call_limits(limits, &guard);
         if n > limits.capacity() {
             return Err(Denied::from_decision(Decision::Never));
         }
         let tau = limits.tau();
-        let limits = &if TURN {
-            limits.waiting(wait_ns)
+        let waiting;
+        let limits = if TURN {
+            waiting = limits.waiting(wait_ns);
+            &waiting
         } else {
             limits
         };
@@ -856,8 +846,11 @@ where
         let created = matches!(result, Ok((_, _, true)));
         self.maybe_sweep(now, created, &guard);
         match result {
-            Ok((tat, prev, _)) => Ok((
-                Reservation {
+            Ok((tat, prev, _)) => {
+                if TURN {
+                    *slot = slot_of(tat, tau, wait_ns);
+                }
+                Ok(Reservation {
                     pace: self,
                     key,
                     debit: Debit {
@@ -867,9 +860,8 @@ where
                         hash,
                         limiter: self.id,
                     },
-                },
-                if TURN { slot_of(tat, tau, wait_ns) } else { 0 },
-            )),
+                })
+            }
             // The wait beyond `wait_ns`, plus `wait_ns`: the whole wait.
             Err(Decision::Wait(ns)) if TURN => Err(Denied::from_decision(Decision::Wait(
                 ns.saturating_add(wait_ns),
@@ -885,22 +877,24 @@ where
         pace_mutant = "quota_read_twice"
     )))]
     #[inline]
-    fn call_limits(&self, call: Option<Limits>, guard: &Guard) -> Limits {
+    fn call_limits<'r>(&'r self, call: Option<&'r Limits>, guard: &'r Guard) -> &'r Limits {
         match call {
             Some(l) => l,
-            None => self.quota.load(guard).limits(),
+            None => self.quota.load(guard).limits_ref(),
         }
     }
 
     /// Known-wrong variant for mutation tests: a call's quota gives the
     /// horizon, but its tokens cost the default quota's interval.
     #[cfg(pace_mutant = "quota_cost_of_default")]
-    fn call_limits(&self, call: Option<Limits>, guard: &Guard) -> Limits {
-        let default = self.quota.load(guard).limits();
+    fn call_limits<'r>(&'r self, call: Option<&'r Limits>, guard: &'r Guard) -> &'r Limits {
+        let default = self.quota.load(guard).limits_ref();
         match call {
-            Some(l) => {
-                Limits::new(default.interval(), (l.tau() / default.interval()).max(1)).unwrap_or(l)
-            }
+            // Leaked: a test-only variant, built only for its test.
+            Some(l) => Box::leak(Box::new(
+                Limits::new(default.interval(), (l.tau() / default.interval()).max(1))
+                    .unwrap_or(*l),
+            )),
             None => default,
         }
     }
@@ -909,13 +903,14 @@ where
     /// twice, its horizon from the first read and its capacity and cost
     /// from the second, so a swap in between mixes two quotas.
     #[cfg(pace_mutant = "quota_read_twice")]
-    fn call_limits(&self, call: Option<Limits>, guard: &Guard) -> Limits {
+    fn call_limits<'r>(&'r self, call: Option<&'r Limits>, guard: &'r Guard) -> &'r Limits {
         if let Some(l) = call {
             return l;
         }
         let first = self.quota.load(guard).limits();
         let second = self.quota.load(guard).limits();
-        Limits::mixed(second, first.tau())
+        // Leaked: a test-only variant, built only for its models.
+        Box::leak(Box::new(Limits::mixed(second, first.tau())))
     }
 
     /// Waits for a turn instead of being refused: reserves a token of
@@ -1099,9 +1094,12 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let wait_ns = u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX);
-        self.reserve_slot::<Q, true>(key, n, quota.map(|q| q.limits()), wait_ns, &|| {
+        let mut slot = 0;
+        let limits = quota.as_ref().map(Quota::limits_ref);
+        let r = self.reserve_slot::<Q, _, true>(key, n, limits, wait_ns, &mut slot, || {
             self.clock.now_ns()
-        })
+        })?;
+        Ok((r, slot))
     }
 
     /// How long until the limiter's clock reaches `slot`, if it has not.
@@ -1313,7 +1311,7 @@ where
     /// last time-driven pass, or when the table has doubled since the last
     /// pass. A pass over a large table runs a chunk per call (see
     /// `Table::start_sweep`), so every call also advances a running pass.
-    #[inline]
+    #[inline(always)]
     fn maybe_sweep(&self, now: u64, created: bool, guard: &Guard) {
         let due = self.next_sweep.load(Ordering::Relaxed);
         // A due time more than a horizon ahead means the clock stepped back:
@@ -1514,7 +1512,10 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_slot::<Q, true>(key, n, quota.map(|q| q.limits()), max_wait_ns, &|| now)
+        let mut slot = 0;
+        let limits = quota.as_ref().map(Quota::limits_ref);
+        let r = self.reserve_slot::<Q, _, true>(key, n, limits, max_wait_ns, &mut slot, || now)?;
+        Ok((r, slot))
     }
 
     fn peek_at<Q>(&self, key: &Q, now: u64) -> u64

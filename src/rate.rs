@@ -173,6 +173,10 @@ impl Quota {
     pub(crate) fn limits(&self) -> Limits {
         self.limits
     }
+
+    pub(crate) fn limits_ref(&self) -> &Limits {
+        &self.limits
+    }
 }
 
 impl fmt::Display for Quota {
