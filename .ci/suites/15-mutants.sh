@@ -73,6 +73,11 @@ expect_caught quota_cost_of_default quotas "exceed the bound by" "" \
 # when it is decided, up to its whole wait before its debit fits.
 expect_caught turn_before_its_slot quotas "exceed the bound by" "" \
     random_mixed_quota_histories_never_exceed_the_bound
+# The exact model (tests/model.rs, pace_models::debt) catches both too.
+expect_caught quota_cost_of_default model "Test failed: step" "" \
+    pace_agrees_with_the_debt_model
+expect_caught turn_before_its_slot model "Test failed: step" "" \
+    pace_agrees_with_the_debt_model
 
 # Churn without migrations (tests/churn.rs), in each table: against
 # `no_tombstone_reuse` every new slot row takes a vacant slot, against

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use pace::__private::PaceInternals;
-use pace::{DenyReason, ManualClock, Pace, Rate};
+use pace::{DenyReason, ManualClock, Pace, Quota, Rate};
 
 const MIN_HORIZON: i128 = 1_000_000;
 const SWEEP_FLOOR: usize = 64;
@@ -46,6 +46,42 @@ pub enum Op {
         /// The key (taken modulo [`Params::keys`]).
         key: u16,
     },
+    /// `reserve_n_with(key, n, quota)`: a quota of the call's own, one of
+    /// [`quotas`] (`quota` modulo their number).
+    ReserveWith {
+        /// The key (taken modulo [`Params::keys`]).
+        key: u16,
+        /// Tokens asked for.
+        n: u64,
+        /// Which quota.
+        quota: u8,
+    },
+    /// `set_quota(quota)`: replaces the default quota.
+    SetQuota {
+        /// Which quota (modulo their number).
+        quota: u8,
+    },
+    /// A turn (`acquire_n`'s reservation, no sleep): `n` tokens under the
+    /// default quota in a slot up to `wait` ns ahead.
+    Turn {
+        /// The key (taken modulo [`Params::keys`]).
+        key: u16,
+        /// Tokens asked for.
+        n: u64,
+        /// The most it may wait, ns.
+        wait: u64,
+    },
+}
+
+/// The quotas a run's `ReserveWith` and `SetQuota` choose from, as
+/// `(interval, capacity)`: the run's own first, then a slower, larger one
+/// and a faster one.
+pub fn quotas(p: &Params) -> [(u64, u64); 3] {
+    [
+        (p.interval, p.capacity),
+        (p.interval * 3, p.capacity + 1),
+        (p.interval / 2 + 1, p.capacity * 2),
+    ]
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -59,6 +95,7 @@ enum Outcome {
 /// An absent key starts from its stripe's floor: the latest `full_at` of any
 /// row removed from the keys that share the stripe (`Pace::floor_stripe`).
 struct Model {
+    /// The default quota.
     interval: i128,
     capacity: i128,
     horizon: i128,
@@ -101,19 +138,31 @@ impl Model {
     }
 
     /// Returns the outcome and, when admitted, the end of this debit and the
-    /// state it replaced.
-    fn reserve(&mut self, key: u16, n: u64, now: i128) -> (Outcome, i128, i128) {
+    /// state it replaced. `quota` is the call's `(interval, capacity)`, else
+    /// the default's; a debit is admitted when it fits within `wait` ns.
+    fn reserve(
+        &mut self,
+        key: u16,
+        n: u64,
+        now: i128,
+        quota: Option<(u64, u64)>,
+        wait: u64,
+    ) -> (Outcome, i128, i128) {
+        let (interval, capacity) = match quota {
+            Some((i, c)) => (i as i128, c as i128),
+            None => (self.interval, self.capacity),
+        };
         let n = n as i128;
         if n == 0 {
             return (Outcome::Admitted, 0, 0);
         }
-        if n > self.capacity {
+        if n > capacity {
             return (Outcome::Never, 0, 0);
         }
-        let room = self.tau() - self.debt(key, now);
-        let need = n * self.interval;
+        let room = interval * capacity - self.debt(key, now);
+        let need = n * interval;
         let created = !self.full_at.contains_key(&key);
-        let result = if need <= room {
+        let result = if need <= room + wait as i128 {
             // The debit starts where the previous debt ends (or now) and time
             // stored in the row never moves back.
             let prev = self.state(key);
@@ -173,6 +222,12 @@ impl Model {
         let room = self.tau() - self.debt(key, now);
         (room.max(0) / self.interval) as u64
     }
+
+    fn set_quota(&mut self, (interval, capacity): (u64, u64)) {
+        self.interval = interval as i128;
+        self.capacity = capacity as i128;
+        self.horizon = self.tau().max(MIN_HORIZON);
+    }
 }
 
 /// A limiter's shape and table size for one run.
@@ -212,6 +267,12 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         mark: 0,
     };
     let names: Vec<u16> = (0..p.keys).collect();
+    let quota_set = quotas(&p);
+    let mut quota_values = Vec::new();
+    for (i, c) in quota_set {
+        let rate = Rate::new(1, Duration::from_nanos(i)).map_err(|e| e.to_string())?;
+        quota_values.push(Quota::new(rate, c).map_err(|e| e.to_string())?);
+    }
     let mut held = Vec::new();
     let mut now: u64 = 0;
     for (step, op) in ops.iter().enumerate() {
@@ -219,7 +280,7 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         match *op {
             Op::Reserve { key, n } => {
                 let key = key % p.keys;
-                let (expect, end, prev) = model.reserve(key, n, now as i128);
+                let (expect, end, prev) = model.reserve(key, n, now as i128, None, 0);
                 let got = pace.reserve_n(&names[key as usize], n);
                 match (&got, &expect) {
                     (Ok(_), Outcome::Admitted) => {}
@@ -252,6 +313,50 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                 let (got, expect) = (pace.sweep(), model.sweep(now as i128));
                 if got != expect {
                     return fail(format!("swept {got}, model {expect}"));
+                }
+            }
+            Op::ReserveWith { key, n, quota } => {
+                let key = key % p.keys;
+                let q = usize::from(quota) % quota_set.len();
+                let (expect, end, prev) = model.reserve(key, n, now as i128, Some(quota_set[q]), 0);
+                let got = pace.reserve_n_with(&names[key as usize], n, quota_values[q]);
+                match (&got, &expect) {
+                    (Ok(_), Outcome::Admitted) => {}
+                    (Err(d), Outcome::Wait(ns))
+                        if d.reason() == DenyReason::Exhausted
+                            && d.retry_after().as_nanos() == *ns => {}
+                    (Err(d), Outcome::Never) if d.reason() == DenyReason::ExceedsCapacity => {}
+                    _ => return fail(format!("got {got:?}, model {expect:?}")),
+                }
+                if let Ok(r) = got {
+                    held.push((r, key, n, end, prev));
+                }
+            }
+            Op::SetQuota { quota } => {
+                let q = usize::from(quota) % quota_set.len();
+                model.set_quota(quota_set[q]);
+                pace.set_quota(quota_values[q]);
+            }
+            Op::Turn { key, n, wait } => {
+                let key = key % p.keys;
+                let tau = model.tau();
+                let (expect, end, prev) = model.reserve(key, n, now as i128, None, wait);
+                let got = pace.reserve_turn_at(&names[key as usize], n, None, wait, now);
+                match (&got, &expect) {
+                    (Ok((_, slot)), Outcome::Admitted) => {
+                        let want = if n == 0 { 0 } else { (end - tau).max(0) };
+                        if *slot as i128 != want {
+                            return fail(format!("slot {slot}, model {want}"));
+                        }
+                    }
+                    (Err(d), Outcome::Wait(ns))
+                        if d.reason() == DenyReason::Exhausted
+                            && d.retry_after().as_nanos() == *ns => {}
+                    (Err(d), Outcome::Never) if d.reason() == DenyReason::ExceedsCapacity => {}
+                    _ => return fail(format!("got {got:?}, model {expect:?}")),
+                }
+                if let Ok((r, _)) = got {
+                    held.push((r, key, n, end, prev));
                 }
             }
             Op::Peek { key } => {
