@@ -1598,6 +1598,9 @@ pub trait ReservationInternals {
     fn refund_at(self, now: u64) -> Refunded;
     /// Where this debit ends on the bucket's timeline (ns).
     fn debit_end_ns(&self) -> u64;
+    /// The bucket's `tat` before this debit (ns): the debit cost
+    /// `end − max(prev, reading)`.
+    fn debit_prev_ns(&self) -> u64;
 }
 
 impl<K, Q, S, C> ReservationInternals for Reservation<'_, K, Q, S, C>
@@ -1613,6 +1616,10 @@ where
 
     fn debit_end_ns(&self) -> u64 {
         self.debit_end_ns_inner()
+    }
+
+    fn debit_prev_ns(&self) -> u64 {
+        self.debit.prev
     }
 }
 

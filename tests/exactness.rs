@@ -199,3 +199,126 @@ fn kept_admissions_fit_the_bucket_on_a_real_clock() {
         );
     }
 }
+
+/// The bound under quotas: threads reserve under the default quota (which a
+/// switcher flips between two quotas), under quotas of their own, and wait
+/// for turns, on the recording clock. Each kept admission is checked with
+/// the quota it was decided with (its cost tells which: the two intervals
+/// differ) and, for a turn, at its slot: over every window the kept
+/// admissions cost at most the span plus their largest horizon.
+#[test]
+fn kept_admissions_fit_under_quota_changes_and_turns_on_a_real_clock() {
+    use pace::__private::ReservationInternals;
+    use pace::Quota;
+    let quotas = [
+        Quota::new(Rate::new(1, Duration::from_nanos(20_000)).unwrap(), 4).unwrap(),
+        Quota::new(Rate::new(1, Duration::from_nanos(50_000)).unwrap(), 3).unwrap(),
+    ];
+    let cost_of = |q: &Quota| q.interval().as_nanos() as u64;
+    let horizon_of = |q: &Quota| q.horizon().as_nanos() as u64;
+    let pace: Pace<u64, RandomState, Recording> = Pace::builder(quotas[0].rate())
+        .quota(quotas[0])
+        .clock(Recording {
+            inner: StdClock::new(),
+        })
+        .build()
+        .unwrap();
+    let stop = AtomicBool::new(false);
+    let run_for = Duration::from_millis(if cfg!(miri) { 20 } else { 700 });
+    let deadline = Instant::now() + run_for;
+    // (key, reading, cost, horizon) of each kept admission.
+    let kept: Vec<(u64, u64, u64, u64)> = std::thread::scope(|s| {
+        let switcher = s.spawn(|| {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                pace.set_quota(quotas[i % 2]);
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        });
+        let sweeper = s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                pace.sweep();
+                std::thread::sleep(Duration::from_micros(300));
+            }
+        });
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let pace = &pace;
+                s.spawn(move || {
+                    let mut kept = Vec::new();
+                    while Instant::now() < deadline {
+                        let r = random();
+                        let key = r % HOT;
+                        let n = 1 + (r >> 8) % 2;
+                        match (r >> 16) % 4 {
+                            // Under the default: its cost tells the quota.
+                            0 | 1 => {
+                                if let Ok(res) = pace.reserve_n(&key, n) {
+                                    let now = LAST.with(Cell::get);
+                                    let cost = res.debit_end_ns() - res.debit_prev_ns().max(now);
+                                    let q = quotas
+                                        .iter()
+                                        .find(|q| cost_of(q) * n == cost)
+                                        .expect("a debit costs one quota's tokens");
+                                    if (r >> 24).is_multiple_of(4) {
+                                        res.refund();
+                                    } else {
+                                        kept.push((key, now, cost, horizon_of(q)));
+                                    }
+                                }
+                            }
+                            // Under a quota of its own.
+                            2 => {
+                                let q = quotas[((r >> 24) % 2) as usize];
+                                if let Ok(res) = pace.reserve_n_with(&key, n, q) {
+                                    let now = LAST.with(Cell::get);
+                                    kept.push((key, now, cost_of(&q) * n, horizon_of(&q)));
+                                    drop(res);
+                                }
+                            }
+                            // A turn up to 100 µs ahead, counted at its slot.
+                            _ => {
+                                let q = quotas[((r >> 24) % 2) as usize];
+                                let wait = Duration::from_micros(100);
+                                if let Ok(res) = pace.acquire_n_with_blocking(&key, n, q, wait) {
+                                    let slot = res.debit_end_ns() - horizon_of(&q);
+                                    assert!(pace.clock().inner.now_ns() >= slot, "through early");
+                                    kept.push((key, slot, cost_of(&q) * n, horizon_of(&q)));
+                                }
+                            }
+                        }
+                    }
+                    kept
+                })
+            })
+            .collect();
+        // Stop the helpers before a worker's panic (a failed check) is
+        // passed on, so that a failure ends the test rather than hanging it.
+        let results: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        stop.store(true, Ordering::Relaxed);
+        switcher.join().unwrap();
+        sweeper.join().unwrap();
+        results
+            .into_iter()
+            .flat_map(|r| r.unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    let mut worst = i128::MIN;
+    for key in 0..HOT {
+        let mine: Vec<(u64, u64, u64)> = kept
+            .iter()
+            .filter(|&&(k, ..)| k == key)
+            .map(|&(_, now, c, h)| (now, c, h))
+            .collect();
+        if !mine.is_empty() {
+            worst = worst.max(bound::worst_excess_mixed_ns(&mine));
+        }
+    }
+    eprintln!(
+        "quotas and turns: {} kept, worst excess {worst} ns",
+        kept.len()
+    );
+    assert!(kept.len() > 100, "too little traffic to judge");
+    assert!(worst <= 0, "kept admissions exceed the bound by {worst} ns");
+}

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use pace::__private::{PaceInternals, ReservationInternals};
 use pace::{ConfigError, Debit, DenyReason, ManualClock, Pace, Quota, Rate, Refunded};
-use pace_models::bound::{worst_excess_mixed_ns, worst_excess_ns_brute};
+use pace_models::bound::{
+    worst_excess_mixed_ns, worst_excess_mixed_ns_brute, worst_excess_ns_brute,
+};
 use rand::{Rng, SeedableRng};
 
 const MS: u64 = 1_000_000;
@@ -129,6 +131,22 @@ fn the_mixed_check_reduces_to_the_single_quota_check() {
             worst_excess_mixed_ns(&mixed),
             worst_excess_ns_brute(&kept, cap, t),
             "{kept:?} cap {cap} interval {t}"
+        );
+    }
+    // With quotas that differ, the one-pass check agrees with brute force.
+    for _ in 0..3_000 {
+        let len = rng.gen_range(1..14);
+        let kept: Vec<(u64, u64, u64)> = (0..len)
+            .map(|_| {
+                let t = [1u64, 3, 7][rng.gen_range(0..3)];
+                let h = t * rng.gen_range(1..5);
+                (rng.gen_range(0..60), t * rng.gen_range(1..4), h)
+            })
+            .collect();
+        assert_eq!(
+            worst_excess_mixed_ns(&kept),
+            worst_excess_mixed_ns_brute(&kept),
+            "{kept:?}"
         );
     }
     // Two quotas: a 10-ns token of horizon 10 and a 1-ns token of horizon

@@ -73,6 +73,9 @@ expect_caught quota_cost_of_default quotas "exceed the bound by" "" \
 # when it is decided, up to its whole wait before its debit fits.
 expect_caught turn_before_its_slot quotas "exceed the bound by" "" \
     random_mixed_quota_histories_never_exceed_the_bound
+# The real-clock test of quotas and turns (tests/exactness.rs) too.
+expect_caught turn_before_its_slot exactness "through early" "" \
+    kept_admissions_fit_under_quota_changes_and_turns_on_a_real_clock
 # The exact model (tests/model.rs, pace_models::debt) catches both too.
 expect_caught quota_cost_of_default model "Test failed: step" "" \
     pace_agrees_with_the_debt_model

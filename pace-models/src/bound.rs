@@ -53,31 +53,63 @@ pub fn worst_excess_ns_brute(kept: &[(u64, u64)], capacity: u64, interval: u64) 
 /// its own quota's interval. Returns the worst excess in ns (at most 0 when
 /// the promise holds). `kept` holds `(now_ns, cost_ns, horizon_ns)` of each
 /// kept admission (`cost = tokens x interval`, `horizon = capacity x
-/// interval` of the quota it was decided with), in any order. By brute force
-/// over every pair of readings: with one quota it is
-/// [`worst_excess_ns_brute`].
+/// interval` of the quota it was decided with), in any order.
+///
+/// For each horizon `h` that occurs, the windows whose admissions all have a
+/// horizon of at most `h` lie between the admissions with a larger one;
+/// within such a run the largest `cost - span` is found in one pass (as in
+/// [`worst_excess_ns`]), and `h` is subtracted. A window whose largest
+/// horizon is `h` is counted exactly at `h`, and no window is counted above
+/// its excess, so the maximum is exact: `O(horizons x n)` after sorting.
+/// [`worst_excess_mixed_ns_brute`] checks it.
 pub fn worst_excess_mixed_ns(kept: &[(u64, u64, u64)]) -> i128 {
     let mut sorted = kept.to_vec();
     sorted.sort_unstable();
-    let mut best = i128::MIN;
-    for i in 0..sorted.len() {
-        let t1 = sorted[i].0;
-        // Every admission read at t1 belongs to each window that starts there.
-        let first = sorted.partition_point(|&(t, _, _)| t < t1);
-        if first != i {
-            continue;
-        }
-        let mut cost: i128 = 0;
-        let mut horizon: u64 = 0;
-        let mut j = i;
-        while j < sorted.len() {
-            let t2 = sorted[j].0;
-            while j < sorted.len() && sorted[j].0 == t2 {
-                cost += sorted[j].1 as i128;
-                horizon = horizon.max(sorted[j].2);
-                j += 1;
+    // Group admissions read at one instant: a window holds all or none.
+    let mut groups: Vec<(i128, i128, u64)> = Vec::new(); // (time, cost, max horizon)
+    for &(t, c, h) in &sorted {
+        match groups.last_mut() {
+            Some(g) if g.0 == t as i128 => {
+                g.1 += c as i128;
+                g.2 = g.2.max(h);
             }
-            best = best.max(cost - (t2 - t1) as i128 - horizon as i128);
+            _ => groups.push((t as i128, c as i128, h)),
+        }
+    }
+    let mut horizons: Vec<u64> = groups.iter().map(|g| g.2).collect();
+    horizons.sort_unstable();
+    horizons.dedup();
+    let mut best = i128::MIN;
+    for &h in &horizons {
+        let mut best_start = i128::MIN;
+        let mut before: i128 = 0;
+        for &(t, c, gh) in &groups {
+            if gh > h {
+                // No window counted at `h` crosses this instant.
+                best_start = i128::MIN;
+                before = 0;
+                continue;
+            }
+            best_start = best_start.max(t - before);
+            before += c;
+            best = best.max(before - t + best_start - h as i128);
+        }
+    }
+    best
+}
+
+/// The same by brute force over every pair of readings, to test the check.
+pub fn worst_excess_mixed_ns_brute(kept: &[(u64, u64, u64)]) -> i128 {
+    let mut best = i128::MIN;
+    for &(a, _, _) in kept {
+        for &(b, _, _) in kept {
+            if a > b {
+                continue;
+            }
+            let inside = kept.iter().filter(|&&(t, _, _)| a <= t && t <= b);
+            let cost: i128 = inside.clone().map(|&(_, c, _)| c as i128).sum();
+            let horizon = inside.map(|&(_, _, h)| h).max().unwrap_or(0);
+            best = best.max(cost - (b - a) as i128 - horizon as i128);
         }
     }
     best
