@@ -48,6 +48,42 @@
 //! # Ok::<(), pace::ConfigError>(())
 //! ```
 //!
+//! ## Quotas per key, and waiting for a turn
+//!
+//! A [`Quota`] (a rate and a capacity) can come with each call: a key's
+//! plan, a tenant's limit. [`Pace::set_quota`] replaces the default quota of
+//! [`Pace::reserve`] while the limiter runs. A row stores only a time, so a
+//! key keeps its debt across quotas. [`Pace::acquire_blocking`] (and
+//! `Pace::acquire`, feature `tokio`) waits for the key's next turn instead
+//! of being refused: one CAS takes a slot, one sleep waits for it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use pace::{Pace, Quota, Rate};
+//!
+//! let pace: Pace<&str> = Pace::new(Rate::per_second(10)?);
+//! // A plan of 20 per second in bursts of 2.
+//! let plan = Quota::new(Rate::per_second(20)?, 2)?;
+//! let _a = pace.reserve_with(&"tenant-a", plan).expect("2 tokens");
+//! let _b = pace.reserve_with(&"tenant-a", plan).expect("2 tokens");
+//! assert!(pace.reserve_with(&"tenant-a", plan).is_err());
+//! // The third waits for its turn (50 ms) instead.
+//! let turn = pace.acquire_n_with_blocking(&"tenant-a", 1, plan, Duration::from_secs(1));
+//! assert!(turn.is_ok());
+//! # Ok::<(), pace::ConfigError>(())
+//! ```
+//!
+//! ## Features
+//!
+//! * `quanta` (default): [`QuantaClock`], the default clock, and
+//!   [`CoarseClock`].
+//! * `tokio`: `Pace::acquire`, `acquire_n` and `acquire_n_with`, waiting on
+//!   tokio's timer.
+//! * `foldhash`: [`Builder::fast_hasher`].
+//! * `bytes`: [`Gate`] byte shares attached to `bytes::Bytes` owners.
+//! * `journal`: `gate::journal`, the intent journal and its recovery.
+//! * `loom`: crossbeam-epoch under loom, for `loom-tests/`.
+//!
 //! ## The two axes of a token endpoint
 //!
 //! A token endpoint limits twice. Per *claimed client id*: anyone can name
