@@ -367,6 +367,9 @@ fn contenders() -> Vec<(&'static str, Make)> {
         ("pace-coarse", |r, n| {
             Box::new(primed(PaceC::new(r, CoarseClock::new()), r, n))
         }),
+        ("pace-with", |r, n| {
+            Box::new(primed(PaceWith::new(r, QuantaClock::new()), r, n))
+        }),
     ];
     #[cfg(feature = "foldhash")]
     {

@@ -184,6 +184,38 @@ pub fn pace_entries<K: Key, C: Clock>(r: &Regime, clock: C) -> PaceC<K, C> {
     )
 }
 
+/// `pace-with`: `Pace` at defaults whose every reserve brings its own quota
+/// (`reserve_with`, the same rate and capacity as the limiter's).
+pub struct PaceWith<K, C>(pub Pace<K, RandomState, C>, pub pace::Quota);
+
+impl<K: Key, C: Clock> PaceWith<K, C> {
+    pub fn new(r: &Regime, clock: C) -> Self {
+        let p = PaceC::new(r, clock).0;
+        let q = pace::Quota::new(r.rate(), u64::from(r.capacity)).expect("valid quota");
+        PaceWith(p, q)
+    }
+}
+
+impl<K: Key, C: Clock> Contender<K> for PaceWith<K, C> {
+    #[inline]
+    fn reserve(&self, key: &K) -> bool {
+        self.0.reserve_with(key.q(), self.1).is_ok()
+    }
+    #[inline]
+    fn churn(&self, key: &K) {
+        if let Ok(r) = self.0.reserve_with(key.q(), self.1) {
+            r.refund();
+        }
+    }
+    fn prime(&self, key: &K, n: u32) {
+        let n = u64::from(n.max(1));
+        let _kept = self.0.reserve_n_with(key.q(), n, self.1).expect("admitted");
+    }
+    fn rows(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// `pace-fast`: `Pace` with [`Builder::fast_hasher`](pace::Builder::fast_hasher)
 /// (feature `foldhash`) instead of SipHash.
 #[cfg(feature = "foldhash")]
