@@ -36,7 +36,7 @@ fn phase(name: &str, flips: bool) {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
-                    p.set_quota(if i % 2 == 0 { slow } else { fast });
+                    p.set_quota(if i.is_multiple_of(2) { slow } else { fast });
                     changes.fetch_add(1, Ordering::Relaxed);
                     std::thread::sleep(Duration::from_millis(10));
                 }
