@@ -806,6 +806,7 @@ where
         let now = clock();
         let reread: &dyn Fn() -> u64 = &clock;
         let guard = self.pin();
+        let call_quota = limits.is_some();
         let limits = self.call_limits(limits, &guard);
         if n > limits.capacity() {
             return Err(Denied::from_decision(Decision::Never));
@@ -844,6 +845,9 @@ where
             }
         };
         let created = matches!(result, Ok((_, _, true)));
+        if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
+            self.sooner_sweep(now, tau);
+        }
         self.maybe_sweep(now, created, &guard);
         match result {
             Ok((tat, prev, _)) => {
@@ -1311,6 +1315,8 @@ where
     /// last time-driven pass, or when the table has doubled since the last
     /// pass. A pass over a large table runs a chunk per call (see
     /// `Table::start_sweep`), so every call also advances a running pass.
+    /// (A call under a quota whose horizon is shorter than the default's
+    /// first brings the next pass forward: `sooner_sweep`.)
     #[inline(always)]
     fn maybe_sweep(&self, now: u64, created: bool, guard: &Guard) {
         let due = self.next_sweep.load(Ordering::Relaxed);
@@ -1345,6 +1351,25 @@ where
             Rows::Cells(t, word) => {
                 t.sweep_step(now, &|b| self.hasher.hash_one(word.key(b)), guard)
             }
+        }
+    }
+
+    /// Known-wrong variant for mutation tests: passes keep the default
+    /// cadence whatever quotas the calls bring.
+    #[cfg(pace_mutant = "sweep_at_default_cadence")]
+    fn sooner_sweep(&self, _now: u64, _tau: u64) {}
+
+    /// A call under a quota whose horizon `tau` is shorter than the
+    /// default's brings the next time-driven pass forward to one such
+    /// horizon from now (at least the shortest horizon), so rows of short
+    /// quotas go soon after they refill; the pass after it is due a default
+    /// horizon later again.
+    #[cfg(not(pace_mutant = "sweep_at_default_cadence"))]
+    #[cold]
+    fn sooner_sweep(&self, now: u64, tau: u64) {
+        let soon = now.saturating_add(tau.max(MIN_HORIZON_NS));
+        if self.next_sweep.load(Ordering::Relaxed) > soon {
+            self.next_sweep.fetch_min(soon, Ordering::Relaxed);
         }
     }
 

@@ -273,3 +273,29 @@ fn a_debit_made_under_a_quota_is_refunded_by_the_rule() {
     assert_eq!(p.refund_at(&1, d, now), Refunded::Removed);
     assert_eq!(p.len(), 0);
 }
+
+/// Rows of a quota whose horizon is shorter than the default's go soon after
+/// they refill: a call under that quota brings the next sweep pass forward
+/// to one of its horizons, where the default's cadence (1 s here) would keep
+/// them for a second.
+#[test]
+fn rows_of_a_short_quota_are_swept_after_its_own_horizon() {
+    let default = quota(S, 1); // 1 per second: passes every second
+    let short = quota(MS, 10); // horizon 10 ms
+    let p: P<u64> = limiter(default);
+    let t0 = 5 * S;
+    // A pass at t0 sets the next one a default horizon later.
+    drop(p.reserve_n_at(&u64::MAX, 1, t0).unwrap());
+    for k in 0..5_000u64 {
+        drop(p.reserve_n_with_at(&k, 1, short, t0).unwrap());
+    }
+    let rows = p.len();
+    assert!(rows > 1_000, "{rows} rows before they refill");
+    // 20 ms later every short row is full; calls on one key (creating no
+    // row, so no pass for growth) run the pass that is now due.
+    let later = t0 + 20 * MS;
+    for _ in 0..40_000 {
+        let _ = p.reserve_n_at(&u64::MAX, 1, later);
+    }
+    assert_eq!(p.len(), 1, "short-quota rows are still held 20 ms on");
+}

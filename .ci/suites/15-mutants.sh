@@ -73,6 +73,10 @@ expect_caught quota_cost_of_default quotas "exceed the bound by" "" \
 # when it is decided, up to its whole wait before its debit fits.
 expect_caught turn_before_its_slot quotas "exceed the bound by" "" \
     random_mixed_quota_histories_never_exceed_the_bound
+# Rows of a short quota are swept soon (tests/quotas.rs), against
+# `sweep_at_default_cadence`: passes keep the default quota's cadence.
+expect_caught sweep_at_default_cadence quotas "still held 20 ms on" "" \
+    rows_of_a_short_quota_are_swept_after_its_own_horizon
 # The real-clock test of quotas and turns (tests/exactness.rs) too.
 expect_caught turn_before_its_slot exactness "through early" "" \
     kept_admissions_fit_under_quota_changes_and_turns_on_a_real_clock
