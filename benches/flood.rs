@@ -1,0 +1,71 @@
+//! A flood of presentations that are checked and refunded: what it leaves of
+//! the victim key's budget.
+//!
+//! ```text
+//! cargo bench --bench flood
+//! ```
+//!
+//! `Pace<String>` at 1 token per 10 s with a capacity of 3. For 300 ms,
+//! N threads (1, 2, 4, 8, 16) loop: `reserve("victim")`, 50 µs of
+//! "checking" (a spin), `refund()`. When the flood stops, every reservation
+//! has been refunded, and the key's whole budget (3 tokens) would be back if
+//! refunds were exact in any order. The refund rule returns a reservation
+//! only while it is the key's newest debit, so overlapping cycles lose
+//! tokens until the bucket refills (10 s a token here). Five runs per
+//! thread count; the tokens left after each run are printed.
+
+use std::time::{Duration, Instant};
+
+use pace::{Pace, Rate, Refunded};
+
+fn run(threads: usize) -> (u64, u64, u64) {
+    let p: Pace<String> = Pace::builder(Rate::new(1, Duration::from_secs(10)).unwrap())
+        .capacity(3)
+        .build()
+        .unwrap();
+    let end = Instant::now() + Duration::from_millis(300);
+    let (returned, lost) = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                let p = &p;
+                s.spawn(move || {
+                    let (mut returned, mut lost) = (0u64, 0u64);
+                    while Instant::now() < end {
+                        if let Ok(r) = p.reserve("victim") {
+                            let t = Instant::now();
+                            while t.elapsed() < Duration::from_micros(50) {
+                                std::hint::spin_loop();
+                            }
+                            match r.refund() {
+                                Refunded::Restored | Refunded::Removed => returned += 1,
+                                _ => lost += 1,
+                            }
+                        } else {
+                            std::thread::yield_now();
+                        }
+                    }
+                    (returned, lost)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    });
+    (p.peek("victim"), returned, lost)
+}
+
+fn main() {
+    println!("threads | tokens left of 3 after the flood, 5 runs | refunds returned / returned nothing (run 1)");
+    for threads in [1, 2, 4, 8, 16] {
+        let runs: Vec<(u64, u64, u64)> = (0..5).map(|_| run(threads)).collect();
+        let left: Vec<String> = runs.iter().map(|r| r.0.to_string()).collect();
+        println!(
+            "{threads:7} | {} | {} / {}",
+            left.join(","),
+            runs[0].1,
+            runs[0].2
+        );
+    }
+}
