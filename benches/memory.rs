@@ -114,7 +114,7 @@ fn flush_epoch() {
             idle += 1;
         }
     }
-    while pace::__private::frees_in_flight() > 0 {
+    while pace::internals::frees_in_flight() > 0 {
         std::thread::yield_now();
     }
 }
@@ -152,7 +152,7 @@ fn per_row<K: Key>(n: usize) {
     for _ in 0..1_024 {
         pace.reserve(keys[0].q()).expect("a live key").refund();
     }
-    while pace::__private::frees_in_flight() > 0 {
+    while pace::internals::frees_in_flight() > 0 {
         std::thread::yield_now();
     }
     let uncollected = since(before);

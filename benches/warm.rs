@@ -54,7 +54,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use common::*;
-use pace::__private::BucketMath;
+use pace::internals::BucketMath;
 use pace::{Clock, CoarseClock, QuantaClock};
 use portable_atomic::AtomicU128;
 use std::hash::{BuildHasher, RandomState};

@@ -8,7 +8,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use pace::__private::PaceInternals;
+use pace::internals::PaceInternals;
 use pace::{DenyReason, ManualClock, Pace, Quota, Rate};
 
 const MIN_HORIZON: i128 = 1_000_000;
