@@ -5,8 +5,8 @@
 //! allocations really occupy.
 //!
 //! ```text
-//! cargo bench --bench memory                       # rows + 10M flood
-//! PACE_FLOOD=1000000 cargo bench --bench memory    # a smaller flood
+//! cargo bench -p pace-benches --bench memory                       # rows + 10M flood
+//! PACE_FLOOD=1000000 cargo bench -p pace-benches --bench memory    # a smaller flood
 //! ```
 
 mod common;
@@ -358,7 +358,8 @@ fn flood<K: Key>(n: usize) {
 
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument that names neither
-    // part skips it (so `cargo bench -- admit` runs only throughput groups).
+    // part skips it (so `cargo bench -p pace-benches -- admit` runs only
+    // throughput groups).
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))

@@ -2,7 +2,7 @@
 //! on the same workload, in one process, rounds alternating.
 //!
 //! ```text
-//! cargo bench --features tokio --bench turns
+//! cargo bench -p pace-benches --features tokio --bench turns
 //! ```
 //!
 //! Workload: 8 tasks on one key at 10 per second (capacity 10, one second),
