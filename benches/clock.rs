@@ -1,7 +1,7 @@
 //! The default clock, decided with evidence: the cost of one reading and the
 //! backward steps seen across threads, for `StdClock`, `QuantaClock` and
 //! `CoarseClock` (1 ms resolution) in
-//! one run (a harness: `cargo bench --bench clock`).
+//! one run (a harness: `cargo bench -p pace-benches --bench clock`).
 //!
 //! Backward steps: threads publish every reading into a shared maximum and
 //! count a step whenever their next reading is below the maximum they saw
@@ -61,7 +61,7 @@ fn backward_steps<C: Clock>(clock: &C) -> (u64, u64) {
 fn main() {
     // `cargo test --benches` runs bench binaries with `--bench` absent: stay quick.
     if !std::env::args().any(|a| a == "--bench") {
-        println!("clock: run with `cargo bench --bench clock`");
+        println!("clock: run with `cargo bench -p pace-benches --bench clock`");
         return;
     }
     let std_clock = StdClock::new();

@@ -2,7 +2,7 @@
 //! the victim key's budget.
 //!
 //! ```text
-//! cargo bench --bench flood
+//! cargo bench -p pace-benches --bench flood
 //! ```
 //!
 //! `Pace<String>` at 1 token per 10 s with a capacity of 3. For 300 ms,

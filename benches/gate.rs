@@ -1,7 +1,7 @@
 //! ns per `try_admit` + release of a `pace::Gate`, uncontended and with two
 //! threads hammering the same gate.
 //!
-//! Run: `cargo bench --bench gate -- --warm-up-time 1 --measurement-time 3`
+//! Run: `cargo bench -p pace-benches --bench gate -- --warm-up-time 1 --measurement-time 3`
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,8 +5,8 @@
 //! allocations really occupy.
 //!
 //! ```text
-//! cargo bench --bench memory                       # rows + 10M flood
-//! PACE_FLOOD=1000000 cargo bench --bench memory    # a smaller flood
+//! cargo bench -p pace-benches --bench memory                       # rows + 10M flood
+//! PACE_FLOOD=1000000 cargo bench -p pace-benches --bench memory    # a smaller flood
 //! ```
 
 mod common;
@@ -114,7 +114,7 @@ fn flush_epoch() {
             idle += 1;
         }
     }
-    while pace::__private::frees_in_flight() > 0 {
+    while pace::internals::frees_in_flight() > 0 {
         std::thread::yield_now();
     }
 }
@@ -152,7 +152,7 @@ fn per_row<K: Key>(n: usize) {
     for _ in 0..1_024 {
         pace.reserve(keys[0].q()).expect("a live key").refund();
     }
-    while pace::__private::frees_in_flight() > 0 {
+    while pace::internals::frees_in_flight() > 0 {
         std::thread::yield_now();
     }
     let uncollected = since(before);
@@ -358,7 +358,8 @@ fn flood<K: Key>(n: usize) {
 
 fn main() {
     // `cargo bench` passes `--bench`; a filter argument that names neither
-    // part skips it (so `cargo bench -- admit` runs only throughput groups).
+    // part skips it (so `cargo bench -p pace-benches -- admit` runs only
+    // throughput groups).
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))

@@ -3,7 +3,7 @@
 //! traffic with no change, in one process.
 //!
 //! ```text
-//! cargo bench --bench quota_change
+//! cargo bench -p pace-benches --bench quota_change
 //! ```
 //!
 //! Two threads reserve random keys of 1,000 (every call timed by quanta into

@@ -23,12 +23,12 @@
 //!   and the bytes of pace's tables at the end.
 //!
 //! ```text
-//! cargo bench --bench tails                 # ~60 s
-//! PACE_TAIL_SECS=10 cargo bench --bench tails
-//! cargo bench --bench tails -- growth       # growth and churn only
-//! PACE_TAIL_SLOW_US=300 cargo bench --bench tails -- growth   # + where the slow calls fall
-//! PACE_TAIL_SLOW_US=200 cargo bench --bench tails -- growth-control
-//! cargo bench --bench tails -- growth-cpu   # growth's slowest calls: wall and CPU time
+//! cargo bench -p pace-benches --bench tails                 # ~60 s
+//! PACE_TAIL_SECS=10 cargo bench -p pace-benches --bench tails
+//! cargo bench -p pace-benches --bench tails -- growth       # growth and churn only
+//! PACE_TAIL_SLOW_US=300 cargo bench -p pace-benches --bench tails -- growth   # + where the slow calls fall
+//! PACE_TAIL_SLOW_US=200 cargo bench -p pace-benches --bench tails -- growth-control
+//! cargo bench -p pace-benches --bench tails -- growth-cpu   # growth's slowest calls: wall and CPU time
 //! ```
 //!
 //! `growth-cpu` runs growth again with each call also timed by the

@@ -7,9 +7,9 @@
 //! threads. `docs/bench/report.py` turns the results into a table and a plot.
 //!
 //! ```text
-//! cargo bench --bench throughput                 # everything (~8 min)
-//! cargo bench --bench throughput -- 'admit/hot'  # a filter
-//! cargo bench --features foldhash --bench throughput  # with the fast-hasher rows
+//! cargo bench -p pace-benches --bench throughput                 # everything (~8 min)
+//! cargo bench -p pace-benches --bench throughput -- 'admit/hot'  # a filter
+//! cargo bench -p pace-benches --features foldhash --bench throughput  # with the fast-hasher rows
 //! ```
 //!
 //! Criterion times one contender after another, so a load that moves

@@ -2,7 +2,7 @@
 //! on the same workload, in one process, rounds alternating.
 //!
 //! ```text
-//! cargo bench --features tokio --bench turns
+//! cargo bench -p pace-benches --features tokio --bench turns
 //! ```
 //!
 //! Workload: 8 tasks on one key at 10 per second (capacity 10, one second),
@@ -10,7 +10,7 @@
 //! workers). For each limiter it reports:
 //! * calls let through, and calls that had to wait (took over 0.5 ms);
 //! * sleeps, and wasted wake-ups: sleeps beyond one per waiting call. pace
-//!   counts its sleeps (`pace::__private::turn_sleeps`); governor's are
+//!   counts its sleeps (`pace::internals::turn_sleeps`); governor's are
 //!   counted through its clock: each check reads it once, each denied check
 //!   once more before it sleeps, so sleeps = (readings − calls) / 2;
 //! * order: pairs of calls let through in the other order than they
@@ -103,7 +103,7 @@ fn summarise(name: &str, start: Instant, r: Report) {
 async fn run_pace(p: Arc<Pace<u64>>, start: Instant) -> Report {
     let seq = Arc::new(AtomicU64::new(0));
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let sleeps0 = pace::__private::turn_sleeps();
+    let sleeps0 = pace::internals::turn_sleeps();
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
         let (p, seq, calls) = (p.clone(), seq.clone(), calls.clone());
@@ -131,7 +131,7 @@ async fn run_pace(p: Arc<Pace<u64>>, start: Instant) -> Report {
     let calls = calls.lock().unwrap().clone();
     Report {
         calls,
-        sleeps: pace::__private::turn_sleeps() - sleeps0,
+        sleeps: pace::internals::turn_sleeps() - sleeps0,
     }
 }
 

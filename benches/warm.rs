@@ -6,11 +6,11 @@
 //! not criterion).
 //!
 //! ```text
-//! cargo bench --features foldhash --bench warm        # PACE_WARM_ROUNDS=3
-//! PACE_WARM_ORDER=pattern cargo bench --features foldhash --bench warm
-//! PACE_WARM_ORDER=seq cargo bench --features foldhash --bench warm
-//! PACE_WARM_ORDER=fenced cargo bench --features foldhash --bench warm
-//! PACE_WARM_CELLS=1 cargo bench --features foldhash --bench warm   # + `cells`, `cells128`, `pace-entries`
+//! cargo bench -p pace-benches --features foldhash --bench warm        # PACE_WARM_ROUNDS=3
+//! PACE_WARM_ORDER=pattern cargo bench -p pace-benches --features foldhash --bench warm
+//! PACE_WARM_ORDER=seq cargo bench -p pace-benches --features foldhash --bench warm
+//! PACE_WARM_ORDER=fenced cargo bench -p pace-benches --features foldhash --bench warm
+//! PACE_WARM_CELLS=1 cargo bench -p pace-benches --features foldhash --bench warm   # + `cells`, `cells128`, `pace-entries`
 //! ```
 //!
 //! Regime `admit` for every contender (1 µs per token, burst 2^32-1, every
@@ -54,7 +54,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use common::*;
-use pace::__private::BucketMath;
+use pace::internals::BucketMath;
 use pace::{Clock, CoarseClock, QuantaClock};
 use portable_atomic::AtomicU128;
 use std::hash::{BuildHasher, RandomState};
@@ -427,7 +427,7 @@ impl<L: Contender<u64>> Measure for L {
 fn main() {
     // `cargo test --benches` runs bench binaries without `--bench`: stay quick.
     if !std::env::args().any(|a| a == "--bench") {
-        println!("warm: run with `cargo bench --features foldhash --bench warm`");
+        println!("warm: run with `cargo bench -p pace-benches --features foldhash --bench warm`");
         return;
     }
     let rounds = env("PACE_WARM_ROUNDS", 3) as usize;

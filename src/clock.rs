@@ -70,7 +70,7 @@ impl Clock for QuantaClock {
 /// into a shared atomic every [`resolution`](CoarseClock::resolution), and
 /// [`now_ns`](Clock::now_ns) is one relaxed load of it (0.2–0.7 ns in a loop
 /// against 33–44 ns for [`QuantaClock`] in one run of
-/// `cargo bench --bench clock`, DESIGN.md §5).
+/// `cargo bench -p pace-benches --bench clock`, DESIGN.md §5).
 ///
 /// **Resolution.** [`CoarseClock::new`] has [`CoarseClock::DEFAULT_RESOLUTION`]
 /// (1 ms); [`CoarseClock::with_resolution`] picks another. Successive

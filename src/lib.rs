@@ -83,6 +83,9 @@
 //! * `bytes`: [`Gate`] byte shares attached to `bytes::Bytes` owners.
 //! * `journal`: `gate::journal`, the intent journal and its recovery.
 //! * `loom`: crossbeam-epoch under loom, for `loom-tests/`.
+//! * `internals`: `pace::internals` and a few `Builder` and `Pace` methods
+//!   (explicit times, state probes, table internals) for models, fuzz
+//!   targets and benchmarks. Not a stable API.
 //!
 //! ## The two axes of a token endpoint
 //!
@@ -226,6 +229,8 @@ pub mod all;
 mod bucket;
 pub mod clock;
 pub mod gate;
+#[cfg(feature = "internals")]
+pub mod internals;
 mod pace;
 mod rate;
 mod sync;
@@ -249,179 +254,3 @@ pub use crate::pace::{
     Builder, Debit, Denied, DenyReason, MemoryStats, Pace, Refunded, Reservation,
 };
 pub use crate::rate::{ConfigError, Quota, Rate};
-
-/// Internals exposed for benchmarks, fuzz targets and models only. Not a
-/// stable API: anything here may change in any release.
-#[doc(hidden)]
-pub mod __private {
-    pub use crate::pace::{PaceInternals, ReservationInternals};
-
-    /// Slots per chunk of an incremental sweep pass over a table of `n`
-    /// slots: the pass takes `n.div_ceil(sweep_chunk(n))` calls
-    /// (tests/memory.rs).
-    pub fn sweep_chunk(n: usize) -> usize {
-        crate::table::sweep_chunk(n)
-    }
-
-    /// The same for a table of `n` cells (rows of word-sized keys).
-    pub fn cell_sweep_chunk(n: usize) -> usize {
-        crate::table::cells::cell_sweep_chunk(n)
-    }
-
-    /// Slots per chunk of a migration: a migration from an array of `n`
-    /// slots takes at most `n.div_ceil(MIGRATION_CHUNK)` calls.
-    pub const MIGRATION_CHUNK: usize = crate::table::MIGRATION_CHUNK;
-
-    /// The most slots of a migration one call copies (whole chunks).
-    pub const MIGRATION_CALL_SLOTS: usize = crate::table::MIGRATION_CALL_SLOTS;
-
-    /// Sleeps taken by callers waiting for a turn (`Pace::acquire`,
-    /// `Pace::acquire_blocking`) in this process so far.
-    pub fn turn_sleeps() -> u64 {
-        crate::pace::turn_sleeps()
-    }
-
-    /// Pins and flushes the current thread's epoch handle until deferred
-    /// frees have run, so memory tests can measure what is really held.
-    #[cfg(not(loom))]
-    pub fn collect_garbage() {
-        // Each flush frees a bounded number of garbage bags; a million
-        // retired rows fill tens of thousands of them.
-        for _ in 0..(1 << 17) {
-            crossbeam_epoch::pin().flush();
-        }
-        // Large slot arrays are freed on threads of their own: wait for them.
-        while frees_in_flight() > 0 {
-            std::thread::yield_now();
-        }
-    }
-
-    /// Large retired slot arrays whose free is running on a thread of its
-    /// own (always 0 under Miri and loom, which free at once).
-    pub fn frees_in_flight() -> usize {
-        #[cfg(not(any(loom, miri)))]
-        {
-            crate::table::FREES_IN_FLIGHT.load(std::sync::atomic::Ordering::Acquire)
-        }
-        #[cfg(any(loom, miri))]
-        {
-            0
-        }
-    }
-
-    /// The cell table of word-sized keys (DESIGN.md §2, "Rows in cells"),
-    /// with the hash of key `k` equal to `k`, for loom models.
-    pub struct CellsModel {
-        table: crate::table::cells::CellTable,
-        limits: crate::bucket::Limits,
-        epochs: crate::sync::Epochs,
-    }
-
-    impl CellsModel {
-        /// At least `cells` cells; buckets of `capacity` tokens, one per
-        /// `interval`.
-        pub fn new(cells: usize, interval: u64, capacity: u64) -> CellsModel {
-            CellsModel {
-                table: crate::table::cells::CellTable::try_new(cells).expect("cells fit an array"),
-                limits: crate::bucket::Limits::new(interval, capacity).expect("valid bucket"),
-                epochs: crate::sync::Epochs::new(),
-            }
-        }
-
-        /// Debits one token of `key` at `now`: the new `tat`, or `None`.
-        pub fn reserve(&self, key: u64, now: u64) -> Option<u64> {
-            let guard = self.epochs.pin();
-            self.table
-                .reserve(&self.limits, key, key, 1, now, &|| now, &|k| k, &guard)
-                .ok()
-                .map(|a| a.tat)
-        }
-
-        /// Debits `n` tokens of `key` (whose hash is `hash`; `hash_of` gives
-        /// any key's) at `now`: the new `tat`, or `None` (for benchmarks).
-        #[inline]
-        pub fn reserve_hashed(
-            &self,
-            key: u64,
-            hash: u64,
-            n: u64,
-            now: u64,
-            hash_of: &dyn Fn(u64) -> u64,
-        ) -> Option<u64> {
-            let guard = self.epochs.pin();
-            self.table
-                .reserve(&self.limits, hash, key, n, now, &|| now, hash_of, &guard)
-                .ok()
-                .map(|a| a.tat)
-        }
-
-        /// Refunds one token of `key` that moved it from `prev` to `tat`.
-        pub fn refund(&self, key: u64, tat: u64, prev: u64, now: u64) -> crate::Refunded {
-            let guard = self.epochs.pin();
-            self.table
-                .refund(&self.limits, key, key, 1, tat, prev, now, &|k| k, &guard)
-        }
-
-        /// Removes the rows full at `now`; how many.
-        pub fn sweep(&self, now: u64) -> usize {
-            self.table.sweep(now, &|k| k, &self.epochs.pin())
-        }
-
-        /// The `tat` of `key`'s row.
-        pub fn peek(&self, key: u64) -> Option<u64> {
-            self.table.peek(key, key, &self.epochs.pin())
-        }
-
-        /// Keys of the live rows, sorted.
-        pub fn live_keys(&self) -> Vec<u64> {
-            let mut k = self.table.live_keys(&self.epochs.pin());
-            k.sort_unstable();
-            k
-        }
-
-        /// Cells of the array new rows go to.
-        pub fn cells(&self) -> usize {
-            self.table.cells(&self.epochs.pin())
-        }
-
-        /// Rows counted.
-        pub fn len(&self) -> usize {
-            self.table.len()
-        }
-
-        /// Whether no row is counted.
-        pub fn is_empty(&self) -> bool {
-            self.len() == 0
-        }
-    }
-
-    /// The bucket rule (`src/bucket.rs`) on plain integers, so that baseline
-    /// limiters in benchmarks and exact models can share the crate's math.
-    #[derive(Clone, Copy, Debug)]
-    pub struct BucketMath(crate::bucket::Limits);
-
-    impl BucketMath {
-        /// `capacity` tokens refilled one per `interval_ns`; `None` when
-        /// either is zero or their product does not fit the time space.
-        pub fn new(interval_ns: u64, capacity: u64) -> Option<BucketMath> {
-            crate::bucket::Limits::new(interval_ns, capacity).map(BucketMath)
-        }
-
-        /// Debits `n` tokens from bucket state `tat` at `now`: `Ok(new_tat)`,
-        /// or `Err(wait_ns)` (`u64::MAX` when never admissible).
-        #[inline]
-        pub fn reserve(&self, tat: u64, now: u64, n: u64) -> Result<u64, u64> {
-            use crate::bucket::Decision;
-            match self.0.reserve(tat, now, n) {
-                Decision::Admit(t) => Ok(t),
-                Decision::Wait(w) => Err(w),
-                Decision::Never | Decision::TimeExhausted => Err(u64::MAX),
-            }
-        }
-
-        /// Whole tokens in bucket `tat` at `now`.
-        pub fn tokens(&self, tat: u64, now: u64) -> u64 {
-            self.0.tokens(tat, now)
-        }
-    }
-}

@@ -86,6 +86,8 @@ enum Rows<K> {
 
 /// Which table a builder gives word-sized keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Only `ByType` is built without the `internals` feature.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 enum RowsPick {
     /// Cells when the hasher is one whose hash of an integer cannot panic
     /// (`words::hasher_cannot_panic`), else entries.
@@ -133,7 +135,7 @@ pub struct MemoryStats {
     /// Bytes of the slot arrays in use: the current one and, while a
     /// migration runs, its target.
     pub array_bytes: usize,
-    /// Bytes of the rows' entries (`rows` x [`Pace::entry_bytes`]).
+    /// Bytes of the rows' entries: `rows` x the bytes of one row's entry.
     pub entry_bytes: usize,
     /// Bytes of the floors (a fixed array per limiter).
     pub floor_bytes: usize,
@@ -312,6 +314,7 @@ where
     }
 
     /// Where this debit ends on the bucket's timeline (ns; for models).
+    #[cfg(feature = "internals")]
     pub(crate) fn debit_end_ns_inner(&self) -> u64 {
         self.debit.tat
     }
@@ -395,6 +398,7 @@ fn note_turn_sleep() {
 }
 
 /// Sleeps taken by callers waiting for a turn in this process so far.
+#[cfg(feature = "internals")]
 pub(crate) fn turn_sleeps() -> u64 {
     TURN_SLEEPS.load(std::sync::atomic::Ordering::Relaxed)
 }
@@ -495,8 +499,9 @@ impl<K, S, C> Builder<K, S, C> {
     }
 
     /// Rows in separately allocated entries even for word-sized keys (for
-    /// models and benchmarks of that table). Not a stable API.
-    #[doc(hidden)]
+    /// models and benchmarks of that table). Feature `internals`: not a
+    /// stable API, for models, fuzz targets and benchmarks.
+    #[cfg(feature = "internals")]
     pub fn entry_rows(mut self) -> Self {
         self.rows = RowsPick::Entries;
         self
@@ -505,8 +510,9 @@ impl<K, S, C> Builder<K, S, C> {
     /// Rows of word-sized keys in cells whatever the hasher, for models and
     /// benchmarks whose own hasher cannot panic (a cell keeps no hash, so a
     /// migration and a sweep hash the keys they move or remove; see
-    /// [`Builder::hasher`]). Not a stable API.
-    #[doc(hidden)]
+    /// [`Builder::hasher`]). Feature `internals`: not a stable API, for
+    /// models, fuzz targets and benchmarks.
+    #[cfg(feature = "internals")]
     pub fn cells_with_any_hasher(mut self) -> Self {
         self.rows = RowsPick::CellsAnyHasher;
         self
@@ -631,16 +637,20 @@ impl<K, S, C> Pace<K, S, C> {
         }
     }
 
-    /// Slots of the array new rows go to: [`MemoryStats::slots`].
-    #[doc(hidden)]
+    /// Slots of the array new rows go to: [`MemoryStats::slots`]. Feature
+    /// `internals`: not a stable API, for models, fuzz targets and
+    /// benchmarks.
+    #[cfg(feature = "internals")]
     pub fn table_slots(&self) -> usize {
         self.memory().slots
     }
 
     /// Bytes of the table's slot arrays (both while a migration runs) and
     /// floors. Each row adds one entry allocation of
-    /// [`entry_bytes`](Pace::entry_bytes) plus what its key owns.
-    #[doc(hidden)]
+    /// [`entry_bytes`](Pace::entry_bytes) plus what its key owns. Feature
+    /// `internals`: not a stable API, for models, fuzz targets and
+    /// benchmarks.
+    #[cfg(feature = "internals")]
     pub fn table_bytes(&self) -> usize {
         let m = self.memory();
         m.array_bytes + m.floor_bytes
@@ -648,8 +658,10 @@ impl<K, S, C> Pace<K, S, C> {
 
     /// Bytes of one row's entry allocation (bucket word, hash and key, not
     /// what the key owns on the heap) when rows are entries; rows in cells
-    /// have none ([`MemoryStats::entry_bytes`] says which).
-    #[doc(hidden)]
+    /// have none ([`MemoryStats::entry_bytes`] says which). Feature
+    /// `internals`: not a stable API, for models, fuzz targets and
+    /// benchmarks.
+    #[cfg(feature = "internals")]
     pub fn entry_bytes() -> usize {
         Table::<K>::entry_bytes()
     }
@@ -747,6 +759,7 @@ where
     /// [`reserve_n`](Pace::reserve_n) (or, with a quota,
     /// [`reserve_n_with`](Pace::reserve_n_with)) at an explicit time (for
     /// models).
+    #[cfg(feature = "internals")]
     pub(crate) fn reserve_n_at_inner<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -1265,6 +1278,7 @@ where
 
     /// The stripe of floors `key` shares with other keys (for models: a fresh
     /// row starts from its stripe's floor, the largest `tat` removed there).
+    #[cfg(feature = "internals")]
     pub(crate) fn floor_stripe_inner<Q>(&self, key: &Q) -> usize
     where
         K: Borrow<Q>,
@@ -1274,6 +1288,7 @@ where
     }
 
     /// The raw bucket word (`tat`, ns) of `key`'s row, if any (for models).
+    #[cfg(feature = "internals")]
     pub(crate) fn row_tat_inner<Q>(&self, key: &Q) -> Option<u64>
     where
         K: Borrow<Q>,
@@ -1389,6 +1404,7 @@ where
 impl<K: Clone, S, C> Pace<K, S, C> {
     /// Keys of the rows held now, for invariant checks in tests: call it only
     /// when no other operation is in flight.
+    #[cfg(feature = "internals")]
     pub(crate) fn row_keys_inner(&self) -> Vec<K> {
         let guard = self.pin();
         match &self.rows {
@@ -1413,9 +1429,9 @@ impl<K, S, C: fmt::Debug> fmt::Debug for Pace<K, S, C> {
 }
 
 /// Explicit-time entry points and state probes of [`Pace`], for models, fuzz
-/// targets, benchmarks and tests: `use pace::__private::PaceInternals;`.
-/// Not a stable API.
-#[doc(hidden)]
+/// targets, benchmarks and tests: `use pace::internals::PaceInternals;`.
+/// Feature `internals`: not a stable API.
+#[cfg(feature = "internals")]
 pub trait PaceInternals<K, S, C> {
     /// [`Pace::reserve_n`] deciding with `now` instead of a clock reading.
     fn reserve_n_at<'a, Q>(
@@ -1492,6 +1508,7 @@ pub trait PaceInternals<K, S, C> {
     fn cell_rows(&self) -> bool;
 }
 
+#[cfg(feature = "internals")]
 impl<K, S, C> PaceInternals<K, S, C> for Pace<K, S, C>
 where
     K: Hash + Eq,
@@ -1616,8 +1633,9 @@ where
     }
 }
 
-/// Explicit-time refund and the debit's end, for models. Not a stable API.
-#[doc(hidden)]
+/// Explicit-time refund and the debit's end, for models. Feature
+/// `internals`: not a stable API.
+#[cfg(feature = "internals")]
 pub trait ReservationInternals {
     /// [`Reservation::refund`] at `now`.
     fn refund_at(self, now: u64) -> Refunded;
@@ -1628,6 +1646,7 @@ pub trait ReservationInternals {
     fn debit_prev_ns(&self) -> u64;
 }
 
+#[cfg(feature = "internals")]
 impl<K, Q, S, C> ReservationInternals for Reservation<'_, K, Q, S, C>
 where
     K: Hash + Eq + Borrow<Q>,

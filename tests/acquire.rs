@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pace::__private::PaceInternals;
+use pace::internals::PaceInternals;
 #[cfg(feature = "tokio")]
 use pace::Refunded;
 use pace::{DenyReason, ManualClock, Pace, Quota, Rate};

@@ -13,7 +13,7 @@ use std::time::Duration;
 #[macro_use]
 mod tables;
 
-use pace::__private::PaceInternals;
+use pace::internals::PaceInternals;
 use pace::{ManualClock, Pace};
 use tables::{limiter, Rows};
 

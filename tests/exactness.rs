@@ -208,7 +208,7 @@ fn kept_admissions_fit_the_bucket_on_a_real_clock() {
 /// admissions cost at most the span plus their largest horizon.
 #[test]
 fn kept_admissions_fit_under_quota_changes_and_turns_on_a_real_clock() {
-    use pace::__private::ReservationInternals;
+    use pace::internals::ReservationInternals;
     use pace::Quota;
     let quotas = [
         Quota::new(Rate::new(1, Duration::from_nanos(20_000)).unwrap(), 4).unwrap(),

@@ -17,7 +17,7 @@ use std::time::Duration;
 #[macro_use]
 mod tables;
 
-use pace::__private::{PaceInternals, ReservationInternals, MIGRATION_CALL_SLOTS, MIGRATION_CHUNK};
+use pace::internals::{PaceInternals, ReservationInternals, MIGRATION_CALL_SLOTS, MIGRATION_CHUNK};
 use pace::{ManualClock, Pace};
 use tables::{limiter, Rows};
 
@@ -184,9 +184,9 @@ fn a_pass_due_during_a_migration_runs_on_the_new_array(rows: Rows) {
     assert!(calls > 1, "the pass came due while the array migrated");
     let slots = p.slots();
     let chunk = if p.cell_rows() {
-        pace::__private::cell_sweep_chunk(slots)
+        pace::internals::cell_sweep_chunk(slots)
     } else {
-        pace::__private::sweep_chunk(slots)
+        pace::internals::sweep_chunk(slots)
     };
     for _ in 0..slots.div_ceil(chunk) {
         k += 1;

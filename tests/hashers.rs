@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use pace::__private::PaceInternals;
+use pace::internals::PaceInternals;
 use pace::{ManualClock, Pace, Rate};
 
 /// The key whose hashing panics (none: `u64::MAX`).

@@ -8,7 +8,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::hash_map::RandomState;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use pace::__private::PaceInternals;
+use pace::internals::PaceInternals;
 use pace::{ManualClock, Pace, Rate};
 
 struct Counting;
@@ -50,7 +50,7 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOC: Counting = Counting;
 
 fn held() -> isize {
-    pace::__private::collect_garbage();
+    pace::internals::collect_garbage();
     HELD.load(Ordering::Relaxed)
 }
 
@@ -141,7 +141,7 @@ fn flood(rows: &str, rate: Rate, clock: &ManualClock) -> Pace<u64, RandomState, 
     for _ in 0..1024 {
         keys.reserve(&0).unwrap().refund();
     }
-    while pace::__private::frees_in_flight() > 0 {
+    while pace::internals::frees_in_flight() > 0 {
         std::thread::yield_now();
     }
     let uncollected = HELD.load(Ordering::Relaxed) - base;
@@ -164,7 +164,7 @@ fn flood(rows: &str, rate: Rate, clock: &ManualClock) -> Pace<u64, RandomState, 
     // the calls.
     let chunks = keys
         .table_slots()
-        .div_ceil(pace::__private::MIGRATION_CHUNK);
+        .div_ceil(pace::internals::MIGRATION_CHUNK);
     let mut copies = 0;
     while keys.migrating() {
         keys.reserve(&0).unwrap().refund();
@@ -177,9 +177,9 @@ fn flood(rows: &str, rate: Rate, clock: &ManualClock) -> Pace<u64, RandomState, 
     // callers finish it.
     let slots_now = keys.table_slots();
     let chunk = if keys.cell_rows() {
-        pace::__private::cell_sweep_chunk(slots_now)
+        pace::internals::cell_sweep_chunk(slots_now)
     } else {
-        pace::__private::sweep_chunk(slots_now)
+        pace::internals::sweep_chunk(slots_now)
     };
     let chunks = slots_now.div_ceil(chunk);
     let mut calls = 0;

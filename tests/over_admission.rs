@@ -15,7 +15,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use pace::__private::{PaceInternals, ReservationInternals};
+use pace::internals::{PaceInternals, ReservationInternals};
 use pace::{ConfigError, DenyReason, ManualClock, Pace, Rate};
 use pace_models::bound::{worst_excess_ns, worst_excess_ns_brute};
 use rand::{Rng, SeedableRng};
@@ -300,7 +300,7 @@ fn panicking_key_code_leaves_counts_exact() {
         r.refund_at(S);
     }
     assert_eq!(p.len(), usize::from(with_667));
-    pace::__private::collect_garbage();
+    pace::internals::collect_garbage();
     PANIC_DROP.store(false, Ordering::Relaxed);
     assert!(
         DROP_PANICS.load(Ordering::Relaxed) > 0,

@@ -15,7 +15,7 @@
 use std::collections::hash_map::RandomState;
 use std::time::Duration;
 
-use pace::__private::{PaceInternals, ReservationInternals};
+use pace::internals::{PaceInternals, ReservationInternals};
 use pace::{ConfigError, Debit, DenyReason, ManualClock, Pace, Quota, Rate, Refunded};
 use pace_models::bound::{
     worst_excess_mixed_ns, worst_excess_mixed_ns_brute, worst_excess_ns_brute,

@@ -4,7 +4,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use pace::__private::PaceInternals;
+use pace::internals::PaceInternals;
 use pace::{ConfigError, DenyReason, ManualClock, Pace, Rate};
 
 type P<K> = Pace<K, RandomState, ManualClock>;

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use pace::__private::PaceInternals;
+use pace::internals::PaceInternals;
 use pace::{Clock, Pace, Rate, StdClock};
 use rand::{Rng, SeedableRng};
 

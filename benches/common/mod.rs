@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use pace::__private::BucketMath;
+use pace::internals::BucketMath;
 use pace::{Clock, Pace, QuantaClock, Rate};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -19,12 +19,12 @@ log=$(mktemp)
     echo "uptime before: $(uptime)"
 } > "$out/machine.txt"
 
-cargo bench --no-run 2>&1 | tail -n 1
+cargo bench -p pace-benches --all-features --no-run 2>&1 | tail -n 1
 rm -rf target/criterion # results of this run only
-cargo bench --features foldhash --bench throughput -- ${PACE_BENCH_FILTER:-} 2>&1 | tee "$log" | grep -E '^\[pace-bench\]' | tee "$out/loads.txt"
+cargo bench -p pace-benches --features foldhash --bench throughput -- ${PACE_BENCH_FILTER:-} 2>&1 | tee "$log" | grep -E '^\[pace-bench\]' | tee "$out/loads.txt"
 echo "uptime after throughput: $(uptime)" >> "$out/machine.txt"
-cargo bench --bench tails 2>/dev/null | tee "$out/tails.md"
-cargo bench --bench memory 2>/dev/null | tee "$out/memory.md"
+cargo bench -p pace-benches --bench tails 2>/dev/null | tee "$out/tails.md"
+cargo bench -p pace-benches --bench memory 2>/dev/null | tee "$out/memory.md"
 echo "uptime after all: $(uptime)" >> "$out/machine.txt"
 
 readme=()

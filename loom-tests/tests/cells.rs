@@ -16,7 +16,7 @@
 
 use loom::sync::Arc;
 use loom::thread;
-use pace::__private::CellsModel;
+use pace::internals::CellsModel;
 
 mod support;
 

@@ -14,7 +14,7 @@
 #![cfg(loom)]
 
 use loom::thread;
-use pace::__private::{PaceInternals, ReservationInternals};
+use pace::internals::{PaceInternals, ReservationInternals};
 
 mod support;
 

@@ -8,7 +8,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use pace::__private::PaceInternals;
+use pace::internals::PaceInternals;
 use pace::{DenyReason, ManualClock, Pace, Quota, Rate};
 
 const MIN_HORIZON: i128 = 1_000_000;
@@ -173,6 +173,12 @@ impl Model {
             (Outcome::Wait((need - room) as u128), 0, 0)
         };
         let created = created && result.0 == Outcome::Admitted;
+        // A call under a quota with a shorter horizon than the default's
+        // brings the next pass forward to one such horizon from now.
+        let tau = interval * capacity;
+        if quota.is_some() && tau < self.horizon {
+            self.due = self.due.min(now + tau.max(MIN_HORIZON));
+        }
         self.policy(now, created);
         result
     }

@@ -2,7 +2,7 @@
 //! a public API.
 //!
 //! The rule: every exact model of the crate lives here, uses `pace` only
-//! from the outside (its public API and its doc-hidden test hooks), and is
+//! from the outside (its public API and `pace::internals`), and is
 //! built only by what checks against it: the proptests in `tests/` (a
 //! dev-dependency of `pace`) and the fuzz targets in `fuzz/`. Nothing of it
 //! is compiled into the `pace` library. (The loom models, which check

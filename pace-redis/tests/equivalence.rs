@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use pace::__private::ReservationInternals;
+use pace::internals::ReservationInternals;
 use pace::{DenyReason, ManualClock, Pace, Rate};
 use pace_redis::{Error, RedisPace, Refund, Source};
 use proptest::prelude::*;

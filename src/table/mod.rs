@@ -52,12 +52,16 @@ pub(crate) mod sweep;
 pub(crate) mod words;
 
 use floor::Floors;
+#[cfg(feature = "internals")]
 pub(crate) use slot::CALL_SLOTS as MIGRATION_CALL_SLOTS;
+#[cfg(feature = "internals")]
 pub(crate) use slot::CHUNK as MIGRATION_CHUNK;
 use slot::{probe_seq, probe_seq_from, Array, Entry, Slot, State, CLAIMED, DEAD};
+#[cfg(feature = "internals")]
+pub(crate) use sweep::sweep_chunk;
 #[cfg(test)]
 pub(crate) use sweep::SWEEP_AT_ONCE;
-pub(crate) use sweep::{sweep_chunk, SWEEP_CHUNK};
+pub(crate) use sweep::SWEEP_CHUNK;
 
 /// Tag on a null `next` pointer: a migration target is being allocated.
 const PENDING: usize = 1;
@@ -451,6 +455,7 @@ impl<K> Table<K> {
     }
 
     /// The stripe whose floor a key with this hash shares (for models).
+    #[cfg(feature = "internals")]
     pub(crate) fn floor_stripe(hash: u64) -> usize {
         Floors::stripe(hash)
     }
@@ -461,16 +466,19 @@ impl<K> Table<K> {
     }
 
     /// Migrations started since the table was made.
+    #[cfg(feature = "internals")]
     pub(crate) fn migrations(&self) -> usize {
         self.migrations.load(Ordering::Relaxed)
     }
 
     /// Slots of the chunks migrations have copied since the table was made.
+    #[cfg(feature = "internals")]
     pub(crate) fn copied_slots(&self) -> usize {
         self.copied_slots.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether a migration of the current array is running.
+    #[cfg(feature = "internals")]
     pub(crate) fn migrating(&self, guard: &Guard) -> bool {
         let (_, cur) = self.array(guard);
         is_migrating(cur.next.load(Ordering::Acquire, guard))
@@ -1373,6 +1381,7 @@ impl<K> Table<K> {
 impl<K: Clone> Table<K> {
     /// Keys of the rows linked in the table and not DEAD, for invariant
     /// checks when no operation is in flight.
+    #[cfg(feature = "internals")]
     pub(crate) fn live_keys(&self, guard: &Guard) -> Vec<K> {
         let (cur, next) = self.arrays(guard);
         std::iter::once(cur)

@@ -8,7 +8,7 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::time::Duration;
 
 use loom::sync::Arc;
-use pace::__private::PaceInternals;
+use pace::internals::PaceInternals;
 use pace::{Pace, Rate, StdClock};
 
 /// One token per `T` ns.

@@ -3,6 +3,7 @@
 
 mod cell;
 pub(crate) use cell::lock_free;
+#[cfg(feature = "internals")]
 pub(crate) use sweep::cell_sweep_chunk;
 mod clean;
 mod sweep;
@@ -278,11 +279,13 @@ impl CellTable {
     }
 
     /// Cells of the chunks migrations have copied since the table was made.
+    #[cfg(feature = "internals")]
     pub(crate) fn copied_cells(&self) -> usize {
         self.copied_cells.load(Ordering::Relaxed)
     }
 
     /// Whether a migration of the current array is running.
+    #[cfg(feature = "internals")]
     pub(crate) fn migrating(&self, guard: &Guard) -> bool {
         let (_, cur) = self.array(guard);
         is_migrating(cur.next.load(Ordering::Acquire, guard))
@@ -344,6 +347,7 @@ impl CellTable {
     }
 
     /// Migrations started since the table was made.
+    #[cfg(feature = "internals")]
     pub(crate) fn migrations(&self) -> usize {
         self.migrations.load(Ordering::Relaxed)
     }
@@ -1081,6 +1085,7 @@ impl CellTable {
     }
 
     /// Keys of the live rows (for tests; nothing in flight).
+    #[cfg(feature = "internals")]
     pub(crate) fn live_keys(&self, guard: &Guard) -> Vec<u64> {
         let (_, cur) = self.array(guard);
         let next = cur.next.load(Ordering::Acquire, guard);

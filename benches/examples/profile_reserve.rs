@@ -2,7 +2,7 @@
 //! not depend on the machine's load, so they compare contenders robustly.
 //!
 //! ```text
-//! cargo build --release --example profile_reserve
+//! cargo build --release -p pace-benches --example profile_reserve
 //! B=target/release/examples/profile_reserve
 //! # instructions per op = (Ir with N ops - Ir with 0 ops) / N
 //! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.0 $B pace 0 1
