@@ -36,6 +36,7 @@ pub use crate::key::{
     RequestHead,
 };
 pub use crate::layer::{
-    InvalidPolicyName, Limit, MissingKey, PaceLayer, PaceLayerBuilder, PaceService, ResponseFuture,
-    ResponseHead,
+    DefaultRespond, InvalidPolicyName, Limit, Limits, MissingKey, PaceLayer, PaceLayerBuilder,
+    PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture, ResponseHead, Settle,
+    MISSING_PEER_ADDR_BODY,
 };
