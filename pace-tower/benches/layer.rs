@@ -6,10 +6,14 @@
 //! nice -n 10 cargo bench -p pace-tower --bench layer
 //! ```
 //!
-//! Each iteration calls the service once with a prepared request (the
-//! request is built outside the timing) and polls the response future to
-//! completion (every future here is ready at once); `bare` is the inner
-//! service alone, so a layer's own cost is its figure minus `bare`'s.
+//! Each request is one call of the service with a prepared request (built
+//! outside the timing) and its response future polled to completion
+//! (every future here is ready at once). Each criterion sample runs the
+//! bare inner service, `PaceLayer` and `GovernorLayer` in alternating
+//! slices of 32 requests, so the three meet the same machine load; criterion
+//! reports `pace/<case>` and `governor/<case>`, and after each pair the
+//! bench prints the sums over all its samples: ns per request of bare, pace
+//! and governor, each layer's own cost (minus bare) and their ratio.
 //! Every request is admitted, keys rotate over 1024 peer addresses and 1000
 //! client ids, and every key's bucket stays partly drained (rows live);
 //! `../churn` is the opposite case, where every request finds its key's
@@ -24,8 +28,8 @@
 //!   `String` from `x-client-id`), one `PaceLayer` against two
 //!   `GovernorLayer`s.
 //!
-//! Criterion times the variants one after another: on a shared machine the
-//! ratios move between runs; run it several times and compare ranges.
+//! On a shared machine the figures move between runs: run it several times
+//! and compare ranges (`uptime` before and after).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -33,12 +37,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{Request, Response, StatusCode};
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use pace::{Builder, Pace, Rate};
 use pace_tower::{from_fn, Limit, PaceLayer, PeerIp};
 use tower::{Layer, Service};
@@ -101,33 +105,98 @@ impl KeyExtractor for ClientIdKey {
     }
 }
 
-fn bench<S>(
-    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    name: &str,
-    mut svc: S,
+type Call<'a> = &'a mut dyn FnMut(Request<Body>) -> Response<Body>;
+
+/// Requests per slice: each slice times this many calls of one variant.
+const SLICE: u64 = 32;
+
+/// Runs `iters` requests through each of `svcs`, in slices of [`SLICE`]
+/// that alternate between them (the order rotating slice by slice), so
+/// that all of them meet the same machine load; returns each one's time.
+/// Requests are built, and responses dropped, outside the timed spans.
+fn interleaved(iters: u64, svcs: &mut [Call<'_>], next: &mut u64) -> Vec<Duration> {
+    let mut spent = vec![Duration::ZERO; svcs.len()];
+    let mut done = 0;
+    let mut reqs = Vec::with_capacity(SLICE as usize);
+    let mut outs = Vec::with_capacity(SLICE as usize);
+    let mut turn = 0;
+    while done < iters {
+        let n = SLICE.min(iters - done);
+        for k in 0..svcs.len() {
+            let v = (turn + k) % svcs.len();
+            reqs.extend((0..n).map(|j| request(*next + j)));
+            let t = Instant::now();
+            for r in reqs.drain(..) {
+                outs.push(black_box((svcs[v])(r)));
+            }
+            spent[v] += t.elapsed();
+            outs.clear();
+        }
+        *next += n;
+        done += n;
+        turn += 1;
+    }
+    spent
+}
+
+/// Sums over every sample of a pair: bare, pace, governor.
+#[derive(Default)]
+struct Totals {
+    ns: [u128; 3],
+    requests: u64,
+}
+
+/// Benchmarks `pace` and `governor` (criterion's figures for
+/// `pace/<label>` and `governor/<label>`), each sample timing the bare
+/// inner service, pace and governor interleaved; then prints the sums:
+/// ns per request of each and of each layer alone (minus bare).
+fn pair<A, B>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    label: &str,
+    mut pace: A,
+    mut gov: B,
 ) where
-    S: Service<Request<Body>, Response = Response<Body>>,
-    S::Error: std::fmt::Debug,
+    A: Service<Request<Body>, Response = Response<Body>>,
+    A::Error: std::fmt::Debug,
+    B: Service<Request<Body>, Response = Response<Body>>,
+    B::Error: std::fmt::Debug,
 {
+    let mut bare = inner();
     // Every variant admits and answers 200.
     for i in 0..4 {
-        assert_eq!(
-            once(&mut svc, request(i)).status(),
-            StatusCode::OK,
-            "{name}"
-        );
+        assert_eq!(once(&mut pace, request(i)).status(), StatusCode::OK);
+        assert_eq!(once(&mut gov, request(i)).status(), StatusCode::OK);
     }
-    let mut i = 0u64;
-    c.bench_function(name, |b| {
-        b.iter_batched(
-            || {
-                i = i.wrapping_add(1);
-                request(i)
-            },
-            |req| once(&mut svc, req),
-            BatchSize::SmallInput,
-        )
-    });
+    let mut next = 0u64;
+    let mut totals = Totals::default();
+    for (which, name) in [(1, "pace"), (2, "governor")] {
+        g.bench_function(format!("{name}/{label}"), |b| {
+            b.iter_custom(|iters| {
+                let mut f0 = |r| once(&mut bare, r);
+                let mut f1 = |r| once(&mut pace, r);
+                let mut f2 = |r| once(&mut gov, r);
+                let spent = interleaved(iters, &mut [&mut f0, &mut f1, &mut f2], &mut next);
+                for (t, s) in totals.ns.iter_mut().zip(&spent) {
+                    *t += s.as_nanos();
+                }
+                totals.requests += iters;
+                spent[which]
+            })
+        });
+    }
+    if totals.requests == 0 {
+        return; // filtered out
+    }
+    let per = |k: usize| totals.ns[k] as f64 / totals.requests as f64;
+    let (b, p, q) = (per(0), per(1), per(2));
+    println!(
+        "pair {label}: {} requests each, interleaved; ns/request: bare {b:.0}, pace {p:.0}, \
+         governor {q:.0}; layer alone: pace {:.0}, governor {:.0}, pace/governor {:.2}",
+        totals.requests,
+        p - b,
+        q - b,
+        (p - b) / (q - b)
+    );
 }
 
 fn layers(c: &mut Criterion) {
@@ -186,29 +255,28 @@ fn layers(c: &mut Criterion) {
     let mut g = c.benchmark_group("layer");
     g.warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    bench(&mut g, "bare", inner());
-    bench(&mut g, "pace/1/fields", pace1(true).layer(inner()));
-    bench(
+    pair(
         &mut g,
-        "governor/1/headers",
+        "1/fields",
+        pace1(true).layer(inner()),
         GovernorLayer::new(gov_source_h()).layer(inner()),
     );
-    bench(&mut g, "pace/1/plain", pace1(false).layer(inner()));
-    bench(
+    pair(
         &mut g,
-        "governor/1/plain",
+        "1/plain",
+        pace1(false).layer(inner()),
         GovernorLayer::new(gov_source()).layer(inner()),
     );
-    bench(&mut g, "pace/2/fields", pace2(true).layer(inner()));
-    bench(
+    pair(
         &mut g,
-        "governor/2/headers",
+        "2/fields",
+        pace2(true).layer(inner()),
         GovernorLayer::new(gov_source_h()).layer(GovernorLayer::new(gov_client_h()).layer(inner())),
     );
-    bench(&mut g, "pace/2/plain", pace2(false).layer(inner()));
-    bench(
+    pair(
         &mut g,
-        "governor/2/plain",
+        "2/plain",
+        pace2(false).layer(inner()),
         GovernorLayer::new(gov_source()).layer(GovernorLayer::new(gov_client()).layer(inner())),
     );
     // Churn: 1e6/s per source, burst 2e6 (examples/loadgen.rs's numbers):
@@ -226,16 +294,16 @@ fn layers(c: &mut Criterion) {
         .limit(Limit::new("source", churn, PeerIp::new()))
         .build()
         .unwrap();
-    bench(&mut g, "pace/1/plain/churn", churn.layer(inner()));
     let gov_churn = GovernorConfigBuilder::default()
         .per_nanosecond(1000)
         .burst_size(2_000_000)
         .key_extractor(PeerIpKeyExtractor)
         .finish()
         .unwrap();
-    bench(
+    pair(
         &mut g,
-        "governor/1/plain/churn",
+        "1/plain/churn",
+        churn.layer(inner()),
         GovernorLayer::new(gov_churn).layer(inner()),
     );
     g.finish();

@@ -801,9 +801,7 @@ where
             Err(stop) => {
                 let r = shared.reject(stop, &head);
                 return ResponseFuture {
-                    inner: None,
-                    rejected: Some(r),
-                    settle: None,
+                    kind: Kind::Rejected { response: Some(r) },
                 };
             }
         };
@@ -816,10 +814,15 @@ where
         } else {
             None
         };
+        let future = self.inner.call(req);
         ResponseFuture {
-            inner: Some(self.inner.call(req)),
-            rejected: None,
-            settle,
+            kind: match settle {
+                None => Kind::Passthrough { future },
+                Some(settle) => Kind::Settle {
+                    future,
+                    settle: Some(settle),
+                },
+            },
         }
     }
 }
@@ -859,9 +862,19 @@ pin_project! {
     /// The response future of a [`PaceService`].
     pub struct ResponseFuture<F, B, T> {
         #[pin]
-        inner: Option<F>,
-        rejected: Option<Response<B>>,
-        settle: Option<T>,
+        kind: Kind<F, B, T>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<F, B, T> {
+        // Answered by the layer.
+        Rejected { response: Option<Response<B>> },
+        // Admitted, nothing to do after the response.
+        Passthrough { #[pin] future: F },
+        // Admitted: refunds and fields once the response is known.
+        Settle { #[pin] future: F, settle: Option<T> },
     }
 }
 
@@ -877,25 +890,25 @@ where
 {
     type Output = Result<Response<B>, E>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        if let Some(r) = this.rejected.take() {
-            return Poll::Ready(Ok(r));
-        }
-        let inner = match this.inner.as_pin_mut() {
-            Some(f) => f,
-            None => panic!("ResponseFuture polled after completion"),
-        };
-        let out = std::task::ready!(inner.poll(cx));
-        let out = out.map(|mut resp| {
-            if let Some(settle) = this.settle.take() {
-                let status = resp.status();
-                let (mut parts, body) = resp.into_parts();
-                settle.settle(status, &mut parts.headers, &parts.extensions);
-                resp = Response::from_parts(parts, body);
+        match self.project().kind.project() {
+            KindProj::Passthrough { future } => future.poll(cx),
+            KindProj::Rejected { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("ResponseFuture polled after completion"))),
+            KindProj::Settle { future, settle } => {
+                let out = std::task::ready!(future.poll(cx));
+                Poll::Ready(out.map(|mut resp| {
+                    if let Some(settle) = settle.take() {
+                        let status = resp.status();
+                        let (mut parts, body) = resp.into_parts();
+                        settle.settle(status, &mut parts.headers, &parts.extensions);
+                        resp = Response::from_parts(parts, body);
+                    }
+                    resp
+                }))
             }
-            resp
-        });
-        Poll::Ready(out)
+        }
     }
 }
