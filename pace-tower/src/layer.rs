@@ -2,21 +2,21 @@
 
 use std::fmt;
 use std::future::Future;
-use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use http::{Extensions, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use metrics::{Counter, Gauge};
-use pace::{Clock, DenyReason, Pace};
+use pace::DenyReason;
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::headers::{self, FieldWriter};
 use crate::key::{KeyExtractor, RequestHead};
+use crate::limit::{AsyncLimit, Refusal};
 
 /// What the response predicate of [`Limit::refund_if`] sees.
 #[derive(Clone, Copy, Debug)]
@@ -43,11 +43,13 @@ pub enum MissingKey<K> {
 type CostFn = dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync;
 type RefundFn = dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync;
 
-/// One limit of a [`PaceLayer`]: a named `Pace`, the extractor of its key,
-/// the cost of a request, what to do without a key and when to refund.
-pub struct Limit<E: KeyExtractor, S, C> {
+/// One limit of a [`PaceLayer`]: a named limit (a local `pace::Pace`, or
+/// any [`AsyncLimit`], such as one shared across replicas), the extractor
+/// of its key, the cost of a request, what to do without a key and when to
+/// refund.
+pub struct Limit<E: KeyExtractor, A> {
     name: String,
-    pace: Arc<Pace<E::Key, S, C>>,
+    limiter: Arc<A>,
     extractor: E,
     missing: MissingKey<E::Key>,
     cost: Option<Box<CostFn>>,
@@ -56,20 +58,20 @@ pub struct Limit<E: KeyExtractor, S, C> {
     index: usize,
 }
 
-impl<E, S, C> Limit<E, S, C>
+impl<E, A> Limit<E, A>
 where
     E: KeyExtractor,
-    S: BuildHasher + Send + Sync + 'static,
-    C: Clock + 'static,
+    A: AsyncLimit<E::Key>,
 {
     /// A limit called `name` (its policy name in the `RateLimit` fields: any
-    /// printable ASCII) on `pace`, keyed by `extractor`. By default a request
-    /// costs 1 token, a request without a key is answered 400, and nothing is
+    /// printable ASCII) on `limiter` (an `Arc<pace::Pace<K>>`, or any
+    /// [`AsyncLimit`]), keyed by `extractor`. By default a request costs 1
+    /// token, a request without a key is answered 400, and nothing is
     /// refunded.
-    pub fn new(name: impl Into<String>, pace: Arc<Pace<E::Key, S, C>>, extractor: E) -> Self {
+    pub fn new(name: impl Into<String>, limiter: Arc<A>, extractor: E) -> Self {
         Limit {
             name: name.into(),
-            pace,
+            limiter,
             extractor,
             missing: MissingKey::Reject(StatusCode::BAD_REQUEST),
             cost: None,
@@ -88,7 +90,7 @@ where
         self
     }
 
-    /// The tokens a request costs (`Pace::reserve_n`). A cost of 0 always
+    /// The tokens a request costs (`reserve_n`). A cost of 0 always
     /// passes; a cost above the capacity is a permanent denial.
     pub fn cost(mut self, f: impl Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Box::new(f));
@@ -145,6 +147,9 @@ pub enum Reason {
     /// `into_make_service_with_connect_info::<SocketAddr>()`; otherwise a
     /// [`PeerAddr`](crate::PeerAddr) extension).
     MissingPeerAddr,
+    /// The limit gave no decision ([`Refusal::Unavailable`]: a shared
+    /// limit that is down); the default answer is `503`.
+    Unavailable,
 }
 
 /// A request a [`PaceLayer`] answers itself, as its response hook
@@ -219,6 +224,7 @@ struct Counters {
     exceeds_capacity: Counter,
     time_exhausted: Counter,
     missing_key: Counter,
+    unavailable: Counter,
     rows: Gauge,
 }
 
@@ -233,6 +239,7 @@ impl Counters {
             exceeds_capacity: denied("exceeds_capacity"),
             time_exhausted: denied("time_exhausted"),
             missing_key: denied("missing_key"),
+            unavailable: denied("unavailable"),
             rows: metrics::gauge!("pace_rows", "limit" => limit.clone()),
         }
     }
@@ -262,14 +269,14 @@ mod sealed {
     pub enum Stop {
         Missing { index: usize, status: StatusCode },
         NoPeer { index: usize },
-        Denied { index: usize, denied: pace::Denied },
+        Refused { index: usize, refusal: Refusal },
     }
 
     /// The limits of a layer: `()` and `(limits, Limit)`, reserved left to
     /// right.
     pub trait LimitsImpl: Send + Sync + 'static {
-        /// Per request: what each limit reserved.
-        type Held: Send + 'static;
+        /// Per request: where each limit's reservation stands.
+        type State: Send + 'static;
 
         /// Validates names and registers counters, in order.
         fn prepare(&mut self, metas: &mut Vec<Meta>) -> Result<(), InvalidPolicyName>;
@@ -277,27 +284,42 @@ mod sealed {
         fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, u64)>);
         /// Whether any limit refunds on the response.
         fn refunds_on_response(&self) -> bool;
-        /// Reserves every limit in order, or none (earlier ones refunded,
-        /// newest first, when a later one stops the request).
-        fn reserve(&self, head: &RequestHead<'_>) -> Result<Self::Held, Stop>;
-        /// Refunds everything `held` holds, newest first.
-        fn undo(&self, held: Self::Held);
+        /// Every limit's key and cost, in order; nothing reserved yet.
+        fn start(&self, head: &RequestHead<'_>) -> Result<Self::State, Stop>;
+        /// Reserves the limits in order (each once the ones before it
+        /// admitted). On a refusal, the ones before it are refunded, newest
+        /// first, before this returns it.
+        fn poll_reserve(
+            &self,
+            st: &mut Self::State,
+            cx: &mut Context<'_>,
+        ) -> Poll<Result<(), Stop>>;
+        /// Refunds everything `st` holds, newest first.
+        fn undo(&self, st: &mut Self::State);
         /// Counts the admission.
-        fn admitted(&self, held: &Self::Held, metas: &[Meta]);
-        /// Applies the refund predicates to the response.
-        fn settle(&self, held: &mut Self::Held, resp: &ResponseHead<'_>, metas: &[Meta]);
+        fn admitted(&self, st: &Self::State, metas: &[Meta]);
+        /// Applies the refund predicates to the response, newest first.
+        fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]);
         /// Writes one `RateLimit` item per reserved limit.
-        fn fields(&self, held: &Self::Held, metas: &[Meta], w: &mut FieldWriter);
+        fn fields(&self, st: &Self::State, metas: &[Meta], w: &mut FieldWriter);
     }
 
     /// One limit's part of a request.
-    pub struct Held1<K> {
-        pub(super) key: K,
-        pub(super) debit: Option<pace::Debit>,
+    pub enum Step<K, D, R> {
+        /// No key, and the limit is skipped.
+        Skip,
+        /// Its turn has not come.
+        Queued { key: K, n: u64 },
+        /// Its reservation is in flight.
+        Waiting { key: K, fut: R },
+        /// Admitted (`debit` is `None` once refunded).
+        Held { key: K, debit: Option<D> },
+        /// Refused, or moved out.
+        Gone,
     }
 }
 
-use sealed::{Held1, LimitsImpl, Stop};
+use sealed::{LimitsImpl, Step, Stop};
 
 /// The limits of a [`PaceLayer`], as [`PaceLayerBuilder::limit`] chains
 /// them (implemented for those chains only).
@@ -306,7 +328,7 @@ pub trait Limits: LimitsImpl {}
 impl<T: LimitsImpl> Limits for T {}
 
 impl LimitsImpl for () {
-    type Held = ();
+    type State = ();
 
     fn prepare(&mut self, _: &mut Vec<Meta>) -> Result<(), InvalidPolicyName> {
         Ok(())
@@ -316,11 +338,15 @@ impl LimitsImpl for () {
         false
     }
     #[inline]
-    fn reserve(&self, _: &RequestHead<'_>) -> Result<(), Stop> {
+    fn start(&self, _: &RequestHead<'_>) -> Result<(), Stop> {
         Ok(())
     }
     #[inline]
-    fn undo(&self, _: ()) {}
+    fn poll_reserve(&self, _: &mut (), _: &mut Context<'_>) -> Poll<Result<(), Stop>> {
+        Poll::Ready(Ok(()))
+    }
+    #[inline]
+    fn undo(&self, _: &mut ()) {}
     #[inline]
     fn admitted(&self, _: &(), _: &[Meta]) {}
     #[inline]
@@ -334,14 +360,19 @@ fn refill_ns(rate: pace::Rate, tokens: u64) -> u64 {
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
-impl<E, S, C> Limit<E, S, C>
+type StepOf<E, A> = Step<
+    <E as KeyExtractor>::Key,
+    <A as AsyncLimit<<E as KeyExtractor>::Key>>::Debit,
+    <A as AsyncLimit<<E as KeyExtractor>::Key>>::Reserve,
+>;
+
+impl<E, A> Limit<E, A>
 where
     E: KeyExtractor,
-    S: BuildHasher + Send + Sync + 'static,
-    C: Clock + 'static,
+    A: AsyncLimit<E::Key>,
 {
     #[inline]
-    fn reserve_one(&self, head: &RequestHead<'_>) -> Result<Option<Held1<E::Key>>, Stop> {
+    fn start_one(&self, head: &RequestHead<'_>) -> Result<StepOf<E, A>, Stop> {
         let key = match self.extractor.extract(head) {
             Some(k) => k,
             None => {
@@ -358,43 +389,64 @@ where
                         })
                     }
                     MissingKey::Shared(k) => k.clone(),
-                    MissingKey::Skip => return Ok(None),
+                    MissingKey::Skip => return Ok(Step::Skip),
                 }
             }
         };
         let n = self.cost.as_ref().map_or(1, |f| f(head));
-        match self.pace.reserve_n(&key, n) {
-            Ok(r) => {
-                let debit = Some(r.detach());
-                Ok(Some(Held1 { key, debit }))
+        Ok(Step::Queued { key, n })
+    }
+
+    /// Drives this limit's step; `Ready(Err)` is its refusal.
+    #[inline]
+    fn poll_one(&self, step: &mut StepOf<E, A>, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
+        loop {
+            match step {
+                Step::Queued { .. } => {
+                    let Step::Queued { key, n } = std::mem::replace(step, Step::Gone) else {
+                        unreachable!()
+                    };
+                    let fut = self.limiter.reserve(&key, n);
+                    *step = Step::Waiting { key, fut };
+                }
+                Step::Waiting { fut, .. } => {
+                    let out = std::task::ready!(Pin::new(fut).poll(cx));
+                    let Step::Waiting { key, .. } = std::mem::replace(step, Step::Gone) else {
+                        unreachable!()
+                    };
+                    match out {
+                        Ok(d) => {
+                            *step = Step::Held {
+                                key,
+                                debit: Some(d),
+                            };
+                            return Poll::Ready(Ok(()));
+                        }
+                        Err(refusal) => return Poll::Ready(Err(refusal)),
+                    }
+                }
+                Step::Skip | Step::Held { .. } | Step::Gone => return Poll::Ready(Ok(())),
             }
-            Err(denied) => Err(Stop::Denied {
-                index: self.index,
-                denied,
-            }),
         }
     }
 
     #[inline]
-    fn undo_one(&self, held: Option<Held1<E::Key>>) {
-        if let Some(Held1 {
-            key,
-            debit: Some(d),
-        }) = held
-        {
-            self.pace.refund(&key, d);
+    fn undo_one(&self, step: &mut StepOf<E, A>) {
+        if let Step::Held { key, debit } = step {
+            if let Some(d) = debit.take() {
+                self.limiter.refund(key, d);
+            }
         }
     }
 }
 
-impl<L, E, S, C> LimitsImpl for (L, Limit<E, S, C>)
+impl<L, E, A> LimitsImpl for (L, Limit<E, A>)
 where
     L: LimitsImpl,
     E: KeyExtractor,
-    S: BuildHasher + Send + Sync + 'static,
-    C: Clock + 'static,
+    A: AsyncLimit<E::Key>,
 {
-    type Held = (L::Held, Option<Held1<E::Key>>);
+    type State = (L::State, StepOf<E, A>);
 
     fn prepare(&mut self, metas: &mut Vec<Meta>) -> Result<(), InvalidPolicyName> {
         self.0.prepare(metas)?;
@@ -413,8 +465,12 @@ where
     fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, u64)>) {
         self.0.policy_items(metas, out);
         let m = &self.1;
-        let q = m.pace.capacity();
-        out.push((metas[m.index].name.as_str(), q, refill_ns(m.pace.rate(), q)));
+        let q = m.limiter.capacity();
+        out.push((
+            metas[m.index].name.as_str(),
+            q,
+            refill_ns(m.limiter.rate(), q),
+        ));
     }
 
     fn refunds_on_response(&self) -> bool {
@@ -422,58 +478,71 @@ where
     }
 
     #[inline]
-    fn reserve(&self, head: &RequestHead<'_>) -> Result<Self::Held, Stop> {
-        let left = self.0.reserve(head)?;
-        match self.1.reserve_one(head) {
-            Ok(h) => Ok((left, h)),
-            Err(stop) => {
-                self.0.undo(left);
-                Err(stop)
+    fn start(&self, head: &RequestHead<'_>) -> Result<Self::State, Stop> {
+        let left = self.0.start(head)?;
+        Ok((left, self.1.start_one(head)?))
+    }
+
+    #[inline]
+    fn poll_reserve(&self, st: &mut Self::State, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
+        std::task::ready!(self.0.poll_reserve(&mut st.0, cx))?;
+        match std::task::ready!(self.1.poll_one(&mut st.1, cx)) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(refusal) => {
+                self.0.undo(&mut st.0);
+                Poll::Ready(Err(Stop::Refused {
+                    index: self.1.index,
+                    refusal,
+                }))
             }
         }
     }
 
     #[inline]
-    fn undo(&self, held: Self::Held) {
-        self.1.undo_one(held.1);
-        self.0.undo(held.0);
+    fn undo(&self, st: &mut Self::State) {
+        self.1.undo_one(&mut st.1);
+        self.0.undo(&mut st.0);
     }
 
     #[inline]
-    fn admitted(&self, held: &Self::Held, metas: &[Meta]) {
-        self.0.admitted(&held.0, metas);
-        if held.1.is_some() {
+    fn admitted(&self, st: &Self::State, metas: &[Meta]) {
+        self.0.admitted(&st.0, metas);
+        if let Step::Held { .. } = st.1 {
             let c = &metas[self.1.index].counters;
             c.admitted.increment(1);
-            c.rows.set(self.1.pace.len() as f64);
+            if let Some(rows) = self.1.limiter.rows() {
+                c.rows.set(rows as f64);
+            }
         }
     }
 
     #[inline]
-    fn settle(&self, held: &mut Self::Held, resp: &ResponseHead<'_>, metas: &[Meta]) {
-        // Newest first, as `pace::AllReservation::refund_where`.
-        if let (Some(f), Some(h)) = (&self.1.refund, &mut held.1) {
-            if f(resp) {
-                if let Some(d) = h.debit.take() {
-                    self.1.pace.refund(&h.key, d);
+    fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]) {
+        if let (Some(f), Step::Held { key, debit }) = (&self.1.refund, &mut st.1) {
+            if debit.is_some() && f(resp) {
+                if let Some(d) = debit.take() {
+                    self.1.limiter.refund(key, d);
                     let c = &metas[self.1.index].counters;
                     c.refunded.increment(1);
-                    c.rows.set(self.1.pace.len() as f64);
+                    if let Some(rows) = self.1.limiter.rows() {
+                        c.rows.set(rows as f64);
+                    }
                 }
             }
         }
-        self.0.settle(&mut held.0, resp, metas);
+        self.0.settle(&mut st.0, resp, metas);
     }
 
     #[inline]
-    fn fields(&self, held: &Self::Held, metas: &[Meta], w: &mut FieldWriter) {
-        self.0.fields(&held.0, metas, w);
-        if let Some(h) = &held.1 {
+    fn fields(&self, st: &Self::State, metas: &[Meta], w: &mut FieldWriter) {
+        self.0.fields(&st.0, metas, w);
+        if let Step::Held { key, debit } = &st.1 {
             let m = &self.1;
-            let r = m.pace.peek(&h.key);
-            let q = m.pace.capacity();
-            let t = headers::ceil_secs(refill_ns(m.pace.rate(), q.saturating_sub(r)));
-            w.item(&metas[m.index].sf_name, r, t);
+            if let Some(r) = m.limiter.remaining(key, debit.as_ref()) {
+                let q = m.limiter.capacity();
+                let t = headers::ceil_secs(refill_ns(m.limiter.rate(), q.saturating_sub(r)));
+                w.item(&metas[m.index].sf_name, r, t);
+            }
         }
     }
 }
@@ -504,11 +573,10 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// before the ones refunded on outcome (per claimed id) only if you want
     /// a denial of the later one to refund the earlier; either order admits
     /// exactly the same requests.
-    pub fn limit<E, S, C>(self, limit: Limit<E, S, C>) -> PaceLayerBuilder<(L, Limit<E, S, C>), H>
+    pub fn limit<E, A>(self, limit: Limit<E, A>) -> PaceLayerBuilder<(L, Limit<E, A>), H>
     where
         E: KeyExtractor,
-        S: BuildHasher + Send + Sync + 'static,
-        C: Clock + 'static,
+        A: AsyncLimit<E::Key>,
     {
         PaceLayerBuilder {
             limits: (self.limits, limit),
@@ -727,38 +795,55 @@ impl<L: Limits, H> Shared<L, H> {
                     status(StatusCode::INTERNAL_SERVER_ERROR),
                 )
             }
-            Stop::Denied { index, denied } => {
+            Stop::Refused { index, refusal } => {
                 let m = &self.metas[index];
-                m.counters.denied(denied.reason()).increment(1);
-                if denied.is_permanent() {
-                    tracing::debug!(
-                        target: "pace_tower",
-                        limit = %m.name,
-                        reason = ?denied.reason(),
-                        "denied for good"
-                    );
-                    let mut r = status(self.permanent);
-                    self.policy_field(&mut r);
-                    (index, Reason::Permanent(denied.reason()), r)
-                } else {
-                    let wait = denied.retry_after();
-                    let secs = retry_after_secs(wait);
-                    tracing::debug!(
-                        target: "pace_tower",
-                        limit = %m.name,
-                        retry_after_ms = wait.as_millis() as u64,
-                        "denied"
-                    );
-                    let mut r = status(StatusCode::TOO_MANY_REQUESTS);
-                    r.headers_mut()
-                        .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
-                    let mut w = FieldWriter::new();
-                    w.item(&m.sf_name, 0, secs);
-                    if let Some(v) = w.value() {
-                        r.headers_mut().insert(headers::RATELIMIT.clone(), v);
+                match refusal {
+                    Refusal::Exhausted { retry_after: wait } => {
+                        m.counters.exhausted.increment(1);
+                        let secs = retry_after_secs(wait);
+                        tracing::debug!(
+                            target: "pace_tower",
+                            limit = %m.name,
+                            retry_after_ms = wait.as_millis() as u64,
+                            "denied"
+                        );
+                        let mut r = status(StatusCode::TOO_MANY_REQUESTS);
+                        r.headers_mut()
+                            .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+                        let mut w = FieldWriter::new();
+                        w.item(&m.sf_name, 0, secs);
+                        if let Some(v) = w.value() {
+                            r.headers_mut().insert(headers::RATELIMIT.clone(), v);
+                        }
+                        self.policy_field(&mut r);
+                        (index, Reason::Exhausted { retry_after: wait }, r)
                     }
-                    self.policy_field(&mut r);
-                    (index, Reason::Exhausted { retry_after: wait }, r)
+                    Refusal::Permanent(reason) => {
+                        m.counters.denied(reason).increment(1);
+                        tracing::debug!(
+                            target: "pace_tower",
+                            limit = %m.name,
+                            reason = ?reason,
+                            "denied for good"
+                        );
+                        let mut r = status(self.permanent);
+                        self.policy_field(&mut r);
+                        (index, Reason::Permanent(reason), r)
+                    }
+                    Refusal::Unavailable(error) => {
+                        m.counters.unavailable.increment(1);
+                        tracing::warn!(
+                            target: "pace_tower",
+                            limit = %m.name,
+                            error = %error,
+                            "no decision from the limit"
+                        );
+                        (
+                            index,
+                            Reason::Unavailable,
+                            status(StatusCode::SERVICE_UNAVAILABLE),
+                        )
+                    }
                 }
             }
         };
@@ -781,13 +866,13 @@ impl<L: Limits, H> Shared<L, H> {
 
 impl<S, L, H, ReqBody, ResBody> Service<Request<ReqBody>> for PaceService<S, L, H>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     L: Limits,
     H: Respond<ResBody>,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody, Settle<L, H>>;
+    type Future = ResponseFuture<S, ReqBody, L, H>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -796,41 +881,38 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
         let head = RequestHead::of(&req);
-        let held = match shared.limits.reserve(&head) {
-            Ok(held) => held,
-            Err(stop) => {
-                let r = shared.reject(stop, &head);
+        let mut st = match shared.limits.start(&head) {
+            Ok(st) => st,
+            Err(stop) => return ResponseFuture::rejected(shared.reject(stop, &head)),
+        };
+        // Local limits answer at once: the whole chain is decided here.
+        let mut cx = Context::from_waker(Waker::noop());
+        match shared.limits.poll_reserve(&mut st, &mut cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(stop)) => return ResponseFuture::rejected(shared.reject(stop, &head)),
+            Poll::Pending => {
+                // A shared limit is in flight: the request waits for it, and
+                // the inner service that was made ready goes with it.
+                let ready = self.inner.clone();
+                let svc = std::mem::replace(&mut self.inner, ready);
                 return ResponseFuture {
-                    kind: Kind::Rejected { response: Some(r) },
+                    kind: Kind::Reserving {
+                        st: Some(st),
+                        req: Some(req),
+                        svc: Some(svc),
+                        shared: self.shared.clone(),
+                    },
                 };
             }
-        };
-        shared.limits.admitted(&held, &shared.metas);
-        let settle = if shared.settle {
-            Some(Settle {
-                held,
-                shared: self.shared.clone(),
-            })
-        } else {
-            None
-        };
-        let future = self.inner.call(req);
-        ResponseFuture {
-            kind: match settle {
-                None => Kind::Passthrough { future },
-                Some(settle) => Kind::Settle {
-                    future,
-                    settle: Some(settle),
-                },
-            },
         }
+        ResponseFuture::admitted(&mut self.inner, req, st, &self.shared)
     }
 }
 
 /// What an admitted request does once its response is known: refunds and
 /// the `RateLimit` fields.
-pub struct Settle<L: Limits, H> {
-    held: L::Held,
+struct Settle<L: Limits, H> {
+    st: L::State,
     shared: Arc<Shared<L, H>>,
 }
 
@@ -843,11 +925,11 @@ impl<L: Limits, H> Settle<L, H> {
                 headers,
                 extensions,
             };
-            shared.limits.settle(&mut self.held, &head, &shared.metas);
+            shared.limits.settle(&mut self.st, &head, &shared.metas);
         }
         if shared.headers {
             let mut w = FieldWriter::new();
-            shared.limits.fields(&self.held, &shared.metas, &mut w);
+            shared.limits.fields(&self.st, &shared.metas, &mut w);
             if let Some(v) = w.value() {
                 headers.insert(headers::RATELIMIT.clone(), v);
             }
@@ -860,55 +942,140 @@ impl<L: Limits, H> Settle<L, H> {
 
 pin_project! {
     /// The response future of a [`PaceService`].
-    pub struct ResponseFuture<F, B, T> {
+    pub struct ResponseFuture<S, ReqBody, L, H>
+    where
+        S: Service<Request<ReqBody>>,
+        L: Limits,
+    {
         #[pin]
-        kind: Kind<F, B, T>,
+        kind: Kind<S, ReqBody, L, H>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<F, B, T> {
+    enum Kind<S, ReqBody, L, H>
+    where
+        S: Service<Request<ReqBody>>,
+        L: Limits,
+    {
         // Answered by the layer.
-        Rejected { response: Option<Response<B>> },
+        Rejected { response: Option<S::Response> },
+        // A shared limit is in flight.
+        Reserving {
+            st: Option<L::State>,
+            req: Option<Request<ReqBody>>,
+            svc: Option<S>,
+            shared: Arc<Shared<L, H>>,
+        },
         // Admitted, nothing to do after the response.
-        Passthrough { #[pin] future: F },
+        Passthrough { #[pin] future: S::Future },
         // Admitted: refunds and fields once the response is known.
-        Settle { #[pin] future: F, settle: Option<T> },
+        Settle { #[pin] future: S::Future, settle: Option<Settle<L, H>> },
     }
 }
 
-impl<F, B, T> fmt::Debug for ResponseFuture<F, B, T> {
+impl<S, ReqBody, L, H> fmt::Debug for ResponseFuture<S, ReqBody, L, H>
+where
+    S: Service<Request<ReqBody>>,
+    L: Limits,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }
 
-impl<F, B, E, L: Limits, H> Future for ResponseFuture<F, B, Settle<L, H>>
+impl<S, ReqBody, L, H> ResponseFuture<S, ReqBody, L, H>
 where
-    F: Future<Output = Result<Response<B>, E>>,
+    S: Service<Request<ReqBody>>,
+    L: Limits,
 {
-    type Output = Result<Response<B>, E>;
+    fn rejected(response: S::Response) -> Self {
+        ResponseFuture {
+            kind: Kind::Rejected {
+                response: Some(response),
+            },
+        }
+    }
+
+    /// Counts the admission and calls `svc` (ready).
+    #[inline]
+    fn admitted(
+        svc: &mut S,
+        req: Request<ReqBody>,
+        st: L::State,
+        shared: &Arc<Shared<L, H>>,
+    ) -> Self {
+        shared.limits.admitted(&st, &shared.metas);
+        let future = svc.call(req);
+        ResponseFuture {
+            kind: if shared.settle {
+                Kind::Settle {
+                    future,
+                    settle: Some(Settle {
+                        st,
+                        shared: shared.clone(),
+                    }),
+                }
+            } else {
+                Kind::Passthrough { future }
+            },
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody, L, H> Future for ResponseFuture<S, ReqBody, L, H>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    L: Limits,
+    H: Respond<ResBody>,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
 
     #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Passthrough { future } => future.poll(cx),
-            KindProj::Rejected { response } => Poll::Ready(Ok(response
-                .take()
-                .expect("ResponseFuture polled after completion"))),
-            KindProj::Settle { future, settle } => {
-                let out = std::task::ready!(future.poll(cx));
-                Poll::Ready(out.map(|mut resp| {
-                    if let Some(settle) = settle.take() {
-                        let status = resp.status();
-                        let (mut parts, body) = resp.into_parts();
-                        settle.settle(status, &mut parts.headers, &parts.extensions);
-                        resp = Response::from_parts(parts, body);
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let next = match self.as_mut().project().kind.project() {
+                KindProj::Passthrough { future } => return future.poll(cx),
+                KindProj::Rejected { response } => {
+                    return Poll::Ready(Ok(response
+                        .take()
+                        .expect("ResponseFuture polled after completion")))
+                }
+                KindProj::Settle { future, settle } => {
+                    let out = std::task::ready!(future.poll(cx));
+                    return Poll::Ready(out.map(|mut resp| {
+                        if let Some(settle) = settle.take() {
+                            let status = resp.status();
+                            let (mut parts, body) = resp.into_parts();
+                            settle.settle(status, &mut parts.headers, &parts.extensions);
+                            resp = Response::from_parts(parts, body);
+                        }
+                        resp
+                    }));
+                }
+                KindProj::Reserving {
+                    st,
+                    req,
+                    svc,
+                    shared,
+                } => {
+                    let state = st.as_mut().expect("ResponseFuture polled after completion");
+                    let done = std::task::ready!(shared.limits.poll_reserve(state, cx));
+                    let req = req.take().expect("ResponseFuture polled after completion");
+                    match done {
+                        Ok(()) => {
+                            let mut svc = svc.take().expect("a ready service");
+                            let state = st.take().expect("the state");
+                            ResponseFuture::admitted(&mut svc, req, state, shared)
+                        }
+                        Err(stop) => {
+                            ResponseFuture::rejected(shared.reject(stop, &RequestHead::of(&req)))
+                        }
                     }
-                    resp
-                }))
-            }
+                }
+            };
+            self.set(next);
         }
     }
 }

@@ -4,6 +4,9 @@
 //!
 //! * keyed limits: [`PaceLayer`] ([`PaceLayer::builder`], [`Limit`],
 //!   [`MissingKey`], [`PaceLayerBuilder::on_reject`]);
+//! * what a limit reserves from, module [`limit`] ([`AsyncLimit`],
+//!   implemented by `pace::Pace` and, with feature `redis`,
+//!   `pace_redis::RedisPace`);
 //! * the key extractors, module [`key`] ([`PeerIp`], [`ForwardedIp`],
 //!   [`Header`], [`from_fn`]);
 //! * the `RateLimit` / `RateLimit-Policy` fields, module [`headers`];
@@ -14,6 +17,7 @@ pub mod gate;
 pub mod headers;
 pub mod key;
 mod layer;
+pub mod limit;
 
 pub use crate::gate::{BodyOverrun, GateLayer, GateRequestBody, GateResponseBody, GateService};
 pub use crate::key::{
@@ -22,6 +26,7 @@ pub use crate::key::{
 };
 pub use crate::layer::{
     DefaultRespond, InvalidPolicyName, Limit, Limits, MissingKey, PaceLayer, PaceLayerBuilder,
-    PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture, ResponseHead, Settle,
+    PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture, ResponseHead,
     MISSING_PEER_ADDR_BODY,
 };
+pub use crate::limit::{AsyncLimit, Refusal};
