@@ -284,8 +284,12 @@ mod sealed {
         fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, u64)>);
         /// Whether any limit refunds on the response.
         fn refunds_on_response(&self) -> bool;
-        /// Every limit's key and cost, in order; nothing reserved yet.
-        fn start(&self, head: &RequestHead<'_>) -> Result<Self::State, Stop>;
+        /// Every limit's key and cost, in order, reserving each limit that
+        /// decides at once ([`AsyncLimit::reserve_now`]) as long as every
+        /// limit before it was decided; true when all were (the request is
+        /// admitted). On a stop, whatever was reserved is refunded, newest
+        /// first, before this returns it.
+        fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop>;
         /// Reserves the limits in order (each once the ones before it
         /// admitted). On a refusal, the ones before it are refunded, newest
         /// first, before this returns it.
@@ -338,8 +342,8 @@ impl LimitsImpl for () {
         false
     }
     #[inline]
-    fn start(&self, _: &RequestHead<'_>) -> Result<(), Stop> {
-        Ok(())
+    fn start(&self, _: &RequestHead<'_>) -> Result<((), bool), Stop> {
+        Ok(((), true))
     }
     #[inline]
     fn poll_reserve(&self, _: &mut (), _: &mut Context<'_>) -> Poll<Result<(), Stop>> {
@@ -406,8 +410,20 @@ where
                     let Step::Queued { key, n } = std::mem::replace(step, Step::Gone) else {
                         unreachable!()
                     };
-                    let fut = self.limiter.reserve(&key, n);
-                    *step = Step::Waiting { key, fut };
+                    match self.limiter.reserve_now(&key, n) {
+                        Some(Ok(d)) => {
+                            *step = Step::Held {
+                                key,
+                                debit: Some(d),
+                            };
+                            return Poll::Ready(Ok(()));
+                        }
+                        Some(Err(refusal)) => return Poll::Ready(Err(refusal)),
+                        None => {
+                            let fut = self.limiter.reserve(&key, n);
+                            *step = Step::Waiting { key, fut };
+                        }
+                    }
                 }
                 Step::Waiting { fut, .. } => {
                     let out = std::task::ready!(Pin::new(fut).poll(cx));
@@ -478,9 +494,39 @@ where
     }
 
     #[inline]
-    fn start(&self, head: &RequestHead<'_>) -> Result<Self::State, Stop> {
-        let left = self.0.start(head)?;
-        Ok((left, self.1.start_one(head)?))
+    fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop> {
+        let (mut left, decided) = self.0.start(head)?;
+        let (key, n) = match self.1.start_one(head) {
+            Ok(Step::Queued { key, n }) => (key, n),
+            Ok(step) => return Ok(((left, step), decided)),
+            Err(stop) => {
+                self.0.undo(&mut left);
+                return Err(stop);
+            }
+        };
+        if !decided {
+            return Ok(((left, Step::Queued { key, n }), false));
+        }
+        match self.1.limiter.reserve_now(&key, n) {
+            Some(Ok(d)) => Ok((
+                (
+                    left,
+                    Step::Held {
+                        key,
+                        debit: Some(d),
+                    },
+                ),
+                true,
+            )),
+            Some(Err(refusal)) => {
+                self.0.undo(&mut left);
+                Err(Stop::Refused {
+                    index: self.1.index,
+                    refusal,
+                })
+            }
+            None => Ok(((left, Step::Queued { key, n }), false)),
+        }
     }
 
     #[inline]
@@ -882,10 +928,14 @@ where
         let shared = &*self.shared;
         let head = RequestHead::of(&req);
         let mut st = match shared.limits.start(&head) {
-            Ok(st) => st,
+            Ok((st, true)) => {
+                // Every limit decided at once (local limits): admitted.
+                return ResponseFuture::admitted(&mut self.inner, req, st, &self.shared);
+            }
+            Ok((st, false)) => st,
             Err(stop) => return ResponseFuture::rejected(shared.reject(stop, &head)),
         };
-        // Local limits answer at once: the whole chain is decided here.
+        // A limit that answers later: try once (it may answer at once).
         let mut cx = Context::from_waker(Waker::noop());
         match shared.limits.poll_reserve(&mut st, &mut cx) {
             Poll::Ready(Ok(())) => {}
@@ -897,10 +947,12 @@ where
                 let svc = std::mem::replace(&mut self.inner, ready);
                 return ResponseFuture {
                     kind: Kind::Reserving {
-                        st: Some(st),
-                        req: Some(req),
-                        svc: Some(svc),
-                        shared: self.shared.clone(),
+                        wait: Box::new(Reserving {
+                            st: Some(st),
+                            req: Some(req),
+                            svc: Some(svc),
+                            shared: self.shared.clone(),
+                        }),
                     },
                 };
             }
@@ -961,18 +1013,22 @@ pin_project! {
     {
         // Answered by the layer.
         Rejected { response: Option<S::Response> },
-        // A shared limit is in flight.
-        Reserving {
-            st: Option<L::State>,
-            req: Option<Request<ReqBody>>,
-            svc: Option<S>,
-            shared: Arc<Shared<L, H>>,
-        },
+        // A shared limit is in flight (boxed: the admitted paths keep the
+        // future small).
+        Reserving { wait: Box<Reserving<S, ReqBody, L, H>> },
         // Admitted, nothing to do after the response.
         Passthrough { #[pin] future: S::Future },
         // Admitted: refunds and fields once the response is known.
         Settle { #[pin] future: S::Future, settle: Option<Settle<L, H>> },
     }
+}
+
+/// A request waiting for a limit that answers later.
+struct Reserving<S, ReqBody, L: Limits, H> {
+    st: Option<L::State>,
+    req: Option<Request<ReqBody>>,
+    svc: Option<S>,
+    shared: Arc<Shared<L, H>>,
 }
 
 impl<S, ReqBody, L, H> fmt::Debug for ResponseFuture<S, ReqBody, L, H>
@@ -1054,12 +1110,13 @@ where
                         resp
                     }));
                 }
-                KindProj::Reserving {
-                    st,
-                    req,
-                    svc,
-                    shared,
-                } => {
+                KindProj::Reserving { wait } => {
+                    let Reserving {
+                        st,
+                        req,
+                        svc,
+                        shared,
+                    } = &mut **wait;
                     let state = st.as_mut().expect("ResponseFuture polled after completion");
                     let done = std::task::ready!(shared.limits.poll_reserve(state, cx));
                     let req = req.take().expect("ResponseFuture polled after completion");

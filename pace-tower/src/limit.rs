@@ -69,6 +69,17 @@ pub trait AsyncLimit<K>: Send + Sync + 'static {
     /// Starts reserving `n` tokens of `key`.
     fn reserve(&self, key: &K, n: u64) -> Self::Reserve;
 
+    /// The decision on `n` tokens of `key` now, for a limit that decides
+    /// without waiting (a local one); `None` (the default) for one that
+    /// needs a round trip: the layer then calls [`reserve`](Self::reserve).
+    /// A request whose limits all decide now is decided inside the
+    /// service's `call`.
+    #[inline]
+    fn reserve_now(&self, key: &K, n: u64) -> Option<Result<Self::Debit, Refusal>> {
+        let _ = (key, n);
+        None
+    }
+
     /// Returns `debit` (by the limit's refund rule). A shared limit may
     /// finish it in the background.
     fn refund(&self, key: &K, debit: Self::Debit);
@@ -102,6 +113,15 @@ where
     #[inline]
     fn reserve(&self, key: &K, n: u64) -> Self::Reserve {
         ready(
+            self.reserve_n(key, n)
+                .map(pace::Reservation::detach)
+                .map_err(Refusal::from),
+        )
+    }
+
+    #[inline]
+    fn reserve_now(&self, key: &K, n: u64) -> Option<Result<pace::Debit, Refusal>> {
+        Some(
             self.reserve_n(key, n)
                 .map(pace::Reservation::detach)
                 .map_err(Refusal::from),
