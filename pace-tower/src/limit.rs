@@ -130,7 +130,7 @@ where
 
     #[inline]
     fn refund(&self, key: &K, debit: pace::Debit) {
-        Pace::refund(self, key, debit)
+        Pace::refund(self, key, debit);
     }
 
     #[inline]

@@ -95,7 +95,7 @@ impl AsyncLimit<String> for Remote {
 
     fn refund(&self, key: &String, debit: pace::Debit) {
         self.log.lock().unwrap().push(format!("refund {key}"));
-        self.pace.refund(key, debit)
+        self.pace.refund(key, debit);
     }
 
     fn remaining(&self, key: &String, _: Option<&pace::Debit>) -> Option<u64> {
