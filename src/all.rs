@@ -113,7 +113,7 @@ where
 pub type BoxAxis<'a> = Box<dyn Axis + Send + 'a>;
 
 /// Starts an all-or-nothing reservation over several limits (see the
-/// [module documentation](crate::all)).
+/// [module documentation](mod@crate::all)).
 pub fn all<'a>() -> All<'a> {
     All { axes: Vec::new() }
 }
@@ -212,7 +212,7 @@ impl fmt::Debug for All<'_> {
 
 /// A denied [`All::reserve`]: which pair denied and why. Nothing it reserved
 /// before the denial is kept beyond what the refund rule keeps (see the
-/// [module documentation](crate::all)).
+/// [module documentation](mod@crate::all)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllDenied {
     /// Index (in the order added) of the pair that denied.

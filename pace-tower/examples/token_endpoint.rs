@@ -9,7 +9,10 @@
 //! * per claimed client id: 5/s, burst 10, refunded when the answer is
 //!   `401 invalid_client`: only accepted presentations spend a client's
 //!   pace, so a flood of made-up or wrong-secret ids leaves no rows behind.
-//! * no `Authorization`: 400 before anything is reserved.
+//! * no `Authorization`: the per-client limit is skipped (the source's is
+//!   spent) and the endpoint answers its own `400 invalid_request`.
+//!
+//! Every JSON answer says `content-type: application/json`.
 //!
 //! Run: `cargo run --release -p pace-tower --example token_endpoint`
 //! (listens on 127.0.0.1:3000), then
@@ -25,7 +28,9 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use base64::Engine;
 use pace::{Pace, Rate};
-use pace_tower::{from_fn, Limit, PaceLayer, PeerIp, RequestHead, ResponseHead};
+use pace_tower::{
+    from_fn, Limit, Limits, MissingKey, PaceLayer, PeerIp, RequestHead, ResponseHead,
+};
 
 /// Marks a response as the answer to an invalid client presentation.
 #[derive(Clone, Copy, Debug)]
@@ -57,12 +62,15 @@ fn registered(id: &str, secret: &str) -> bool {
     }
 }
 
+const JSON: (header::HeaderName, &str) = (header::CONTENT_TYPE, "application/json");
+
 /// The exchange: 200 with a token for a registered client, 401
-/// `invalid_client` otherwise, 400 `invalid_request` without credentials.
+/// `invalid_client` otherwise, 400 `invalid_request` without credentials;
+/// all JSON.
 pub async fn token(req: Request) -> Response {
     match basic(req.headers()) {
         Some((id, secret)) if registered(&id, &secret) => (
-            [(header::CACHE_CONTROL, "no-store")],
+            [JSON, (header::CACHE_CONTROL, "no-store")],
             format!(
                 "{{\"access_token\":\"at-{id}\",\"token_type\":\"Bearer\",\"expires_in\":300}}"
             ),
@@ -70,12 +78,17 @@ pub async fn token(req: Request) -> Response {
             .into_response(),
         Some(_) => (
             StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Basic realm=\"token\"")],
+            [JSON, (header::WWW_AUTHENTICATE, "Basic realm=\"token\"")],
             Extension(InvalidClient),
             "{\"error\":\"invalid_client\"}",
         )
             .into_response(),
-        None => (StatusCode::BAD_REQUEST, "{\"error\":\"invalid_request\"}").into_response(),
+        None => (
+            StatusCode::BAD_REQUEST,
+            [JSON],
+            "{\"error\":\"invalid_request\"}",
+        )
+            .into_response(),
     }
 }
 
@@ -113,13 +126,14 @@ impl Limiters {
     }
 
     /// The layer: per source first (never refunded), then per claimed id
-    /// (refunded on invalid_client).
-    pub fn layer(&self) -> PaceLayer {
+    /// (refunded on invalid_client; skipped without credentials, so that
+    /// the endpoint answers `invalid_request` itself).
+    pub fn layer(&self) -> PaceLayer<impl Limits> {
         self.layer_with_fields(true)
     }
 
     /// The layer, with or without `RateLimit` fields on admitted responses.
-    pub fn layer_with_fields(&self, fields: bool) -> PaceLayer {
+    pub fn layer_with_fields(&self, fields: bool) -> PaceLayer<impl Limits> {
         PaceLayer::builder()
             .rate_limit_headers(fields)
             .limit(Limit::new("source", self.per_source.clone(), PeerIp::new()))
@@ -129,6 +143,7 @@ impl Limiters {
                     self.per_client.clone(),
                     from_fn(|h: &RequestHead<'_>| basic(h.headers).map(|(id, _)| id)),
                 )
+                .missing_key(MissingKey::Skip)
                 .refund_if(|r: &ResponseHead<'_>| {
                     r.status == StatusCode::UNAUTHORIZED
                         && r.extensions.get::<InvalidClient>().is_some()

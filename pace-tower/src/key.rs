@@ -39,6 +39,16 @@ pub trait KeyExtractor: Send + Sync + 'static {
 
     /// The key of `req`, if it has one.
     fn extract(&self, req: &RequestHead<'_>) -> Option<Self::Key>;
+
+    /// Whether the key comes from the peer address the server records
+    /// ([`peer_addr`]). A request without one then means a server that was
+    /// not set up to record it (with axum:
+    /// `into_make_service_with_connect_info::<SocketAddr>()`), and the layer
+    /// answers it as a configuration error rather than a missing key.
+    /// Default false.
+    fn needs_peer_addr(&self) -> bool {
+        false
+    }
 }
 
 /// The peer address a server recorded for a request: the
@@ -140,6 +150,10 @@ impl KeyExtractor for PeerIp {
 
     fn extract(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         peer_addr(req.extensions).map(|a| mask(a.ip(), self.v4_prefix, self.v6_prefix))
+    }
+
+    fn needs_peer_addr(&self) -> bool {
+        true
     }
 }
 
@@ -247,6 +261,10 @@ impl KeyExtractor for ForwardedIp {
     fn extract(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
         self.client(req)
             .map(|ip| mask(ip, self.peer.v4_prefix, self.peer.v6_prefix))
+    }
+
+    fn needs_peer_addr(&self) -> bool {
+        true
     }
 }
 

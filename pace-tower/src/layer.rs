@@ -2,21 +2,21 @@
 
 use std::fmt;
 use std::future::Future;
-use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use http::{Extensions, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use metrics::{Counter, Gauge};
-use pace::{AllReservation, BoxAxis, Clock, DenyReason, Pace};
+use pace::DenyReason;
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::headers;
+use crate::headers::{self, FieldWriter};
 use crate::key::{KeyExtractor, RequestHead};
+use crate::limit::{AsyncLimit, Refusal};
 
 /// What the response predicate of [`Limit::refund_if`] sees.
 #[derive(Clone, Copy, Debug)]
@@ -43,48 +43,57 @@ pub enum MissingKey<K> {
 type CostFn = dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync;
 type RefundFn = dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync;
 
-/// One limit of a [`PaceLayer`]: a named `Pace`, the extractor of its key,
-/// the cost of a request, what to do without a key and when to refund.
-pub struct Limit<E: KeyExtractor, S, C> {
+/// One limit of a [`PaceLayer`]: a named limit (a local `pace::Pace`, or
+/// any [`AsyncLimit`], such as one shared across replicas), the extractor
+/// of its key, the cost of a request, what to do without a key and when to
+/// refund.
+pub struct Limit<E: KeyExtractor, A> {
     name: String,
-    pace: Arc<Pace<E::Key, S, C>>,
+    limiter: Arc<A>,
     extractor: E,
     missing: MissingKey<E::Key>,
-    cost: Option<Arc<CostFn>>,
-    refund: Option<Arc<RefundFn>>,
+    cost: Option<Box<CostFn>>,
+    refund: Option<Box<RefundFn>>,
+    /// Its index in the layer (set when the layer is built).
+    index: usize,
 }
 
-impl<E, S, C> Limit<E, S, C>
+impl<E, A> Limit<E, A>
 where
     E: KeyExtractor,
-    S: BuildHasher + Send + Sync + 'static,
-    C: Clock + 'static,
+    A: AsyncLimit<E::Key>,
 {
     /// A limit called `name` (its policy name in the `RateLimit` fields: any
-    /// printable ASCII) on `pace`, keyed by `extractor`. By default a request
-    /// costs 1 token, a request without a key is answered 400, and nothing is
+    /// printable ASCII) on `limiter` (an `Arc<pace::Pace<K>>`, or any
+    /// [`AsyncLimit`]), keyed by `extractor`. By default a request costs 1
+    /// token, a request without a key is answered 400, and nothing is
     /// refunded.
-    pub fn new(name: impl Into<String>, pace: Arc<Pace<E::Key, S, C>>, extractor: E) -> Self {
+    pub fn new(name: impl Into<String>, limiter: Arc<A>, extractor: E) -> Self {
         Limit {
             name: name.into(),
-            pace,
+            limiter,
             extractor,
             missing: MissingKey::Reject(StatusCode::BAD_REQUEST),
             cost: None,
             refund: None,
+            index: 0,
         }
     }
 
-    /// What to do with a request that has no key.
+    /// What to do with a request that has no key. (A request without the
+    /// peer address a [`PeerIp`](crate::PeerIp) or
+    /// [`ForwardedIp`](crate::ForwardedIp) reads is a server
+    /// misconfiguration, answered 500 whatever this says: see
+    /// [`Reason::MissingPeerAddr`].)
     pub fn missing_key(mut self, missing: MissingKey<E::Key>) -> Self {
         self.missing = missing;
         self
     }
 
-    /// The tokens a request costs (`Pace::reserve_n`). A cost of 0 always
+    /// The tokens a request costs (`reserve_n`). A cost of 0 always
     /// passes; a cost above the capacity is a permanent denial.
     pub fn cost(mut self, f: impl Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static) -> Self {
-        self.cost = Some(Arc::new(f));
+        self.cost = Some(Box::new(f));
         self
     }
 
@@ -96,61 +105,8 @@ where
         mut self,
         f: impl Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
     ) -> Self {
-        self.refund = Some(Arc::new(f));
+        self.refund = Some(Box::new(f));
         self
-    }
-}
-
-enum Claim {
-    Axis(BoxAxis<'static>, u64),
-    Reject(StatusCode),
-    Skip,
-}
-
-trait ErasedLimit: Send + Sync {
-    fn claim(&self, head: &RequestHead<'_>) -> Claim;
-    fn refunds(&self, resp: &ResponseHead<'_>) -> bool;
-    fn capacity(&self) -> u64;
-    /// Nanoseconds `tokens` take to refill at the declared rate (rounded up).
-    fn refill_ns(&self, tokens: u64) -> u64;
-    fn rows(&self) -> usize;
-}
-
-impl<E, S, C> ErasedLimit for Limit<E, S, C>
-where
-    E: KeyExtractor,
-    S: BuildHasher + Send + Sync + 'static,
-    C: Clock + 'static,
-{
-    fn claim(&self, head: &RequestHead<'_>) -> Claim {
-        let key = match self.extractor.extract(head) {
-            Some(k) => k,
-            None => match &self.missing {
-                MissingKey::Reject(s) => return Claim::Reject(*s),
-                MissingKey::Shared(k) => k.clone(),
-                MissingKey::Skip => return Claim::Skip,
-            },
-        };
-        let n = self.cost.as_ref().map_or(1, |f| f(head));
-        Claim::Axis(Box::new((self.pace.clone(), key)), n)
-    }
-
-    fn refunds(&self, resp: &ResponseHead<'_>) -> bool {
-        self.refund.as_ref().is_some_and(|f| f(resp))
-    }
-
-    fn capacity(&self) -> u64 {
-        self.pace.capacity()
-    }
-
-    fn refill_ns(&self, tokens: u64) -> u64 {
-        let rate = self.pace.rate();
-        let ns = (tokens as u128 * rate.per().as_nanos()).div_ceil(rate.count() as u128);
-        u64::try_from(ns).unwrap_or(u64::MAX)
-    }
-
-    fn rows(&self) -> usize {
-        self.pace.len()
     }
 }
 
@@ -170,6 +126,97 @@ impl fmt::Display for InvalidPolicyName {
 
 impl std::error::Error for InvalidPolicyName {}
 
+/// Why a [`PaceLayer`] answered a request itself (see [`Rejection`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The limit lacks the tokens now: wait this long (exact; the default
+    /// `Retry-After` is it in whole seconds, rounded up).
+    Exhausted {
+        /// The exact wait.
+        retry_after: Duration,
+    },
+    /// Waiting does not help (`pace::DenyReason::ExceedsCapacity` or
+    /// `TimeExhausted`).
+    Permanent(DenyReason),
+    /// The request has no key for the limit and the limit's
+    /// [`MissingKey`] is `Reject`.
+    MissingKey,
+    /// The limit keys by the peer address and the server recorded none: the
+    /// server is not configured to (with axum,
+    /// `into_make_service_with_connect_info::<SocketAddr>()`; otherwise a
+    /// [`PeerAddr`](crate::PeerAddr) extension).
+    MissingPeerAddr,
+    /// The limit gave no decision ([`Refusal::Unavailable`]: a shared
+    /// limit that is down); the default answer is `503`.
+    Unavailable,
+}
+
+/// A request a [`PaceLayer`] answers itself, as its response hook
+/// ([`PaceLayerBuilder::on_reject`]) sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Rejection<'a> {
+    /// The limit's name.
+    pub limit: &'a str,
+    /// Its index, in the order the limits were added.
+    pub index: usize,
+    /// Why.
+    pub reason: Reason,
+    /// The request.
+    pub request: &'a RequestHead<'a>,
+}
+
+/// The body of the default answer to a request without a peer address.
+pub const MISSING_PEER_ADDR_BODY: &str = "pace-tower: this limit keys by the peer address and the \
+server recorded none. With axum, serve the router with \
+`app.into_make_service_with_connect_info::<std::net::SocketAddr>()`; with another server, \
+insert a `pace_tower::PeerAddr` (or `SocketAddr`) request extension before the layer.\n";
+
+/// Builds the response to a [`Rejection`] (see [`PaceLayerBuilder::on_reject`]).
+pub trait Respond<B>: Send + Sync + 'static {
+    /// The response to `rejection`. `default` is what the layer sends
+    /// without a hook: its status and header fields, with an empty body
+    /// (the body of [`MISSING_PEER_ADDR_BODY`] for a missing peer address).
+    fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B>;
+}
+
+/// The default answers: `429` with `Retry-After` (whole seconds, rounded
+/// up) and the `RateLimit` / `RateLimit-Policy` fields; a permanent denial
+/// with [`permanent_status`](PaceLayerBuilder::permanent_status) (413) and
+/// `RateLimit-Policy`; a missing key with the limit's status; a missing
+/// peer address `500` with the body [`MISSING_PEER_ADDR_BODY`]. Empty
+/// bodies otherwise.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DefaultRespond;
+
+impl<B: From<&'static str>> Respond<B> for DefaultRespond {
+    fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B> {
+        let body = match rejection.reason {
+            Reason::MissingPeerAddr => MISSING_PEER_ADDR_BODY,
+            _ => "",
+        };
+        default.map(|()| B::from(body))
+    }
+}
+
+/// A closure as a response hook (see [`PaceLayerBuilder::on_reject`]).
+pub struct RespondFn<F>(F);
+
+impl<F> fmt::Debug for RespondFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RespondFn")
+    }
+}
+
+impl<F, B> Respond<B> for RespondFn<F>
+where
+    F: Fn(&Rejection<'_>, Response<()>) -> Response<B> + Send + Sync + 'static,
+{
+    fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B> {
+        (self.0)(rejection, default)
+    }
+}
+
 struct Counters {
     admitted: Counter,
     refunded: Counter,
@@ -177,6 +224,7 @@ struct Counters {
     exceeds_capacity: Counter,
     time_exhausted: Counter,
     missing_key: Counter,
+    unavailable: Counter,
     rows: Gauge,
 }
 
@@ -191,6 +239,7 @@ impl Counters {
             exceeds_capacity: denied("exceeds_capacity"),
             time_exhausted: denied("time_exhausted"),
             missing_key: denied("missing_key"),
+            unavailable: denied("unavailable"),
             rows: metrics::gauge!("pace_rows", "limit" => limit.clone()),
         }
     }
@@ -204,42 +253,383 @@ impl Counters {
     }
 }
 
-struct Entry {
-    limit: Box<dyn ErasedLimit>,
-    /// The limit's name as a serialized structured-field string.
+/// What the layer keeps of each limit besides the limit itself.
+#[doc(hidden)]
+pub struct Meta {
     name: String,
+    /// The name as a serialized structured-field String.
+    sf_name: String,
     counters: Counters,
 }
 
-struct Shared {
-    limits: Vec<Entry>,
+mod sealed {
+    use super::*;
+
+    /// Why a request stops before the inner service.
+    pub enum Stop {
+        Missing { index: usize, status: StatusCode },
+        NoPeer { index: usize },
+        Refused { index: usize, refusal: Refusal },
+    }
+
+    /// The limits of a layer: `()` and `(limits, Limit)`, reserved left to
+    /// right.
+    pub trait LimitsImpl: Send + Sync + 'static {
+        /// Per request: where each limit's reservation stands.
+        type State: Send + 'static;
+
+        /// Validates names and registers counters, in order.
+        fn prepare(&mut self, metas: &mut Vec<Meta>) -> Result<(), InvalidPolicyName>;
+        /// `(name, capacity, refill_ns of the capacity)` of each limit.
+        fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, u64)>);
+        /// Whether any limit refunds on the response.
+        fn refunds_on_response(&self) -> bool;
+        /// Every limit's key and cost, in order, reserving each limit that
+        /// decides at once ([`AsyncLimit::reserve_now`]) as long as every
+        /// limit before it was decided; true when all were (the request is
+        /// admitted). On a stop, whatever was reserved is refunded, newest
+        /// first, before this returns it.
+        fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop>;
+        /// Reserves the limits in order (each once the ones before it
+        /// admitted). On a refusal, the ones before it are refunded, newest
+        /// first, before this returns it.
+        fn poll_reserve(
+            &self,
+            st: &mut Self::State,
+            cx: &mut Context<'_>,
+        ) -> Poll<Result<(), Stop>>;
+        /// Refunds everything `st` holds, newest first.
+        fn undo(&self, st: &mut Self::State);
+        /// Counts the admission.
+        fn admitted(&self, st: &Self::State, metas: &[Meta]);
+        /// Applies the refund predicates to the response, newest first.
+        fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]);
+        /// Writes one `RateLimit` item per reserved limit.
+        fn fields(&self, st: &Self::State, metas: &[Meta], w: &mut FieldWriter);
+    }
+
+    /// One limit's part of a request.
+    pub enum Step<K, D, R> {
+        /// No key, and the limit is skipped.
+        Skip,
+        /// Its turn has not come.
+        Queued { key: K, n: u64 },
+        /// Its reservation is in flight.
+        Waiting { key: K, fut: R },
+        /// Admitted (`debit` is `None` once refunded).
+        Held { key: K, debit: Option<D> },
+        /// Refused, or moved out.
+        Gone,
+    }
+}
+
+use sealed::{LimitsImpl, Step, Stop};
+
+/// The limits of a [`PaceLayer`], as [`PaceLayerBuilder::limit`] chains
+/// them (implemented for those chains only).
+pub trait Limits: LimitsImpl {}
+
+impl<T: LimitsImpl> Limits for T {}
+
+impl LimitsImpl for () {
+    type State = ();
+
+    fn prepare(&mut self, _: &mut Vec<Meta>) -> Result<(), InvalidPolicyName> {
+        Ok(())
+    }
+    fn policy_items<'a>(&'a self, _: &'a [Meta], _: &mut Vec<(&'a str, u64, u64)>) {}
+    fn refunds_on_response(&self) -> bool {
+        false
+    }
+    #[inline]
+    fn start(&self, _: &RequestHead<'_>) -> Result<((), bool), Stop> {
+        Ok(((), true))
+    }
+    #[inline]
+    fn poll_reserve(&self, _: &mut (), _: &mut Context<'_>) -> Poll<Result<(), Stop>> {
+        Poll::Ready(Ok(()))
+    }
+    #[inline]
+    fn undo(&self, _: &mut ()) {}
+    #[inline]
+    fn admitted(&self, _: &(), _: &[Meta]) {}
+    #[inline]
+    fn settle(&self, _: &mut (), _: &ResponseHead<'_>, _: &[Meta]) {}
+    #[inline]
+    fn fields(&self, _: &(), _: &[Meta], _: &mut FieldWriter) {}
+}
+
+fn refill_ns(rate: pace::Rate, tokens: u64) -> u64 {
+    let ns = (tokens as u128 * rate.per().as_nanos()).div_ceil(rate.count() as u128);
+    u64::try_from(ns).unwrap_or(u64::MAX)
+}
+
+type StepOf<E, A> = Step<
+    <E as KeyExtractor>::Key,
+    <A as AsyncLimit<<E as KeyExtractor>::Key>>::Debit,
+    <A as AsyncLimit<<E as KeyExtractor>::Key>>::Reserve,
+>;
+
+impl<E, A> Limit<E, A>
+where
+    E: KeyExtractor,
+    A: AsyncLimit<E::Key>,
+{
+    #[inline]
+    fn start_one(&self, head: &RequestHead<'_>) -> Result<StepOf<E, A>, Stop> {
+        let key = match self.extractor.extract(head) {
+            Some(k) => k,
+            None => {
+                if self.extractor.needs_peer_addr()
+                    && crate::key::peer_addr(head.extensions).is_none()
+                {
+                    return Err(Stop::NoPeer { index: self.index });
+                }
+                match &self.missing {
+                    MissingKey::Reject(s) => {
+                        return Err(Stop::Missing {
+                            index: self.index,
+                            status: *s,
+                        })
+                    }
+                    MissingKey::Shared(k) => k.clone(),
+                    MissingKey::Skip => return Ok(Step::Skip),
+                }
+            }
+        };
+        let n = self.cost.as_ref().map_or(1, |f| f(head));
+        Ok(Step::Queued { key, n })
+    }
+
+    /// Drives this limit's step; `Ready(Err)` is its refusal.
+    #[inline]
+    fn poll_one(&self, step: &mut StepOf<E, A>, cx: &mut Context<'_>) -> Poll<Result<(), Refusal>> {
+        loop {
+            match step {
+                Step::Queued { .. } => {
+                    let Step::Queued { key, n } = std::mem::replace(step, Step::Gone) else {
+                        unreachable!()
+                    };
+                    match self.limiter.reserve_now(&key, n) {
+                        Some(Ok(d)) => {
+                            *step = Step::Held {
+                                key,
+                                debit: Some(d),
+                            };
+                            return Poll::Ready(Ok(()));
+                        }
+                        Some(Err(refusal)) => return Poll::Ready(Err(refusal)),
+                        None => {
+                            let fut = self.limiter.reserve(&key, n);
+                            *step = Step::Waiting { key, fut };
+                        }
+                    }
+                }
+                Step::Waiting { fut, .. } => {
+                    let out = std::task::ready!(Pin::new(fut).poll(cx));
+                    let Step::Waiting { key, .. } = std::mem::replace(step, Step::Gone) else {
+                        unreachable!()
+                    };
+                    match out {
+                        Ok(d) => {
+                            *step = Step::Held {
+                                key,
+                                debit: Some(d),
+                            };
+                            return Poll::Ready(Ok(()));
+                        }
+                        Err(refusal) => return Poll::Ready(Err(refusal)),
+                    }
+                }
+                Step::Skip | Step::Held { .. } | Step::Gone => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+
+    #[inline]
+    fn undo_one(&self, step: &mut StepOf<E, A>) {
+        if let Step::Held { key, debit } = step {
+            if let Some(d) = debit.take() {
+                self.limiter.refund(key, d);
+            }
+        }
+    }
+}
+
+impl<L, E, A> LimitsImpl for (L, Limit<E, A>)
+where
+    L: LimitsImpl,
+    E: KeyExtractor,
+    A: AsyncLimit<E::Key>,
+{
+    type State = (L::State, StepOf<E, A>);
+
+    fn prepare(&mut self, metas: &mut Vec<Meta>) -> Result<(), InvalidPolicyName> {
+        self.0.prepare(metas)?;
+        let m = &mut self.1;
+        let sf_name =
+            headers::sf_string(&m.name).ok_or_else(|| InvalidPolicyName(m.name.clone()))?;
+        m.index = metas.len();
+        metas.push(Meta {
+            counters: Counters::new(&m.name),
+            name: m.name.clone(),
+            sf_name,
+        });
+        Ok(())
+    }
+
+    fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, u64)>) {
+        self.0.policy_items(metas, out);
+        let m = &self.1;
+        let q = m.limiter.capacity();
+        out.push((
+            metas[m.index].name.as_str(),
+            q,
+            refill_ns(m.limiter.rate(), q),
+        ));
+    }
+
+    fn refunds_on_response(&self) -> bool {
+        self.1.refund.is_some() || self.0.refunds_on_response()
+    }
+
+    #[inline]
+    fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop> {
+        let (mut left, decided) = self.0.start(head)?;
+        let (key, n) = match self.1.start_one(head) {
+            Ok(Step::Queued { key, n }) => (key, n),
+            Ok(step) => return Ok(((left, step), decided)),
+            Err(stop) => {
+                self.0.undo(&mut left);
+                return Err(stop);
+            }
+        };
+        if !decided {
+            return Ok(((left, Step::Queued { key, n }), false));
+        }
+        match self.1.limiter.reserve_now(&key, n) {
+            Some(Ok(d)) => Ok((
+                (
+                    left,
+                    Step::Held {
+                        key,
+                        debit: Some(d),
+                    },
+                ),
+                true,
+            )),
+            Some(Err(refusal)) => {
+                self.0.undo(&mut left);
+                Err(Stop::Refused {
+                    index: self.1.index,
+                    refusal,
+                })
+            }
+            None => Ok(((left, Step::Queued { key, n }), false)),
+        }
+    }
+
+    #[inline]
+    fn poll_reserve(&self, st: &mut Self::State, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
+        std::task::ready!(self.0.poll_reserve(&mut st.0, cx))?;
+        match std::task::ready!(self.1.poll_one(&mut st.1, cx)) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(refusal) => {
+                self.0.undo(&mut st.0);
+                Poll::Ready(Err(Stop::Refused {
+                    index: self.1.index,
+                    refusal,
+                }))
+            }
+        }
+    }
+
+    #[inline]
+    fn undo(&self, st: &mut Self::State) {
+        self.1.undo_one(&mut st.1);
+        self.0.undo(&mut st.0);
+    }
+
+    #[inline]
+    fn admitted(&self, st: &Self::State, metas: &[Meta]) {
+        self.0.admitted(&st.0, metas);
+        if let Step::Held { .. } = st.1 {
+            let c = &metas[self.1.index].counters;
+            c.admitted.increment(1);
+            if let Some(rows) = self.1.limiter.rows() {
+                c.rows.set(rows as f64);
+            }
+        }
+    }
+
+    #[inline]
+    fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]) {
+        if let (Some(f), Step::Held { key, debit }) = (&self.1.refund, &mut st.1) {
+            if debit.is_some() && f(resp) {
+                if let Some(d) = debit.take() {
+                    self.1.limiter.refund(key, d);
+                    let c = &metas[self.1.index].counters;
+                    c.refunded.increment(1);
+                    if let Some(rows) = self.1.limiter.rows() {
+                        c.rows.set(rows as f64);
+                    }
+                }
+            }
+        }
+        self.0.settle(&mut st.0, resp, metas);
+    }
+
+    #[inline]
+    fn fields(&self, st: &Self::State, metas: &[Meta], w: &mut FieldWriter) {
+        self.0.fields(&st.0, metas, w);
+        if let Step::Held { key, debit } = &st.1 {
+            let m = &self.1;
+            if let Some(r) = m.limiter.remaining(key, debit.as_ref()) {
+                let q = m.limiter.capacity();
+                let t = headers::ceil_secs(refill_ns(m.limiter.rate(), q.saturating_sub(r)));
+                w.item(&metas[m.index].sf_name, r, t);
+            }
+        }
+    }
+}
+
+struct Shared<L, H> {
+    limits: L,
+    metas: Vec<Meta>,
     policy: Option<HeaderValue>,
     headers: bool,
+    /// Whether an admitted request needs anything after the response.
+    settle: bool,
     permanent: StatusCode,
+    respond: H,
 }
 
 /// Builds a [`PaceLayer`].
 #[must_use = "a builder does nothing until build() is called"]
-pub struct PaceLayerBuilder {
-    limits: Vec<(String, Box<dyn ErasedLimit>)>,
+pub struct PaceLayerBuilder<L = (), H = DefaultRespond> {
+    limits: L,
     headers: bool,
     permanent: StatusCode,
+    respond: H,
 }
 
-impl PaceLayerBuilder {
+impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// Adds a limit. Limits are reserved in the order added, all or nothing
-    /// (`pace::all`): put the limits that are never refunded (per source)
+    /// (as `pace::all`): put the limits that are never refunded (per source)
     /// before the ones refunded on outcome (per claimed id) only if you want
     /// a denial of the later one to refund the earlier; either order admits
     /// exactly the same requests.
-    pub fn limit<E, S, C>(mut self, limit: Limit<E, S, C>) -> Self
+    pub fn limit<E, A>(self, limit: Limit<E, A>) -> PaceLayerBuilder<(L, Limit<E, A>), H>
     where
         E: KeyExtractor,
-        S: BuildHasher + Send + Sync + 'static,
-        C: Clock + 'static,
+        A: AsyncLimit<E::Key>,
     {
-        self.limits.push((limit.name.clone(), Box::new(limit)));
-        self
+        PaceLayerBuilder {
+            limits: (self.limits, limit),
+            headers: self.headers,
+            permanent: self.permanent,
+            respond: self.respond,
+        }
     }
 
     /// Whether admitted responses carry the `RateLimit` / `RateLimit-Policy`
@@ -257,34 +647,60 @@ impl PaceLayerBuilder {
         self
     }
 
+    /// The response hook: every request the layer answers itself (denied,
+    /// denied for good, without a key, without a peer address) is answered
+    /// with `f(&rejection, default)`, where `default` is the response the
+    /// layer would send (status and header fields; see [`DefaultRespond`]).
+    /// Change the status or the fields, and give the body:
+    ///
+    /// ```
+    /// use axum::body::Body;
+    /// use axum::http::{header, HeaderValue, Response};
+    /// use pace_tower::{PaceLayer, Reason, Rejection};
+    ///
+    /// let builder = PaceLayer::builder().on_reject(|r: &Rejection<'_>, default: Response<()>| {
+    ///     let (mut head, ()) = default.into_parts();
+    ///     let error = match r.reason {
+    ///         Reason::Exhausted { .. } => "slow_down",
+    ///         _ => "invalid_request",
+    ///     };
+    ///     head.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    ///     Response::from_parts(head, Body::from(format!("{{\"error\":\"{error}\"}}")))
+    /// });
+    /// ```
+    pub fn on_reject<F, B>(self, f: F) -> PaceLayerBuilder<L, RespondFn<F>>
+    where
+        F: Fn(&Rejection<'_>, Response<()>) -> Response<B> + Send + Sync + 'static,
+    {
+        PaceLayerBuilder {
+            limits: self.limits,
+            headers: self.headers,
+            permanent: self.permanent,
+            respond: RespondFn(f),
+        }
+    }
+
     /// The layer. Counters are registered with the `metrics` recorder
     /// installed now (install it first; without one they cost nothing).
     ///
     /// # Errors
     /// [`InvalidPolicyName`] when a limit's name is not printable ASCII.
-    pub fn build(self) -> Result<PaceLayer, InvalidPolicyName> {
-        let mut limits = Vec::with_capacity(self.limits.len());
-        for (name, limit) in self.limits {
-            let sf = headers::sf_string(&name).ok_or_else(|| InvalidPolicyName(name.clone()))?;
-            limits.push(Entry {
-                counters: Counters::new(&name),
-                limit,
-                name: sf,
-            });
-        }
-        let policy = headers::policy(limits.iter().map(|e| {
-            (
-                e.name.as_str(),
-                e.limit.capacity(),
-                e.limit.refill_ns(e.limit.capacity()),
-            )
-        }));
+    pub fn build(mut self) -> Result<PaceLayer<L, H>, InvalidPolicyName> {
+        let mut metas = Vec::new();
+        self.limits.prepare(&mut metas)?;
+        let mut items = Vec::new();
+        self.limits.policy_items(&metas, &mut items);
+        let policy = headers::policy(items);
+        let settle = self.headers || self.limits.refunds_on_response();
         Ok(PaceLayer {
             shared: Arc::new(Shared {
-                limits,
+                limits: self.limits,
+                metas,
                 policy,
                 headers: self.headers,
+                settle,
                 permanent: self.permanent,
+                respond: self.respond,
             }),
         })
     }
@@ -301,37 +717,53 @@ impl PaceLayerBuilder {
 /// * permanent (cost above capacity): [`permanent_status`](PaceLayerBuilder::permanent_status)
 ///   (413 by default), no `Retry-After`.
 /// * no key: as the limit's [`MissingKey`] says (400 by default).
+/// * no peer address for a limit keyed by it: `500` with a body that says
+///   how to configure the server ([`MISSING_PEER_ADDR_BODY`]).
 ///
-/// Reservations are kept when the inner service fails or the response
-/// future is dropped. The layer is `Clone` and cheap to clone (one `Arc`).
-#[derive(Clone)]
-pub struct PaceLayer {
-    shared: Arc<Shared>,
+/// [`PaceLayerBuilder::on_reject`] replaces these answers. Denials and
+/// missing keys are `tracing` events (target `pace_tower`): `DEBUG` for a
+/// denial or a missing key, `ERROR` for a missing peer address.
+///
+/// An admitted request allocates nothing in the layer except, with the
+/// fields on, the `RateLimit` value. Reservations are kept when the inner
+/// service fails or the response future is dropped. The layer is `Clone`
+/// and cheap to clone (one `Arc`).
+pub struct PaceLayer<L = (), H = DefaultRespond> {
+    shared: Arc<Shared<L, H>>,
+}
+
+impl<L, H> Clone for PaceLayer<L, H> {
+    fn clone(&self) -> Self {
+        PaceLayer {
+            shared: self.shared.clone(),
+        }
+    }
 }
 
 impl PaceLayer {
     /// A builder with no limits.
     pub fn builder() -> PaceLayerBuilder {
         PaceLayerBuilder {
-            limits: Vec::new(),
+            limits: (),
             headers: true,
             permanent: StatusCode::PAYLOAD_TOO_LARGE,
+            respond: DefaultRespond,
         }
     }
 }
 
-impl fmt::Debug for PaceLayer {
+impl<L, H> fmt::Debug for PaceLayer<L, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PaceLayer")
-            .field("limits", &self.shared.limits.len())
+            .field("limits", &self.shared.metas.len())
             .finish()
     }
 }
 
-impl<S> Layer<S> for PaceLayer {
-    type Service = PaceService<S>;
+impl<S, L, H> Layer<S> for PaceLayer<L, H> {
+    type Service = PaceService<S, L, H>;
 
-    fn layer(&self, inner: S) -> PaceService<S> {
+    fn layer(&self, inner: S) -> PaceService<S, L, H> {
         PaceService {
             inner,
             shared: self.shared.clone(),
@@ -340,13 +772,21 @@ impl<S> Layer<S> for PaceLayer {
 }
 
 /// The service of a [`PaceLayer`].
-#[derive(Clone)]
-pub struct PaceService<S> {
+pub struct PaceService<S, L = (), H = DefaultRespond> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<L, H>>,
 }
 
-impl<S> fmt::Debug for PaceService<S> {
+impl<S: Clone, L, H> Clone for PaceService<S, L, H> {
+    fn clone(&self) -> Self {
+        PaceService {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, L, H> fmt::Debug for PaceService<S, L, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PaceService").finish_non_exhaustive()
     }
@@ -362,180 +802,337 @@ fn retry_after_secs(wait: Duration) -> u64 {
     }
 }
 
-impl<S> PaceService<S> {
-    fn reject(&self, status: StatusCode) -> Response<()> {
-        let mut r = Response::new(());
-        *r.status_mut() = status;
-        r
+fn status(status: StatusCode) -> Response<()> {
+    let mut r = Response::new(());
+    *r.status_mut() = status;
+    r
+}
+
+impl<L: Limits, H> Shared<L, H> {
+    /// The answer to a request stopped before the inner service.
+    #[cold]
+    fn reject<B>(&self, stop: Stop, head: &RequestHead<'_>) -> Response<B>
+    where
+        H: Respond<B>,
+    {
+        let (index, reason, r) = match stop {
+            Stop::Missing { index, status: s } => {
+                self.metas[index].counters.missing_key.increment(1);
+                tracing::debug!(
+                    target: "pace_tower",
+                    limit = %self.metas[index].name,
+                    status = s.as_u16(),
+                    "request without a key for the limit"
+                );
+                (index, Reason::MissingKey, status(s))
+            }
+            Stop::NoPeer { index } => {
+                self.metas[index].counters.missing_key.increment(1);
+                tracing::error!(
+                    target: "pace_tower",
+                    limit = %self.metas[index].name,
+                    "no peer address: serve axum with \
+                     into_make_service_with_connect_info::<SocketAddr>() \
+                     (or insert a pace_tower::PeerAddr extension)"
+                );
+                (
+                    index,
+                    Reason::MissingPeerAddr,
+                    status(StatusCode::INTERNAL_SERVER_ERROR),
+                )
+            }
+            Stop::Refused { index, refusal } => {
+                let m = &self.metas[index];
+                match refusal {
+                    Refusal::Exhausted { retry_after: wait } => {
+                        m.counters.exhausted.increment(1);
+                        let secs = retry_after_secs(wait);
+                        tracing::debug!(
+                            target: "pace_tower",
+                            limit = %m.name,
+                            retry_after_ms = wait.as_millis() as u64,
+                            "denied"
+                        );
+                        let mut r = status(StatusCode::TOO_MANY_REQUESTS);
+                        r.headers_mut()
+                            .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+                        let mut w = FieldWriter::new();
+                        w.item(&m.sf_name, 0, secs);
+                        if let Some(v) = w.value() {
+                            r.headers_mut().insert(headers::RATELIMIT.clone(), v);
+                        }
+                        self.policy_field(&mut r);
+                        (index, Reason::Exhausted { retry_after: wait }, r)
+                    }
+                    Refusal::Permanent(reason) => {
+                        m.counters.denied(reason).increment(1);
+                        tracing::debug!(
+                            target: "pace_tower",
+                            limit = %m.name,
+                            reason = ?reason,
+                            "denied for good"
+                        );
+                        let mut r = status(self.permanent);
+                        self.policy_field(&mut r);
+                        (index, Reason::Permanent(reason), r)
+                    }
+                    Refusal::Unavailable(error) => {
+                        m.counters.unavailable.increment(1);
+                        tracing::warn!(
+                            target: "pace_tower",
+                            limit = %m.name,
+                            error = %error,
+                            "no decision from the limit"
+                        );
+                        (
+                            index,
+                            Reason::Unavailable,
+                            status(StatusCode::SERVICE_UNAVAILABLE),
+                        )
+                    }
+                }
+            }
+        };
+        let rejection = Rejection {
+            limit: &self.metas[index].name,
+            index,
+            reason,
+            request: head,
+        };
+        self.respond.respond(&rejection, r)
+    }
+
+    fn policy_field<B>(&self, r: &mut Response<B>) {
+        if let Some(p) = &self.policy {
+            r.headers_mut()
+                .insert(headers::RATELIMIT_POLICY.clone(), p.clone());
+        }
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for PaceService<S>
+impl<S, L, H, ReqBody, ResBody> Service<Request<ReqBody>> for PaceService<S, L, H>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: Default,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    L: Limits,
+    H: Respond<ResBody>,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S, ReqBody, L, H>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let shared = &self.shared;
+        let shared = &*self.shared;
         let head = RequestHead::of(&req);
-        let mut all = pace::all();
-        let mut which = Vec::with_capacity(shared.limits.len());
-        for (i, e) in shared.limits.iter().enumerate() {
-            match e.limit.claim(&head) {
-                Claim::Axis(axis, n) => {
-                    all = all.axis(axis, n);
-                    which.push(i);
-                }
-                Claim::Skip => {}
-                Claim::Reject(status) => {
-                    e.counters.missing_key.increment(1);
-                    return ResponseFuture::rejected(self.reject(status));
-                }
+        let mut st = match shared.limits.start(&head) {
+            Ok((st, true)) => {
+                // Every limit decided at once (local limits): admitted.
+                return ResponseFuture::admitted(&mut self.inner, req, st, &self.shared);
             }
-        }
-        let held = match all.reserve() {
-            Ok(held) => held,
-            Err(d) => {
-                let e = &shared.limits[which[d.index]];
-                e.counters.denied(d.denied.reason()).increment(1);
-                let mut r;
-                if d.denied.is_permanent() {
-                    r = self.reject(shared.permanent);
-                } else {
-                    r = self.reject(StatusCode::TOO_MANY_REQUESTS);
-                    let secs = retry_after_secs(d.denied.retry_after());
-                    r.headers_mut()
-                        .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
-                    if let Some(v) = headers::ratelimit([(e.name.as_str(), 0, secs)]) {
-                        r.headers_mut().insert(headers::RATELIMIT.clone(), v);
-                    }
-                }
-                if let Some(p) = &shared.policy {
-                    r.headers_mut()
-                        .insert(headers::RATELIMIT_POLICY.clone(), p.clone());
-                }
-                return ResponseFuture::rejected(r);
-            }
+            Ok((st, false)) => st,
+            Err(stop) => return ResponseFuture::rejected(shared.reject(stop, &head)),
         };
-        for &i in &which {
-            shared.limits[i].counters.admitted.increment(1);
+        // A limit that answers later: try once (it may answer at once).
+        let mut cx = Context::from_waker(Waker::noop());
+        match shared.limits.poll_reserve(&mut st, &mut cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(stop)) => return ResponseFuture::rejected(shared.reject(stop, &head)),
+            Poll::Pending => {
+                // A shared limit is in flight: the request waits for it, and
+                // the inner service that was made ready goes with it.
+                let ready = self.inner.clone();
+                let svc = std::mem::replace(&mut self.inner, ready);
+                return ResponseFuture {
+                    kind: Kind::Reserving {
+                        wait: Box::new(Reserving {
+                            st: Some(st),
+                            req: Some(req),
+                            svc: Some(svc),
+                            shared: self.shared.clone(),
+                        }),
+                    },
+                };
+            }
         }
-        ResponseFuture {
-            inner: Some(self.inner.call(req)),
-            rejected: None,
-            held: Some(Held {
-                held,
-                which,
-                shared: shared.clone(),
-            }),
-        }
+        ResponseFuture::admitted(&mut self.inner, req, st, &self.shared)
     }
 }
 
-struct Held {
-    held: AllReservation<'static>,
-    which: Vec<usize>,
-    shared: Arc<Shared>,
+/// What an admitted request does once its response is known: refunds and
+/// the `RateLimit` fields.
+struct Settle<L: Limits, H> {
+    st: L::State,
+    shared: Arc<Shared<L, H>>,
 }
 
-impl Held {
+impl<L: Limits, H> Settle<L, H> {
     fn settle(mut self, status: StatusCode, headers: &mut HeaderMap, extensions: &Extensions) {
-        let shared = &self.shared;
+        let shared = &*self.shared;
         {
             let head = ResponseHead {
                 status,
                 headers,
                 extensions,
             };
-            for (j, &i) in self.which.iter().enumerate() {
-                let e = &shared.limits[i];
-                if e.limit.refunds(&head) && self.held.refund(j) {
-                    e.counters.refunded.increment(1);
-                }
-            }
+            shared.limits.settle(&mut self.st, &head, &shared.metas);
         }
         if shared.headers {
-            let fields = self.which.iter().enumerate().map(|(j, &i)| {
-                let e = &shared.limits[i];
-                let r = self.held.peek(j).unwrap_or(0);
-                let missing = e.limit.capacity().saturating_sub(r);
-                let t = headers::ceil_secs(e.limit.refill_ns(missing));
-                (e.name.as_str(), r, t)
-            });
-            if let Some(v) = headers::ratelimit(fields) {
+            let mut w = FieldWriter::new();
+            shared.limits.fields(&self.st, &shared.metas, &mut w);
+            if let Some(v) = w.value() {
                 headers.insert(headers::RATELIMIT.clone(), v);
             }
             if let Some(p) = &shared.policy {
                 headers.insert(headers::RATELIMIT_POLICY.clone(), p.clone());
             }
         }
-        for &i in &self.which {
-            let e = &shared.limits[i];
-            e.counters.rows.set(e.limit.rows() as f64);
-        }
     }
 }
 
 pin_project! {
     /// The response future of a [`PaceService`].
-    pub struct ResponseFuture<F> {
+    pub struct ResponseFuture<S, ReqBody, L, H>
+    where
+        S: Service<Request<ReqBody>>,
+        L: Limits,
+    {
         #[pin]
-        inner: Option<F>,
-        rejected: Option<Response<()>>,
-        held: Option<Held>,
+        kind: Kind<S, ReqBody, L, H>,
     }
 }
 
-impl<F> ResponseFuture<F> {
-    fn rejected(r: Response<()>) -> Self {
-        ResponseFuture {
-            inner: None,
-            rejected: Some(r),
-            held: None,
-        }
+pin_project! {
+    #[project = KindProj]
+    enum Kind<S, ReqBody, L, H>
+    where
+        S: Service<Request<ReqBody>>,
+        L: Limits,
+    {
+        // Answered by the layer.
+        Rejected { response: Option<S::Response> },
+        // A shared limit is in flight (boxed: the admitted paths keep the
+        // future small).
+        Reserving { wait: Box<Reserving<S, ReqBody, L, H>> },
+        // Admitted, nothing to do after the response.
+        Passthrough { #[pin] future: S::Future },
+        // Admitted: refunds and fields once the response is known.
+        Settle { #[pin] future: S::Future, settle: Option<Settle<L, H>> },
     }
 }
 
-impl<F> fmt::Debug for ResponseFuture<F> {
+/// A request waiting for a limit that answers later.
+struct Reserving<S, ReqBody, L: Limits, H> {
+    st: Option<L::State>,
+    req: Option<Request<ReqBody>>,
+    svc: Option<S>,
+    shared: Arc<Shared<L, H>>,
+}
+
+impl<S, ReqBody, L, H> fmt::Debug for ResponseFuture<S, ReqBody, L, H>
+where
+    S: Service<Request<ReqBody>>,
+    L: Limits,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F>
+impl<S, ReqBody, L, H> ResponseFuture<S, ReqBody, L, H>
 where
-    F: Future<Output = Result<Response<B>, E>>,
-    B: Default,
+    S: Service<Request<ReqBody>>,
+    L: Limits,
 {
-    type Output = Result<Response<B>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        if let Some(r) = this.rejected.take() {
-            return Poll::Ready(Ok(r.map(|()| B::default())));
+    fn rejected(response: S::Response) -> Self {
+        ResponseFuture {
+            kind: Kind::Rejected {
+                response: Some(response),
+            },
         }
-        let inner = match this.inner.as_pin_mut() {
-            Some(f) => f,
-            None => panic!("ResponseFuture polled after completion"),
-        };
-        let out = std::task::ready!(inner.poll(cx));
-        let out = out.map(|mut resp| {
-            if let Some(held) = this.held.take() {
-                let status = resp.status();
-                let (mut parts, body) = resp.into_parts();
-                held.settle(status, &mut parts.headers, &parts.extensions);
-                resp = Response::from_parts(parts, body);
-            }
-            resp
-        });
-        Poll::Ready(out)
+    }
+
+    /// Counts the admission and calls `svc` (ready).
+    #[inline]
+    fn admitted(
+        svc: &mut S,
+        req: Request<ReqBody>,
+        st: L::State,
+        shared: &Arc<Shared<L, H>>,
+    ) -> Self {
+        shared.limits.admitted(&st, &shared.metas);
+        let future = svc.call(req);
+        ResponseFuture {
+            kind: if shared.settle {
+                Kind::Settle {
+                    future,
+                    settle: Some(Settle {
+                        st,
+                        shared: shared.clone(),
+                    }),
+                }
+            } else {
+                Kind::Passthrough { future }
+            },
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody, L, H> Future for ResponseFuture<S, ReqBody, L, H>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    L: Limits,
+    H: Respond<ResBody>,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let next = match self.as_mut().project().kind.project() {
+                KindProj::Passthrough { future } => return future.poll(cx),
+                KindProj::Rejected { response } => {
+                    return Poll::Ready(Ok(response
+                        .take()
+                        .expect("ResponseFuture polled after completion")))
+                }
+                KindProj::Settle { future, settle } => {
+                    let out = std::task::ready!(future.poll(cx));
+                    return Poll::Ready(out.map(|mut resp| {
+                        if let Some(settle) = settle.take() {
+                            let status = resp.status();
+                            let (mut parts, body) = resp.into_parts();
+                            settle.settle(status, &mut parts.headers, &parts.extensions);
+                            resp = Response::from_parts(parts, body);
+                        }
+                        resp
+                    }));
+                }
+                KindProj::Reserving { wait } => {
+                    let Reserving {
+                        st,
+                        req,
+                        svc,
+                        shared,
+                    } = &mut **wait;
+                    let state = st.as_mut().expect("ResponseFuture polled after completion");
+                    let done = std::task::ready!(shared.limits.poll_reserve(state, cx));
+                    let req = req.take().expect("ResponseFuture polled after completion");
+                    match done {
+                        Ok(()) => {
+                            let mut svc = svc.take().expect("a ready service");
+                            let state = st.take().expect("the state");
+                            ResponseFuture::admitted(&mut svc, req, state, shared)
+                        }
+                        Err(stop) => {
+                            ResponseFuture::rejected(shared.reject(stop, &RequestHead::of(&req)))
+                        }
+                    }
+                }
+            };
+            self.set(next);
+        }
     }
 }

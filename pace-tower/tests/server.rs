@@ -21,8 +21,8 @@ use axum::routing::get;
 use axum::Router;
 use pace::{ManualClock, Pace, Rate};
 use pace_tower::{
-    from_fn, ForwardHeader, ForwardedIp, Header, Limit, MissingKey, PaceLayer, PeerAddr, PeerIp,
-    ResponseHead,
+    from_fn, ForwardHeader, ForwardedIp, Header, Limit, Limits, MissingKey, PaceLayer, PeerAddr,
+    PeerIp, ResponseHead, MISSING_PEER_ADDR_BODY,
 };
 use support::{header, serve, serve_plain, Client};
 
@@ -58,7 +58,7 @@ async fn handler(req: Request) -> (StatusCode, &'static str) {
     }
 }
 
-fn app(layer: PaceLayer) -> Router {
+fn app<L: Limits>(layer: PaceLayer<L>) -> Router {
     Router::new().route("/", get(handler)).layer(layer)
 }
 
@@ -414,9 +414,11 @@ async fn rotating_ipv6_addresses_within_one_56_share_one_key() {
     }
     assert_eq!(p.len(), 4);
     assert_eq!(p.peek(&"2001:db8:aa:bb00::".parse::<IpAddr>().unwrap()), 0);
-    // No peer address at all: 400.
+    // No peer address at all: the server records none (a configuration
+    // error, not the client's), answered 500 with what to fix.
     let r = support::get(addr, "/", &[]).await;
-    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(r.body().as_ref(), MISSING_PEER_ADDR_BODY.as_bytes());
 }
 
 #[tokio::test]

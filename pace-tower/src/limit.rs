@@ -1,0 +1,220 @@
+//! What a [`Limit`](crate::Limit) reserves from: a local `pace::Pace`, or
+//! a limit shared across replicas that answers asynchronously.
+
+use std::error::Error;
+use std::fmt;
+use std::future::{ready, Future, Ready};
+use std::hash::{BuildHasher, Hash};
+use std::time::Duration;
+
+use pace::{Clock, DenyReason, Pace, Rate};
+
+/// Why a limit refused a reservation.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// Not enough tokens now: wait this long.
+    Exhausted {
+        /// The exact wait.
+        retry_after: Duration,
+    },
+    /// Waiting does not help (a cost above the capacity, or a clock past the
+    /// limiter's time space).
+    Permanent(DenyReason),
+    /// The limit gave no decision (a shared store that is down and set to
+    /// fail closed). The layer answers `503`.
+    Unavailable(Box<dyn Error + Send + Sync>),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Exhausted { retry_after } => {
+                write!(f, "exhausted; retry after {retry_after:?}")
+            }
+            Refusal::Permanent(r) => write!(f, "denied for good ({r:?})"),
+            Refusal::Unavailable(e) => write!(f, "no decision: {e}"),
+        }
+    }
+}
+
+impl From<pace::Denied> for Refusal {
+    fn from(d: pace::Denied) -> Refusal {
+        if d.is_permanent() {
+            Refusal::Permanent(d.reason())
+        } else {
+            Refusal::Exhausted {
+                retry_after: d.retry_after(),
+            }
+        }
+    }
+}
+
+/// A limit a [`Limit`](crate::Limit) reserves from, keyed by `K`: a local
+/// [`Pace`] (which answers at once), or a limit shared across replicas
+/// (which answers after a round trip; feature `redis` implements it for
+/// `pace_redis::RedisPace`).
+///
+/// The layer reserves its limits in order and starts a limit's
+/// reservation only once every limit before it admitted; when one refuses,
+/// the ones before it are refunded (newest first). A request whose
+/// response future is dropped while a reservation is in flight keeps what
+/// was admitted.
+pub trait AsyncLimit<K>: Send + Sync + 'static {
+    /// What an admission holds until the response, to refund it.
+    type Debit: Send + 'static;
+    /// A reservation in flight.
+    type Reserve: Future<Output = Result<Self::Debit, Refusal>> + Send + Unpin + 'static;
+
+    /// Starts reserving `n` tokens of `key`.
+    fn reserve(&self, key: &K, n: u64) -> Self::Reserve;
+
+    /// The decision on `n` tokens of `key` now, for a limit that decides
+    /// without waiting (a local one); `None` (the default) for one that
+    /// needs a round trip: the layer then calls [`reserve`](Self::reserve).
+    /// A request whose limits all decide now is decided inside the
+    /// service's `call`.
+    #[inline]
+    fn reserve_now(&self, key: &K, n: u64) -> Option<Result<Self::Debit, Refusal>> {
+        let _ = (key, n);
+        None
+    }
+
+    /// Returns `debit` (by the limit's refund rule). A shared limit may
+    /// finish it in the background.
+    fn refund(&self, key: &K, debit: Self::Debit);
+
+    /// Whole tokens `key` holds now, for the `RateLimit` field; `debit` is
+    /// the request's admission (`None` once refunded). `None` when not
+    /// known: the field then has no item for this limit.
+    fn remaining(&self, key: &K, debit: Option<&Self::Debit>) -> Option<u64>;
+
+    /// Tokens a full bucket holds.
+    fn capacity(&self) -> u64;
+
+    /// The declared rate.
+    fn rate(&self) -> Rate;
+
+    /// Rows held, for the `pace_rows` gauge (`None`: not reported).
+    fn rows(&self) -> Option<usize> {
+        None
+    }
+}
+
+impl<K, S, C> AsyncLimit<K> for Pace<K, S, C>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync + 'static,
+    C: Clock + Send + Sync + 'static,
+{
+    type Debit = pace::Debit;
+    type Reserve = Ready<Result<pace::Debit, Refusal>>;
+
+    #[inline]
+    fn reserve(&self, key: &K, n: u64) -> Self::Reserve {
+        ready(
+            self.reserve_n(key, n)
+                .map(pace::Reservation::detach)
+                .map_err(Refusal::from),
+        )
+    }
+
+    #[inline]
+    fn reserve_now(&self, key: &K, n: u64) -> Option<Result<pace::Debit, Refusal>> {
+        Some(
+            self.reserve_n(key, n)
+                .map(pace::Reservation::detach)
+                .map_err(Refusal::from),
+        )
+    }
+
+    #[inline]
+    fn refund(&self, key: &K, debit: pace::Debit) {
+        Pace::refund(self, key, debit);
+    }
+
+    #[inline]
+    fn remaining(&self, key: &K, _: Option<&pace::Debit>) -> Option<u64> {
+        Some(self.peek(key))
+    }
+
+    fn capacity(&self) -> u64 {
+        Pace::capacity(self)
+    }
+
+    fn rate(&self) -> Rate {
+        Pace::rate(self)
+    }
+
+    #[inline]
+    fn rows(&self) -> Option<usize> {
+        Some(self.len())
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis_impl {
+    use std::pin::Pin;
+
+    use pace_redis::{Error as RedisError, RedisPace, Reservation};
+
+    use super::*;
+
+    fn refusal(e: RedisError) -> Refusal {
+        match e {
+            RedisError::Denied(d) if d.is_permanent() => Refusal::Permanent(d.reason()),
+            RedisError::Denied(d) => Refusal::Exhausted {
+                retry_after: d.retry_after(),
+            },
+            other => Refusal::Unavailable(Box::new(other)),
+        }
+    }
+
+    /// A limit shared by every replica through Redis or Valkey, keyed by
+    /// the key's `Display` form. A refund runs in the background on the
+    /// current tokio runtime (without one, the debit is kept). The
+    /// `RateLimit` item comes from the admission's own answer (the server's
+    /// clock and the key's new state), without another round trip; after a
+    /// refund it is left out.
+    impl<K> AsyncLimit<K> for RedisPace
+    where
+        K: fmt::Display + Send + Sync + 'static,
+    {
+        type Debit = Reservation;
+        type Reserve = Pin<Box<dyn Future<Output = Result<Reservation, Refusal>> + Send>>;
+
+        fn reserve(&self, key: &K, n: u64) -> Self::Reserve {
+            let this = self.clone();
+            let key = key.to_string();
+            Box::pin(async move { this.reserve_n(&key, n).await.map_err(refusal) })
+        }
+
+        fn refund(&self, _: &K, debit: Reservation) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let this = self.clone();
+                rt.spawn(async move {
+                    if let Err(e) = this.refund(debit).await {
+                        tracing::warn!(target: "pace_tower", error = %e, "shared refund failed; the debit stays");
+                    }
+                });
+            }
+        }
+
+        fn remaining(&self, _: &K, debit: Option<&Reservation>) -> Option<u64> {
+            let d = debit?;
+            let now = d.server_now_ns()?;
+            let interval = self.interval_ns().max(1);
+            let tau = RedisPace::capacity(self).saturating_mul(interval);
+            let ahead = d.tat_ns().saturating_sub(now);
+            Some(tau.saturating_sub(ahead) / interval)
+        }
+
+        fn capacity(&self) -> u64 {
+            RedisPace::capacity(self)
+        }
+
+        fn rate(&self) -> Rate {
+            RedisPace::rate(self)
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! What `PaceLayer` allocates per admitted request, counted by a global
+//! allocator: nothing with the fields off; with them on, the `RateLimit`
+//! value and the response's header map (empty until the layer writes it).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::future::{ready, Future};
+use std::net::{IpAddr, SocketAddr};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use axum::extract::ConnectInfo;
+use http::{HeaderName, Request, Response, StatusCode};
+use pace::{Pace, Rate};
+use pace_tower::{Header, Limit, PaceLayer, PeerIp, ResponseHead};
+use tower::{Layer, Service};
+
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCS.with(|a| a.set(a.get() + 1));
+        }
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCS.with(|a| a.set(a.get() + 1));
+        }
+        unsafe { System.realloc(ptr, layout, new) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn request() -> Request<()> {
+    let mut r = Request::builder()
+        .uri("/")
+        // Static, as hyper's are shared: cloning the key allocates nothing
+        // (cloning a value made from a `&str` allocates its shared buffer).
+        .header("x-client-id", http::HeaderValue::from_static("client-7"))
+        .body(())
+        .unwrap();
+    r.extensions_mut().insert(ConnectInfo(SocketAddr::new(
+        IpAddr::from([192, 0, 2, 7]),
+        40000,
+    )));
+    r
+}
+
+/// Allocations on this thread while `svc` answers `req` (poll_ready, call,
+/// the response future to completion); the response is dropped after.
+fn allocs<S>(svc: &mut S, req: Request<()>) -> (u64, Response<String>)
+where
+    S: Service<Request<()>, Response = Response<String>, Error = Infallible>,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    ALLOCS.with(|a| a.set(0));
+    COUNTING.with(|c| c.set(true));
+    assert!(matches!(svc.poll_ready(&mut cx), Poll::Ready(Ok(()))));
+    let resp = {
+        let mut fut = pin!(svc.call(req));
+        match fut.as_mut().poll(&mut cx) {
+            Poll::Ready(r) => r.unwrap(),
+            Poll::Pending => unreachable!(),
+        }
+    };
+    COUNTING.with(|c| c.set(false));
+    (ALLOCS.with(Cell::get), resp)
+}
+
+fn inner(
+) -> impl Service<Request<()>, Response = Response<String>, Error = Infallible, Future: Send> + Clone
+{
+    tower::service_fn(|_: Request<()>| ready(Ok::<_, Infallible>(Response::new(String::new()))))
+}
+
+#[test]
+fn an_admitted_request_allocates_nothing_in_the_layer() {
+    let source: Arc<Pace<IpAddr>> = Arc::new(Pace::new(Rate::per_second(1000).unwrap()));
+    let client: Arc<Pace<http::HeaderValue>> = Arc::new(Pace::new(Rate::per_second(1000).unwrap()));
+    let mut bare = inner();
+    let (base, r) = allocs(&mut bare, request());
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(base, 0, "the inner service allocates nothing");
+
+    let layer = |fields: bool| {
+        PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(Limit::new("source", source.clone(), PeerIp::new()))
+            .limit(
+                Limit::new(
+                    "client",
+                    client.clone(),
+                    Header(HeaderName::from_static("x-client-id")),
+                )
+                .refund_if(|r: &ResponseHead<'_>| r.status == StatusCode::UNAUTHORIZED),
+            )
+            .build()
+            .unwrap()
+    };
+    let mut plain = layer(false).layer(inner());
+    let mut fields = layer(true).layer(inner());
+    // The first requests write the keys' rows (the core allocates an entry
+    // per new row of a key that is not word-sized).
+    allocs(&mut plain, request());
+    allocs(&mut fields, request());
+    for _ in 0..3 {
+        let (n, r) = allocs(&mut plain, request());
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers().len(), 0);
+        assert_eq!(n, 0, "fields off: no allocation");
+
+        let (n, r) = allocs(&mut fields, request());
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers().len(), 2);
+        // The RateLimit value's bytes; the header map's indices and entries.
+        assert_eq!(n, 3, "fields on: the value and the map");
+    }
+}
