@@ -337,6 +337,16 @@ pub struct Builder {
     deny_cache_entries: usize,
     max_key_bytes: usize,
     time_injection: bool,
+    #[cfg(feature = "tls")]
+    tls: Tls,
+}
+
+/// Certificates for `rediss://` beyond the system's roots.
+#[cfg(feature = "tls")]
+#[derive(Clone, Default)]
+struct Tls {
+    root_ca: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Builder {
@@ -391,8 +401,52 @@ impl Builder {
         self
     }
 
+    /// Trusts the certificates of this PEM bundle for `rediss://` URLs
+    /// instead of the system's roots (a private CA). The server's
+    /// certificate is verified against them, host name included.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root_ca = Some(pem.into());
+        self
+    }
+    /// Presents this client certificate chain and private key (both PEM) to
+    /// a server that requires mutual TLS (`tls-auth-clients yes`).
+    #[cfg(feature = "tls")]
+    pub fn tls_client_cert(
+        mut self,
+        cert_chain_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((cert_chain_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// The client of `url`, with the TLS settings.
+    fn client(&self, url: &str) -> Result<redis::Client, RedisError> {
+        #[cfg(feature = "tls")]
+        {
+            // rustls needs a process-wide crypto provider; this crate enables
+            // only `ring`. An application that installed one keeps its own.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            if self.tls.root_ca.is_some() || self.tls.client.is_some() {
+                let certs = redis::TlsCertificates {
+                    client_tls: self.tls.client.as_ref().map(|(cert, key)| {
+                        redis::ClientTlsConfig {
+                            client_cert: cert.clone(),
+                            client_key: key.clone(),
+                        }
+                    }),
+                    root_cert: self.tls.root_ca.clone(),
+                };
+                return redis::Client::build_with_tls(url, certs);
+            }
+        }
+        redis::Client::open(url)
+    }
+
     /// Checks the configuration and connects to `url`
-    /// (`redis://host:port/db`).
+    /// (`redis://host:port/db`, or `rediss://host:port/db` with the `tls`
+    /// feature).
     ///
     /// # Errors
     /// [`ConnectError::Config`] for a rejected configuration,
@@ -446,7 +500,7 @@ impl Builder {
                 )
             }
         };
-        let client = redis::Client::open(url).map_err(ConnectError::Redis)?;
+        let client = self.client(url).map_err(ConnectError::Redis)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(self.timeout)
             .set_response_timeout(self.timeout)
@@ -562,6 +616,8 @@ impl RedisPace {
             deny_cache_entries: 65_536,
             max_key_bytes: 1_024,
             time_injection: false,
+            #[cfg(feature = "tls")]
+            tls: Tls::default(),
         }
     }
 

@@ -11,6 +11,76 @@ pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
     restarting: bool,
+    /// More arguments for `redis-server` (e.g. `--maxmemory-policy`).
+    extra: Vec<String>,
+    /// With TLS: its port and certificate files (plain `port` stays open for
+    /// readiness checks and administration).
+    tls: Option<Tls>,
+}
+
+/// Certificates made for one server: a private CA and a certificate for
+/// `localhost` / `127.0.0.1` signed by it, written to a directory removed on
+/// drop. Nothing here is a secret worth keeping.
+pub struct Tls {
+    pub port: u16,
+    pub dir: std::path::PathBuf,
+    pub ca_pem: String,
+}
+
+impl Tls {
+    fn new() -> Tls {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "pace-redis test CA");
+        let ca_key = KeyPair::generate().unwrap();
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let mut leaf =
+            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        leaf.distinguished_name
+            .push(DnType::CommonName, "localhost");
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "pace-redis-tls-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ca.crt"), ca_cert.pem()).unwrap();
+        std::fs::write(dir.join("server.crt"), leaf_cert.pem()).unwrap();
+        std::fs::write(dir.join("server.key"), leaf_key.serialize_pem()).unwrap();
+        Tls {
+            port: free_port(),
+            dir,
+            ca_pem: ca_cert.pem(),
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let f = |name: &str| self.dir.join(name).to_string_lossy().into_owned();
+        vec![
+            "--tls-port".into(),
+            self.port.to_string(),
+            "--tls-cert-file".into(),
+            f("server.crt"),
+            "--tls-key-file".into(),
+            f("server.key"),
+            "--tls-ca-cert-file".into(),
+            f("ca.crt"),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ]
+    }
+}
+
+impl Drop for Tls {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// One RESP PING on a fresh connection; true only for the server's `+PONG`.
@@ -26,7 +96,7 @@ fn ping(port: u16) -> bool {
     s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .expect("bind a loopback port")
         .local_addr()
@@ -41,13 +111,43 @@ impl RedisServer {
 
     /// Starts on `port` if it can; on another free port if `port` is taken.
     pub fn start_on(port: u16) -> RedisServer {
+        RedisServer::start_with(port, Vec::new(), false)
+    }
+
+    /// Starts with more `redis-server` arguments.
+    pub fn start_args(extra: &[&str]) -> RedisServer {
+        RedisServer::start_with(
+            free_port(),
+            extra.iter().map(|s| s.to_string()).collect(),
+            false,
+        )
+    }
+
+    /// Starts with a TLS port too (certificates made for this server).
+    pub fn start_tls() -> RedisServer {
+        RedisServer::start_with(free_port(), Vec::new(), true)
+    }
+
+    fn start_with(port: u16, extra: Vec<String>, tls: bool) -> RedisServer {
         let mut s = RedisServer {
             port,
             child: None,
             restarting: false,
+            extra,
+            tls: tls.then(Tls::new),
         };
         s.spawn();
         s
+    }
+
+    /// The TLS port and certificates (servers started with `start_tls`).
+    pub fn tls(&self) -> &Tls {
+        self.tls.as_ref().expect("a server started with start_tls")
+    }
+
+    /// `rediss://host:tls-port/` (`host`: `localhost` or `127.0.0.1`).
+    pub fn tls_url(&self, host: &str) -> String {
+        format!("rediss://{host}:{}/", self.tls().port)
     }
 
     pub fn url(&self) -> String {
@@ -71,6 +171,8 @@ impl RedisServer {
                     "--appendonly",
                     "no",
                 ])
+                .args(&self.extra)
+                .args(self.tls.as_ref().map(Tls::args).unwrap_or_default())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -93,6 +195,9 @@ impl RedisServer {
                 );
             }
             self.port = free_port();
+            if let Some(tls) = &mut self.tls {
+                tls.port = free_port();
+            }
         }
         panic!("redis-server did not start on 20 loopback ports");
     }
