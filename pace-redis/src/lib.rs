@@ -31,11 +31,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use pace::{DenyReason, Pace, Rate};
+use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, ErrorKind, RedisError, Script, Value};
 
@@ -122,6 +123,9 @@ pub enum BackendError {
     ClockOutOfRange,
     /// The script answered something this crate does not understand.
     BadReply(String),
+    /// No connection yet: the server was unreachable at start and the
+    /// limiter connects in the background.
+    NotConnected,
 }
 
 impl fmt::Display for BackendError {
@@ -134,6 +138,7 @@ impl fmt::Display for BackendError {
                 f.write_str("stored state lies days ahead of the server's clock")
             }
             BackendError::BadReply(s) => write!(f, "unexpected script reply: {s}"),
+            BackendError::NotConnected => f.write_str("not connected to redis yet"),
         }
     }
 }
@@ -308,6 +313,9 @@ pub struct Stats {
     pub local_decisions: u64,
     /// Calls that found Redis unavailable (timeout, error, open circuit).
     pub unavailable: u64,
+    /// Connections made in the background (after starting with the server
+    /// away, or after `READONLY`/`MASTERDOWN`).
+    pub connects: u64,
 }
 
 #[derive(Default)]
@@ -318,6 +326,7 @@ struct Counters {
     cache_denials: AtomicU64,
     local_decisions: AtomicU64,
     unavailable: AtomicU64,
+    connects: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, by: u64) {
@@ -448,10 +457,59 @@ impl Builder {
     /// (`redis://host:port/db`, or `rediss://host:port/db` with the `tls`
     /// feature).
     ///
+    /// When the server cannot be reached (an I/O error or no answer within
+    /// the timeout) and the policy is [`OnUnavailable::LocalFallback`], the
+    /// limiter is returned anyway: it decides on the local fallback and
+    /// connects in the background (one attempt per `backoff`, each within the
+    /// timeout); decisions move to the server once it answers.
+    ///
     /// # Errors
     /// [`ConnectError::Config`] for a rejected configuration,
-    /// [`ConnectError::Redis`] when the server cannot be reached in time.
+    /// [`ConnectError::Redis`] for a bad URL, and, under
+    /// [`OnUnavailable::FailClosed`], when the server cannot be reached in
+    /// time.
     pub async fn connect(self, url: &str) -> Result<RedisPace, ConnectError> {
+        let client = self.client(url).map_err(ConnectError::Redis)?;
+        self.connect_client(client).await
+    }
+
+    /// [`connect`](Builder::connect) with a client built by the caller (its
+    /// own TLS settings, credentials, protocol). Connections are made from
+    /// it: at start, in the background while the server is away, and again
+    /// after a failover's `READONLY` or `MASTERDOWN` answer (re-resolving
+    /// the host name).
+    ///
+    /// # Errors
+    /// As [`connect`](Builder::connect).
+    pub async fn connect_client(self, client: redis::Client) -> Result<RedisPace, ConnectError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout)
+            // One connection attempt per reconnect, no sleeping retries: the
+            // limiter's own backoff paces the attempts (a call after the
+            // backoff triggers the next one).
+            .set_number_of_retries(0)
+            .set_max_delay(10);
+        let client = Box::new(client);
+        self.start(Connector::Client { client, config }, None).await
+    }
+
+    /// Uses a connection manager made by the caller (shared with the rest of
+    /// the application). It reconnects by itself after a lost connection;
+    /// this crate never replaces it, so after a failover's `READONLY` the
+    /// circuit opens for `backoff` at a time until the address answers as a
+    /// primary again (prefer [`connect_client`](Builder::connect_client)
+    /// when the address can move).
+    ///
+    /// # Errors
+    /// [`ConnectError::Config`] for a rejected configuration.
+    pub async fn connect_with(self, conn: ConnectionManager) -> Result<RedisPace, ConnectError> {
+        self.start(Connector::Given, Some(Conn::Single(conn))).await
+    }
+
+    /// Validates the configuration, makes the first connection (unless given
+    /// one) and builds the limiter.
+    async fn start(self, how: Connector, given: Option<Conn>) -> Result<RedisPace, ConnectError> {
         let capacity = self.capacity.unwrap_or_else(|| self.rate.one_second());
         // The core crate's own checks (zero capacity, tau overflow).
         Pace::<String>::builder(self.rate)
@@ -500,27 +558,31 @@ impl Builder {
                 )
             }
         };
-        let client = self.client(url).map_err(ConnectError::Redis)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout)
-            // One connection attempt per reconnect, no sleeping retries: the
-            // limiter's own backoff paces the attempts (a call after the
-            // backoff triggers the next one).
-            .set_number_of_retries(0)
-            .set_max_delay(10);
-        let conn = tokio::time::timeout(
-            self.timeout,
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        .map_err(|_| {
-            ConnectError::Redis(RedisError::from((ErrorKind::IoError, "connect timed out")))
-        })?
-        .map_err(ConnectError::Redis)?;
-        Ok(RedisPace {
+        let first = match given {
+            Some(conn) => Some(conn),
+            None => match tokio::time::timeout(self.timeout, how.open()).await {
+                Ok(Ok(conn)) => Some(conn),
+                Ok(Err(e)) if !(e.is_io_error() && fallback.is_some()) => {
+                    return Err(ConnectError::Redis(e))
+                }
+                Err(_) if fallback.is_none() => {
+                    return Err(ConnectError::Redis(RedisError::from((
+                        ErrorKind::IoError,
+                        "connect timed out",
+                    ))))
+                }
+                // Unreachable under LocalFallback: start on the fallback.
+                _ => None,
+            },
+        };
+        let connected = first.is_some();
+        let limiter = RedisPace {
             inner: Arc::new(Inner {
-                conn,
+                link: Link {
+                    how,
+                    conn: RwLock::new(first),
+                    connecting: AtomicBool::new(false),
+                },
                 script: Script::new(&script_source()),
                 rate: self.rate,
                 interval,
@@ -538,8 +600,82 @@ impl Builder {
                 down_until: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
-        })
+        };
+        if !connected {
+            limiter.reconnect();
+        }
+        Ok(limiter)
     }
+}
+
+/// How the limiter reaches Redis.
+enum Connector {
+    /// Connections are made from this client (at start, in the background,
+    /// after `READONLY`/`MASTERDOWN`).
+    Client {
+        client: Box<redis::Client>,
+        config: ConnectionManagerConfig,
+    },
+    /// The caller's connection manager, never replaced.
+    Given,
+}
+
+impl Connector {
+    /// A new connection (no timeout of its own).
+    async fn open(&self) -> Result<Conn, RedisError> {
+        match self {
+            Connector::Client { client, config } => {
+                ConnectionManager::new_with_config((**client).clone(), config.clone())
+                    .await
+                    .map(Conn::Single)
+            }
+            Connector::Given => Err(RedisError::from((
+                ErrorKind::ClientError,
+                "a given connection is not replaced",
+            ))),
+        }
+    }
+    fn replaceable(&self) -> bool {
+        !matches!(self, Connector::Given)
+    }
+}
+
+/// A connection in use.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+        }
+    }
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+        }
+    }
+}
+
+/// The current connection and how to make a new one.
+struct Link {
+    how: Connector,
+    /// `None` until the first connection is made.
+    conn: RwLock<Option<Conn>>,
+    /// A background connect is under way.
+    connecting: AtomicBool,
 }
 
 /// Why [`Builder::connect`] failed.
@@ -570,7 +706,7 @@ pub struct RedisPace {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    link: Link,
     script: Script,
     rate: Rate,
     interval: u64,
@@ -651,6 +787,7 @@ impl RedisPace {
             cache_denials: c.cache_denials.load(Ordering::Relaxed),
             local_decisions: c.local_decisions.load(Ordering::Relaxed),
             unavailable: c.unavailable.load(Ordering::Relaxed),
+            connects: c.connects.load(Ordering::Relaxed),
         }
     }
 
@@ -979,6 +1116,13 @@ impl RedisPace {
     fn trip(&self, e: &BackendError) {
         let opens = match e {
             BackendError::Timeout(_) => true,
+            BackendError::Redis(r) if is_not_primary(r) => {
+                // A failover left this connection on a replica (READONLY) or
+                // on a replica cut from its primary (MASTERDOWN): a new
+                // connection, made in the background, may reach the primary.
+                self.reconnect();
+                true
+            }
             BackendError::Redis(r) => {
                 r.is_io_error()
                     || r.is_connection_dropped()
@@ -996,6 +1140,52 @@ impl RedisPace {
         }
     }
 
+    /// Makes a new connection in the background, unless one is under way
+    /// (or the connection was given, or there is no tokio runtime): one
+    /// attempt per `backoff` (at least 10 ms), each within the timeout, until
+    /// one succeeds or the limiter is dropped. The current connection, if
+    /// any, serves until the new one replaces it.
+    fn reconnect(&self) {
+        let link = &self.inner.link;
+        if !link.how.replaceable() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if link.connecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let pause = inner.backoff.max(Duration::from_millis(10));
+                let made = tokio::time::timeout(inner.timeout, inner.link.how.open()).await;
+                if let Ok(Ok(conn)) = made {
+                    bump(&inner.counters.connects, 1);
+                    *inner.link.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(conn);
+                    // A fresh connection: no reason to keep the circuit open.
+                    inner.down_until.store(0, Ordering::Relaxed);
+                    inner.link.connecting.store(false, Ordering::Release);
+                    return;
+                }
+                drop(inner);
+                tokio::time::sleep(pause).await;
+            }
+        });
+    }
+
+    /// The connection in use; `None` before the first one is made.
+    fn conn(&self) -> Option<Conn> {
+        self.inner
+            .link
+            .conn
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// One EVALSHA within the timeout; after NOSCRIPT, loads the script and
     /// sends it again.
     async fn eval(&self, cmd: &Cmd) -> Result<Value, BackendError> {
@@ -1003,7 +1193,9 @@ impl RedisPace {
             return Err(BackendError::CircuitOpen);
         }
         let inner = &*self.inner;
-        let mut conn = inner.conn.clone();
+        let Some(mut conn) = self.conn() else {
+            return Err(BackendError::NotConnected);
+        };
         let work = async {
             bump(&inner.counters.round_trips, 1);
             match cmd.query_async::<Value>(&mut conn).await {
@@ -1027,7 +1219,7 @@ impl RedisPace {
         result
     }
 
-    async fn load(&self, conn: &mut ConnectionManager) -> Result<(), RedisError> {
+    async fn load(&self, conn: &mut Conn) -> Result<(), RedisError> {
         bump(&self.inner.counters.round_trips, 1);
         bump(&self.inner.counters.script_loads, 1);
         self.inner.script.load_async(conn).await.map(|_| ())
@@ -1044,10 +1236,12 @@ impl RedisPace {
             return Err(BackendError::CircuitOpen);
         }
         let inner = &*self.inner;
-        let mut conn = inner.conn.clone();
+        let Some(mut conn) = self.conn() else {
+            return Err(BackendError::NotConnected);
+        };
         let work = async {
             bump(&inner.counters.round_trips, 1);
-            let mut values = conn.send_packed_commands(pipe, 0, count).await?;
+            let mut values = conn.req_packed_commands(pipe, 0, count).await?;
             let missing: Vec<usize> = values
                 .iter()
                 .enumerate()
@@ -1062,7 +1256,7 @@ impl RedisPace {
                     again.add_command(cmds[i].clone());
                 }
                 bump(&inner.counters.round_trips, 1);
-                let redone = conn.send_packed_commands(&again, 0, missing.len()).await?;
+                let redone = conn.req_packed_commands(&again, 0, missing.len()).await?;
                 for (i, v) in missing.into_iter().zip(redone) {
                     values[i] = v;
                 }
@@ -1079,10 +1273,31 @@ impl RedisPace {
             Ok(Err(e)) => Err(BackendError::Redis(e)),
             Err(_) => Err(BackendError::Timeout(inner.timeout)),
         };
-        if let Err(e) = &result {
-            self.trip(e);
+        match &result {
+            Err(e) => self.trip(e),
+            Ok(values) => {
+                if let Some(e) = values.iter().find_map(not_primary_reply) {
+                    self.trip(&BackendError::Redis(e));
+                }
+            }
         }
         result
+    }
+}
+
+/// `READONLY` (a replica) or `MASTERDOWN` (a replica without its primary).
+fn is_not_primary(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown)
+        || matches!(e.code(), Some("READONLY" | "MASTERDOWN"))
+}
+
+/// A pipeline's reply that says the connection reached no primary.
+fn not_primary_reply(v: &Value) -> Option<RedisError> {
+    match v {
+        Value::ServerError(e) if matches!(e.code(), "READONLY" | "MASTERDOWN") => {
+            v.clone().extract_error().err()
+        }
+        _ => None,
     }
 }
 

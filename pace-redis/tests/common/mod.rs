@@ -259,3 +259,94 @@ impl Drop for RedisServer {
         self.stop();
     }
 }
+
+impl RedisServer {
+    /// `INFO replication` field `name`.
+    pub fn info_field(&self, section: &str, name: &str) -> Option<String> {
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query(&mut self.admin())
+            .ok()?;
+        let prefix = format!("{name}:");
+        info.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .map(|v| v.trim().to_string())
+    }
+
+    /// Makes this server a replica of `primary` and waits (at most 10 s) for
+    /// the link to be up.
+    pub fn replicate(&self, primary: &RedisServer) {
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(primary.port)
+            .query(&mut self.admin())
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self
+            .info_field("replication", "master_link_status")
+            .as_deref()
+            != Some("up")
+        {
+            assert!(Instant::now() < deadline, "replication link never came up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `REPLICAOF NO ONE`: a primary again.
+    pub fn promote(&self) {
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query(&mut self.admin())
+            .unwrap();
+    }
+}
+
+/// A loopback TCP forwarder whose target can be switched: new connections go
+/// to the current target, open ones stay where they are (as with a DNS name
+/// or a virtual address that moves after a failover). Stops on drop.
+pub struct Proxy {
+    pub port: u16,
+    target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(target: u16) -> Proxy {
+        use std::sync::atomic::{AtomicU16, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = std::sync::Arc::new(AtomicU16::new(target));
+        let to = target.clone();
+        let task = tokio::spawn(async move {
+            let mut open = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                let port = to.load(Ordering::SeqCst);
+                open.spawn(async move {
+                    if let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                });
+            }
+        });
+        Proxy { port, target, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// New connections go to `port` from now on.
+    pub fn switch(&self, port: u16) {
+        self.target.store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
