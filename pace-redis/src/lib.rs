@@ -45,6 +45,10 @@ use redis::{Cmd, ErrorKind, RedisError, Script, Value};
 /// 2^53, where Lua's doubles stop being exact (README: "Precision").
 pub const MAX_TAU_NS: u64 = 1 << 50;
 
+/// The furthest a stored `tat` may lie ahead of the server's clock (the
+/// script's `MAX_AHEAD_S`, 2 x 10^6 s).
+const MAX_AHEAD_NS: u64 = 2_000_000 * 1_000_000_000;
+
 /// The script's source (with a known-wrong change under `cfg(pace_mutant)`).
 fn script_source() -> String {
     let src = include_str!("pace.lua").to_string();
@@ -177,6 +181,8 @@ pub struct Denied {
     wait_ns: u64,
     server_now_ns: Option<u64>,
     source: Source,
+    remaining: Option<u64>,
+    reset_ns: Option<u64>,
 }
 
 impl Denied {
@@ -202,6 +208,46 @@ impl Denied {
         self.server_now_ns
     }
     /// Where the answer came from.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+    /// Whole tokens in the bucket at the decision (fewer than requested),
+    /// when the server decided on an existing bucket, or the local fallback
+    /// decided.
+    pub fn remaining(&self) -> Option<u64> {
+        self.remaining
+    }
+    /// The time until the bucket is full again if nothing else touches it
+    /// (`tat - now` on the server's clock), when the server decided.
+    pub fn reset_after(&self) -> Option<Duration> {
+        self.reset_ns.map(Duration::from_nanos)
+    }
+}
+
+/// A key's bucket as read by [`RedisPace::peek`], without a debit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peek {
+    remaining: u64,
+    reset_ns: Option<u64>,
+    server_now_ns: Option<u64>,
+    source: Source,
+}
+
+impl Peek {
+    /// Whole tokens the key could reserve now.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+    /// The time until the bucket is full (zero when it is), when the server
+    /// answered.
+    pub fn reset_after(&self) -> Option<Duration> {
+        self.reset_ns.map(Duration::from_nanos)
+    }
+    /// The server's time of the reading (ns since the Unix epoch).
+    pub fn server_now_ns(&self) -> Option<u64> {
+        self.server_now_ns
+    }
+    /// [`Source::Server`], or [`Source::Local`] (the fallback's bucket).
     pub fn source(&self) -> Source {
         self.source
     }
@@ -257,6 +303,7 @@ pub struct Reservation {
     source: Source,
     /// The local fallback's debit, for a decision of the fallback.
     local: Option<pace::Debit>,
+    remaining: Option<u64>,
 }
 
 impl Reservation {
@@ -279,6 +326,19 @@ impl Reservation {
     /// Where the admission came from.
     pub fn source(&self) -> Source {
         self.source
+    }
+    /// Whole tokens left in the bucket after this debit (server and local
+    /// fallback decisions; `None` for `n == 0`).
+    pub fn remaining(&self) -> Option<u64> {
+        self.remaining
+    }
+    /// The time until the bucket is full again if nothing else touches it
+    /// (`tat - now` on the server's clock), when the server decided.
+    pub fn reset_after(&self) -> Option<Duration> {
+        match (self.source, self.server_now_ns) {
+            (Source::Server, Some(now)) => Some(Duration::from_nanos(self.tat.saturating_sub(now))),
+            _ => None,
+        }
     }
 }
 
@@ -726,6 +786,13 @@ struct Inner {
     counters: Counters,
 }
 
+impl Inner {
+    /// `capacity x interval` (at most [`MAX_TAU_NS`]).
+    fn tau(&self) -> u64 {
+        self.capacity * self.interval
+    }
+}
+
 #[derive(Clone, Copy)]
 struct CacheEntry {
     until: Instant,
@@ -884,6 +951,76 @@ impl RedisPace {
         self.refund_inner(r, Some(now_ns)).await
     }
 
+    /// Reads `key`'s bucket on the server's clock: the whole tokens it holds
+    /// and the time until it is full. Writes nothing. For observability:
+    /// deciding on it and then reserving is a check-then-act race (another
+    /// replica may debit in between); `reserve_n` decides atomically.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`], or, under [`OnUnavailable::FailClosed`],
+    /// [`Error::Unavailable`] (under `LocalFallback` the fallback's bucket
+    /// answers, [`Source::Local`]).
+    pub async fn peek(&self, key: &str) -> Result<Peek, Error> {
+        self.peek_inner(key, None).await
+    }
+
+    /// [`peek`](RedisPace::peek) at `now_ns` (tests; needs
+    /// [`Builder::time_injection`]).
+    ///
+    /// # Errors
+    /// As `peek`, and [`Error::TimeInjectionDisabled`].
+    pub async fn peek_at(&self, key: &str, now_ns: u64) -> Result<Peek, Error> {
+        if !self.inner.time_injection {
+            return Err(Error::TimeInjectionDisabled);
+        }
+        self.peek_inner(key, Some(now_ns)).await
+    }
+
+    async fn peek_inner(&self, key: &str, now: Option<u64>) -> Result<Peek, Error> {
+        let inner = &*self.inner;
+        let full = self.checked_key(key)?;
+        let cmd = self.script_cmd(&full, "p", "", "", now);
+        let err = match self.eval(&cmd).await.and_then(|v| parse_peek(&v)) {
+            Ok((tat, now)) => {
+                let debt = tat.saturating_sub(now);
+                if debt > MAX_AHEAD_NS {
+                    BackendError::ClockOutOfRange
+                } else {
+                    return Ok(Peek {
+                        remaining: self.tokens_at_debt(debt),
+                        reset_ns: Some(debt),
+                        server_now_ns: Some(now),
+                        source: Source::Server,
+                    });
+                }
+            }
+            Err(e) => e,
+        };
+        bump(&inner.counters.unavailable, 1);
+        match &inner.fallback {
+            None => Err(Error::Unavailable(err)),
+            Some(local) => {
+                let local_key = full.strip_prefix(inner.prefix.as_str()).unwrap_or(&full);
+                Ok(Peek {
+                    remaining: local.peek(local_key),
+                    reset_ns: None,
+                    server_now_ns: None,
+                    source: Source::Local,
+                })
+            }
+        }
+    }
+
+    /// Whole tokens of a bucket `debt` ns from full (the core's rule).
+    fn tokens_at_debt(&self, debt: u64) -> u64 {
+        let tau = self.inner.tau();
+        if debt >= tau {
+            0
+        } else {
+            (tau - debt) / self.inner.interval
+        }
+    }
+
     async fn reserve_inner(
         &self,
         key: &str,
@@ -905,17 +1042,10 @@ impl RedisPace {
     /// capacity, cached denials.
     fn prepare(&self, key: &str, n: u64, now: Instant) -> Prepared {
         let inner = &*self.inner;
-        if key.is_empty() {
-            return Prepared::Done(Err(Error::InvalidKey(KeyError::Empty)));
-        }
-        let bytes = inner.prefix.len().saturating_add(key.len());
-        if bytes > inner.max_key_bytes {
-            return Prepared::Done(Err(Error::InvalidKey(KeyError::TooLong {
-                bytes,
-                max: inner.max_key_bytes,
-            })));
-        }
-        let full = self.redis_key(key);
+        let full = match self.checked_key(key) {
+            Ok(full) => full,
+            Err(e) => return Prepared::Done(Err(e)),
+        };
         if n == 0 {
             return Prepared::Done(Ok(Reservation {
                 key: full,
@@ -925,6 +1055,7 @@ impl RedisPace {
                 server_now_ns: None,
                 source: Source::Request,
                 local: None,
+                remaining: None,
             }));
         }
         if n > inner.capacity {
@@ -933,6 +1064,8 @@ impl RedisPace {
                 wait_ns: u64::MAX,
                 server_now_ns: None,
                 source: Source::Request,
+                remaining: None,
+                reset_ns: None,
             })));
         }
         if let Some(cache) = &inner.cache {
@@ -949,6 +1082,8 @@ impl RedisPace {
                             wait_ns: wait,
                             server_now_ns: None,
                             source: Source::Cache,
+                            remaining: None,
+                            reset_ns: None,
                         })));
                     }
                 } else {
@@ -957,6 +1092,36 @@ impl RedisPace {
             }
         }
         Prepared::Send { key: full, n }
+    }
+
+    /// The Redis key of a valid `key`.
+    fn checked_key(&self, key: &str) -> Result<String, Error> {
+        let inner = &*self.inner;
+        if key.is_empty() {
+            return Err(Error::InvalidKey(KeyError::Empty));
+        }
+        let bytes = inner.prefix.len().saturating_add(key.len());
+        if bytes > inner.max_key_bytes {
+            return Err(Error::InvalidKey(KeyError::TooLong {
+                bytes,
+                max: inner.max_key_bytes,
+            }));
+        }
+        Ok(self.redis_key(key))
+    }
+
+    /// An EVALSHA of the script on one key.
+    fn script_cmd(&self, key: &str, op: &str, a: &str, b: &str, now: Option<u64>) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.inner.script.get_hash())
+            .arg(1)
+            .arg(key)
+            .arg(op)
+            .arg(a)
+            .arg(b)
+            .arg("")
+            .arg(now.map(|t| t.to_string()).unwrap_or_default());
+        cmd
     }
 
     fn reserve_cmd(&self, key: &str, n: u64, now: Option<u64>) -> Cmd {
@@ -992,16 +1157,24 @@ impl RedisPace {
                     server_now_ns: Some(now),
                     source: Source::Server,
                     local: None,
+                    remaining: Some(self.tokens_at_debt(tat.saturating_sub(now))),
                 });
             }
             Ok(ReserveReply::Denied { wait, now }) => {
                 bump(&inner.counters.server_decisions, 1);
                 self.remember_denial(&key, n, sent_at, wait);
+                // wait = debt + n x interval - tau: the debt before this
+                // request, as the script saw it.
+                let debt = wait
+                    .saturating_add(inner.tau())
+                    .saturating_sub(n.saturating_mul(inner.interval));
                 return Err(Error::Denied(Denied {
                     reason: DenyReason::Exhausted,
                     wait_ns: wait,
                     server_now_ns: Some(now),
                     source: Source::Server,
+                    remaining: Some(self.tokens_at_debt(debt)),
+                    reset_ns: Some(debt),
                 }));
             }
             Ok(ReserveReply::Never { now }) => {
@@ -1011,6 +1184,8 @@ impl RedisPace {
                     wait_ns: u64::MAX,
                     server_now_ns: Some(now),
                     source: Source::Server,
+                    remaining: None,
+                    reset_ns: None,
                 }));
             }
             Err(e) => e,
@@ -1022,6 +1197,7 @@ impl RedisPace {
                 bump(&inner.counters.local_decisions, 1);
                 let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
                 let decided = local.reserve_n(local_key, n).map(|kept| kept.detach());
+                let remaining = Some(local.peek(local_key));
                 match decided {
                     Ok(debit) => Ok(Reservation {
                         key,
@@ -1031,12 +1207,15 @@ impl RedisPace {
                         server_now_ns: None,
                         source: Source::Local,
                         local: Some(debit),
+                        remaining,
                     }),
                     Err(d) => Err(Error::Denied(Denied {
                         reason: d.reason(),
                         wait_ns: u64::try_from(d.retry_after().as_nanos()).unwrap_or(u64::MAX),
                         server_now_ns: None,
                         source: Source::Local,
+                        remaining,
+                        reset_ns: None,
                     })),
                 }
             }
@@ -1354,6 +1533,14 @@ fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
         3 => Err(BackendError::ClockOutOfRange),
         _ => Err(bad(v)),
     }
+}
+
+fn parse_peek(v: &Value) -> Result<(u64, u64), BackendError> {
+    let Value::Array(items) = v else {
+        return Err(bad(v));
+    };
+    let at = |i: usize| items.get(i).and_then(num).ok_or_else(|| bad(v));
+    Ok((at(0)?, at(1)?))
 }
 
 fn parse_refund(v: &Value) -> Result<Refund, BackendError> {

@@ -5,6 +5,7 @@
 -- ARGV[1]  'r' (reserve) or 'f' (refund)
 -- reserve: ARGV[2] n, ARGV[3] interval ns, ARGV[4] capacity
 -- refund:  ARGV[2] prev, ARGV[3] the reservation's tat (decimal ns strings)
+-- peek:    ARGV[1] 'p', nothing else; writes nothing
 -- ARGV[5]  '' to read the server's TIME; otherwise the time in ns (tests only,
 --          and then no expiry is set: the key's TTL would follow the real clock)
 --
@@ -23,6 +24,7 @@
 --          more than MAX_AHEAD_S seconds ahead of now (the clock went back).
 -- refund:  {1, now} restored prev; {2, now} the bucket is full: key deleted;
 --          {0, now} someone debited since (or the key is gone): nothing.
+-- peek:    {tat, now}, tat '0' for no key (the client computes the debt).
 
 local E9 = 1000000000
 local MAX_AHEAD_S = 2000000 -- 2e6 s * 1e9 = 2e15 < 2^51
@@ -114,6 +116,15 @@ if op == 'r' then
   local tat_s = now_s + q
   store(tat_s, r)
   return {1, prev, fmt(tat_s, r), now}
+elseif op == 'p' then
+  local cur = redis.call('GET', key)
+  if not cur then
+    return {'0', now}
+  end
+  if not string.find(cur, '^%d+$') or #cur > 20 then
+    return redis.error_reply('pace: the key holds something other than a tat')
+  end
+  return {cur, now}
 elseif op == 'f' then
   local prev = ARGV[2]
   local mine = ARGV[3]

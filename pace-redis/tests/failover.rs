@@ -73,11 +73,17 @@ async fn local_fallback_starts_while_redis_is_down_then_moves_to_redis() {
     for i in 0..10 {
         let r = p.reserve("k").await.unwrap_or_else(|e| panic!("{i}: {e}"));
         assert_eq!(r.source(), Source::Local);
+        assert_eq!(r.remaining(), Some(9 - i));
     }
     match p.reserve("k").await {
-        Err(Error::Denied(d)) => assert_eq!(d.source(), Source::Local),
+        Err(Error::Denied(d)) => {
+            assert_eq!(d.source(), Source::Local);
+            assert_eq!(d.remaining(), Some(0));
+        }
         other => panic!("{other:?}"),
     }
+    let peek = p.peek("k").await.unwrap();
+    assert_eq!((peek.source(), peek.remaining()), (Source::Local, 0));
     assert_eq!(p.stats().local_decisions, 11);
     assert_eq!(p.stats().round_trips, 0);
 
@@ -89,13 +95,28 @@ async fn local_fallback_starts_while_redis_is_down_then_moves_to_redis() {
     assert_eq!(first.prev_ns(), 0);
     let now = first.server_now_ns().unwrap();
     assert_eq!(first.tat_ns(), now + INTERVAL_NS);
+    assert_eq!(first.remaining(), Some(29));
     for i in 2..=30u64 {
         let r = p.reserve("k").await.unwrap();
         assert_eq!(r.source(), Source::Server);
         assert_eq!(r.tat_ns(), now + i * INTERVAL_NS);
+        assert_eq!(r.remaining(), Some(30 - i));
+        let at = r.server_now_ns().unwrap();
+        assert_eq!(
+            r.reset_after(),
+            Some(Duration::from_nanos(now + i * INTERVAL_NS - at))
+        );
     }
     match p.reserve("k").await {
-        Err(Error::Denied(d)) => assert_eq!(d.source(), Source::Server),
+        Err(Error::Denied(d)) => {
+            assert_eq!(d.source(), Source::Server);
+            assert_eq!(d.remaining(), Some(0));
+            let at = d.server_now_ns().unwrap();
+            assert_eq!(
+                d.reset_after(),
+                Some(Duration::from_nanos(now + 30 * INTERVAL_NS - at))
+            );
+        }
         other => panic!("{other:?}"),
     }
     let stored: u64 = redis::cmd("GET")
@@ -103,6 +124,12 @@ async fn local_fallback_starts_while_redis_is_down_then_moves_to_redis() {
         .query(&mut server.admin())
         .unwrap();
     assert_eq!(stored, now + 30 * INTERVAL_NS);
+    let peek = p.peek("k").await.unwrap();
+    assert_eq!((peek.source(), peek.remaining()), (Source::Server, 0));
+    assert_eq!(
+        peek.reset_after(),
+        Some(Duration::from_nanos(stored - peek.server_now_ns().unwrap()))
+    );
     assert_eq!(p.stats().connects, 1);
 }
 
