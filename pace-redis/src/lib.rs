@@ -73,6 +73,22 @@ pub enum OnUnavailable {
     },
 }
 
+/// What [`Builder::connect`] does when the server's `maxmemory-policy` can
+/// evict the limiter's keys (`allkeys-*`, or `volatile-*`: every key the
+/// limiter writes has an expiry). A lost key is a full bucket: at most one
+/// capacity of extra admissions per key (README: "Lost keys").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictionCheck {
+    /// Log a warning (target `pace_redis`) and use the server (default).
+    Warn,
+    /// Refuse the server: `connect` fails with
+    /// [`ConfigError::EvictingPolicy`]; a connection made in the background
+    /// is dropped (and tried again after `backoff`).
+    Refuse,
+    /// Do not read the policy.
+    Ignore,
+}
+
 /// A rejected configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -92,6 +108,12 @@ pub enum ConfigError {
     ZeroTimeout,
     /// The key prefix alone exceeds the key size limit.
     PrefixTooLong,
+    /// The server's `maxmemory-policy` can evict the limiter's keys and the
+    /// builder refuses it ([`EvictionCheck::Refuse`]).
+    EvictingPolicy {
+        /// The policy, as the server reports it.
+        policy: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -106,6 +128,11 @@ impl fmt::Display for ConfigError {
             ConfigError::ZeroReplicas => f.write_str("LocalFallback needs at least 1 replica"),
             ConfigError::ZeroTimeout => f.write_str("the timeout must be longer than zero"),
             ConfigError::PrefixTooLong => f.write_str("the key prefix exceeds the key size limit"),
+            ConfigError::EvictingPolicy { policy } => write!(
+                f,
+                "the server's maxmemory-policy {policy} can evict the limiter's keys \
+                 (a lost key hands out a full bucket); use noeviction"
+            ),
         }
     }
 }
@@ -406,6 +433,7 @@ pub struct Builder {
     deny_cache_entries: usize,
     max_key_bytes: usize,
     time_injection: bool,
+    eviction: EvictionCheck,
     #[cfg(feature = "tls")]
     tls: Tls,
 }
@@ -467,6 +495,14 @@ impl Builder {
     /// (tests only: keys then get no expiry).
     pub fn time_injection(mut self, on: bool) -> Self {
         self.time_injection = on;
+        self
+    }
+
+    /// What to do when the server's `maxmemory-policy` (read with `INFO
+    /// memory` on every new connection) can evict the limiter's keys
+    /// (default [`EvictionCheck::Warn`]).
+    pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
+        self.eviction = check;
         self
     }
 
@@ -635,6 +671,16 @@ impl Builder {
                 _ => None,
             },
         };
+        let mut seen_policy = None;
+        if let Some(conn) = &first {
+            let mut conn = conn.clone();
+            match check_eviction(&mut conn, self.eviction, self.timeout).await {
+                Ok(policy) => seen_policy = policy,
+                Err(policy) => {
+                    return Err(ConnectError::Config(ConfigError::EvictingPolicy { policy }))
+                }
+            }
+        }
         let connected = first.is_some();
         let limiter = RedisPace {
             inner: Arc::new(Inner {
@@ -642,6 +688,8 @@ impl Builder {
                     how,
                     conn: RwLock::new(first),
                     connecting: AtomicBool::new(false),
+                    policy: Mutex::new(seen_policy),
+                    eviction: self.eviction,
                 },
                 script: Script::new(&script_source()),
                 rate: self.rate,
@@ -736,6 +784,88 @@ struct Link {
     conn: RwLock<Option<Conn>>,
     /// A background connect is under way.
     connecting: AtomicBool,
+    /// The `maxmemory-policy` the last connection's server reported.
+    policy: Mutex<Option<String>>,
+    eviction: EvictionCheck,
+}
+
+/// Whether `policy` can evict keys that have an expiry.
+fn evicts_limiter_keys(policy: &str) -> bool {
+    policy.starts_with("allkeys-") || policy.starts_with("volatile-")
+}
+
+/// Reads the server's `maxmemory-policy` (`INFO memory`) and applies
+/// `check`: `Ok(policy)` to use the server (`None` when not read), `Err` with
+/// the policy to refuse it.
+async fn check_eviction(
+    conn: &mut Conn,
+    check: EvictionCheck,
+    timeout: Duration,
+) -> Result<Option<String>, String> {
+    if check == EvictionCheck::Ignore {
+        return Ok(None);
+    }
+    let read = tokio::time::timeout(
+        timeout,
+        redis::cmd("INFO").arg("memory").query_async::<Value>(conn),
+    )
+    .await;
+    let policy = match read {
+        Ok(Ok(v)) => maxmemory_policy(&v),
+        _ => None,
+    };
+    let Some(policy) = policy else {
+        log::warn!(
+            target: "pace_redis",
+            "could not read the server's maxmemory-policy (INFO memory); \
+             if it can evict keys, a lost key hands out a full bucket"
+        );
+        return Ok(None);
+    };
+    if evicts_limiter_keys(&policy) {
+        if check == EvictionCheck::Refuse {
+            return Err(policy);
+        }
+        log::warn!(
+            target: "pace_redis",
+            "the server's maxmemory-policy is {policy}: under memory pressure it evicts \
+             the limiter's keys, and each evicted key hands out a full bucket \
+             (at most one capacity of extra admissions); noeviction avoids it"
+        );
+    }
+    Ok(Some(policy))
+}
+
+/// `maxmemory_policy` of an `INFO` reply (one text, or one per node).
+fn maxmemory_policy(v: &Value) -> Option<String> {
+    let text = |v: &Value| -> Option<String> {
+        match v {
+            Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            Value::SimpleString(s) => Some(s.clone()),
+            Value::VerbatimString { text, .. } => Some(text.clone()),
+            _ => None,
+        }
+    };
+    let find = |t: &str| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+            .map(|p| p.trim().to_string())
+    };
+    match v {
+        Value::Map(nodes) => {
+            // Several nodes: the first that evicts, else the first read.
+            let all: Vec<String> = nodes
+                .iter()
+                .filter_map(|(_, v)| text(v))
+                .filter_map(|t| find(&t))
+                .collect();
+            all.iter()
+                .find(|p| evicts_limiter_keys(p))
+                .or(all.first())
+                .cloned()
+        }
+        other => find(&text(other)?),
+    }
 }
 
 /// Why [`Builder::connect`] failed.
@@ -819,6 +949,7 @@ impl RedisPace {
             deny_cache_entries: 65_536,
             max_key_bytes: 1_024,
             time_injection: false,
+            eviction: EvictionCheck::Warn,
             #[cfg(feature = "tls")]
             tls: Tls::default(),
         }
@@ -843,6 +974,16 @@ impl RedisPace {
     /// The Redis key of `key`.
     pub fn redis_key(&self, key: &str) -> String {
         format!("{}{}", self.inner.prefix, key)
+    }
+    /// The server's `maxmemory-policy` as read on the last new connection
+    /// (`None` before one, when not read, or with [`EvictionCheck::Ignore`]).
+    pub fn maxmemory_policy(&self) -> Option<String> {
+        self.inner
+            .link
+            .policy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
     /// Counters since the limiter was built.
     pub fn stats(&self) -> Stats {
@@ -1341,7 +1482,16 @@ impl RedisPace {
                 let Some(inner) = weak.upgrade() else { return };
                 let pause = inner.backoff.max(Duration::from_millis(10));
                 let made = tokio::time::timeout(inner.timeout, inner.link.how.open()).await;
-                if let Ok(Ok(conn)) = made {
+                if let Ok(Ok(mut conn)) = made {
+                    let policy =
+                        check_eviction(&mut conn, inner.link.eviction, inner.timeout).await;
+                    let Ok(policy) = policy else {
+                        // Refused: keep the fallback, try again later.
+                        drop(inner);
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    };
+                    *inner.link.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
                     bump(&inner.counters.connects, 1);
                     *inner.link.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(conn);
                     // A fresh connection: no reason to keep the circuit open.
