@@ -603,6 +603,53 @@ impl Builder {
         self.start(Connector::Given, Some(Conn::Single(conn))).await
     }
 
+    /// Connects to a Redis Cluster through any of its `nodes`
+    /// (`redis://host:port`, or `rediss://` with the `tls` feature and the
+    /// builder's TLS settings): each key goes to its slot's primary, MOVED
+    /// and ASK are followed, and [`RedisPace::reserve_many`] sends one
+    /// pipeline per slot, concurrently. Otherwise as
+    /// [`connect`](Builder::connect).
+    ///
+    /// # Errors
+    /// As [`connect`](Builder::connect).
+    #[cfg(feature = "cluster")]
+    pub async fn connect_cluster(self, nodes: &[&str]) -> Result<RedisPace, ConnectError> {
+        #[allow(unused_mut)]
+        let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(self.timeout)
+            .response_timeout(self.timeout);
+        #[cfg(feature = "tls")]
+        {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            if self.tls.root_ca.is_some() || self.tls.client.is_some() {
+                builder = builder.certs(redis::TlsCertificates {
+                    client_tls: self.tls.client.as_ref().map(|(cert, key)| {
+                        redis::ClientTlsConfig {
+                            client_cert: cert.clone(),
+                            client_key: key.clone(),
+                        }
+                    }),
+                    root_cert: self.tls.root_ca.clone(),
+                });
+            }
+        }
+        let client = builder.build().map_err(ConnectError::Redis)?;
+        self.connect_cluster_client(client).await
+    }
+
+    /// [`connect_cluster`](Builder::connect_cluster) with a cluster client
+    /// built by the caller.
+    ///
+    /// # Errors
+    /// As [`connect`](Builder::connect).
+    #[cfg(feature = "cluster")]
+    pub async fn connect_cluster_client(
+        self,
+        client: redis::cluster::ClusterClient,
+    ) -> Result<RedisPace, ConnectError> {
+        self.start(Connector::Cluster(Box::new(client)), None).await
+    }
+
     /// Validates the configuration, makes the first connection (unless given
     /// one) and builds the limiter.
     async fn start(self, how: Connector, given: Option<Conn>) -> Result<RedisPace, ConnectError> {
@@ -726,6 +773,9 @@ enum Connector {
     },
     /// The caller's connection manager, never replaced.
     Given,
+    /// A Redis Cluster client (a new connection re-reads the topology).
+    #[cfg(feature = "cluster")]
+    Cluster(Box<redis::cluster::ClusterClient>),
 }
 
 impl Connector {
@@ -741,6 +791,8 @@ impl Connector {
                 ErrorKind::ClientError,
                 "a given connection is not replaced",
             ))),
+            #[cfg(feature = "cluster")]
+            Connector::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
         }
     }
     fn replaceable(&self) -> bool {
@@ -752,12 +804,26 @@ impl Connector {
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Conn {
+    fn is_cluster(&self) -> bool {
+        match self {
+            Conn::Single(_) => false,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => true,
+        }
+    }
 }
 
 impl redis::aio::ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
     fn req_packed_commands<'a>(
@@ -768,11 +834,15 @@ impl redis::aio::ConnectionLike for Conn {
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -929,6 +999,10 @@ struct CacheEntry {
     n: u64,
 }
 
+/// One pipeline of `reserve_many`: its slot (0 off a cluster), the commands,
+/// and (request index, Redis key, n) of each.
+type Group = (u16, redis::Pipeline, Vec<(usize, String, u64)>);
+
 /// A request as sent to the script, or answered without it.
 enum Prepared {
     Done(Result<Reservation, Error>),
@@ -974,6 +1048,10 @@ impl RedisPace {
     /// The Redis key of `key`.
     pub fn redis_key(&self, key: &str) -> String {
         format!("{}{}", self.inner.prefix, key)
+    }
+    /// The Redis Cluster slot of `key` (of its Redis key, prefix included).
+    pub fn slot(&self, key: &str) -> u16 {
+        key_slot(self.redis_key(key).as_bytes())
     }
     /// The server's `maxmemory-policy` as read on the last new connection
     /// (`None` before one, when not read, or with [`EvictionCheck::Ignore`]).
@@ -1035,20 +1113,31 @@ impl RedisPace {
     pub async fn reserve_many(&self, requests: &[(&str, u64)]) -> Vec<Result<Reservation, Error>> {
         let sent_at = Instant::now();
         let mut out: Vec<Option<Result<Reservation, Error>>> = Vec::with_capacity(requests.len());
-        let mut pipe = redis::pipe();
-        let mut pending = Vec::new();
+        // One pipeline, or one per slot on a cluster (a pipeline must stay
+        // within one slot there).
+        let by_slot = self.conn().is_some_and(|c| c.is_cluster());
+        let mut groups: Vec<Group> = Vec::new();
         for (i, &(key, n)) in requests.iter().enumerate() {
             match self.prepare(key, n, sent_at) {
                 Prepared::Done(r) => out.push(Some(r)),
                 Prepared::Send { key, n } => {
-                    pipe.add_command(self.reserve_cmd(&key, n, None));
-                    pending.push((i, key, n));
+                    let slot = if by_slot { key_slot(key.as_bytes()) } else { 0 };
+                    let g = match groups.iter().position(|g| g.0 == slot) {
+                        Some(g) => g,
+                        None => {
+                            groups.push((slot, redis::pipe(), Vec::new()));
+                            groups.len() - 1
+                        }
+                    };
+                    groups[g].1.add_command(self.reserve_cmd(&key, n, None));
+                    groups[g].2.push((i, key, n));
                     out.push(None);
                 }
             }
         }
-        if !pending.is_empty() {
-            match self.pipeline(&pipe, pending.len()).await {
+        let replies = self.pipelines(&groups).await;
+        for ((_, _, pending), reply) in groups.into_iter().zip(replies) {
+            match reply {
                 Ok(values) => {
                     for ((i, key, n), v) in pending.into_iter().zip(values) {
                         out[i] = Some(self.finish_reserve(key, n, sent_at, Ok(v)));
@@ -1066,6 +1155,24 @@ impl RedisPace {
         out.into_iter()
             .map(|r| r.unwrap_or(Err(Error::Unavailable(BackendError::CircuitOpen))))
             .collect()
+    }
+
+    /// Sends the pipelines, concurrently when there are several.
+    async fn pipelines(&self, groups: &[Group]) -> Vec<Result<Vec<Value>, BackendError>> {
+        #[cfg(feature = "cluster")]
+        if groups.len() > 1 {
+            return futures_util::future::join_all(
+                groups
+                    .iter()
+                    .map(|(_, pipe, p)| self.pipeline(pipe, p.len())),
+            )
+            .await;
+        }
+        let mut out = Vec::with_capacity(groups.len());
+        for (_, pipe, p) in groups {
+            out.push(self.pipeline(pipe, p.len()).await);
+        }
+        out
     }
 
     /// Returns a reservation: if nothing was debited from its key since, the
@@ -1612,6 +1719,35 @@ impl RedisPace {
         }
         result
     }
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of the key, or of its
+/// hash tag (the text between the first `{` and the next `}`, when not
+/// empty), modulo 16,384.
+fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .map(|close| &rest[..close])
+        })
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &b in tagged {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16_384
 }
 
 /// `READONLY` (a replica) or `MASTERDOWN` (a replica without its primary).

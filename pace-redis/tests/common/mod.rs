@@ -350,3 +350,93 @@ impl Drop for Proxy {
         self.task.abort();
     }
 }
+
+/// A Redis Cluster of three primaries on loopback (no replicas), each with
+/// its own directory for `nodes.conf`; servers killed and directories
+/// removed on drop.
+pub struct Cluster {
+    pub nodes: Vec<RedisServer>,
+    dir: std::path::PathBuf,
+}
+
+impl Cluster {
+    pub fn start() -> Cluster {
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "pace-redis-cluster-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let mut nodes = Vec::new();
+        for i in 0..3 {
+            let node_dir = dir.join(i.to_string());
+            std::fs::create_dir_all(&node_dir).unwrap();
+            let bus = free_port().to_string();
+            let d = node_dir.to_string_lossy().into_owned();
+            nodes.push(RedisServer::start_args(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+                &bus,
+                "--dir",
+                &d,
+            ]));
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .arg("--cluster-yes")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run `redis-cli` ({e}): install it (apt-get install -y redis-tools)")
+            });
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for n in &nodes {
+            while n.info_field_cluster().as_deref() != Some("ok") {
+                assert!(
+                    Instant::now() < deadline,
+                    "the cluster never reached state ok"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Cluster { nodes, dir }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url()).collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.stop();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl RedisServer {
+    /// `cluster_state` of `CLUSTER INFO`.
+    pub fn info_field_cluster(&self) -> Option<String> {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut self.admin())
+            .ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("cluster_state:"))
+            .map(|v| v.trim().to_string())
+    }
+}
