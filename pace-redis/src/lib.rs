@@ -650,6 +650,51 @@ impl Builder {
         self.start(Connector::Cluster(Box::new(client)), None).await
     }
 
+    /// Connects to the primary that the Sentinels at `sentinels`
+    /// (`redis://host:port`) report for `service` (`sentinel monitor
+    /// <service> ...`). Every new connection asks them again: after a
+    /// `READONLY`, `MASTERDOWN` or a lost connection, the limiter follows a
+    /// failover to the new primary. Otherwise as [`connect`](Builder::connect).
+    ///
+    /// # Errors
+    /// As [`connect`](Builder::connect).
+    #[cfg(feature = "sentinel")]
+    pub async fn connect_sentinel(
+        self,
+        sentinels: &[&str],
+        service: &str,
+    ) -> Result<RedisPace, ConnectError> {
+        let client = redis::sentinel::SentinelClient::build(
+            sentinels.to_vec(),
+            service.to_string(),
+            None,
+            redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(ConnectError::Redis)?;
+        self.connect_sentinel_client(client).await
+    }
+
+    /// [`connect_sentinel`](Builder::connect_sentinel) with a Sentinel
+    /// client built by the caller (credentials, TLS to the servers), which
+    /// must ask for the primary (`SentinelServerType::Master`).
+    ///
+    /// # Errors
+    /// As [`connect`](Builder::connect).
+    #[cfg(feature = "sentinel")]
+    pub async fn connect_sentinel_client(
+        self,
+        client: redis::sentinel::SentinelClient,
+    ) -> Result<RedisPace, ConnectError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout)
+            .set_number_of_retries(0)
+            .set_max_delay(10);
+        let sentinel = Box::new(tokio::sync::Mutex::new(client));
+        self.start(Connector::Sentinel { sentinel, config }, None)
+            .await
+    }
+
     /// Validates the configuration, makes the first connection (unless given
     /// one) and builds the limiter.
     async fn start(self, how: Connector, given: Option<Conn>) -> Result<RedisPace, ConnectError> {
@@ -776,6 +821,12 @@ enum Connector {
     /// A Redis Cluster client (a new connection re-reads the topology).
     #[cfg(feature = "cluster")]
     Cluster(Box<redis::cluster::ClusterClient>),
+    /// The primary Sentinel reports, asked again for every new connection.
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        sentinel: Box<tokio::sync::Mutex<redis::sentinel::SentinelClient>>,
+        config: ConnectionManagerConfig,
+    },
 }
 
 impl Connector {
@@ -793,10 +844,26 @@ impl Connector {
             ))),
             #[cfg(feature = "cluster")]
             Connector::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+            #[cfg(feature = "sentinel")]
+            Connector::Sentinel { sentinel, config } => {
+                let client = sentinel.lock().await.async_get_client().await?;
+                ConnectionManager::new_with_config(client, config.clone())
+                    .await
+                    .map(Conn::Single)
+            }
         }
     }
     fn replaceable(&self) -> bool {
         !matches!(self, Connector::Given)
+    }
+    /// Whether a lost connection should be made again from a new address
+    /// (the old primary may be gone for good).
+    fn asks_for_address(&self) -> bool {
+        #[cfg(feature = "sentinel")]
+        if matches!(self, Connector::Sentinel { .. }) {
+            return true;
+        }
+        false
     }
 }
 
@@ -1542,7 +1609,12 @@ impl RedisPace {
 
     fn trip(&self, e: &BackendError) {
         let opens = match e {
-            BackendError::Timeout(_) => true,
+            BackendError::Timeout(_) => {
+                if self.inner.link.how.asks_for_address() {
+                    self.reconnect();
+                }
+                true
+            }
             BackendError::Redis(r) if is_not_primary(r) => {
                 // A failover left this connection on a replica (READONLY) or
                 // on a replica cut from its primary (MASTERDOWN): a new
@@ -1551,11 +1623,15 @@ impl RedisPace {
                 true
             }
             BackendError::Redis(r) => {
-                r.is_io_error()
+                let lost = r.is_io_error()
                     || r.is_connection_dropped()
                     || r.is_connection_refusal()
                     || r.is_timeout()
-                    || r.is_unrecoverable_error()
+                    || r.is_unrecoverable_error();
+                if lost && self.inner.link.how.asks_for_address() {
+                    self.reconnect();
+                }
+                lost
             }
             _ => false,
         };

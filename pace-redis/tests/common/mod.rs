@@ -1,5 +1,7 @@
 //! A private redis-server for one test: a free loopback port, no
-//! persistence, killed on drop. Missing `redis-server` fails the test.
+//! persistence, its own working directory (a replica's received snapshot
+//! lands there, never where another server would load it), killed on drop.
+//! Missing `redis-server` fails the test.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -16,6 +18,20 @@ pub struct RedisServer {
     /// With TLS: its port and certificate files (plain `port` stays open for
     /// readiness checks and administration).
     tls: Option<Tls>,
+    /// Working directory, removed on drop.
+    dir: std::path::PathBuf,
+}
+
+/// A fresh directory under the system's temporary directory.
+pub fn temp_dir(what: &str) -> std::path::PathBuf {
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "pace-redis-{what}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 /// Certificates made for one server: a private CA and a certificate for
@@ -43,13 +59,7 @@ impl Tls {
             .push(DnType::CommonName, "localhost");
         let leaf_key = KeyPair::generate().unwrap();
         let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
-        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "pace-redis-tls-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = temp_dir("tls");
         std::fs::write(dir.join("ca.crt"), ca_cert.pem()).unwrap();
         std::fs::write(dir.join("server.crt"), leaf_cert.pem()).unwrap();
         std::fs::write(dir.join("server.key"), leaf_key.serialize_pem()).unwrap();
@@ -135,6 +145,7 @@ impl RedisServer {
             restarting: false,
             extra,
             tls: tls.then(Tls::new),
+            dir: temp_dir("server"),
         };
         s.spawn();
         s
@@ -170,7 +181,9 @@ impl RedisServer {
                     "",
                     "--appendonly",
                     "no",
+                    "--dir",
                 ])
+                .arg(&self.dir)
                 .args(&self.extra)
                 .args(self.tls.as_ref().map(Tls::args).unwrap_or_default())
                 .stdout(Stdio::null())
@@ -257,6 +270,7 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -361,12 +375,7 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start() -> Cluster {
-        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "pace-redis-cluster-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
+        let dir = temp_dir("cluster");
         let mut nodes = Vec::new();
         for i in 0..3 {
             let node_dir = dir.join(i.to_string());
@@ -438,5 +447,76 @@ impl RedisServer {
         info.lines()
             .find_map(|l| l.strip_prefix("cluster_state:"))
             .map(|v| v.trim().to_string())
+    }
+}
+
+/// A Redis Sentinel on loopback monitoring `127.0.0.1:primary` as
+/// `service`, with its own writable config file; killed on drop.
+pub struct Sentinel {
+    pub port: u16,
+    child: Child,
+    dir: std::path::PathBuf,
+}
+
+impl Sentinel {
+    pub fn start(service: &str, primary: u16) -> Sentinel {
+        let dir = temp_dir("sentinel");
+        for _ in 0..20 {
+            let port = free_port();
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {service} 127.0.0.1 {primary} 1\n\
+                     sentinel down-after-milliseconds {service} 1000\n\
+                     sentinel failover-timeout {service} 10000\n",
+                    dir.display()
+                ),
+            )
+            .unwrap();
+            let mut child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server --sentinel");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if child.try_wait().ok().flatten().is_some() {
+                    break; // the port was taken: another one
+                }
+                if ping(port) {
+                    return Sentinel { port, child, dir };
+                }
+                if Instant::now() >= deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        panic!("redis-server --sentinel did not start");
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn admin(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .expect("sentinel connection")
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
