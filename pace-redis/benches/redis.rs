@@ -4,7 +4,12 @@
 //! loopback port; then round trips per decision under a flood of denials.
 //!
 //! `cargo bench -p pace-redis --bench redis` (needs `redis-server` on PATH).
-//! `PACE_REDIS_BENCH_SECS` sets the seconds per measurement (default 2).
+//! `PACE_REDIS_BENCH_SECS` sets the seconds per measurement (default 2),
+//! `PACE_REDIS_BENCH_ROUNDS` the rounds per task count (default 3; the
+//! contender that goes first alternates). Per cell: decisions per second,
+//! latency percentiles, and the server's own time and network bytes in and
+//! out per EVALSHA; per round, pace-redis's decisions per second over the
+//! plain script's.
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -67,14 +72,30 @@ fn start_server() -> (Server, String) {
     (server, format!("redis://127.0.0.1:{port}/"))
 }
 
-/// The server's own CPU time per EVALSHA since the last `CONFIG RESETSTAT`.
-fn server_usec_per_call(admin: &mut redis::Connection) -> String {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(admin).unwrap();
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
-        .unwrap_or("-")
-        .to_string()
+/// The server's own CPU time per EVALSHA, and its network bytes in and out
+/// per EVALSHA, since the last `CONFIG RESETSTAT`.
+fn server_per_call(admin: &mut redis::Connection) -> (String, f64, f64) {
+    let info: String = redis::cmd("INFO").arg("all").query(admin).unwrap();
+    let line = info.lines().find(|l| l.starts_with("cmdstat_evalsha:"));
+    let field = |name: &str| -> Option<f64> {
+        line?
+            .split([':', ','])
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+    };
+    let usec = field("usec_per_call=").map_or("-".to_string(), |u| format!("{u:.2}"));
+    let calls = field("calls=").unwrap_or(0.0).max(1.0);
+    let stat = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        usec,
+        stat("total_net_input_bytes:") / calls,
+        stat("total_net_output_bytes:") / calls,
+    )
 }
 
 #[derive(Clone)]
@@ -164,27 +185,63 @@ async fn main() {
         .unwrap()
         .get_connection()
         .unwrap();
-    println!("== decisions on 10,000 keys (mostly admitted), {secs} s each");
+    let rounds: usize = std::env::var("PACE_REDIS_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
     println!(
-        "{:<10} {:>5} {:>12} {:>9} {:>9} {:>9} {:>14}",
-        "script", "tasks", "decisions/s", "p50 us", "p99 us", "p999 us", "server us/call"
+        "== decisions on 10,000 keys (mostly admitted), {secs} s each, {rounds} rounds \
+         alternating which contender goes first"
+    );
+    println!(
+        "{:<10} {:>5} {:>5} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "script",
+        "tasks",
+        "round",
+        "decisions/s",
+        "p50 us",
+        "p99 us",
+        "p999 us",
+        "srv us",
+        "B in",
+        "B out"
     );
     for tasks in [1, 8, 64] {
-        for (name, c) in [("pace-redis", &ours), ("plain", &plain)] {
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query(&mut admin)
-                .unwrap();
-            let (_, rate, h) = run(c, tasks, secs, 10_000).await;
+        for round in 0..rounds {
+            let order = if round % 2 == 0 {
+                [("pace-redis", &ours), ("plain", &plain)]
+            } else {
+                [("plain", &plain), ("pace-redis", &ours)]
+            };
+            let mut rates = [0.0f64; 2];
+            for (name, c) in order {
+                let _: () = redis::cmd("CONFIG")
+                    .arg("RESETSTAT")
+                    .query(&mut admin)
+                    .unwrap();
+                let (_, rate, h) = run(c, tasks, secs, 10_000).await;
+                let (usec, bytes_in, bytes_out) = server_per_call(&mut admin);
+                rates[usize::from(name == "plain")] = rate;
+                println!(
+                    "{:<10} {:>5} {:>5} {:>12.0} {:>9} {:>9} {:>9} {:>9} {:>9.1} {:>9.1}",
+                    name,
+                    tasks,
+                    round + 1,
+                    rate,
+                    h.value_at_quantile(0.5),
+                    h.value_at_quantile(0.99),
+                    h.value_at_quantile(0.999),
+                    usec,
+                    bytes_in,
+                    bytes_out
+                );
+            }
             println!(
-                "{:<10} {:>5} {:>12.0} {:>9} {:>9} {:>9} {:>14}",
-                name,
+                "{:<10} {:>5} {:>5} {:>12.2}x",
+                "ratio",
                 tasks,
-                rate,
-                h.value_at_quantile(0.5),
-                h.value_at_quantile(0.99),
-                h.value_at_quantile(0.999),
-                server_usec_per_call(&mut admin)
+                round + 1,
+                rates[0] / rates[1]
             );
         }
     }

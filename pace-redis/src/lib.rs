@@ -49,9 +49,13 @@ pub const MAX_TAU_NS: u64 = 1 << 50;
 /// script's `MAX_AHEAD_S`, 2 x 10^6 s).
 const MAX_AHEAD_NS: u64 = 2_000_000 * 1_000_000_000;
 
-/// The script's source (with a known-wrong change under `cfg(pace_mutant)`).
-fn script_source() -> String {
-    let src = include_str!("pace.lua").to_string();
+/// The script's source for one configuration (with a known-wrong change
+/// under `cfg(pace_mutant)`): the constants, then the rule.
+fn script_source(interval: u64, capacity: u64) -> String {
+    let src = format!(
+        "local INTERVAL, CAP = {interval}, {capacity}\n{}",
+        include_str!("pace.lua")
+    );
     #[cfg(pace_mutant = "redis_admit_one_more")]
     let src = src.replace("if nd > tau then", "if nd > tau + interval then");
     #[cfg(pace_mutant = "redis_refund_unchecked")]
@@ -783,7 +787,7 @@ impl Builder {
                     policy: Mutex::new(seen_policy),
                     eviction: self.eviction,
                 },
-                script: Script::new(&script_source()),
+                script: Script::new(&script_source(interval, capacity)),
                 rate: self.rate,
                 interval,
                 capacity,
@@ -1294,7 +1298,11 @@ impl RedisPace {
     async fn peek_inner(&self, key: &str, now: Option<u64>) -> Result<Peek, Error> {
         let inner = &*self.inner;
         let full = self.checked_key(key)?;
-        let cmd = self.script_cmd(&full, "p", "", "", now);
+        let mut cmd = self.script_cmd(&full);
+        cmd.arg("p");
+        if let Some(now) = now {
+            cmd.arg(now);
+        }
         let err = match self.eval(&cmd).await.and_then(|v| parse_peek(&v)) {
             Ok((tat, now)) => {
                 let debt = tat.saturating_sub(now);
@@ -1425,31 +1433,22 @@ impl RedisPace {
         Ok(self.redis_key(key))
     }
 
-    /// An EVALSHA of the script on one key.
-    fn script_cmd(&self, key: &str, op: &str, a: &str, b: &str, now: Option<u64>) -> Cmd {
+    /// `EVALSHA <sha> 1 <key>`: the start of every call.
+    fn script_cmd(&self, key: &str) -> Cmd {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.inner.script.get_hash())
-            .arg(1)
-            .arg(key)
-            .arg(op)
-            .arg(a)
-            .arg(b)
-            .arg("")
-            .arg(now.map(|t| t.to_string()).unwrap_or_default());
+        cmd.arg(self.inner.script.get_hash()).arg(1).arg(key);
         cmd
     }
 
+    /// A reserve: no argument for one token, `n` for more, `n now` with an
+    /// injected time.
     fn reserve_cmd(&self, key: &str, n: u64, now: Option<u64>) -> Cmd {
-        let inner = &*self.inner;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(inner.script.get_hash())
-            .arg(1)
-            .arg(key)
-            .arg("r")
-            .arg(n)
-            .arg(inner.interval)
-            .arg(inner.capacity)
-            .arg(now.map(|t| t.to_string()).unwrap_or_default());
+        let mut cmd = self.script_cmd(key);
+        if let Some(now) = now {
+            cmd.arg(n).arg(now);
+        } else if n != 1 {
+            cmd.arg(n);
+        }
         cmd
     }
 
@@ -1572,15 +1571,11 @@ impl RedisPace {
         if r.source != Source::Server {
             return Ok(Refund::NotRefundable);
         }
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(inner.script.get_hash())
-            .arg(1)
-            .arg(&r.key)
-            .arg("f")
-            .arg(r.prev.to_string())
-            .arg(r.tat.to_string())
-            .arg("")
-            .arg(now.map(|t| t.to_string()).unwrap_or_default());
+        let mut cmd = self.script_cmd(&r.key);
+        cmd.arg("f").arg(r.prev).arg(r.tat);
+        if let Some(now) = now {
+            cmd.arg(now);
+        }
         let reply = self.eval(&cmd).await.and_then(|v| parse_refund(&v));
         match reply {
             Ok(out) => {
@@ -1882,27 +1877,45 @@ fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
     };
     let at = |i: usize| items.get(i).and_then(num).ok_or_else(|| bad(v));
     match at(0)? {
-        1 => Ok(ReserveReply::Admitted {
-            prev: at(1)?,
-            tat: at(2)?,
-            now: at(3)?,
-        }),
+        1 => {
+            // The debts before and after, relative to the decision's time.
+            let (before, after) = (at(1)?, at(2)?);
+            let now = time_at(items, 3).ok_or_else(|| bad(v))?;
+            let tat = now.checked_add(after).ok_or_else(|| bad(v))?;
+            let prev = match before {
+                0 => 0,
+                d => now.checked_add(d).ok_or_else(|| bad(v))?,
+            };
+            Ok(ReserveReply::Admitted { prev, tat, now })
+        }
         0 => Ok(ReserveReply::Denied {
             wait: at(1)?,
-            now: at(2)?,
+            now: time_at(items, 2).ok_or_else(|| bad(v))?,
         }),
-        2 => Ok(ReserveReply::Never { now: at(2)? }),
+        2 => Ok(ReserveReply::Never {
+            now: time_at(items, 2).ok_or_else(|| bad(v))?,
+        }),
         3 => Err(BackendError::ClockOutOfRange),
         _ => Err(bad(v)),
     }
+}
+
+/// The time `(seconds, nanoseconds)` at `items[i..i + 2]`, in ns.
+fn time_at(items: &[Value], i: usize) -> Option<u64> {
+    let s = items.get(i).and_then(num)?;
+    let ns = items.get(i + 1).and_then(num)?;
+    if ns >= 1_000_000_000 {
+        return None;
+    }
+    s.checked_mul(1_000_000_000)?.checked_add(ns)
 }
 
 fn parse_peek(v: &Value) -> Result<(u64, u64), BackendError> {
     let Value::Array(items) = v else {
         return Err(bad(v));
     };
-    let at = |i: usize| items.get(i).and_then(num).ok_or_else(|| bad(v));
-    Ok((at(0)?, at(1)?))
+    let tat = items.first().and_then(num).ok_or_else(|| bad(v))?;
+    Ok((tat, time_at(items, 1).ok_or_else(|| bad(v))?))
 }
 
 fn parse_refund(v: &Value) -> Result<Refund, BackendError> {
