@@ -31,7 +31,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -584,7 +584,6 @@ impl Builder {
     pub async fn connect_client(self, client: redis::Client) -> Result<RedisPace, ConnectError> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout)
             // One connection attempt per reconnect, no sleeping retries: the
             // limiter's own backoff paces the attempts (a call after the
             // backoff triggers the next one).
@@ -691,7 +690,6 @@ impl Builder {
     ) -> Result<RedisPace, ConnectError> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout)
             .set_number_of_retries(0)
             .set_max_delay(10);
         let sentinel = Box::new(tokio::sync::Mutex::new(client));
@@ -797,6 +795,7 @@ impl Builder {
                 policy: self.policy,
                 fallback,
                 cache: self.deny_cache.then(|| Mutex::new(HashMap::new())),
+                cached: AtomicUsize::new(0),
                 cache_entries: self.deny_cache_entries.max(1),
                 max_key_bytes: self.max_key_bytes,
                 time_injection: self.time_injection,
@@ -1048,6 +1047,9 @@ struct Inner {
     policy: OnUnavailable,
     fallback: Option<Pace<String>>,
     cache: Option<Mutex<HashMap<String, CacheEntry>>>,
+    /// Entries in `cache` (written under its lock): an empty cache costs a
+    /// load, not a lock.
+    cached: AtomicUsize,
     cache_entries: usize,
     max_key_bytes: usize,
     time_injection: bool,
@@ -1391,7 +1393,11 @@ impl RedisPace {
                 reset_ns: None,
             })));
         }
-        if let Some(cache) = &inner.cache {
+        if let Some(cache) = inner
+            .cache
+            .as_ref()
+            .filter(|_| inner.cached.load(Ordering::Relaxed) > 0)
+        {
             let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(e) = map.get(&full).copied() {
                 // Known-wrong for mutation tests: a cached denial never ends.
@@ -1411,6 +1417,7 @@ impl RedisPace {
                     }
                 } else {
                     map.remove(&full);
+                    inner.cached.store(map.len(), Ordering::Relaxed);
                 }
             }
         }
@@ -1548,6 +1555,7 @@ impl RedisPace {
         if map.len() >= inner.cache_entries && !map.contains_key(key) {
             let now = Instant::now();
             map.retain(|_, e| e.until > now);
+            inner.cached.store(map.len(), Ordering::Relaxed);
             if map.len() >= inner.cache_entries {
                 return; // full of live denials: this one is simply not cached
             }
@@ -1559,6 +1567,7 @@ impl RedisPace {
         if n < entry.n || (n == entry.n && until > entry.until) {
             *entry = CacheEntry { until, n };
         }
+        inner.cached.store(map.len(), Ordering::Relaxed);
     }
 
     async fn refund_inner(&self, r: Reservation, now: Option<u64>) -> Result<Refund, Error> {
@@ -1582,10 +1591,9 @@ impl RedisPace {
                 bump(&inner.counters.server_decisions, 1);
                 if out != Refund::Nothing {
                     if let Some(cache) = &inner.cache {
-                        cache
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .remove(&r.key);
+                        let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
+                        map.remove(&r.key);
+                        inner.cached.store(map.len(), Ordering::Relaxed);
                     }
                 }
                 Ok(out)
