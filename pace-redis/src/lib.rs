@@ -1880,15 +1880,34 @@ fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
                 .unwrap_or_else(|| RedisError::from((ErrorKind::ResponseError, "server error"))),
         ));
     }
-    let Value::Array(items) = v else {
+    let Value::BulkString(text) = v else {
         return Err(bad(v));
     };
-    let at = |i: usize| items.get(i).and_then(num).ok_or_else(|| bad(v));
-    match at(0)? {
+    // Up to five decimal integers separated by spaces.
+    let mut fields = [0u64; 5];
+    let mut count = 0;
+    for part in text.split(|&b| b == b' ') {
+        let n = std::str::from_utf8(part)
+            .ok()
+            .and_then(|p| p.parse::<u64>().ok())
+            .ok_or_else(|| bad(v))?;
+        *fields.get_mut(count).ok_or_else(|| bad(v))? = n;
+        count += 1;
+    }
+    let time = |i: usize| -> Result<u64, BackendError> {
+        if i + 2 != count || fields[i + 1] >= 1_000_000_000 {
+            return Err(bad(v));
+        }
+        fields[i]
+            .checked_mul(1_000_000_000)
+            .and_then(|s| s.checked_add(fields[i + 1]))
+            .ok_or_else(|| bad(v))
+    };
+    match fields[0] {
         1 => {
             // The debts before and after, relative to the decision's time.
-            let (before, after) = (at(1)?, at(2)?);
-            let now = time_at(items, 3).ok_or_else(|| bad(v))?;
+            let (before, after) = (fields[1], fields[2]);
+            let now = time(3)?;
             let tat = now.checked_add(after).ok_or_else(|| bad(v))?;
             let prev = match before {
                 0 => 0,
@@ -1897,12 +1916,10 @@ fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
             Ok(ReserveReply::Admitted { prev, tat, now })
         }
         0 => Ok(ReserveReply::Denied {
-            wait: at(1)?,
-            now: time_at(items, 2).ok_or_else(|| bad(v))?,
+            wait: fields[1],
+            now: time(2)?,
         }),
-        2 => Ok(ReserveReply::Never {
-            now: time_at(items, 2).ok_or_else(|| bad(v))?,
-        }),
+        2 => Ok(ReserveReply::Never { now: time(2)? }),
         3 => Err(BackendError::ClockOutOfRange),
         _ => Err(bad(v)),
     }

@@ -23,13 +23,13 @@
 -- milliseconds (< 2^45). The client rejects tau > 2^50 (README: "Precision").
 --
 -- Replies end with the time of the decision as (seconds, nanoseconds):
--- reserve: {1, d, nd, s, ns} admitted, d the debt `tat - now` before (0:
---          a full bucket) and nd after, both integers (the client adds now:
---          prev = now + d when d > 0, tat = now + nd); {0, wait_ns, s, ns}
---          denied;
---          {2, 0, s, ns} n exceeds the capacity; {3, 0, s, ns} the stored
---          tat lies more than MAX_AHEAD_S seconds ahead of now (the clock
---          went back).
+-- reserve: one string of decimal integers separated by spaces (one bulk
+--          reply, cheaper for the server than an array):
+--          '1 d nd s ns' admitted, d the debt `tat - now` before (0: a full
+--          bucket) and nd after (the client adds now: prev = now + d when
+--          d > 0, tat = now + nd); '0 wait_ns s ns' denied;
+--          '2 0 s ns' n exceeds the capacity; '3 0 s ns' the stored tat lies
+--          more than MAX_AHEAD_S seconds ahead of now (the clock went back).
 -- refund:  {1, s, ns} restored prev; {2, s, ns} the bucket is full: key
 --          deleted; {0, s, ns} someone debited since (or the key is gone).
 -- peek:    {tat, s, ns}, tat '0' for no key (the client computes the debt).
@@ -64,7 +64,7 @@ if op == 'r' then
   local cap = CAP
   local tau = cap * interval
   if n > cap then
-    return {2, 0, now_s, now_n}
+    return string.format('2 0 %d %d', now_s, now_n)
   end
   local cur = redis.call('GET', key)
   local d = 0
@@ -74,7 +74,7 @@ if op == 'r' then
     end
     local ds = (tonumber(string.sub(cur, 1, -10)) or 0) - now_s
     if ds > MAX_AHEAD_S then
-      return {3, 0, now_s, now_n}
+      return string.format('3 0 %d %d', now_s, now_n)
     end
     if ds >= 0 then
       d = ds * E9 + (tonumber(string.sub(cur, -9)) - now_n)
@@ -84,11 +84,11 @@ if op == 'r' then
     end
   end
   if n == 0 then
-    return {1, d, d, now_s, now_n}
+    return string.format('1 %d %d %d %d', d, d, now_s, now_n)
   end
   local nd = d + n * interval
   if nd > tau then
-    return {0, nd - tau, now_s, now_n}
+    return string.format('0 %d %d %d', nd - tau, now_s, now_n)
   end
   -- tat = now + nd, normalised to (seconds, nanoseconds) without relying on
   -- a rounded division.
@@ -117,7 +117,7 @@ if op == 'r' then
   else
     redis.call('SET', key, v, 'PXAT', tat_s * 1000 + math.ceil(r / 1000000))
   end
-  return {1, d, nd, now_s, now_n}
+  return string.format('1 %d %d %d %d', d, nd, now_s, now_n)
 elseif op == 'p' then
   local cur = redis.call('GET', key)
   if not cur then
