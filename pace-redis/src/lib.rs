@@ -8,6 +8,16 @@
 //! full). The rule is the core crate's (`pace::Pace`), and a property test
 //! compares the two decision by decision.
 //!
+//! Connecting: [`Builder::connect`] (a URL), [`Builder::connect_client`] (a
+//! `redis::Client`), [`Builder::connect_with`] (a `ConnectionManager` the
+//! application already uses). Features:
+//!
+//! - `tls`: `rediss://` URLs (rustls with `ring`), `Builder::tls_root_ca`,
+//!   `Builder::tls_client_cert`;
+//! - `cluster`: `Builder::connect_cluster`, a Redis Cluster client;
+//! - `sentinel`: `Builder::connect_sentinel`, the primary as Sentinel reports
+//!   it, followed across failovers.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use pace::Rate;
