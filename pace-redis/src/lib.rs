@@ -1689,9 +1689,10 @@ impl RedisPace {
                     };
                     *inner.link.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
                     bump(&inner.counters.connects, 1);
+                    // The circuit, if open, stays open for its backoff: a
+                    // connection that lands on a replica again is replaced
+                    // at most once per backoff.
                     *inner.link.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(conn);
-                    // A fresh connection: no reason to keep the circuit open.
-                    inner.down_until.store(0, Ordering::Relaxed);
                     inner.link.connecting.store(false, Ordering::Release);
                     return;
                 }

@@ -175,6 +175,27 @@ async fn readonly_after_a_failover_reconnects_to_the_new_primary() {
         Err(Error::Unavailable(BackendError::CircuitOpen)) => {}
         other => panic!("expected an open circuit, got {other:?}"),
     }
+    // While the address still leads to the replica: one READONLY (and one
+    // new connection) per backoff at most, never a burst of reconnects.
+    let t0 = Instant::now();
+    let connects_before = p.stats().connects;
+    let mut readonly = 0u64;
+    while t0.elapsed() < Duration::from_millis(300) {
+        match p.reserve("k").await {
+            Err(Error::Unavailable(BackendError::Redis(e))) => {
+                assert_eq!(e.kind(), ErrorKind::ReadOnly, "{e}");
+                readonly += 1;
+            }
+            Err(Error::Unavailable(BackendError::CircuitOpen)) => {}
+            other => panic!("{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Each READONLY opens the circuit for 50 ms: in 300 ms, at most 7 (the
+    // limiter's backoff, not the call rate of 200/s, paces them).
+    assert!((1..=7).contains(&readonly), "{readonly} READONLY answers");
+    let connects = p.stats().connects - connects_before;
+    assert!(connects <= readonly + 1, "{connects} connections made");
     // The address moves to the new primary; the limiter follows.
     proxy.switch(b.port);
     let (r2, before) = until(&p, "k", is_server_admit).await;
