@@ -24,7 +24,7 @@
 --
 -- Replies end with the time of the decision as (seconds, nanoseconds):
 -- reserve: one string of decimal integers separated by spaces (one bulk
---          reply, cheaper for the server than an array):
+--          reply, fewer bytes than an array):
 --          '1 d nd s ns' admitted, d the debt `tat - now` before (0: a full
 --          bucket) and nd after (the client adds now: prev = now + d when
 --          d > 0, tat = now + nd); '0 wait_ns s ns' denied;
