@@ -6,10 +6,11 @@
 //! `cargo bench -p pace-redis --bench redis` (needs `redis-server` on PATH).
 //! `PACE_REDIS_BENCH_SECS` sets the seconds per measurement (default 2),
 //! `PACE_REDIS_BENCH_ROUNDS` the rounds per task count (default 3; the
-//! contender that goes first alternates). Per cell: decisions per second,
+//! contender that goes first rotates). Per cell: decisions per second,
 //! latency percentiles, and the server's own time and network bytes in and
 //! out per EVALSHA; per round, pace-redis's decisions per second over the
-//! plain script's.
+//! plain script's, and those of pace-redis's script called directly ("raw",
+//! no limiter around it) over the plain script's.
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -101,6 +102,10 @@ fn server_per_call(admin: &mut redis::Connection) -> (String, f64, f64) {
 #[derive(Clone)]
 enum Contender {
     Pace(RedisPace),
+    /// pace-redis's script called directly (no limiter around it): the gap
+    /// between it and `Pace` is the client's cost, between it and `Plain`
+    /// the script's and its reply's.
+    Raw(ConnectionManager, Arc<Script>),
     Plain(ConnectionManager, Arc<Script>),
 }
 
@@ -112,6 +117,14 @@ impl Contender {
                 Err(Error::Denied(_)) => false,
                 Err(e) => panic!("{e}"),
             },
+            Contender::Raw(conn, script) => {
+                let reply: redis::Value = script
+                    .key(format!("raw:{key}"))
+                    .invoke_async(conn)
+                    .await
+                    .unwrap();
+                matches!(reply, redis::Value::BulkString(ref b) if b.first() == Some(&b'1'))
+            }
             Contender::Plain(conn, script) => {
                 let admitted: i64 = script
                     .key(format!("plain:{key}"))
@@ -180,6 +193,19 @@ async fn main() {
     let conn = ConnectionManager::new(client).await.unwrap();
     let plain = Contender::Plain(conn, Arc::new(Script::new(PLAIN_GCRA)));
     let ours = Contender::Pace(pace.clone());
+    // The script as pace-redis loads it for this rate and capacity.
+    let raw_script = format!(
+        "local INTERVAL, CAP = {}, {}\n{}",
+        pace.interval_ns(),
+        pace.capacity(),
+        include_str!("../src/pace.lua")
+    );
+    let raw = Contender::Raw(
+        ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
+            .await
+            .unwrap(),
+        Arc::new(Script::new(&raw_script)),
+    );
 
     let mut admin = redis::Client::open(url.as_str())
         .unwrap()
@@ -191,7 +217,7 @@ async fn main() {
         .unwrap_or(3);
     println!(
         "== decisions on 10,000 keys (mostly admitted), {secs} s each, {rounds} rounds \
-         alternating which contender goes first"
+         rotating which contender goes first"
     );
     println!(
         "{:<10} {:>5} {:>5} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -208,12 +234,10 @@ async fn main() {
     );
     for tasks in [1, 8, 64] {
         for round in 0..rounds {
-            let order = if round % 2 == 0 {
-                [("pace-redis", &ours), ("plain", &plain)]
-            } else {
-                [("plain", &plain), ("pace-redis", &ours)]
-            };
-            let mut rates = [0.0f64; 2];
+            // Who goes first rotates from round to round.
+            let mut order = [("pace-redis", &ours), ("plain", &plain), ("raw", &raw)];
+            order.rotate_left(round % 3);
+            let mut rates = [0.0f64; 3];
             for (name, c) in order {
                 let _: () = redis::cmd("CONFIG")
                     .arg("RESETSTAT")
@@ -221,7 +245,11 @@ async fn main() {
                     .unwrap();
                 let (_, rate, h) = run(c, tasks, secs, 10_000).await;
                 let (usec, bytes_in, bytes_out) = server_per_call(&mut admin);
-                rates[usize::from(name == "plain")] = rate;
+                rates[match name {
+                    "pace-redis" => 0,
+                    "plain" => 1,
+                    _ => 2,
+                }] = rate;
                 println!(
                     "{:<10} {:>5} {:>5} {:>12.0} {:>9} {:>9} {:>9} {:>9} {:>9.1} {:>9.1}",
                     name,
@@ -237,11 +265,12 @@ async fn main() {
                 );
             }
             println!(
-                "{:<10} {:>5} {:>5} {:>12.2}x",
+                "{:<10} {:>5} {:>5} {:>12.2}x   (raw script / plain {:.2}x)",
                 "ratio",
                 tasks,
                 round + 1,
-                rates[0] / rates[1]
+                rates[0] / rates[1],
+                rates[2] / rates[1]
             );
         }
     }
