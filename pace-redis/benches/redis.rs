@@ -4,7 +4,13 @@
 //! loopback port; then round trips per decision under a flood of denials.
 //!
 //! `cargo bench -p pace-redis --bench redis` (needs `redis-server` on PATH).
-//! `PACE_REDIS_BENCH_SECS` sets the seconds per measurement (default 2).
+//! `PACE_REDIS_BENCH_SECS` sets the seconds per measurement (default 2),
+//! `PACE_REDIS_BENCH_ROUNDS` the rounds per task count (default 3; the
+//! contender that goes first rotates). Per cell: decisions per second,
+//! latency percentiles, and the server's own time and network bytes in and
+//! out per EVALSHA; per round, pace-redis's decisions per second over the
+//! plain script's, and those of pace-redis's script called directly ("raw",
+//! no limiter around it) over the plain script's.
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -67,19 +73,39 @@ fn start_server() -> (Server, String) {
     (server, format!("redis://127.0.0.1:{port}/"))
 }
 
-/// The server's own CPU time per EVALSHA since the last `CONFIG RESETSTAT`.
-fn server_usec_per_call(admin: &mut redis::Connection) -> String {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(admin).unwrap();
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("usec_per_call=")))
-        .unwrap_or("-")
-        .to_string()
+/// The server's own CPU time per EVALSHA, and its network bytes in and out
+/// per EVALSHA, since the last `CONFIG RESETSTAT`.
+fn server_per_call(admin: &mut redis::Connection) -> (String, f64, f64) {
+    let info: String = redis::cmd("INFO").arg("all").query(admin).unwrap();
+    let line = info.lines().find(|l| l.starts_with("cmdstat_evalsha:"));
+    let field = |name: &str| -> Option<f64> {
+        line?
+            .split([':', ','])
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|v| v.parse().ok())
+    };
+    let usec = field("usec_per_call=").map_or("-".to_string(), |u| format!("{u:.2}"));
+    let calls = field("calls=").unwrap_or(0.0).max(1.0);
+    let stat = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        usec,
+        stat("total_net_input_bytes:") / calls,
+        stat("total_net_output_bytes:") / calls,
+    )
 }
 
 #[derive(Clone)]
 enum Contender {
     Pace(RedisPace),
+    /// pace-redis's script called directly (no limiter around it): the gap
+    /// between it and `Pace` is the client's cost, between it and `Plain`
+    /// the script's and its reply's.
+    Raw(ConnectionManager, Arc<Script>),
     Plain(ConnectionManager, Arc<Script>),
 }
 
@@ -91,6 +117,14 @@ impl Contender {
                 Err(Error::Denied(_)) => false,
                 Err(e) => panic!("{e}"),
             },
+            Contender::Raw(conn, script) => {
+                let reply: redis::Value = script
+                    .key(format!("raw:{key}"))
+                    .invoke_async(conn)
+                    .await
+                    .unwrap();
+                matches!(reply, redis::Value::BulkString(ref b) if b.first() == Some(&b'1'))
+            }
             Contender::Plain(conn, script) => {
                 let admitted: i64 = script
                     .key(format!("plain:{key}"))
@@ -159,32 +193,84 @@ async fn main() {
     let conn = ConnectionManager::new(client).await.unwrap();
     let plain = Contender::Plain(conn, Arc::new(Script::new(PLAIN_GCRA)));
     let ours = Contender::Pace(pace.clone());
+    // The script as pace-redis loads it for this rate and capacity.
+    let raw_script = format!(
+        "local INTERVAL, CAP = {}, {}\n{}",
+        pace.interval_ns(),
+        pace.capacity(),
+        include_str!("../src/pace.lua")
+    );
+    let raw = Contender::Raw(
+        ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
+            .await
+            .unwrap(),
+        Arc::new(Script::new(&raw_script)),
+    );
 
     let mut admin = redis::Client::open(url.as_str())
         .unwrap()
         .get_connection()
         .unwrap();
-    println!("== decisions on 10,000 keys (mostly admitted), {secs} s each");
+    let rounds: usize = std::env::var("PACE_REDIS_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
     println!(
-        "{:<10} {:>5} {:>12} {:>9} {:>9} {:>9} {:>14}",
-        "script", "tasks", "decisions/s", "p50 us", "p99 us", "p999 us", "server us/call"
+        "== decisions on 10,000 keys (mostly admitted), {secs} s each, {rounds} rounds \
+         rotating which contender goes first"
+    );
+    println!(
+        "{:<10} {:>5} {:>5} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "script",
+        "tasks",
+        "round",
+        "decisions/s",
+        "p50 us",
+        "p99 us",
+        "p999 us",
+        "srv us",
+        "B in",
+        "B out"
     );
     for tasks in [1, 8, 64] {
-        for (name, c) in [("pace-redis", &ours), ("plain", &plain)] {
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query(&mut admin)
-                .unwrap();
-            let (_, rate, h) = run(c, tasks, secs, 10_000).await;
+        for round in 0..rounds {
+            // Who goes first rotates from round to round.
+            let mut order = [("pace-redis", &ours), ("plain", &plain), ("raw", &raw)];
+            order.rotate_left(round % 3);
+            let mut rates = [0.0f64; 3];
+            for (name, c) in order {
+                let _: () = redis::cmd("CONFIG")
+                    .arg("RESETSTAT")
+                    .query(&mut admin)
+                    .unwrap();
+                let (_, rate, h) = run(c, tasks, secs, 10_000).await;
+                let (usec, bytes_in, bytes_out) = server_per_call(&mut admin);
+                rates[match name {
+                    "pace-redis" => 0,
+                    "plain" => 1,
+                    _ => 2,
+                }] = rate;
+                println!(
+                    "{:<10} {:>5} {:>5} {:>12.0} {:>9} {:>9} {:>9} {:>9} {:>9.1} {:>9.1}",
+                    name,
+                    tasks,
+                    round + 1,
+                    rate,
+                    h.value_at_quantile(0.5),
+                    h.value_at_quantile(0.99),
+                    h.value_at_quantile(0.999),
+                    usec,
+                    bytes_in,
+                    bytes_out
+                );
+            }
             println!(
-                "{:<10} {:>5} {:>12.0} {:>9} {:>9} {:>9} {:>14}",
-                name,
+                "{:<10} {:>5} {:>5} {:>12.2}x   (raw script / plain {:.2}x)",
+                "ratio",
                 tasks,
-                rate,
-                h.value_at_quantile(0.5),
-                h.value_at_quantile(0.99),
-                h.value_at_quantile(0.999),
-                server_usec_per_call(&mut admin)
+                round + 1,
+                rates[0] / rates[1],
+                rates[2] / rates[1]
             );
         }
     }

@@ -8,6 +8,16 @@
 //! full). The rule is the core crate's (`pace::Pace`), and a property test
 //! compares the two decision by decision.
 //!
+//! Connecting: [`Builder::connect`] (a URL), [`Builder::connect_client`] (a
+//! `redis::Client`), [`Builder::connect_with`] (a `ConnectionManager` the
+//! application already uses). Features:
+//!
+//! - `tls`: `rediss://` URLs (rustls with `ring`), `Builder::tls_root_ca`,
+//!   `Builder::tls_client_cert`;
+//! - `cluster`: `Builder::connect_cluster`, a Redis Cluster client;
+//! - `sentinel`: `Builder::connect_sentinel`, the primary as Sentinel reports
+//!   it, followed across failovers.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use pace::Rate;
@@ -31,11 +41,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use pace::{DenyReason, Pace, Rate};
+use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, ErrorKind, RedisError, Script, Value};
 
@@ -44,9 +55,17 @@ use redis::{Cmd, ErrorKind, RedisError, Script, Value};
 /// 2^53, where Lua's doubles stop being exact (README: "Precision").
 pub const MAX_TAU_NS: u64 = 1 << 50;
 
-/// The script's source (with a known-wrong change under `cfg(pace_mutant)`).
-fn script_source() -> String {
-    let src = include_str!("pace.lua").to_string();
+/// The furthest a stored `tat` may lie ahead of the server's clock (the
+/// script's `MAX_AHEAD_S`, 2 x 10^6 s).
+const MAX_AHEAD_NS: u64 = 2_000_000 * 1_000_000_000;
+
+/// The script's source for one configuration (with a known-wrong change
+/// under `cfg(pace_mutant)`): the constants, then the rule.
+fn script_source(interval: u64, capacity: u64) -> String {
+    let src = format!(
+        "local INTERVAL, CAP = {interval}, {capacity}\n{}",
+        include_str!("pace.lua")
+    );
     #[cfg(pace_mutant = "redis_admit_one_more")]
     let src = src.replace("if nd > tau then", "if nd > tau + interval then");
     #[cfg(pace_mutant = "redis_refund_unchecked")]
@@ -68,6 +87,22 @@ pub enum OnUnavailable {
     },
 }
 
+/// What [`Builder::connect`] does when the server's `maxmemory-policy` can
+/// evict the limiter's keys (`allkeys-*`, or `volatile-*`: every key the
+/// limiter writes has an expiry). A lost key is a full bucket: at most one
+/// capacity of extra admissions per key (README: "Lost keys").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictionCheck {
+    /// Log a warning (target `pace_redis`) and use the server (default).
+    Warn,
+    /// Refuse the server: `connect` fails with
+    /// [`ConfigError::EvictingPolicy`]; a connection made in the background
+    /// is dropped (and tried again after `backoff`).
+    Refuse,
+    /// Do not read the policy.
+    Ignore,
+}
+
 /// A rejected configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -87,6 +122,12 @@ pub enum ConfigError {
     ZeroTimeout,
     /// The key prefix alone exceeds the key size limit.
     PrefixTooLong,
+    /// The server's `maxmemory-policy` can evict the limiter's keys and the
+    /// builder refuses it ([`EvictionCheck::Refuse`]).
+    EvictingPolicy {
+        /// The policy, as the server reports it.
+        policy: String,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -101,6 +142,11 @@ impl fmt::Display for ConfigError {
             ConfigError::ZeroReplicas => f.write_str("LocalFallback needs at least 1 replica"),
             ConfigError::ZeroTimeout => f.write_str("the timeout must be longer than zero"),
             ConfigError::PrefixTooLong => f.write_str("the key prefix exceeds the key size limit"),
+            ConfigError::EvictingPolicy { policy } => write!(
+                f,
+                "the server's maxmemory-policy {policy} can evict the limiter's keys \
+                 (a lost key hands out a full bucket); use noeviction"
+            ),
         }
     }
 }
@@ -122,6 +168,9 @@ pub enum BackendError {
     ClockOutOfRange,
     /// The script answered something this crate does not understand.
     BadReply(String),
+    /// No connection yet: the server was unreachable at start and the
+    /// limiter connects in the background.
+    NotConnected,
 }
 
 impl fmt::Display for BackendError {
@@ -134,6 +183,7 @@ impl fmt::Display for BackendError {
                 f.write_str("stored state lies days ahead of the server's clock")
             }
             BackendError::BadReply(s) => write!(f, "unexpected script reply: {s}"),
+            BackendError::NotConnected => f.write_str("not connected to redis yet"),
         }
     }
 }
@@ -172,6 +222,8 @@ pub struct Denied {
     wait_ns: u64,
     server_now_ns: Option<u64>,
     source: Source,
+    remaining: Option<u64>,
+    reset_ns: Option<u64>,
 }
 
 impl Denied {
@@ -197,6 +249,46 @@ impl Denied {
         self.server_now_ns
     }
     /// Where the answer came from.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+    /// Whole tokens in the bucket at the decision (fewer than requested),
+    /// when the server decided on an existing bucket, or the local fallback
+    /// decided.
+    pub fn remaining(&self) -> Option<u64> {
+        self.remaining
+    }
+    /// The time until the bucket is full again if nothing else touches it
+    /// (`tat - now` on the server's clock), when the server decided.
+    pub fn reset_after(&self) -> Option<Duration> {
+        self.reset_ns.map(Duration::from_nanos)
+    }
+}
+
+/// A key's bucket as read by [`RedisPace::peek`], without a debit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peek {
+    remaining: u64,
+    reset_ns: Option<u64>,
+    server_now_ns: Option<u64>,
+    source: Source,
+}
+
+impl Peek {
+    /// Whole tokens the key could reserve now.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+    /// The time until the bucket is full (zero when it is), when the server
+    /// answered.
+    pub fn reset_after(&self) -> Option<Duration> {
+        self.reset_ns.map(Duration::from_nanos)
+    }
+    /// The server's time of the reading (ns since the Unix epoch).
+    pub fn server_now_ns(&self) -> Option<u64> {
+        self.server_now_ns
+    }
+    /// [`Source::Server`], or [`Source::Local`] (the fallback's bucket).
     pub fn source(&self) -> Source {
         self.source
     }
@@ -252,6 +344,7 @@ pub struct Reservation {
     source: Source,
     /// The local fallback's debit, for a decision of the fallback.
     local: Option<pace::Debit>,
+    remaining: Option<u64>,
 }
 
 impl Reservation {
@@ -274,6 +367,19 @@ impl Reservation {
     /// Where the admission came from.
     pub fn source(&self) -> Source {
         self.source
+    }
+    /// Whole tokens left in the bucket after this debit (server and local
+    /// fallback decisions; `None` for `n == 0`).
+    pub fn remaining(&self) -> Option<u64> {
+        self.remaining
+    }
+    /// The time until the bucket is full again if nothing else touches it
+    /// (`tat - now` on the server's clock), when the server decided.
+    pub fn reset_after(&self) -> Option<Duration> {
+        match (self.source, self.server_now_ns) {
+            (Source::Server, Some(now)) => Some(Duration::from_nanos(self.tat.saturating_sub(now))),
+            _ => None,
+        }
     }
 }
 
@@ -308,6 +414,9 @@ pub struct Stats {
     pub local_decisions: u64,
     /// Calls that found Redis unavailable (timeout, error, open circuit).
     pub unavailable: u64,
+    /// Connections made in the background (after starting with the server
+    /// away, or after `READONLY`/`MASTERDOWN`).
+    pub connects: u64,
 }
 
 #[derive(Default)]
@@ -318,6 +427,7 @@ struct Counters {
     cache_denials: AtomicU64,
     local_decisions: AtomicU64,
     unavailable: AtomicU64,
+    connects: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, by: u64) {
@@ -337,6 +447,17 @@ pub struct Builder {
     deny_cache_entries: usize,
     max_key_bytes: usize,
     time_injection: bool,
+    eviction: EvictionCheck,
+    #[cfg(feature = "tls")]
+    tls: Tls,
+}
+
+/// Certificates for `rediss://` beyond the system's roots.
+#[cfg(feature = "tls")]
+#[derive(Clone, Default)]
+struct Tls {
+    root_ca: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Builder {
@@ -391,13 +512,204 @@ impl Builder {
         self
     }
 
+    /// What to do when the server's `maxmemory-policy` (read with `INFO
+    /// memory` on every new connection) can evict the limiter's keys
+    /// (default [`EvictionCheck::Warn`]).
+    pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
+        self.eviction = check;
+        self
+    }
+
+    /// Trusts the certificates of this PEM bundle for `rediss://` URLs
+    /// instead of the system's roots (a private CA). The server's
+    /// certificate is verified against them, host name included.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root_ca = Some(pem.into());
+        self
+    }
+    /// Presents this client certificate chain and private key (both PEM) to
+    /// a server that requires mutual TLS (`tls-auth-clients yes`).
+    #[cfg(feature = "tls")]
+    pub fn tls_client_cert(
+        mut self,
+        cert_chain_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((cert_chain_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// The client of `url`, with the TLS settings.
+    fn client(&self, url: &str) -> Result<redis::Client, RedisError> {
+        #[cfg(feature = "tls")]
+        {
+            // rustls needs a process-wide crypto provider; this crate enables
+            // only `ring`. An application that installed one keeps its own.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            if self.tls.root_ca.is_some() || self.tls.client.is_some() {
+                let certs = redis::TlsCertificates {
+                    client_tls: self.tls.client.as_ref().map(|(cert, key)| {
+                        redis::ClientTlsConfig {
+                            client_cert: cert.clone(),
+                            client_key: key.clone(),
+                        }
+                    }),
+                    root_cert: self.tls.root_ca.clone(),
+                };
+                return redis::Client::build_with_tls(url, certs);
+            }
+        }
+        redis::Client::open(url)
+    }
+
     /// Checks the configuration and connects to `url`
-    /// (`redis://host:port/db`).
+    /// (`redis://host:port/db`, or `rediss://host:port/db` with the `tls`
+    /// feature).
+    ///
+    /// When the server cannot be reached (an I/O error or no answer within
+    /// the timeout) and the policy is [`OnUnavailable::LocalFallback`], the
+    /// limiter is returned anyway: it decides on the local fallback and
+    /// connects in the background (one attempt per `backoff`, each within the
+    /// timeout); decisions move to the server once it answers.
     ///
     /// # Errors
     /// [`ConnectError::Config`] for a rejected configuration,
-    /// [`ConnectError::Redis`] when the server cannot be reached in time.
+    /// [`ConnectError::Redis`] for a bad URL, and, under
+    /// [`OnUnavailable::FailClosed`], when the server cannot be reached in
+    /// time.
     pub async fn connect(self, url: &str) -> Result<RedisPace, ConnectError> {
+        let client = self.client(url).map_err(ConnectError::Redis)?;
+        self.connect_client(client).await
+    }
+
+    /// [`connect`](Builder::connect) with a client built by the caller (its
+    /// own TLS settings, credentials, protocol). Connections are made from
+    /// it: at start, in the background while the server is away, and again
+    /// after a failover's `READONLY` or `MASTERDOWN` answer (re-resolving
+    /// the host name).
+    ///
+    /// # Errors
+    /// As [`connect`](Builder::connect).
+    pub async fn connect_client(self, client: redis::Client) -> Result<RedisPace, ConnectError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(self.timeout)
+            // One connection attempt per reconnect, no sleeping retries: the
+            // limiter's own backoff paces the attempts (a call after the
+            // backoff triggers the next one).
+            .set_number_of_retries(0)
+            .set_max_delay(10);
+        let client = Box::new(client);
+        self.start(Connector::Client { client, config }, None).await
+    }
+
+    /// Uses a connection manager made by the caller (shared with the rest of
+    /// the application). It reconnects by itself after a lost connection;
+    /// this crate never replaces it, so after a failover's `READONLY` the
+    /// circuit opens for `backoff` at a time until the address answers as a
+    /// primary again (prefer [`connect_client`](Builder::connect_client)
+    /// when the address can move).
+    ///
+    /// # Errors
+    /// [`ConnectError::Config`] for a rejected configuration.
+    pub async fn connect_with(self, conn: ConnectionManager) -> Result<RedisPace, ConnectError> {
+        self.start(Connector::Given, Some(Conn::Single(conn))).await
+    }
+
+    /// Connects to a Redis Cluster through any of its `nodes`
+    /// (`redis://host:port`, or `rediss://` with the `tls` feature and the
+    /// builder's TLS settings): each key goes to its slot's primary, MOVED
+    /// and ASK are followed, and [`RedisPace::reserve_many`] sends one
+    /// pipeline per slot, concurrently. Otherwise as
+    /// [`connect`](Builder::connect).
+    ///
+    /// # Errors
+    /// As [`connect`](Builder::connect).
+    #[cfg(feature = "cluster")]
+    pub async fn connect_cluster(self, nodes: &[&str]) -> Result<RedisPace, ConnectError> {
+        #[allow(unused_mut)]
+        let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(self.timeout)
+            .response_timeout(self.timeout);
+        #[cfg(feature = "tls")]
+        {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            if self.tls.root_ca.is_some() || self.tls.client.is_some() {
+                builder = builder.certs(redis::TlsCertificates {
+                    client_tls: self.tls.client.as_ref().map(|(cert, key)| {
+                        redis::ClientTlsConfig {
+                            client_cert: cert.clone(),
+                            client_key: key.clone(),
+                        }
+                    }),
+                    root_cert: self.tls.root_ca.clone(),
+                });
+            }
+        }
+        let client = builder.build().map_err(ConnectError::Redis)?;
+        self.connect_cluster_client(client).await
+    }
+
+    /// [`connect_cluster`](Builder::connect_cluster) with a cluster client
+    /// built by the caller.
+    ///
+    /// # Errors
+    /// As [`connect`](Builder::connect).
+    #[cfg(feature = "cluster")]
+    pub async fn connect_cluster_client(
+        self,
+        client: redis::cluster::ClusterClient,
+    ) -> Result<RedisPace, ConnectError> {
+        self.start(Connector::Cluster(Box::new(client)), None).await
+    }
+
+    /// Connects to the primary that the Sentinels at `sentinels`
+    /// (`redis://host:port`) report for `service` (`sentinel monitor
+    /// <service> ...`). Every new connection asks them again: after a
+    /// `READONLY`, `MASTERDOWN` or a lost connection, the limiter follows a
+    /// failover to the new primary. Otherwise as [`connect`](Builder::connect).
+    ///
+    /// # Errors
+    /// As [`connect`](Builder::connect).
+    #[cfg(feature = "sentinel")]
+    pub async fn connect_sentinel(
+        self,
+        sentinels: &[&str],
+        service: &str,
+    ) -> Result<RedisPace, ConnectError> {
+        let client = redis::sentinel::SentinelClient::build(
+            sentinels.to_vec(),
+            service.to_string(),
+            None,
+            redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(ConnectError::Redis)?;
+        self.connect_sentinel_client(client).await
+    }
+
+    /// [`connect_sentinel`](Builder::connect_sentinel) with a Sentinel
+    /// client built by the caller (credentials, TLS to the servers), which
+    /// must ask for the primary (`SentinelServerType::Master`).
+    ///
+    /// # Errors
+    /// As [`connect`](Builder::connect).
+    #[cfg(feature = "sentinel")]
+    pub async fn connect_sentinel_client(
+        self,
+        client: redis::sentinel::SentinelClient,
+    ) -> Result<RedisPace, ConnectError> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_number_of_retries(0)
+            .set_max_delay(10);
+        let sentinel = Box::new(tokio::sync::Mutex::new(client));
+        self.start(Connector::Sentinel { sentinel, config }, None)
+            .await
+    }
+
+    /// Validates the configuration, makes the first connection (unless given
+    /// one) and builds the limiter.
+    async fn start(self, how: Connector, given: Option<Conn>) -> Result<RedisPace, ConnectError> {
         let capacity = self.capacity.unwrap_or_else(|| self.rate.one_second());
         // The core crate's own checks (zero capacity, tau overflow).
         Pace::<String>::builder(self.rate)
@@ -446,28 +758,44 @@ impl Builder {
                 )
             }
         };
-        let client = redis::Client::open(url).map_err(ConnectError::Redis)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(self.timeout)
-            .set_response_timeout(self.timeout)
-            // One connection attempt per reconnect, no sleeping retries: the
-            // limiter's own backoff paces the attempts (a call after the
-            // backoff triggers the next one).
-            .set_number_of_retries(0)
-            .set_max_delay(10);
-        let conn = tokio::time::timeout(
-            self.timeout,
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        .map_err(|_| {
-            ConnectError::Redis(RedisError::from((ErrorKind::IoError, "connect timed out")))
-        })?
-        .map_err(ConnectError::Redis)?;
-        Ok(RedisPace {
+        let first = match given {
+            Some(conn) => Some(conn),
+            None => match tokio::time::timeout(self.timeout, how.open()).await {
+                Ok(Ok(conn)) => Some(conn),
+                Ok(Err(e)) if !(e.is_io_error() && fallback.is_some()) => {
+                    return Err(ConnectError::Redis(e))
+                }
+                Err(_) if fallback.is_none() => {
+                    return Err(ConnectError::Redis(RedisError::from((
+                        ErrorKind::IoError,
+                        "connect timed out",
+                    ))))
+                }
+                // Unreachable under LocalFallback: start on the fallback.
+                _ => None,
+            },
+        };
+        let mut seen_policy = None;
+        if let Some(conn) = &first {
+            let mut conn = conn.clone();
+            match check_eviction(&mut conn, self.eviction, self.timeout).await {
+                Ok(policy) => seen_policy = policy,
+                Err(policy) => {
+                    return Err(ConnectError::Config(ConfigError::EvictingPolicy { policy }))
+                }
+            }
+        }
+        let connected = first.is_some();
+        let limiter = RedisPace {
             inner: Arc::new(Inner {
-                conn,
-                script: Script::new(&script_source()),
+                link: Link {
+                    how,
+                    conn: RwLock::new(first),
+                    connecting: AtomicBool::new(false),
+                    policy: Mutex::new(seen_policy),
+                    eviction: self.eviction,
+                },
+                script: Script::new(&script_source(interval, capacity)),
                 rate: self.rate,
                 interval,
                 capacity,
@@ -477,6 +805,7 @@ impl Builder {
                 policy: self.policy,
                 fallback,
                 cache: self.deny_cache.then(|| Mutex::new(HashMap::new())),
+                cached: AtomicUsize::new(0),
                 cache_entries: self.deny_cache_entries.max(1),
                 max_key_bytes: self.max_key_bytes,
                 time_injection: self.time_injection,
@@ -484,7 +813,208 @@ impl Builder {
                 down_until: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
-        })
+        };
+        if !connected {
+            limiter.reconnect();
+        }
+        Ok(limiter)
+    }
+}
+
+/// How the limiter reaches Redis.
+enum Connector {
+    /// Connections are made from this client (at start, in the background,
+    /// after `READONLY`/`MASTERDOWN`).
+    Client {
+        client: Box<redis::Client>,
+        config: ConnectionManagerConfig,
+    },
+    /// The caller's connection manager, never replaced.
+    Given,
+    /// A Redis Cluster client (a new connection re-reads the topology).
+    #[cfg(feature = "cluster")]
+    Cluster(Box<redis::cluster::ClusterClient>),
+    /// The primary Sentinel reports, asked again for every new connection.
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        sentinel: Box<tokio::sync::Mutex<redis::sentinel::SentinelClient>>,
+        config: ConnectionManagerConfig,
+    },
+}
+
+impl Connector {
+    /// A new connection (no timeout of its own).
+    async fn open(&self) -> Result<Conn, RedisError> {
+        match self {
+            Connector::Client { client, config } => {
+                ConnectionManager::new_with_config((**client).clone(), config.clone())
+                    .await
+                    .map(Conn::Single)
+            }
+            Connector::Given => Err(RedisError::from((
+                ErrorKind::ClientError,
+                "a given connection is not replaced",
+            ))),
+            #[cfg(feature = "cluster")]
+            Connector::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+            #[cfg(feature = "sentinel")]
+            Connector::Sentinel { sentinel, config } => {
+                let client = sentinel.lock().await.async_get_client().await?;
+                ConnectionManager::new_with_config(client, config.clone())
+                    .await
+                    .map(Conn::Single)
+            }
+        }
+    }
+    fn replaceable(&self) -> bool {
+        !matches!(self, Connector::Given)
+    }
+    /// Whether a lost connection should be made again from a new address
+    /// (the old primary may be gone for good).
+    fn asks_for_address(&self) -> bool {
+        #[cfg(feature = "sentinel")]
+        if matches!(self, Connector::Sentinel { .. }) {
+            return true;
+        }
+        false
+    }
+}
+
+/// A connection in use.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Conn {
+    fn is_cluster(&self) -> bool {
+        match self {
+            Conn::Single(_) => false,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => true,
+        }
+    }
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The current connection and how to make a new one.
+struct Link {
+    how: Connector,
+    /// `None` until the first connection is made.
+    conn: RwLock<Option<Conn>>,
+    /// A background connect is under way.
+    connecting: AtomicBool,
+    /// The `maxmemory-policy` the last connection's server reported.
+    policy: Mutex<Option<String>>,
+    eviction: EvictionCheck,
+}
+
+/// Whether `policy` can evict keys that have an expiry.
+fn evicts_limiter_keys(policy: &str) -> bool {
+    policy.starts_with("allkeys-") || policy.starts_with("volatile-")
+}
+
+/// Reads the server's `maxmemory-policy` (`INFO memory`) and applies
+/// `check`: `Ok(policy)` to use the server (`None` when not read), `Err` with
+/// the policy to refuse it.
+async fn check_eviction(
+    conn: &mut Conn,
+    check: EvictionCheck,
+    timeout: Duration,
+) -> Result<Option<String>, String> {
+    if check == EvictionCheck::Ignore {
+        return Ok(None);
+    }
+    let read = tokio::time::timeout(
+        timeout,
+        redis::cmd("INFO").arg("memory").query_async::<Value>(conn),
+    )
+    .await;
+    let policy = match read {
+        Ok(Ok(v)) => maxmemory_policy(&v),
+        _ => None,
+    };
+    let Some(policy) = policy else {
+        log::warn!(
+            target: "pace_redis",
+            "could not read the server's maxmemory-policy (INFO memory); \
+             if it can evict keys, a lost key hands out a full bucket"
+        );
+        return Ok(None);
+    };
+    if evicts_limiter_keys(&policy) {
+        if check == EvictionCheck::Refuse {
+            return Err(policy);
+        }
+        log::warn!(
+            target: "pace_redis",
+            "the server's maxmemory-policy is {policy}: under memory pressure it evicts \
+             the limiter's keys, and each evicted key hands out a full bucket \
+             (at most one capacity of extra admissions); noeviction avoids it"
+        );
+    }
+    Ok(Some(policy))
+}
+
+/// `maxmemory_policy` of an `INFO` reply (one text, or one per node).
+fn maxmemory_policy(v: &Value) -> Option<String> {
+    let text = |v: &Value| -> Option<String> {
+        match v {
+            Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            Value::SimpleString(s) => Some(s.clone()),
+            Value::VerbatimString { text, .. } => Some(text.clone()),
+            _ => None,
+        }
+    };
+    let find = |t: &str| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+            .map(|p| p.trim().to_string())
+    };
+    match v {
+        Value::Map(nodes) => {
+            // Several nodes: the first that evicts, else the first read.
+            let all: Vec<String> = nodes
+                .iter()
+                .filter_map(|(_, v)| text(v))
+                .filter_map(|t| find(&t))
+                .collect();
+            all.iter()
+                .find(|p| evicts_limiter_keys(p))
+                .or(all.first())
+                .cloned()
+        }
+        other => find(&text(other)?),
     }
 }
 
@@ -516,7 +1046,7 @@ pub struct RedisPace {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    link: Link,
     script: Script,
     rate: Rate,
     interval: u64,
@@ -527,6 +1057,9 @@ struct Inner {
     policy: OnUnavailable,
     fallback: Option<Pace<String>>,
     cache: Option<Mutex<HashMap<String, CacheEntry>>>,
+    /// Entries in `cache` (written under its lock): an empty cache costs a
+    /// load, not a lock.
+    cached: AtomicUsize,
     cache_entries: usize,
     max_key_bytes: usize,
     time_injection: bool,
@@ -536,11 +1069,22 @@ struct Inner {
     counters: Counters,
 }
 
+impl Inner {
+    /// `capacity x interval` (at most [`MAX_TAU_NS`]).
+    fn tau(&self) -> u64 {
+        self.capacity * self.interval
+    }
+}
+
 #[derive(Clone, Copy)]
 struct CacheEntry {
     until: Instant,
     n: u64,
 }
+
+/// One pipeline of `reserve_many`: its slot (0 off a cluster), the commands,
+/// and (request index, Redis key, n) of each.
+type Group = (u16, redis::Pipeline, Vec<(usize, String, u64)>);
 
 /// A request as sent to the script, or answered without it.
 enum Prepared {
@@ -562,6 +1106,9 @@ impl RedisPace {
             deny_cache_entries: 65_536,
             max_key_bytes: 1_024,
             time_injection: false,
+            eviction: EvictionCheck::Warn,
+            #[cfg(feature = "tls")]
+            tls: Tls::default(),
         }
     }
 
@@ -585,6 +1132,20 @@ impl RedisPace {
     pub fn redis_key(&self, key: &str) -> String {
         format!("{}{}", self.inner.prefix, key)
     }
+    /// The Redis Cluster slot of `key` (of its Redis key, prefix included).
+    pub fn slot(&self, key: &str) -> u16 {
+        key_slot(self.redis_key(key).as_bytes())
+    }
+    /// The server's `maxmemory-policy` as read on the last new connection
+    /// (`None` before one, when not read, or with [`EvictionCheck::Ignore`]).
+    pub fn maxmemory_policy(&self) -> Option<String> {
+        self.inner
+            .link
+            .policy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
     /// Counters since the limiter was built.
     pub fn stats(&self) -> Stats {
         let c = &self.inner.counters;
@@ -595,6 +1156,7 @@ impl RedisPace {
             cache_denials: c.cache_denials.load(Ordering::Relaxed),
             local_decisions: c.local_decisions.load(Ordering::Relaxed),
             unavailable: c.unavailable.load(Ordering::Relaxed),
+            connects: c.connects.load(Ordering::Relaxed),
         }
     }
 
@@ -634,20 +1196,31 @@ impl RedisPace {
     pub async fn reserve_many(&self, requests: &[(&str, u64)]) -> Vec<Result<Reservation, Error>> {
         let sent_at = Instant::now();
         let mut out: Vec<Option<Result<Reservation, Error>>> = Vec::with_capacity(requests.len());
-        let mut pipe = redis::pipe();
-        let mut pending = Vec::new();
+        // One pipeline, or one per slot on a cluster (a pipeline must stay
+        // within one slot there).
+        let by_slot = self.conn().is_some_and(|c| c.is_cluster());
+        let mut groups: Vec<Group> = Vec::new();
         for (i, &(key, n)) in requests.iter().enumerate() {
             match self.prepare(key, n, sent_at) {
                 Prepared::Done(r) => out.push(Some(r)),
                 Prepared::Send { key, n } => {
-                    pipe.add_command(self.reserve_cmd(&key, n, None));
-                    pending.push((i, key, n));
+                    let slot = if by_slot { key_slot(key.as_bytes()) } else { 0 };
+                    let g = match groups.iter().position(|g| g.0 == slot) {
+                        Some(g) => g,
+                        None => {
+                            groups.push((slot, redis::pipe(), Vec::new()));
+                            groups.len() - 1
+                        }
+                    };
+                    groups[g].1.add_command(self.reserve_cmd(&key, n, None));
+                    groups[g].2.push((i, key, n));
                     out.push(None);
                 }
             }
         }
-        if !pending.is_empty() {
-            match self.pipeline(&pipe, pending.len()).await {
+        let replies = self.pipelines(&groups).await;
+        for ((_, _, pending), reply) in groups.into_iter().zip(replies) {
+            match reply {
                 Ok(values) => {
                     for ((i, key, n), v) in pending.into_iter().zip(values) {
                         out[i] = Some(self.finish_reserve(key, n, sent_at, Ok(v)));
@@ -665,6 +1238,24 @@ impl RedisPace {
         out.into_iter()
             .map(|r| r.unwrap_or(Err(Error::Unavailable(BackendError::CircuitOpen))))
             .collect()
+    }
+
+    /// Sends the pipelines, concurrently when there are several.
+    async fn pipelines(&self, groups: &[Group]) -> Vec<Result<Vec<Value>, BackendError>> {
+        #[cfg(feature = "cluster")]
+        if groups.len() > 1 {
+            return futures_util::future::join_all(
+                groups
+                    .iter()
+                    .map(|(_, pipe, p)| self.pipeline(pipe, p.len())),
+            )
+            .await;
+        }
+        let mut out = Vec::with_capacity(groups.len());
+        for (_, pipe, p) in groups {
+            out.push(self.pipeline(pipe, p.len()).await);
+        }
+        out
     }
 
     /// Returns a reservation: if nothing was debited from its key since, the
@@ -691,6 +1282,80 @@ impl RedisPace {
         self.refund_inner(r, Some(now_ns)).await
     }
 
+    /// Reads `key`'s bucket on the server's clock: the whole tokens it holds
+    /// and the time until it is full. Writes nothing. For observability:
+    /// deciding on it and then reserving is a check-then-act race (another
+    /// replica may debit in between); `reserve_n` decides atomically.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`], or, under [`OnUnavailable::FailClosed`],
+    /// [`Error::Unavailable`] (under `LocalFallback` the fallback's bucket
+    /// answers, [`Source::Local`]).
+    pub async fn peek(&self, key: &str) -> Result<Peek, Error> {
+        self.peek_inner(key, None).await
+    }
+
+    /// [`peek`](RedisPace::peek) at `now_ns` (tests; needs
+    /// [`Builder::time_injection`]).
+    ///
+    /// # Errors
+    /// As `peek`, and [`Error::TimeInjectionDisabled`].
+    pub async fn peek_at(&self, key: &str, now_ns: u64) -> Result<Peek, Error> {
+        if !self.inner.time_injection {
+            return Err(Error::TimeInjectionDisabled);
+        }
+        self.peek_inner(key, Some(now_ns)).await
+    }
+
+    async fn peek_inner(&self, key: &str, now: Option<u64>) -> Result<Peek, Error> {
+        let inner = &*self.inner;
+        let full = self.checked_key(key)?;
+        let mut cmd = self.script_cmd(&full);
+        cmd.arg("p");
+        if let Some(now) = now {
+            cmd.arg(now);
+        }
+        let err = match self.eval(&cmd).await.and_then(|v| parse_peek(&v)) {
+            Ok((tat, now)) => {
+                let debt = tat.saturating_sub(now);
+                if debt > MAX_AHEAD_NS {
+                    BackendError::ClockOutOfRange
+                } else {
+                    return Ok(Peek {
+                        remaining: self.tokens_at_debt(debt),
+                        reset_ns: Some(debt),
+                        server_now_ns: Some(now),
+                        source: Source::Server,
+                    });
+                }
+            }
+            Err(e) => e,
+        };
+        bump(&inner.counters.unavailable, 1);
+        match &inner.fallback {
+            None => Err(Error::Unavailable(err)),
+            Some(local) => {
+                let local_key = full.strip_prefix(inner.prefix.as_str()).unwrap_or(&full);
+                Ok(Peek {
+                    remaining: local.peek(local_key),
+                    reset_ns: None,
+                    server_now_ns: None,
+                    source: Source::Local,
+                })
+            }
+        }
+    }
+
+    /// Whole tokens of a bucket `debt` ns from full (the core's rule).
+    fn tokens_at_debt(&self, debt: u64) -> u64 {
+        let tau = self.inner.tau();
+        if debt >= tau {
+            0
+        } else {
+            (tau - debt) / self.inner.interval
+        }
+    }
+
     async fn reserve_inner(
         &self,
         key: &str,
@@ -712,17 +1377,10 @@ impl RedisPace {
     /// capacity, cached denials.
     fn prepare(&self, key: &str, n: u64, now: Instant) -> Prepared {
         let inner = &*self.inner;
-        if key.is_empty() {
-            return Prepared::Done(Err(Error::InvalidKey(KeyError::Empty)));
-        }
-        let bytes = inner.prefix.len().saturating_add(key.len());
-        if bytes > inner.max_key_bytes {
-            return Prepared::Done(Err(Error::InvalidKey(KeyError::TooLong {
-                bytes,
-                max: inner.max_key_bytes,
-            })));
-        }
-        let full = self.redis_key(key);
+        let full = match self.checked_key(key) {
+            Ok(full) => full,
+            Err(e) => return Prepared::Done(Err(e)),
+        };
         if n == 0 {
             return Prepared::Done(Ok(Reservation {
                 key: full,
@@ -732,6 +1390,7 @@ impl RedisPace {
                 server_now_ns: None,
                 source: Source::Request,
                 local: None,
+                remaining: None,
             }));
         }
         if n > inner.capacity {
@@ -740,9 +1399,15 @@ impl RedisPace {
                 wait_ns: u64::MAX,
                 server_now_ns: None,
                 source: Source::Request,
+                remaining: None,
+                reset_ns: None,
             })));
         }
-        if let Some(cache) = &inner.cache {
+        if let Some(cache) = inner
+            .cache
+            .as_ref()
+            .filter(|_| inner.cached.load(Ordering::Relaxed) > 0)
+        {
             let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(e) = map.get(&full).copied() {
                 // Known-wrong for mutation tests: a cached denial never ends.
@@ -756,27 +1421,51 @@ impl RedisPace {
                             wait_ns: wait,
                             server_now_ns: None,
                             source: Source::Cache,
+                            remaining: None,
+                            reset_ns: None,
                         })));
                     }
                 } else {
                     map.remove(&full);
+                    inner.cached.store(map.len(), Ordering::Relaxed);
                 }
             }
         }
         Prepared::Send { key: full, n }
     }
 
-    fn reserve_cmd(&self, key: &str, n: u64, now: Option<u64>) -> Cmd {
+    /// The Redis key of a valid `key`.
+    fn checked_key(&self, key: &str) -> Result<String, Error> {
         let inner = &*self.inner;
+        if key.is_empty() {
+            return Err(Error::InvalidKey(KeyError::Empty));
+        }
+        let bytes = inner.prefix.len().saturating_add(key.len());
+        if bytes > inner.max_key_bytes {
+            return Err(Error::InvalidKey(KeyError::TooLong {
+                bytes,
+                max: inner.max_key_bytes,
+            }));
+        }
+        Ok(self.redis_key(key))
+    }
+
+    /// `EVALSHA <sha> 1 <key>`: the start of every call.
+    fn script_cmd(&self, key: &str) -> Cmd {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(inner.script.get_hash())
-            .arg(1)
-            .arg(key)
-            .arg("r")
-            .arg(n)
-            .arg(inner.interval)
-            .arg(inner.capacity)
-            .arg(now.map(|t| t.to_string()).unwrap_or_default());
+        cmd.arg(self.inner.script.get_hash()).arg(1).arg(key);
+        cmd
+    }
+
+    /// A reserve: no argument for one token, `n` for more, `n now` with an
+    /// injected time.
+    fn reserve_cmd(&self, key: &str, n: u64, now: Option<u64>) -> Cmd {
+        let mut cmd = self.script_cmd(key);
+        if let Some(now) = now {
+            cmd.arg(n).arg(now);
+        } else if n != 1 {
+            cmd.arg(n);
+        }
         cmd
     }
 
@@ -799,16 +1488,24 @@ impl RedisPace {
                     server_now_ns: Some(now),
                     source: Source::Server,
                     local: None,
+                    remaining: Some(self.tokens_at_debt(tat.saturating_sub(now))),
                 });
             }
             Ok(ReserveReply::Denied { wait, now }) => {
                 bump(&inner.counters.server_decisions, 1);
                 self.remember_denial(&key, n, sent_at, wait);
+                // wait = debt + n x interval - tau: the debt before this
+                // request, as the script saw it.
+                let debt = wait
+                    .saturating_add(inner.tau())
+                    .saturating_sub(n.saturating_mul(inner.interval));
                 return Err(Error::Denied(Denied {
                     reason: DenyReason::Exhausted,
                     wait_ns: wait,
                     server_now_ns: Some(now),
                     source: Source::Server,
+                    remaining: Some(self.tokens_at_debt(debt)),
+                    reset_ns: Some(debt),
                 }));
             }
             Ok(ReserveReply::Never { now }) => {
@@ -818,6 +1515,8 @@ impl RedisPace {
                     wait_ns: u64::MAX,
                     server_now_ns: Some(now),
                     source: Source::Server,
+                    remaining: None,
+                    reset_ns: None,
                 }));
             }
             Err(e) => e,
@@ -829,6 +1528,7 @@ impl RedisPace {
                 bump(&inner.counters.local_decisions, 1);
                 let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
                 let decided = local.reserve_n(local_key, n).map(|kept| kept.detach());
+                let remaining = Some(local.peek(local_key));
                 match decided {
                     Ok(debit) => Ok(Reservation {
                         key,
@@ -838,12 +1538,15 @@ impl RedisPace {
                         server_now_ns: None,
                         source: Source::Local,
                         local: Some(debit),
+                        remaining,
                     }),
                     Err(d) => Err(Error::Denied(Denied {
                         reason: d.reason(),
                         wait_ns: u64::try_from(d.retry_after().as_nanos()).unwrap_or(u64::MAX),
                         server_now_ns: None,
                         source: Source::Local,
+                        remaining,
+                        reset_ns: None,
                     })),
                 }
             }
@@ -862,6 +1565,7 @@ impl RedisPace {
         if map.len() >= inner.cache_entries && !map.contains_key(key) {
             let now = Instant::now();
             map.retain(|_, e| e.until > now);
+            inner.cached.store(map.len(), Ordering::Relaxed);
             if map.len() >= inner.cache_entries {
                 return; // full of live denials: this one is simply not cached
             }
@@ -873,6 +1577,7 @@ impl RedisPace {
         if n < entry.n || (n == entry.n && until > entry.until) {
             *entry = CacheEntry { until, n };
         }
+        inner.cached.store(map.len(), Ordering::Relaxed);
     }
 
     async fn refund_inner(&self, r: Reservation, now: Option<u64>) -> Result<Refund, Error> {
@@ -885,25 +1590,20 @@ impl RedisPace {
         if r.source != Source::Server {
             return Ok(Refund::NotRefundable);
         }
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(inner.script.get_hash())
-            .arg(1)
-            .arg(&r.key)
-            .arg("f")
-            .arg(r.prev.to_string())
-            .arg(r.tat.to_string())
-            .arg("")
-            .arg(now.map(|t| t.to_string()).unwrap_or_default());
+        let mut cmd = self.script_cmd(&r.key);
+        cmd.arg("f").arg(r.prev).arg(r.tat);
+        if let Some(now) = now {
+            cmd.arg(now);
+        }
         let reply = self.eval(&cmd).await.and_then(|v| parse_refund(&v));
         match reply {
             Ok(out) => {
                 bump(&inner.counters.server_decisions, 1);
                 if out != Refund::Nothing {
                     if let Some(cache) = &inner.cache {
-                        cache
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .remove(&r.key);
+                        let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
+                        map.remove(&r.key);
+                        inner.cached.store(map.len(), Ordering::Relaxed);
                     }
                 }
                 Ok(out)
@@ -922,13 +1622,29 @@ impl RedisPace {
 
     fn trip(&self, e: &BackendError) {
         let opens = match e {
-            BackendError::Timeout(_) => true,
+            BackendError::Timeout(_) => {
+                if self.inner.link.how.asks_for_address() {
+                    self.reconnect();
+                }
+                true
+            }
+            BackendError::Redis(r) if is_not_primary(r) => {
+                // A failover left this connection on a replica (READONLY) or
+                // on a replica cut from its primary (MASTERDOWN): a new
+                // connection, made in the background, may reach the primary.
+                self.reconnect();
+                true
+            }
             BackendError::Redis(r) => {
-                r.is_io_error()
+                let lost = r.is_io_error()
                     || r.is_connection_dropped()
                     || r.is_connection_refusal()
                     || r.is_timeout()
-                    || r.is_unrecoverable_error()
+                    || r.is_unrecoverable_error();
+                if lost && self.inner.link.how.asks_for_address() {
+                    self.reconnect();
+                }
+                lost
             }
             _ => false,
         };
@@ -940,6 +1656,62 @@ impl RedisPace {
         }
     }
 
+    /// Makes a new connection in the background, unless one is under way
+    /// (or the connection was given, or there is no tokio runtime): one
+    /// attempt per `backoff` (at least 10 ms), each within the timeout, until
+    /// one succeeds or the limiter is dropped. The current connection, if
+    /// any, serves until the new one replaces it.
+    fn reconnect(&self) {
+        let link = &self.inner.link;
+        if !link.how.replaceable() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if link.connecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let pause = inner.backoff.max(Duration::from_millis(10));
+                let made = tokio::time::timeout(inner.timeout, inner.link.how.open()).await;
+                if let Ok(Ok(mut conn)) = made {
+                    let policy =
+                        check_eviction(&mut conn, inner.link.eviction, inner.timeout).await;
+                    let Ok(policy) = policy else {
+                        // Refused: keep the fallback, try again later.
+                        drop(inner);
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    };
+                    *inner.link.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
+                    bump(&inner.counters.connects, 1);
+                    // The circuit, if open, stays open for its backoff: a
+                    // connection that lands on a replica again is replaced
+                    // at most once per backoff.
+                    *inner.link.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(conn);
+                    inner.link.connecting.store(false, Ordering::Release);
+                    return;
+                }
+                drop(inner);
+                tokio::time::sleep(pause).await;
+            }
+        });
+    }
+
+    /// The connection in use; `None` before the first one is made.
+    fn conn(&self) -> Option<Conn> {
+        self.inner
+            .link
+            .conn
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// One EVALSHA within the timeout; after NOSCRIPT, loads the script and
     /// sends it again.
     async fn eval(&self, cmd: &Cmd) -> Result<Value, BackendError> {
@@ -947,7 +1719,9 @@ impl RedisPace {
             return Err(BackendError::CircuitOpen);
         }
         let inner = &*self.inner;
-        let mut conn = inner.conn.clone();
+        let Some(mut conn) = self.conn() else {
+            return Err(BackendError::NotConnected);
+        };
         let work = async {
             bump(&inner.counters.round_trips, 1);
             match cmd.query_async::<Value>(&mut conn).await {
@@ -971,7 +1745,7 @@ impl RedisPace {
         result
     }
 
-    async fn load(&self, conn: &mut ConnectionManager) -> Result<(), RedisError> {
+    async fn load(&self, conn: &mut Conn) -> Result<(), RedisError> {
         bump(&self.inner.counters.round_trips, 1);
         bump(&self.inner.counters.script_loads, 1);
         self.inner.script.load_async(conn).await.map(|_| ())
@@ -988,10 +1762,12 @@ impl RedisPace {
             return Err(BackendError::CircuitOpen);
         }
         let inner = &*self.inner;
-        let mut conn = inner.conn.clone();
+        let Some(mut conn) = self.conn() else {
+            return Err(BackendError::NotConnected);
+        };
         let work = async {
             bump(&inner.counters.round_trips, 1);
-            let mut values = conn.send_packed_commands(pipe, 0, count).await?;
+            let mut values = conn.req_packed_commands(pipe, 0, count).await?;
             let missing: Vec<usize> = values
                 .iter()
                 .enumerate()
@@ -1006,7 +1782,7 @@ impl RedisPace {
                     again.add_command(cmds[i].clone());
                 }
                 bump(&inner.counters.round_trips, 1);
-                let redone = conn.send_packed_commands(&again, 0, missing.len()).await?;
+                let redone = conn.req_packed_commands(&again, 0, missing.len()).await?;
                 for (i, v) in missing.into_iter().zip(redone) {
                     values[i] = v;
                 }
@@ -1023,10 +1799,60 @@ impl RedisPace {
             Ok(Err(e)) => Err(BackendError::Redis(e)),
             Err(_) => Err(BackendError::Timeout(inner.timeout)),
         };
-        if let Err(e) = &result {
-            self.trip(e);
+        match &result {
+            Err(e) => self.trip(e),
+            Ok(values) => {
+                if let Some(e) = values.iter().find_map(not_primary_reply) {
+                    self.trip(&BackendError::Redis(e));
+                }
+            }
         }
         result
+    }
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of the key, or of its
+/// hash tag (the text between the first `{` and the next `}`, when not
+/// empty), modulo 16,384.
+fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .map(|close| &rest[..close])
+        })
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &b in tagged {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16_384
+}
+
+/// `READONLY` (a replica) or `MASTERDOWN` (a replica without its primary).
+fn is_not_primary(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::ReadOnly | ErrorKind::MasterDown)
+        || matches!(e.code(), Some("READONLY" | "MASTERDOWN"))
+}
+
+/// A pipeline's reply that says the connection reached no primary.
+fn not_primary_reply(v: &Value) -> Option<RedisError> {
+    match v {
+        Value::ServerError(e) if matches!(e.code(), "READONLY" | "MASTERDOWN") => {
+            v.clone().extract_error().err()
+        }
+        _ => None,
     }
 }
 
@@ -1065,24 +1891,67 @@ fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
                 .unwrap_or_else(|| RedisError::from((ErrorKind::ResponseError, "server error"))),
         ));
     }
-    let Value::Array(items) = v else {
+    let Value::BulkString(text) = v else {
         return Err(bad(v));
     };
-    let at = |i: usize| items.get(i).and_then(num).ok_or_else(|| bad(v));
-    match at(0)? {
-        1 => Ok(ReserveReply::Admitted {
-            prev: at(1)?,
-            tat: at(2)?,
-            now: at(3)?,
-        }),
+    // Up to five decimal integers separated by spaces.
+    let mut fields = [0u64; 5];
+    let mut count = 0;
+    for part in text.split(|&b| b == b' ') {
+        let n = std::str::from_utf8(part)
+            .ok()
+            .and_then(|p| p.parse::<u64>().ok())
+            .ok_or_else(|| bad(v))?;
+        *fields.get_mut(count).ok_or_else(|| bad(v))? = n;
+        count += 1;
+    }
+    let time = |i: usize| -> Result<u64, BackendError> {
+        if i + 2 != count || fields[i + 1] >= 1_000_000_000 {
+            return Err(bad(v));
+        }
+        fields[i]
+            .checked_mul(1_000_000_000)
+            .and_then(|s| s.checked_add(fields[i + 1]))
+            .ok_or_else(|| bad(v))
+    };
+    match fields[0] {
+        1 => {
+            // The debts before and after, relative to the decision's time.
+            let (before, after) = (fields[1], fields[2]);
+            let now = time(3)?;
+            let tat = now.checked_add(after).ok_or_else(|| bad(v))?;
+            let prev = match before {
+                0 => 0,
+                d => now.checked_add(d).ok_or_else(|| bad(v))?,
+            };
+            Ok(ReserveReply::Admitted { prev, tat, now })
+        }
         0 => Ok(ReserveReply::Denied {
-            wait: at(1)?,
-            now: at(2)?,
+            wait: fields[1],
+            now: time(2)?,
         }),
-        2 => Ok(ReserveReply::Never { now: at(2)? }),
+        2 => Ok(ReserveReply::Never { now: time(2)? }),
         3 => Err(BackendError::ClockOutOfRange),
         _ => Err(bad(v)),
     }
+}
+
+/// The time `(seconds, nanoseconds)` at `items[i..i + 2]`, in ns.
+fn time_at(items: &[Value], i: usize) -> Option<u64> {
+    let s = items.get(i).and_then(num)?;
+    let ns = items.get(i + 1).and_then(num)?;
+    if ns >= 1_000_000_000 {
+        return None;
+    }
+    s.checked_mul(1_000_000_000)?.checked_add(ns)
+}
+
+fn parse_peek(v: &Value) -> Result<(u64, u64), BackendError> {
+    let Value::Array(items) = v else {
+        return Err(bad(v));
+    };
+    let tat = items.first().and_then(num).ok_or_else(|| bad(v))?;
+    Ok((tat, time_at(items, 1).ok_or_else(|| bad(v))?))
 }
 
 fn parse_refund(v: &Value) -> Result<Refund, BackendError> {

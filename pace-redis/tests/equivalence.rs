@@ -1,8 +1,8 @@
 //! The script and the core crate are the same rule: one random operation
 //! sequence runs through `pace::Pace` on a `ManualClock`, through the script
 //! on a real redis-server with the same time injected, and through an
-//! integer model of the rule written here; every decision, retry_after, tat
-//! and refund outcome must agree.
+//! integer model of the rule written here; every decision, retry_after, tat,
+//! refund outcome, remaining token count, reset time and peek must agree.
 
 mod common;
 
@@ -92,6 +92,21 @@ impl Model {
         }
     }
 
+    /// ns until `key`'s bucket is full.
+    fn debt(&self, key: usize, now: u64) -> u64 {
+        self.tat.get(&key).map_or(0, |t| t.saturating_sub(now))
+    }
+
+    /// Whole tokens of a bucket `debt` ns from full.
+    fn tokens(&self, debt: u64) -> u64 {
+        let tau = self.cap * self.interval;
+        if debt >= tau {
+            0
+        } else {
+            (tau - debt) / self.interval
+        }
+    }
+
     fn refund(&mut self, key: usize, prev: u64, mine: u64, now: u64) -> Refund {
         if self.tat.get(&key) != Some(&mine) {
             return Refund::Nothing;
@@ -157,6 +172,7 @@ fn script_pace_and_model_agree_on_every_decision() {
                     clock.set(Duration::from_nanos(now));
                 }
                 Op::Reserve { key, n } => {
+                    let debt_before = model.debt(key, now);
                     let expect = model.reserve(key, n, now);
                     let local = pace.reserve_n(KEYS[key], n);
                     let remote = rt.block_on(limiter.reserve_n_at(KEYS[key], n, now));
@@ -169,6 +185,26 @@ fn script_pace_and_model_agree_on_every_decision() {
                                 prop_assert_eq!(r.tat_ns(), *tat, "script tat, step {}", step);
                                 prop_assert_eq!(r.prev_ns(), *prev, "script prev, step {}", step);
                                 prop_assert_eq!(r.server_now_ns(), Some(now));
+                                // Remaining and reset after the debit.
+                                let left = model.tokens(tat - now);
+                                prop_assert_eq!(
+                                    r.remaining(),
+                                    Some(left),
+                                    "remaining, step {}",
+                                    step
+                                );
+                                prop_assert_eq!(
+                                    pace.peek(KEYS[key]),
+                                    left,
+                                    "pace peek, step {}",
+                                    step
+                                );
+                                prop_assert_eq!(
+                                    r.reset_after(),
+                                    Some(Duration::from_nanos(tat - now)),
+                                    "reset, step {}",
+                                    step
+                                );
                             }
                             held.push((key, l, r));
                         }
@@ -189,6 +225,18 @@ fn script_pace_and_model_agree_on_every_decision() {
                                     step
                                 );
                                 prop_assert_eq!(r.source(), Source::Server);
+                                prop_assert_eq!(
+                                    r.remaining(),
+                                    Some(model.tokens(debt_before)),
+                                    "denied remaining, step {}",
+                                    step
+                                );
+                                prop_assert_eq!(
+                                    r.reset_after(),
+                                    Some(Duration::from_nanos(debt_before)),
+                                    "denied reset, step {}",
+                                    step
+                                );
                             }
                         }
                         (e, l, r) => prop_assert!(
@@ -241,6 +289,19 @@ fn script_pace_and_model_agree_on_every_decision() {
                     name,
                     step
                 );
+                // The script's peek: the same tokens, the debt as reset.
+                let peek = rt.block_on(limiter.peek_at(name, now)).unwrap();
+                prop_assert_eq!(
+                    peek.remaining(),
+                    model.tokens(model_debt),
+                    "peek of {}, step {}",
+                    name,
+                    step
+                );
+                prop_assert_eq!(peek.remaining(), pace.peek(*name));
+                prop_assert_eq!(peek.reset_after(), Some(Duration::from_nanos(model_debt)));
+                prop_assert_eq!(peek.server_now_ns(), Some(now));
+                prop_assert_eq!(peek.source(), Source::Server);
             }
         }
         Ok(())

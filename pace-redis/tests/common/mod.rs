@@ -1,5 +1,7 @@
 //! A private redis-server for one test: a free loopback port, no
-//! persistence, killed on drop. Missing `redis-server` fails the test.
+//! persistence, its own working directory (a replica's received snapshot
+//! lands there, never where another server would load it), killed on drop.
+//! Missing `redis-server` fails the test.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -11,6 +13,84 @@ pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
     restarting: bool,
+    /// More arguments for `redis-server` (e.g. `--maxmemory-policy`).
+    extra: Vec<String>,
+    /// With TLS: its port and certificate files (plain `port` stays open for
+    /// readiness checks and administration).
+    tls: Option<Tls>,
+    /// Working directory, removed on drop.
+    dir: std::path::PathBuf,
+}
+
+/// A fresh directory under the system's temporary directory.
+pub fn temp_dir(what: &str) -> std::path::PathBuf {
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "pace-redis-{what}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Certificates made for one server: a private CA and a certificate for
+/// `localhost` / `127.0.0.1` signed by it, written to a directory removed on
+/// drop. Nothing here is a secret worth keeping.
+pub struct Tls {
+    pub port: u16,
+    pub dir: std::path::PathBuf,
+    pub ca_pem: String,
+}
+
+impl Tls {
+    fn new() -> Tls {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "pace-redis test CA");
+        let ca_key = KeyPair::generate().unwrap();
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let mut leaf =
+            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        leaf.distinguished_name
+            .push(DnType::CommonName, "localhost");
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf_cert = leaf.signed_by(&leaf_key, &issuer).unwrap();
+        let dir = temp_dir("tls");
+        std::fs::write(dir.join("ca.crt"), ca_cert.pem()).unwrap();
+        std::fs::write(dir.join("server.crt"), leaf_cert.pem()).unwrap();
+        std::fs::write(dir.join("server.key"), leaf_key.serialize_pem()).unwrap();
+        Tls {
+            port: free_port(),
+            dir,
+            ca_pem: ca_cert.pem(),
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let f = |name: &str| self.dir.join(name).to_string_lossy().into_owned();
+        vec![
+            "--tls-port".into(),
+            self.port.to_string(),
+            "--tls-cert-file".into(),
+            f("server.crt"),
+            "--tls-key-file".into(),
+            f("server.key"),
+            "--tls-ca-cert-file".into(),
+            f("ca.crt"),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ]
+    }
+}
+
+impl Drop for Tls {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// One RESP PING on a fresh connection; true only for the server's `+PONG`.
@@ -26,7 +106,7 @@ fn ping(port: u16) -> bool {
     s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .expect("bind a loopback port")
         .local_addr()
@@ -41,13 +121,44 @@ impl RedisServer {
 
     /// Starts on `port` if it can; on another free port if `port` is taken.
     pub fn start_on(port: u16) -> RedisServer {
+        RedisServer::start_with(port, Vec::new(), false)
+    }
+
+    /// Starts with more `redis-server` arguments.
+    pub fn start_args(extra: &[&str]) -> RedisServer {
+        RedisServer::start_with(
+            free_port(),
+            extra.iter().map(|s| s.to_string()).collect(),
+            false,
+        )
+    }
+
+    /// Starts with a TLS port too (certificates made for this server).
+    pub fn start_tls() -> RedisServer {
+        RedisServer::start_with(free_port(), Vec::new(), true)
+    }
+
+    fn start_with(port: u16, extra: Vec<String>, tls: bool) -> RedisServer {
         let mut s = RedisServer {
             port,
             child: None,
             restarting: false,
+            extra,
+            tls: tls.then(Tls::new),
+            dir: temp_dir("server"),
         };
         s.spawn();
         s
+    }
+
+    /// The TLS port and certificates (servers started with `start_tls`).
+    pub fn tls(&self) -> &Tls {
+        self.tls.as_ref().expect("a server started with start_tls")
+    }
+
+    /// `rediss://host:tls-port/` (`host`: `localhost` or `127.0.0.1`).
+    pub fn tls_url(&self, host: &str) -> String {
+        format!("rediss://{host}:{}/", self.tls().port)
     }
 
     pub fn url(&self) -> String {
@@ -70,7 +181,11 @@ impl RedisServer {
                     "",
                     "--appendonly",
                     "no",
+                    "--dir",
                 ])
+                .arg(&self.dir)
+                .args(&self.extra)
+                .args(self.tls.as_ref().map(Tls::args).unwrap_or_default())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -93,6 +208,9 @@ impl RedisServer {
                 );
             }
             self.port = free_port();
+            if let Some(tls) = &mut self.tls {
+                tls.port = free_port();
+            }
         }
         panic!("redis-server did not start on 20 loopback ports");
     }
@@ -152,5 +270,253 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl RedisServer {
+    /// `INFO replication` field `name`.
+    pub fn info_field(&self, section: &str, name: &str) -> Option<String> {
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query(&mut self.admin())
+            .ok()?;
+        let prefix = format!("{name}:");
+        info.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .map(|v| v.trim().to_string())
+    }
+
+    /// Makes this server a replica of `primary` and waits (at most 10 s) for
+    /// the link to be up.
+    pub fn replicate(&self, primary: &RedisServer) {
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(primary.port)
+            .query(&mut self.admin())
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self
+            .info_field("replication", "master_link_status")
+            .as_deref()
+            != Some("up")
+        {
+            assert!(Instant::now() < deadline, "replication link never came up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `REPLICAOF NO ONE`: a primary again.
+    pub fn promote(&self) {
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query(&mut self.admin())
+            .unwrap();
+    }
+}
+
+/// A loopback TCP forwarder whose target can be switched: new connections go
+/// to the current target, open ones stay where they are (as with a DNS name
+/// or a virtual address that moves after a failover). Stops on drop.
+pub struct Proxy {
+    pub port: u16,
+    target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(target: u16) -> Proxy {
+        use std::sync::atomic::{AtomicU16, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = std::sync::Arc::new(AtomicU16::new(target));
+        let to = target.clone();
+        let task = tokio::spawn(async move {
+            let mut open = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                let port = to.load(Ordering::SeqCst);
+                open.spawn(async move {
+                    if let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                });
+            }
+        });
+        Proxy { port, target, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// New connections go to `port` from now on.
+    pub fn switch(&self, port: u16) {
+        self.target.store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A Redis Cluster of three primaries on loopback (no replicas), each with
+/// its own directory for `nodes.conf`; servers killed and directories
+/// removed on drop.
+pub struct Cluster {
+    pub nodes: Vec<RedisServer>,
+    dir: std::path::PathBuf,
+}
+
+impl Cluster {
+    pub fn start() -> Cluster {
+        let dir = temp_dir("cluster");
+        let mut nodes = Vec::new();
+        for i in 0..3 {
+            let node_dir = dir.join(i.to_string());
+            std::fs::create_dir_all(&node_dir).unwrap();
+            let bus = free_port().to_string();
+            let d = node_dir.to_string_lossy().into_owned();
+            nodes.push(RedisServer::start_args(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+                &bus,
+                "--dir",
+                &d,
+            ]));
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .arg("--cluster-yes")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run `redis-cli` ({e}): install it (apt-get install -y redis-tools)")
+            });
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for n in &nodes {
+            while n.info_field_cluster().as_deref() != Some("ok") {
+                assert!(
+                    Instant::now() < deadline,
+                    "the cluster never reached state ok"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Cluster { nodes, dir }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url()).collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.stop();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl RedisServer {
+    /// `cluster_state` of `CLUSTER INFO`.
+    pub fn info_field_cluster(&self) -> Option<String> {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut self.admin())
+            .ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("cluster_state:"))
+            .map(|v| v.trim().to_string())
+    }
+}
+
+/// A Redis Sentinel on loopback monitoring `127.0.0.1:primary` as
+/// `service`, with its own writable config file; killed on drop.
+pub struct Sentinel {
+    pub port: u16,
+    child: Child,
+    dir: std::path::PathBuf,
+}
+
+impl Sentinel {
+    pub fn start(service: &str, primary: u16) -> Sentinel {
+        let dir = temp_dir("sentinel");
+        for _ in 0..20 {
+            let port = free_port();
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {service} 127.0.0.1 {primary} 1\n\
+                     sentinel down-after-milliseconds {service} 1000\n\
+                     sentinel failover-timeout {service} 10000\n",
+                    dir.display()
+                ),
+            )
+            .unwrap();
+            let mut child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server --sentinel");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if child.try_wait().ok().flatten().is_some() {
+                    break; // the port was taken: another one
+                }
+                if ping(port) {
+                    return Sentinel { port, child, dir };
+                }
+                if Instant::now() >= deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        panic!("redis-server --sentinel did not start");
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn admin(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .expect("sentinel connection")
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -1,0 +1,140 @@
+//! A real 3-primary Redis Cluster on loopback (feature `cluster`): 300 keys
+//! all answered, each on its slot's primary, singly and through
+//! `reserve_many` (one pipeline per slot); a single-node client against the
+//! same cluster gets MOVED for the keys of the other primaries.
+#![cfg(feature = "cluster")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use pace::Rate;
+use pace_redis::{BackendError, Error, RedisPace, Source};
+
+const INTERVAL_NS: u64 = 3_600_000_000_000;
+
+fn builder(prefix: &str) -> pace_redis::Builder {
+    // One token per hour, capacity 2: nothing refills during the test.
+    RedisPace::builder(Rate::new(1, Duration::from_secs(3600)).unwrap())
+        .capacity(2)
+        .timeout(Duration::from_secs(2))
+        .deny_cache(false)
+        .prefix(prefix)
+}
+
+/// Which node holds `redis_key`, by asking each node for it (a node
+/// without the key's slot answers MOVED).
+fn holder(admins: &mut [redis::Connection], redis_key: &str) -> Vec<(usize, u64)> {
+    let mut found = Vec::new();
+    for (i, conn) in admins.iter_mut().enumerate() {
+        let v: redis::RedisResult<Option<u64>> = redis::cmd("GET").arg(redis_key).query(conn);
+        if let Ok(Some(v)) = v {
+            found.push((i, v));
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_keys_on_a_three_primary_cluster() {
+    let cluster = common::Cluster::start();
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+
+    // Before: one node's address, no cluster client: MOVED for the keys of
+    // the other two primaries.
+    let single = builder("one:").connect(nodes[0]).await.unwrap();
+    let mut moved = 0;
+    let mut served = 0;
+    for i in 0..300 {
+        match single.reserve(&format!("key-{i}")).await {
+            Ok(r) => {
+                assert_eq!(r.source(), Source::Server);
+                served += 1;
+            }
+            Err(Error::Unavailable(BackendError::Redis(e))) => {
+                assert_eq!(e.kind(), redis::ErrorKind::Moved, "{e}");
+                moved += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(moved + served, 300);
+    assert!(moved > 100 && served > 50, "moved {moved}, served {served}");
+
+    let p = builder("c:").connect_cluster(&nodes).await.unwrap();
+    assert_eq!(p.maxmemory_policy().as_deref(), Some("noeviction"));
+    // The client's slots are the server's.
+    let mut admins: Vec<redis::Connection> = cluster.nodes.iter().map(|n| n.admin()).collect();
+    let mut admin = cluster.nodes[0].admin();
+    for i in 0..300 {
+        let key = format!("key-{i}");
+        let server_slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(p.redis_key(&key))
+            .query(&mut admin)
+            .unwrap();
+        assert_eq!(p.slot(&key), server_slot, "{key}");
+    }
+    for tagged in ["{user-1}:login", "a{user-1}b", "{}x", "x{}{y}", "{{a}}"] {
+        let server_slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(p.redis_key(tagged))
+            .query(&mut admin)
+            .unwrap();
+        assert_eq!(p.slot(tagged), server_slot, "{tagged}");
+    }
+
+    // Single calls: every key drains exactly its capacity.
+    let mut per_node = [0usize; 3];
+    for i in 0..300 {
+        let key = format!("key-{i}");
+        let a = p.reserve(&key).await.unwrap();
+        let b = p.reserve(&key).await.unwrap();
+        assert_eq!((a.source(), a.prev_ns()), (Source::Server, 0));
+        assert_eq!(a.tat_ns(), a.server_now_ns().unwrap() + INTERVAL_NS);
+        assert_eq!(b.prev_ns(), a.tat_ns());
+        assert_eq!(b.tat_ns(), a.tat_ns() + INTERVAL_NS);
+        match p.reserve(&key).await {
+            Err(Error::Denied(d)) => assert_eq!(d.source(), Source::Server),
+            other => panic!("{key}: {other:?}"),
+        }
+        let at = holder(&mut admins, &p.redis_key(&key));
+        assert_eq!(at.len(), 1, "{key} on {at:?}");
+        assert_eq!(at[0].1, b.tat_ns());
+        per_node[at[0].0] += 1;
+    }
+    assert!(per_node.iter().all(|&n| n > 50), "{per_node:?}");
+
+    // reserve_many: 300 keys (some twice) in one call, grouped by slot.
+    let keys: Vec<String> = (0..300).map(|i| format!("many-{i}")).collect();
+    let mut requests: Vec<(&str, u64)> = keys.iter().map(|k| (k.as_str(), 1)).collect();
+    requests.extend(keys.iter().take(20).map(|k| (k.as_str(), 1)));
+    requests.push((keys[0].as_str(), 1));
+    let trips_before = p.stats().round_trips;
+    let answers = p.reserve_many(&requests).await;
+    assert_eq!(answers.len(), 321);
+    let mut admitted: HashMap<&str, u64> = HashMap::new();
+    for ((key, _), a) in requests.iter().zip(&answers) {
+        match a {
+            Ok(r) => {
+                assert_eq!(r.source(), Source::Server);
+                *admitted.entry(key).or_default() += 1;
+            }
+            Err(Error::Denied(d)) => {
+                assert_eq!(*key, keys[0].as_str(), "only key 0 was asked 3 times");
+                assert_eq!(d.source(), Source::Server);
+            }
+            Err(e) => panic!("{key}: {e}"),
+        }
+    }
+    for (i, k) in keys.iter().enumerate() {
+        let expect = if i < 20 { 2 } else { 1 };
+        assert_eq!(admitted[k.as_str()], expect, "{k}");
+        let at = holder(&mut admins, &p.redis_key(k));
+        assert_eq!(at.len(), 1, "{k} on {at:?}");
+    }
+    let slots: std::collections::HashSet<u16> = keys.iter().map(|k| p.slot(k)).collect();
+    assert_eq!(p.stats().round_trips - trips_before, slots.len() as u64);
+}

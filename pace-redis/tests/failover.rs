@@ -1,0 +1,284 @@
+//! The server away at start (LocalFallback starts and connects in the
+//! background), a failover that leaves the connection on a replica
+//! (`READONLY`) or on a replica cut from its primary (`MASTERDOWN`), and a
+//! connection manager or client passed in.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{free_port, Proxy, RedisServer};
+use pace::Rate;
+use pace_redis::{BackendError, Error, OnUnavailable, RedisPace, Source};
+use redis::ErrorKind;
+
+/// One token per hour: nothing refills while a test runs, so every count
+/// below is exact.
+const HOUR: Duration = Duration::from_secs(3600);
+const INTERVAL_NS: u64 = 3_600_000_000_000;
+/// A replica syncs at once (the default waits 5 s for more replicas).
+const NO_SYNC_DELAY: &[&str] = &["--repl-diskless-sync-delay", "0"];
+
+fn builder() -> pace_redis::Builder {
+    RedisPace::builder(Rate::new(1, HOUR).unwrap())
+        .capacity(30)
+        .timeout(Duration::from_millis(500))
+        .backoff(Duration::from_millis(50))
+        .deny_cache(false)
+}
+
+/// Reserves `key` every 10 ms until `accept` holds, at most 10 s; returns
+/// the accepted answer and every answer before it.
+async fn until<F>(
+    p: &RedisPace,
+    key: &str,
+    accept: F,
+) -> (
+    Result<pace_redis::Reservation, Error>,
+    Vec<Result<pace_redis::Reservation, Error>>,
+)
+where
+    F: Fn(&Result<pace_redis::Reservation, Error>) -> bool,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut before = Vec::new();
+    loop {
+        let r = p.reserve(key).await;
+        if accept(&r) {
+            return (r, before);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no accepted answer within 10 s; last: {r:?}"
+        );
+        before.push(r);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn is_server_admit(r: &Result<pace_redis::Reservation, Error>) -> bool {
+    matches!(r, Ok(r) if r.source() == Source::Server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_fallback_starts_while_redis_is_down_then_moves_to_redis() {
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}/");
+    let p = builder()
+        .on_unavailable(OnUnavailable::LocalFallback { replicas: 3 })
+        .connect(&url)
+        .await
+        .expect("LocalFallback starts without the server");
+    // The local bucket: capacity 30 / 3 = 10, one token per 3 hours.
+    for i in 0..10 {
+        let r = p.reserve("k").await.unwrap_or_else(|e| panic!("{i}: {e}"));
+        assert_eq!(r.source(), Source::Local);
+        assert_eq!(r.remaining(), Some(9 - i));
+    }
+    match p.reserve("k").await {
+        Err(Error::Denied(d)) => {
+            assert_eq!(d.source(), Source::Local);
+            assert_eq!(d.remaining(), Some(0));
+        }
+        other => panic!("{other:?}"),
+    }
+    let peek = p.peek("k").await.unwrap();
+    assert_eq!((peek.source(), peek.remaining()), (Source::Local, 0));
+    assert_eq!(p.stats().local_decisions, 11);
+    assert_eq!(p.stats().round_trips, 0);
+
+    let server = RedisServer::start_on(port);
+    assert_eq!(server.port, port, "the port was taken meanwhile");
+    let (first, _) = until(&p, "k", is_server_admit).await;
+    let first = first.unwrap();
+    // The server's bucket is fresh: the local decisions never reached it.
+    assert_eq!(first.prev_ns(), 0);
+    let now = first.server_now_ns().unwrap();
+    assert_eq!(first.tat_ns(), now + INTERVAL_NS);
+    assert_eq!(first.remaining(), Some(29));
+    for i in 2..=30u64 {
+        let r = p.reserve("k").await.unwrap();
+        assert_eq!(r.source(), Source::Server);
+        assert_eq!(r.tat_ns(), now + i * INTERVAL_NS);
+        assert_eq!(r.remaining(), Some(30 - i));
+        let at = r.server_now_ns().unwrap();
+        assert_eq!(
+            r.reset_after(),
+            Some(Duration::from_nanos(now + i * INTERVAL_NS - at))
+        );
+    }
+    match p.reserve("k").await {
+        Err(Error::Denied(d)) => {
+            assert_eq!(d.source(), Source::Server);
+            assert_eq!(d.remaining(), Some(0));
+            let at = d.server_now_ns().unwrap();
+            assert_eq!(
+                d.reset_after(),
+                Some(Duration::from_nanos(now + 30 * INTERVAL_NS - at))
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let stored: u64 = redis::cmd("GET")
+        .arg("pace:k")
+        .query(&mut server.admin())
+        .unwrap();
+    assert_eq!(stored, now + 30 * INTERVAL_NS);
+    let peek = p.peek("k").await.unwrap();
+    assert_eq!((peek.source(), peek.remaining()), (Source::Server, 0));
+    assert_eq!(
+        peek.reset_after(),
+        Some(Duration::from_nanos(stored - peek.server_now_ns().unwrap()))
+    );
+    assert_eq!(p.stats().connects, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_at_start_still_fails_without_a_server() {
+    let url = format!("redis://127.0.0.1:{}/", free_port());
+    assert!(builder().connect(&url).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readonly_after_a_failover_reconnects_to_the_new_primary() {
+    let a = RedisServer::start_args(NO_SYNC_DELAY);
+    let b = RedisServer::start_args(NO_SYNC_DELAY);
+    b.replicate(&a);
+    let proxy = Proxy::start(a.port).await;
+    let p = builder().connect(&proxy.url()).await.unwrap();
+    let r1 = p.reserve("k").await.unwrap();
+    assert_eq!((r1.source(), r1.prev_ns()), (Source::Server, 0));
+    // Wait until the replica holds the debit, then fail over: b becomes the
+    // primary, a its replica; the address still leads to a.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let on_b: Option<u64> = redis::cmd("GET")
+            .arg("pace:k")
+            .query(&mut b.admin())
+            .unwrap();
+        if on_b == Some(r1.tat_ns()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never replicated");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    b.promote();
+    a.replicate(&b);
+    match p.reserve("k").await {
+        Err(Error::Unavailable(BackendError::Redis(e))) => {
+            assert_eq!(e.kind(), ErrorKind::ReadOnly, "{e}")
+        }
+        other => panic!("expected READONLY from the demoted primary, got {other:?}"),
+    }
+    // The circuit is open: the policy answers at once, no READONLY again.
+    match p.reserve("k").await {
+        Err(Error::Unavailable(BackendError::CircuitOpen)) => {}
+        other => panic!("expected an open circuit, got {other:?}"),
+    }
+    // While the address still leads to the replica: one READONLY (and one
+    // new connection) per backoff at most, never a burst of reconnects.
+    let t0 = Instant::now();
+    let connects_before = p.stats().connects;
+    let mut readonly = 0u64;
+    while t0.elapsed() < Duration::from_millis(300) {
+        match p.reserve("k").await {
+            Err(Error::Unavailable(BackendError::Redis(e))) => {
+                assert_eq!(e.kind(), ErrorKind::ReadOnly, "{e}");
+                readonly += 1;
+            }
+            Err(Error::Unavailable(BackendError::CircuitOpen)) => {}
+            other => panic!("{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Each READONLY opens the circuit for 50 ms: in 300 ms, at most 7 (the
+    // limiter's backoff, not the call rate of 200/s, paces them).
+    assert!((1..=7).contains(&readonly), "{readonly} READONLY answers");
+    let connects = p.stats().connects - connects_before;
+    assert!(connects <= readonly + 1, "{connects} connections made");
+    // The address moves to the new primary; the limiter follows.
+    proxy.switch(b.port);
+    let (r2, before) = until(&p, "k", is_server_admit).await;
+    for r in &before {
+        assert!(
+            matches!(
+                r,
+                Err(Error::Unavailable(
+                    BackendError::CircuitOpen | BackendError::Redis(_)
+                ))
+            ),
+            "{r:?}"
+        );
+    }
+    let r2 = r2.unwrap();
+    // The bucket followed the failover (one debit replicated, one added).
+    assert_eq!(r2.prev_ns(), r1.tat_ns());
+    assert_eq!(r2.tat_ns(), r1.tat_ns() + INTERVAL_NS);
+    let on_b: u64 = redis::cmd("GET")
+        .arg("pace:k")
+        .query(&mut b.admin())
+        .unwrap();
+    assert_eq!(on_b, r2.tat_ns());
+    assert!(p.stats().connects >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masterdown_reconnects_and_falls_back_meanwhile() {
+    let a = RedisServer::start();
+    let b = RedisServer::start();
+    let proxy = Proxy::start(a.port).await;
+    let p = builder()
+        .on_unavailable(OnUnavailable::LocalFallback { replicas: 1 })
+        .connect(&proxy.url())
+        .await
+        .unwrap();
+    assert!(is_server_admit(&p.reserve("k").await));
+    // a becomes a replica of a dead address and refuses to serve stale data.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("replica-serve-stale-data")
+        .arg("no")
+        .query(&mut a.admin())
+        .unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(free_port())
+        .query(&mut a.admin())
+        .unwrap();
+    // MASTERDOWN: the local fallback decides.
+    let r = p.reserve("k").await.unwrap();
+    assert_eq!(r.source(), Source::Local);
+    proxy.switch(b.port);
+    let (r2, before) = until(&p, "k", is_server_admit).await;
+    for r in &before {
+        assert!(matches!(r, Ok(r) if r.source() == Source::Local), "{r:?}");
+    }
+    // b never saw the key: a fresh bucket there.
+    assert_eq!(r2.unwrap().prev_ns(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_manager_or_client_passed_in() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let manager = redis::aio::ConnectionManager::new(client.clone())
+        .await
+        .unwrap();
+    let p = builder().connect_with(manager.clone()).await.unwrap();
+    let q = builder().connect_client(client).await.unwrap();
+    let r = p.reserve("k").await.unwrap();
+    let now = r.server_now_ns().unwrap();
+    assert_eq!(r.tat_ns(), now + INTERVAL_NS);
+    // Both limiters share the key's bucket on the server.
+    let s = q.reserve("k").await.unwrap();
+    assert_eq!(s.prev_ns(), r.tat_ns());
+    assert_eq!(s.tat_ns(), r.tat_ns() + INTERVAL_NS);
+    // The manager still serves the application.
+    let mut m = manager;
+    let v: u64 = redis::cmd("GET")
+        .arg("pace:k")
+        .query_async(&mut m)
+        .await
+        .unwrap();
+    assert_eq!(v, s.tat_ns());
+}
