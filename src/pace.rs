@@ -1455,7 +1455,7 @@ pub trait PaceInternals<K, S, C> {
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>;
-    /// The reservation of [`Pace::acquire_n_with`] (a slot up to `max_wait_ns`
+    /// The reservation of [`Pace::acquire_n_with_blocking`] (a slot up to `max_wait_ns`
     /// ahead) decided with `now`, and its slot (ns): the caller is let
     /// through when the clock reaches it. No sleep.
     fn reserve_turn_at<'a, Q>(
