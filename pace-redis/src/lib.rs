@@ -383,20 +383,14 @@ impl Reservation {
     }
 }
 
-/// What a refund did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refund {
-    /// The key was back at its state before the debit.
-    Restored,
-    /// The state before the debit is a full bucket: the key was deleted.
-    Emptied,
-    /// Someone debited the key since (or it expired): nothing returned.
-    Nothing,
-    /// A decision of the local fallback: refunded there (by the core's rule).
-    Local,
-    /// Nothing to return: `n == 0`.
-    NotRefundable,
-}
+/// What a refund did: the core's [`pace::Refunded`], one outcome type for
+/// every limiter. A server reservation refunds by the same rule as the core:
+/// `Restored`, `Removed` (the state before the debit is a full bucket: the
+/// key was deleted), `Superseded` (someone debited the key since),
+/// `Refilled` (the key is gone: it expired full), `Nothing` (`n == 0`). A
+/// reservation of the local fallback ([`Reservation::source`] is
+/// `Source::Local`) refunds there, and the answer is the core's.
+pub use pace::Refunded;
 
 /// Counters since the limiter was built.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1266,7 +1260,7 @@ impl RedisPace {
     /// # Errors
     /// [`Error::Unavailable`] when Redis gives no answer (whatever the policy:
     /// the debit then stays).
-    pub async fn refund(&self, r: Reservation) -> Result<Refund, Error> {
+    pub async fn refund(&self, r: Reservation) -> Result<Refunded, Error> {
         self.refund_inner(r, None).await
     }
 
@@ -1275,7 +1269,7 @@ impl RedisPace {
     ///
     /// # Errors
     /// As `refund`, and [`Error::TimeInjectionDisabled`].
-    pub async fn refund_at(&self, r: Reservation, now_ns: u64) -> Result<Refund, Error> {
+    pub async fn refund_at(&self, r: Reservation, now_ns: u64) -> Result<Refunded, Error> {
         if !self.inner.time_injection {
             return Err(Error::TimeInjectionDisabled);
         }
@@ -1580,15 +1574,14 @@ impl RedisPace {
         inner.cached.store(map.len(), Ordering::Relaxed);
     }
 
-    async fn refund_inner(&self, r: Reservation, now: Option<u64>) -> Result<Refund, Error> {
+    async fn refund_inner(&self, r: Reservation, now: Option<u64>) -> Result<Refunded, Error> {
         let inner = &*self.inner;
         if let (Some(debit), Some(local)) = (r.local, &inner.fallback) {
             let local_key = r.key.strip_prefix(inner.prefix.as_str()).unwrap_or(&r.key);
-            local.refund(local_key, debit);
-            return Ok(Refund::Local);
+            return Ok(local.refund(local_key, debit));
         }
         if r.source != Source::Server {
-            return Ok(Refund::NotRefundable);
+            return Ok(Refunded::Nothing);
         }
         let mut cmd = self.script_cmd(&r.key);
         cmd.arg("f").arg(r.prev).arg(r.tat);
@@ -1599,7 +1592,7 @@ impl RedisPace {
         match reply {
             Ok(out) => {
                 bump(&inner.counters.server_decisions, 1);
-                if out != Refund::Nothing {
+                if out.returned() {
                     if let Some(cache) = &inner.cache {
                         let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
                         map.remove(&r.key);
@@ -1954,14 +1947,15 @@ fn parse_peek(v: &Value) -> Result<(u64, u64), BackendError> {
     Ok((tat, time_at(items, 1).ok_or_else(|| bad(v))?))
 }
 
-fn parse_refund(v: &Value) -> Result<Refund, BackendError> {
+fn parse_refund(v: &Value) -> Result<Refunded, BackendError> {
     let Value::Array(items) = v else {
         return Err(bad(v));
     };
     match items.first().and_then(num) {
-        Some(1) => Ok(Refund::Restored),
-        Some(2) => Ok(Refund::Emptied),
-        Some(0) => Ok(Refund::Nothing),
+        Some(1) => Ok(Refunded::Restored),
+        Some(2) => Ok(Refunded::Removed),
+        Some(0) => Ok(Refunded::Superseded),
+        Some(3) => Ok(Refunded::Refilled),
         _ => Err(bad(v)),
     }
 }

@@ -31,7 +31,8 @@
 --          '2 0 s ns' n exceeds the capacity; '3 0 s ns' the stored tat lies
 --          more than MAX_AHEAD_S seconds ahead of now (the clock went back).
 -- refund:  {1, s, ns} restored prev; {2, s, ns} the bucket is full: key
---          deleted; {0, s, ns} someone debited since (or the key is gone).
+--          deleted; {0, s, ns} someone debited since; {3, s, ns} the key
+--          is gone (expired: the bucket is full already).
 -- peek:    {tat, s, ns}, tat '0' for no key (the client computes the debt).
 
 local E9 = 1000000000
@@ -146,6 +147,9 @@ else
   local prev = ARGV[2]
   local mine = ARGV[3]
   local cur = redis.call('GET', key)
+  if not cur then
+    return {3, now_s, now_n}
+  end
   if cur ~= mine then
     return {0, now_s, now_n}
   end

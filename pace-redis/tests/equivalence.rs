@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use pace::internals::ReservationInternals;
 use pace::{DenyReason, ManualClock, Pace, Rate};
-use pace_redis::{Error, RedisPace, Refund, Source};
+use pace_redis::{Error, RedisPace, Refunded, Source};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -107,16 +107,18 @@ impl Model {
         }
     }
 
-    fn refund(&mut self, key: usize, prev: u64, mine: u64, now: u64) -> Refund {
-        if self.tat.get(&key) != Some(&mine) {
-            return Refund::Nothing;
+    fn refund(&mut self, key: usize, prev: u64, mine: u64, now: u64) -> Refunded {
+        match self.tat.get(&key) {
+            None => return Refunded::Refilled,
+            Some(&t) if t != mine => return Refunded::Superseded,
+            Some(_) => {}
         }
         if prev > now {
             self.tat.insert(key, prev);
-            Refund::Restored
+            Refunded::Restored
         } else {
             self.tat.remove(&key);
-            Refund::Emptied
+            Refunded::Removed
         }
     }
 }
@@ -255,7 +257,7 @@ fn script_pace_and_model_agree_on_every_decision() {
                     }
                     let (key, l, r) = held.swap_remove(pick % held.len());
                     let expect = if r.tokens() == 0 {
-                        Refund::NotRefundable
+                        Refunded::Nothing
                     } else {
                         model.refund(key, r.prev_ns(), r.tat_ns(), now)
                     };

@@ -341,7 +341,9 @@ async fn fallback_reservations_refund_on_the_local_limiter() {
     let a = p.reserve("k").await.unwrap();
     assert_eq!(a.source(), Source::Local);
     assert!(matches!(p.reserve("k").await, Err(Error::Denied(d)) if d.source() == Source::Local));
-    assert_eq!(p.refund(a).await.unwrap(), pace_redis::Refund::Local);
+    // Refunded by the local fallback, by the core's rule: the lone debit
+    // comes back whole.
+    assert_eq!(p.refund(a).await.unwrap(), pace_redis::Refunded::Removed);
     assert_eq!(p.reserve("k").await.unwrap().source(), Source::Local);
     let s = p.stats();
     assert_eq!((s.local_decisions, s.server_decisions), (3, 0));

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pace::Rate;
 use pace_redis::{
-    ConfigError, ConnectError, Error, KeyError, OnUnavailable, RedisPace, Refund, Source,
+    ConfigError, ConnectError, Error, KeyError, OnUnavailable, RedisPace, Refunded, Source,
 };
 
 async fn limiter(url: &str, rate: Rate, cap: u64, cache: bool) -> RedisPace {
@@ -49,7 +49,7 @@ async fn bad_input_gets_a_clear_answer_without_a_round_trip() {
     }
     let zero = p.reserve_n("k", 0).await.unwrap();
     assert_eq!((zero.tokens(), zero.source()), (0, Source::Request));
-    assert_eq!(p.refund(zero).await.unwrap(), Refund::NotRefundable);
+    assert_eq!(p.refund(zero).await.unwrap(), Refunded::Nothing);
     match p.reserve_n("k", 6).await {
         Err(Error::Denied(d)) => {
             assert!(d.is_permanent());
@@ -229,7 +229,7 @@ async fn a_full_bucket_is_no_key() {
     assert_eq!(at as u64, r.tat_ns().div_ceil(1_000_000));
     assert_eq!(r.tat_ns() - r.server_now_ns().unwrap(), 200_000_000);
     // A refund right away restores the full bucket: no key.
-    assert_eq!(p.refund(r).await.unwrap(), Refund::Emptied);
+    assert_eq!(p.refund(r).await.unwrap(), Refunded::Removed);
     let exists: bool = redis::cmd("EXISTS").arg(&key).query(&mut admin).unwrap();
     assert!(!exists);
     // Stacked debits: refunding the older one returns nothing; the newer
@@ -237,8 +237,8 @@ async fn a_full_bucket_is_no_key() {
     let a = p.reserve("gone").await.unwrap();
     let b = p.reserve("gone").await.unwrap();
     let (a_tat, b_tat) = (a.tat_ns(), b.tat_ns());
-    assert_eq!(p.refund(a).await.unwrap(), Refund::Nothing);
-    assert_eq!(p.refund(b).await.unwrap(), Refund::Restored);
+    assert_eq!(p.refund(a).await.unwrap(), Refunded::Superseded);
+    assert_eq!(p.refund(b).await.unwrap(), Refunded::Restored);
     let stored: u64 = redis::cmd("GET").arg(&key).query(&mut admin).unwrap();
     assert_eq!(stored, a_tat);
     assert!(b_tat > a_tat);

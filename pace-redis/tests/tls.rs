@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use pace::Rate;
-use pace_redis::{ConnectError, Error, RedisPace, Refund, Source};
+use pace_redis::{ConnectError, Error, RedisPace, Refunded, Source};
 
 const S: u64 = 1_000_000_000;
 
@@ -51,7 +51,7 @@ async fn reserve_and_refund_through_tls_with_a_private_ca() {
             other => panic!("{other:?}"),
         }
         let last = held.pop().unwrap();
-        assert_eq!(p.refund_at(last, t).await.unwrap(), Refund::Restored);
+        assert_eq!(p.refund_at(last, t).await.unwrap(), Refunded::Restored);
         let again = p.reserve_n_at("k", 1, t).await.unwrap();
         assert_eq!(again.tat_ns(), t + 300_000_000);
         // The state written through TLS, read on the plain port.
