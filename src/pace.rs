@@ -333,7 +333,8 @@ where
 
     /// [`refund`](Reservation::refund) at an explicit time (for models).
     pub(crate) fn refund_at_inner(self, now: u64) -> Refunded {
-        self.pace.refund_hashed(self.key, self.debit, now)
+        let hash = self.debit.hash;
+        self.pace.refund_hashed(self.key, hash, self.debit, now)
     }
 
     /// Detaches the debit from its borrows, to refund it later with
@@ -1194,34 +1195,35 @@ where
         if debit.n == 0 {
             return Refunded::Nothing;
         }
-        if !self.made(&debit, key) {
-            return Refunded::Misdirected;
+        match self.origin(&debit, key) {
+            Some(hash) => self.refund_hashed(key, hash, debit, now),
+            None => Refunded::Misdirected,
         }
-        self.refund_hashed(key, debit, now)
     }
 
-    /// Whether `debit` was made by this limiter for a key hashed as `key`.
+    /// The hash to refund `debit` to `key` with: the debit's own, if this
+    /// limiter made it for a key hashed as `key`; `None` otherwise.
     #[cfg(not(pace_mutant = "refund_ignores_origin"))]
-    fn made<Q>(&self, debit: &Debit, key: &Q) -> bool
+    fn origin<Q>(&self, debit: &Debit, key: &Q) -> Option<u64>
     where
         Q: ?Sized + Hash,
     {
-        debit.limiter == self.id && debit.hash == self.hasher.hash_one(key)
+        (debit.limiter == self.id && debit.hash == self.hasher.hash_one(key)).then_some(debit.hash)
     }
 
     /// Known-wrong variant for mutation tests: a debit is refunded to
-    /// whatever limiter and key it is handed to.
+    /// whatever limiter and key it is handed to, looked up by that key's
+    /// hash.
     #[cfg(pace_mutant = "refund_ignores_origin")]
-    fn made<Q>(&self, _debit: &Debit, _key: &Q) -> bool
+    fn origin<Q>(&self, _debit: &Debit, key: &Q) -> Option<u64>
     where
         Q: ?Sized + Hash,
     {
-        true
+        Some(self.hasher.hash_one(key))
     }
 
-    /// Refunds `debit`, made by this limiter for `key` (its hash is the
-    /// debit's).
-    fn refund_hashed<Q>(&self, key: &Q, debit: Debit, now: u64) -> Refunded
+    /// Refunds `debit` to `key`, whose hash is `hash`.
+    fn refund_hashed<Q>(&self, key: &Q, hash: u64, debit: Debit, now: u64) -> Refunded
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
@@ -1229,7 +1231,6 @@ where
         if debit.n == 0 {
             return Refunded::Nothing;
         }
-        let hash = debit.hash;
         let guard = self.pin();
         // The refund rule looks at no quota; the table takes one for its
         // known-wrong variants.
