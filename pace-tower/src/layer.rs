@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use http::{Extensions, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use metrics::{Counter, Gauge};
-use pace::DenyReason;
+use pace::{DenyReason, Quota};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::headers::{self, FieldWriter};
 use crate::key::{KeyExtractor, RequestHead};
-use crate::limit::{AsyncLimit, Refusal};
+use crate::limit::{Acquire, AsyncLimit, Refusal};
 
 /// What the response predicate of [`Limit::refund_if`] sees.
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +42,7 @@ pub enum MissingKey<K> {
 
 type CostFn = dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync;
 type RefundFn = dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync;
+type QuotaFn = dyn Fn(&RequestHead<'_>) -> Option<Quota> + Send + Sync;
 
 /// One limit of a [`PaceLayer`]: a named limit (a local `pace::Pace`, or
 /// any [`AsyncLimit`], such as one shared across replicas), the extractor
@@ -54,6 +55,8 @@ pub struct Limit<E: KeyExtractor, A> {
     missing: MissingKey<E::Key>,
     cost: Option<Box<CostFn>>,
     refund: Option<Box<RefundFn>>,
+    quota: Option<Box<QuotaFn>>,
+    wait: Option<Duration>,
     /// Its index in the layer (set when the layer is built).
     index: usize,
 }
@@ -76,6 +79,8 @@ where
             missing: MissingKey::Reject(StatusCode::BAD_REQUEST),
             cost: None,
             refund: None,
+            quota: None,
+            wait: None,
             index: 0,
         }
     }
@@ -107,6 +112,84 @@ where
     ) -> Self {
         self.refund = Some(Box::new(f));
         self
+    }
+
+    /// The quota a request is decided with (for example the caller's plan,
+    /// read from a header or an extension); `None` for the limiter's own
+    /// (for a `pace::Pace`, its default quota, which
+    /// `Pace::set_quota` changes while it runs). The request's quota is
+    /// what its reservation, its `RateLimit` item and its
+    /// `RateLimit-Policy` item follow. A key debited under several quotas
+    /// keeps its debt across them (see `pace::Pace::reserve_with`).
+    ///
+    /// `f` is called once per request, and once more when the layer answers
+    /// the request itself (for the `RateLimit-Policy` field of the answer):
+    /// make it a function of the request. A limit that cannot take a quota
+    /// per call ([`AsyncLimit::takes_quota`] false) ignores it.
+    pub fn quota(
+        mut self,
+        f: impl Fn(&RequestHead<'_>) -> Option<Quota> + Send + Sync + 'static,
+    ) -> Self {
+        self.quota = Some(Box::new(f));
+        self
+    }
+
+    /// Queueing: a request this limit cannot admit now waits for its
+    /// key's turn, up to `max`, instead of being answered 429 (for a
+    /// `pace::Pace`, `Pace::acquire_n`: one reservation of a slot up to
+    /// `max` ahead, then one sleep on tokio's timer until it; the requests
+    /// of a key go through in the order they reserved). A request whose
+    /// turn lies further than `max` is answered 429 at once, writing
+    /// nothing: `Retry-After` is the exact wait it would need now (in
+    /// whole seconds, rounded up; exact in the [`Reason::Exhausted`] the
+    /// response hook sees). One that can never pass (a cost above the
+    /// capacity) is denied for good, as without queueing.
+    ///
+    /// A request dropped before its turn (the client went away) gives the
+    /// turn back by the refund rule: its tokens return when nothing was
+    /// debited from the key since, and are otherwise lost (fewer
+    /// admissions, never more). The limits before this one stay debited
+    /// while it waits. Each request to a queueing limit allocates its wait
+    /// (also when its turn is now), and the wait needs a tokio runtime. A
+    /// limit that cannot wait ([`AsyncLimit::acquire`] `None`) reserves as
+    /// without queueing.
+    pub fn wait_up_to(mut self, max: Duration) -> Self {
+        self.wait = Some(max);
+        self
+    }
+
+    /// The quota of this request, `None` for the limiter's own.
+    #[inline]
+    fn request_quota(&self, head: &RequestHead<'_>) -> Option<Quota> {
+        match &self.quota {
+            Some(f) if self.limiter.takes_quota() => f(head),
+            _ => None,
+        }
+    }
+
+    /// `(capacity, refill ns of the capacity)` under `q`.
+    #[inline]
+    fn term(&self, q: Option<Quota>) -> (u64, u64) {
+        match q {
+            Some(q) => (q.capacity(), refill_ns(q.rate(), q.capacity())),
+            None => {
+                let c = self.limiter.capacity();
+                (c, refill_ns(self.limiter.rate(), c))
+            }
+        }
+    }
+
+    #[inline]
+    fn reserve_now(
+        &self,
+        key: &E::Key,
+        n: u64,
+        q: Option<Quota>,
+    ) -> Option<Result<A::Debit, Refusal>> {
+        match q {
+            Some(q) => self.limiter.reserve_now_with(key, n, q),
+            None => self.limiter.reserve_now(key, n),
+        }
     }
 }
 
@@ -272,6 +355,21 @@ mod sealed {
         Refused { index: usize, refusal: Refusal },
     }
 
+    /// Where a request's quotas are read from: its state (admitted), or
+    /// its head (answered by the layer).
+    pub enum Src<'a, 'h, S> {
+        State(&'a S),
+        Head(&'a RequestHead<'h>),
+    }
+
+    impl<S> Clone for Src<'_, '_, S> {
+        fn clone(&self) -> Self {
+            *self
+        }
+    }
+
+    impl<S> Copy for Src<'_, '_, S> {}
+
     /// The limits of a layer: `()` and `(limits, Limit)`, reserved left to
     /// right.
     pub trait LimitsImpl: Send + Sync + 'static {
@@ -306,24 +404,52 @@ mod sealed {
         fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]);
         /// Writes one `RateLimit` item per reserved limit.
         fn fields(&self, st: &Self::State, metas: &[Meta], w: &mut FieldWriter);
+        /// `f(index, capacity, refill ns of the capacity)` of each limit, in
+        /// order, under the request's quotas.
+        fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, u64));
     }
 
-    /// One limit's part of a request.
-    pub enum Step<K, D, R> {
+    /// One limit's part of a request (`q`: its quota, `None` for the
+    /// limit's own).
+    pub enum Step<K, D: 'static, R> {
         /// No key, and the limit is skipped.
         Skip,
         /// Its turn has not come.
-        Queued { key: K, n: u64 },
+        Queued { key: K, n: u64, q: Option<Quota> },
         /// Its reservation is in flight.
-        Waiting { key: K, fut: R },
+        Waiting { key: K, q: Option<Quota>, fut: R },
+        /// It waits for the key's turn ([`Limit::wait_up_to`]).
+        Turning {
+            key: K,
+            q: Option<Quota>,
+            fut: Acquire<D>,
+        },
         /// Admitted (`debit` is `None` once refunded).
-        Held { key: K, debit: Option<D> },
+        Held {
+            key: K,
+            q: Option<Quota>,
+            debit: Option<D>,
+        },
         /// Refused, or moved out.
         Gone,
     }
+
+    impl<K, D, R> Step<K, D, R> {
+        /// The step's quota.
+        #[inline]
+        pub fn quota(&self) -> Option<Quota> {
+            match self {
+                Step::Queued { q, .. }
+                | Step::Waiting { q, .. }
+                | Step::Turning { q, .. }
+                | Step::Held { q, .. } => *q,
+                Step::Skip | Step::Gone => None,
+            }
+        }
+    }
 }
 
-use sealed::{LimitsImpl, Step, Stop};
+use sealed::{LimitsImpl, Src, Step, Stop};
 
 /// The limits of a [`PaceLayer`], as [`PaceLayerBuilder::limit`] chains
 /// them (implemented for those chains only).
@@ -357,6 +483,8 @@ impl LimitsImpl for () {
     fn settle(&self, _: &mut (), _: &ResponseHead<'_>, _: &[Meta]) {}
     #[inline]
     fn fields(&self, _: &(), _: &[Meta], _: &mut FieldWriter) {}
+    #[inline]
+    fn terms(&self, _: Src<'_, '_, ()>, _: &mut dyn FnMut(usize, u64, u64)) {}
 }
 
 fn refill_ns(rate: pace::Rate, tokens: u64) -> u64 {
@@ -398,7 +526,8 @@ where
             }
         };
         let n = self.cost.as_ref().map_or(1, |f| f(head));
-        Ok(Step::Queued { key, n })
+        let q = self.request_quota(head);
+        Ok(Step::Queued { key, n, q })
     }
 
     /// Drives this limit's step; `Ready(Err)` is its refusal.
@@ -407,39 +536,59 @@ where
         loop {
             match step {
                 Step::Queued { .. } => {
-                    let Step::Queued { key, n } = std::mem::replace(step, Step::Gone) else {
+                    let Step::Queued { key, n, q } = std::mem::replace(step, Step::Gone) else {
                         unreachable!()
                     };
-                    match self.limiter.reserve_now(&key, n) {
+                    if let Some(max) = self.wait {
+                        if let Some(fut) = self.limiter.clone().acquire(&key, n, q, max) {
+                            *step = Step::Turning { key, q, fut };
+                            continue;
+                        }
+                    }
+                    match self.reserve_now(&key, n, q) {
                         Some(Ok(d)) => {
                             *step = Step::Held {
                                 key,
+                                q,
                                 debit: Some(d),
                             };
                             return Poll::Ready(Ok(()));
                         }
                         Some(Err(refusal)) => return Poll::Ready(Err(refusal)),
                         None => {
-                            let fut = self.limiter.reserve(&key, n);
-                            *step = Step::Waiting { key, fut };
+                            let fut = match q {
+                                Some(q) => self.limiter.reserve_with(&key, n, q),
+                                None => self.limiter.reserve(&key, n),
+                            };
+                            *step = Step::Waiting { key, q, fut };
                         }
                     }
                 }
                 Step::Waiting { fut, .. } => {
                     let out = std::task::ready!(Pin::new(fut).poll(cx));
-                    let Step::Waiting { key, .. } = std::mem::replace(step, Step::Gone) else {
+                    let Step::Waiting { key, q, .. } = std::mem::replace(step, Step::Gone) else {
                         unreachable!()
                     };
-                    match out {
-                        Ok(d) => {
-                            *step = Step::Held {
-                                key,
-                                debit: Some(d),
-                            };
-                            return Poll::Ready(Ok(()));
-                        }
-                        Err(refusal) => return Poll::Ready(Err(refusal)),
-                    }
+                    return Poll::Ready(out.map(|d| {
+                        *step = Step::Held {
+                            key,
+                            q,
+                            debit: Some(d),
+                        };
+                    }));
+                }
+                Step::Turning { fut, .. } => {
+                    let out = std::task::ready!(fut.as_mut().poll(cx));
+                    let Step::Turning { key, q, .. } = std::mem::replace(step, Step::Gone) else {
+                        unreachable!()
+                    };
+                    return Poll::Ready(out.map(|d| {
+                        *step = Step::Held {
+                            key,
+                            q,
+                            debit: Some(d),
+                        };
+                    }));
                 }
                 Step::Skip | Step::Held { .. } | Step::Gone => return Poll::Ready(Ok(())),
             }
@@ -448,7 +597,7 @@ where
 
     #[inline]
     fn undo_one(&self, step: &mut StepOf<E, A>) {
-        if let Step::Held { key, debit } = step {
+        if let Step::Held { key, debit, .. } = step {
             if let Some(d) = debit.take() {
                 self.limiter.refund(key, d);
             }
@@ -496,23 +645,26 @@ where
     #[inline]
     fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop> {
         let (mut left, decided) = self.0.start(head)?;
-        let (key, n) = match self.1.start_one(head) {
-            Ok(Step::Queued { key, n }) => (key, n),
+        let (key, n, q) = match self.1.start_one(head) {
+            Ok(Step::Queued { key, n, q }) => (key, n, q),
             Ok(step) => return Ok(((left, step), decided)),
             Err(stop) => {
                 self.0.undo(&mut left);
                 return Err(stop);
             }
         };
-        if !decided {
-            return Ok(((left, Step::Queued { key, n }), false));
+        if !decided || self.1.wait.is_some() {
+            // Undecided before it, or a limit that may wait: reserved in
+            // `poll_reserve`.
+            return Ok(((left, Step::Queued { key, n, q }), false));
         }
-        match self.1.limiter.reserve_now(&key, n) {
+        match self.1.reserve_now(&key, n, q) {
             Some(Ok(d)) => Ok((
                 (
                     left,
                     Step::Held {
                         key,
+                        q,
                         debit: Some(d),
                     },
                 ),
@@ -525,7 +677,7 @@ where
                     refusal,
                 })
             }
-            None => Ok(((left, Step::Queued { key, n }), false)),
+            None => Ok(((left, Step::Queued { key, n, q }), false)),
         }
     }
 
@@ -564,7 +716,7 @@ where
 
     #[inline]
     fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]) {
-        if let (Some(f), Step::Held { key, debit }) = (&self.1.refund, &mut st.1) {
+        if let (Some(f), Step::Held { key, debit, .. }) = (&self.1.refund, &mut st.1) {
             if debit.is_some() && f(resp) {
                 if let Some(d) = debit.take() {
                     self.1.limiter.refund(key, d);
@@ -582,21 +734,42 @@ where
     #[inline]
     fn fields(&self, st: &Self::State, metas: &[Meta], w: &mut FieldWriter) {
         self.0.fields(&st.0, metas, w);
-        if let Step::Held { key, debit } = &st.1 {
+        if let Step::Held { key, q, debit } = &st.1 {
             let m = &self.1;
-            if let Some(r) = m.limiter.remaining(key, debit.as_ref()) {
-                let q = m.limiter.capacity();
-                let t = headers::ceil_secs(refill_ns(m.limiter.rate(), q.saturating_sub(r)));
+            let remaining = match q {
+                Some(q) => m.limiter.remaining_with(key, debit.as_ref(), *q),
+                None => m.limiter.remaining(key, debit.as_ref()),
+            };
+            if let Some(r) = remaining {
+                let (cap, rate) = match q {
+                    Some(q) => (q.capacity(), q.rate()),
+                    None => (m.limiter.capacity(), m.limiter.rate()),
+                };
+                let t = headers::ceil_secs(refill_ns(rate, cap.saturating_sub(r)));
                 w.item(&metas[m.index].sf_name, r, t);
             }
         }
+    }
+
+    #[inline]
+    fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, u64)) {
+        let (left, q) = match src {
+            Src::State(st) => (Src::State(&st.0), st.1.quota()),
+            Src::Head(h) => (Src::Head(h), self.1.request_quota(h)),
+        };
+        self.0.terms(left, f);
+        let (cap, refill) = self.1.term(q);
+        f(self.1.index, cap, refill);
     }
 }
 
 struct Shared<L, H> {
     limits: L,
     metas: Vec<Meta>,
+    /// The `RateLimit-Policy` value under the quotas the layer was built
+    /// with, and those quotas' `(capacity, refill ns)` per limit.
     policy: Option<HeaderValue>,
+    policy_terms: Vec<(u64, u64)>,
     headers: bool,
     /// Whether an admitted request needs anything after the response.
     settle: bool,
@@ -690,6 +863,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
         self.limits.prepare(&mut metas)?;
         let mut items = Vec::new();
         self.limits.policy_items(&metas, &mut items);
+        let policy_terms = items.iter().map(|&(_, q, w)| (q, w)).collect();
         let policy = headers::policy(items);
         let settle = self.headers || self.limits.refunds_on_response();
         Ok(PaceLayer {
@@ -697,6 +871,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
                 limits: self.limits,
                 metas,
                 policy,
+                policy_terms,
                 headers: self.headers,
                 settle,
                 permanent: self.permanent,
@@ -725,7 +900,10 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
 /// denial or a missing key, `ERROR` for a missing peer address.
 ///
 /// An admitted request allocates nothing in the layer except, with the
-/// fields on, the `RateLimit` value. Reservations are kept when the inner
+/// fields on, the `RateLimit` value (and the `RateLimit-Policy` value when
+/// a limit's quota for the request differs from the one the layer was built
+/// with), and a request to a queueing limit ([`Limit::wait_up_to`]) its
+/// wait. Reservations are kept when the inner
 /// service fails or the response future is dropped. The layer is `Clone`
 /// and cheap to clone (one `Arc`).
 pub struct PaceLayer<L = (), H = DefaultRespond> {
@@ -861,7 +1039,7 @@ impl<L: Limits, H> Shared<L, H> {
                         if let Some(v) = w.value() {
                             r.headers_mut().insert(headers::RATELIMIT.clone(), v);
                         }
-                        self.policy_field(&mut r);
+                        self.policy_field(&mut r, head);
                         (index, Reason::Exhausted { retry_after: wait }, r)
                     }
                     Refusal::Permanent(reason) => {
@@ -873,7 +1051,7 @@ impl<L: Limits, H> Shared<L, H> {
                             "denied for good"
                         );
                         let mut r = status(self.permanent);
-                        self.policy_field(&mut r);
+                        self.policy_field(&mut r, head);
                         (index, Reason::Permanent(reason), r)
                     }
                     Refusal::Unavailable(error) => {
@@ -902,11 +1080,42 @@ impl<L: Limits, H> Shared<L, H> {
         self.respond.respond(&rejection, r)
     }
 
-    fn policy_field<B>(&self, r: &mut Response<B>) {
-        if let Some(p) = &self.policy {
-            r.headers_mut()
-                .insert(headers::RATELIMIT_POLICY.clone(), p.clone());
+    fn policy_field<B>(&self, r: &mut Response<B>, head: &RequestHead<'_>) {
+        if let Some(p) = self.policy_for(Src::Head(head)) {
+            r.headers_mut().insert(headers::RATELIMIT_POLICY.clone(), p);
         }
+    }
+
+    /// The `RateLimit-Policy` value under a request's quotas: the one made
+    /// when the layer was built while they are the same (no allocation),
+    /// otherwise a new one.
+    fn policy_for(&self, src: Src<'_, '_, L::State>) -> Option<HeaderValue> {
+        if let Src::State(_) = src {
+            // Read twice from the state (the same both times), to allocate
+            // nothing when the quotas are the layer's.
+            let mut i = 0;
+            let mut same = true;
+            self.limits.terms(src, &mut |_, q, w| {
+                same &= self.policy_terms.get(i) == Some(&(q, w));
+                i += 1;
+            });
+            if same {
+                return self.policy.clone();
+            }
+        }
+        // Read once from the head (the quota closures run once more).
+        let mut items = Vec::with_capacity(self.metas.len());
+        self.limits.terms(src, &mut |index, q, w| {
+            items.push((self.metas[index].name.as_str(), q, w));
+        });
+        if items
+            .iter()
+            .map(|&(_, q, w)| (q, w))
+            .eq(self.policy_terms.iter().copied())
+        {
+            return self.policy.clone();
+        }
+        headers::policy(items)
     }
 }
 
@@ -985,8 +1194,8 @@ impl<L: Limits, H> Settle<L, H> {
             if let Some(v) = w.value() {
                 headers.insert(headers::RATELIMIT.clone(), v);
             }
-            if let Some(p) = &shared.policy {
-                headers.insert(headers::RATELIMIT_POLICY.clone(), p.clone());
+            if let Some(p) = shared.policy_for(Src::State(&self.st)) {
+                headers.insert(headers::RATELIMIT_POLICY.clone(), p);
             }
         }
     }
