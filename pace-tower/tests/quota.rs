@@ -268,9 +268,12 @@ async fn queued_requests_go_through_in_arrival_order_and_the_rest_get_429_at_onc
     for t in tasks {
         let (r, done) = t.await.unwrap();
         statuses.push(r.status());
+        // Its turn was within the bound; 100 ms for the scheduler of a busy
+        // machine.
         assert!(
-            done - start < Duration::from_millis(280 + 50),
-            "within the bound"
+            done - start < Duration::from_millis(280 + 100),
+            "within the bound: {:?}",
+            done - start
         );
     }
     assert_eq!(statuses, vec![StatusCode::OK; 6]);
@@ -313,7 +316,7 @@ async fn beyond_the_bound_a_request_gets_429_at_once_with_the_exact_wait() {
         // The turn it would need: 150 ms after the first reservation.
         assert!(wait <= Duration::from_millis(150), "{wait:?}");
         assert!(
-            wait + elapsed >= Duration::from_millis(150),
+            wait + elapsed + Duration::from_millis(1) >= Duration::from_millis(150),
             "{wait:?} + {elapsed:?}"
         );
     }
