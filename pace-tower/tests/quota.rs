@@ -349,3 +349,46 @@ async fn a_request_dropped_before_its_turn_gives_the_turn_back() {
     let seen: Vec<usize> = order.lock().unwrap().iter().map(|&(i, _)| i).collect();
     assert_eq!(seen, vec![0, 1, 3]);
 }
+
+#[tokio::test]
+async fn a_queued_request_that_can_never_pass_is_denied_for_good_at_once() {
+    let calls = Arc::new(Mutex::new(0));
+    let inner_calls = calls.clone();
+    let limiter: Arc<Pace<String>> = Arc::new(
+        Pace::builder(Rate::per_second(20).unwrap())
+            .capacity(1)
+            .build()
+            .unwrap(),
+    );
+    let layer = PaceLayer::builder()
+        .limit(
+            Limit::new("per-key", limiter.clone(), from_fn(key))
+                .cost(|h| {
+                    if h.headers.contains_key("x-big") {
+                        2
+                    } else {
+                        1
+                    }
+                })
+                .wait_up_to(Duration::from_secs(10)),
+        )
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(tower::service_fn(move |_: Request<()>| {
+        *inner_calls.lock().unwrap() += 1;
+        ready(Ok::<_, Infallible>(Response::new(String::new())))
+    }));
+    let big = Request::builder()
+        .uri("/")
+        .header("x-key", "k")
+        .header("x-big", "1")
+        .body(())
+        .unwrap();
+    let mut fut = pin!(svc.call(big));
+    let r = now(&mut fut).expect("answered at once").unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(header(&r, "retry-after"), None);
+    // Nothing was written: the key's one token is still there.
+    assert_eq!(limiter.peek("k"), 1);
+    assert_eq!(*calls.lock().unwrap(), 0);
+}
