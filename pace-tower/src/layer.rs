@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::{Extensions, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use metrics::{Counter, Gauge};
-use pace::{DenyReason, Quota};
+use pace::{DenyReason, Quota, Rate};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -167,15 +167,12 @@ where
         }
     }
 
-    /// `(capacity, refill ns of the capacity)` under `q`.
+    /// `(capacity, rate)` under `q`, or else the limiter's own quota.
     #[inline]
-    fn term(&self, q: Option<Quota>) -> (u64, u64) {
-        match q {
-            Some(q) => (q.capacity(), refill_ns(q.rate(), q.capacity())),
-            None => {
-                let c = self.limiter.capacity();
-                (c, refill_ns(self.limiter.rate(), c))
-            }
+    fn term(&self, q: Option<Quota>) -> (u64, Rate) {
+        match q.or_else(|| self.limiter.own_quota()) {
+            Some(q) => (q.capacity(), q.rate()),
+            None => (self.limiter.capacity(), self.limiter.rate()),
         }
     }
 
@@ -378,8 +375,8 @@ mod sealed {
 
         /// Validates names and registers counters, in order.
         fn prepare(&mut self, metas: &mut Vec<Meta>) -> Result<(), InvalidPolicyName>;
-        /// `(name, capacity, refill_ns of the capacity)` of each limit.
-        fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, u64)>);
+        /// `(name, capacity, rate)` of each limit under its own quota.
+        fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, Rate)>);
         /// Whether any limit refunds on the response.
         fn refunds_on_response(&self) -> bool;
         /// Every limit's key and cost, in order, reserving each limit that
@@ -402,11 +399,19 @@ mod sealed {
         fn admitted(&self, st: &Self::State, metas: &[Meta]);
         /// Applies the refund predicates to the response, newest first.
         fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]);
-        /// Writes one `RateLimit` item per reserved limit.
-        fn fields(&self, st: &Self::State, metas: &[Meta], w: &mut FieldWriter);
-        /// `f(index, capacity, refill ns of the capacity)` of each limit, in
-        /// order, under the request's quotas.
-        fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, u64));
+        /// Writes one `RateLimit` item per reserved limit; true when every
+        /// limit's `(capacity, rate)` for the request is its entry in
+        /// `built` (the quotas the layer was built with).
+        fn fields(
+            &self,
+            st: &Self::State,
+            metas: &[Meta],
+            w: &mut FieldWriter,
+            built: &[(u64, Rate)],
+        ) -> bool;
+        /// `f(index, capacity, rate)` of each limit, in order, under the
+        /// request's quotas.
+        fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, Rate));
     }
 
     /// One limit's part of a request (`q`: its quota, `None` for the
@@ -463,7 +468,7 @@ impl LimitsImpl for () {
     fn prepare(&mut self, _: &mut Vec<Meta>) -> Result<(), InvalidPolicyName> {
         Ok(())
     }
-    fn policy_items<'a>(&'a self, _: &'a [Meta], _: &mut Vec<(&'a str, u64, u64)>) {}
+    fn policy_items<'a>(&'a self, _: &'a [Meta], _: &mut Vec<(&'a str, u64, Rate)>) {}
     fn refunds_on_response(&self) -> bool {
         false
     }
@@ -482,9 +487,20 @@ impl LimitsImpl for () {
     #[inline]
     fn settle(&self, _: &mut (), _: &ResponseHead<'_>, _: &[Meta]) {}
     #[inline]
-    fn fields(&self, _: &(), _: &[Meta], _: &mut FieldWriter) {}
+    fn fields(&self, _: &(), _: &[Meta], _: &mut FieldWriter, _: &[(u64, Rate)]) -> bool {
+        true
+    }
     #[inline]
-    fn terms(&self, _: Src<'_, '_, ()>, _: &mut dyn FnMut(usize, u64, u64)) {}
+    fn terms(&self, _: Src<'_, '_, ()>, _: &mut dyn FnMut(usize, u64, Rate)) {}
+}
+
+/// The `RateLimit-Policy` value for `(name, capacity, rate)` items.
+fn policy_value(items: Vec<(&str, u64, Rate)>) -> Option<HeaderValue> {
+    headers::policy(
+        items
+            .into_iter()
+            .map(|(name, q, rate)| (name, q, refill_ns(rate, q))),
+    )
 }
 
 fn refill_ns(rate: pace::Rate, tokens: u64) -> u64 {
@@ -627,15 +643,11 @@ where
         Ok(())
     }
 
-    fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, u64)>) {
+    fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, Rate)>) {
         self.0.policy_items(metas, out);
         let m = &self.1;
-        let q = m.limiter.capacity();
-        out.push((
-            metas[m.index].name.as_str(),
-            q,
-            refill_ns(m.limiter.rate(), q),
-        ));
+        let (q, rate) = m.term(None);
+        out.push((metas[m.index].name.as_str(), q, rate));
     }
 
     fn refunds_on_response(&self) -> bool {
@@ -732,34 +744,38 @@ where
     }
 
     #[inline]
-    fn fields(&self, st: &Self::State, metas: &[Meta], w: &mut FieldWriter) {
-        self.0.fields(&st.0, metas, w);
+    fn fields(
+        &self,
+        st: &Self::State,
+        metas: &[Meta],
+        w: &mut FieldWriter,
+        built: &[(u64, Rate)],
+    ) -> bool {
+        let same = self.0.fields(&st.0, metas, w, built);
+        let m = &self.1;
+        let (cap, rate) = m.term(st.1.quota());
         if let Step::Held { key, q, debit } = &st.1 {
-            let m = &self.1;
             let remaining = match q {
                 Some(q) => m.limiter.remaining_with(key, debit.as_ref(), *q),
                 None => m.limiter.remaining(key, debit.as_ref()),
             };
             if let Some(r) = remaining {
-                let (cap, rate) = match q {
-                    Some(q) => (q.capacity(), q.rate()),
-                    None => (m.limiter.capacity(), m.limiter.rate()),
-                };
                 let t = headers::ceil_secs(refill_ns(rate, cap.saturating_sub(r)));
                 w.item(&metas[m.index].sf_name, r, t);
             }
         }
+        same && built.get(m.index) == Some(&(cap, rate))
     }
 
     #[inline]
-    fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, u64)) {
+    fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, Rate)) {
         let (left, q) = match src {
             Src::State(st) => (Src::State(&st.0), st.1.quota()),
             Src::Head(h) => (Src::Head(h), self.1.request_quota(h)),
         };
         self.0.terms(left, f);
-        let (cap, refill) = self.1.term(q);
-        f(self.1.index, cap, refill);
+        let (cap, rate) = self.1.term(q);
+        f(self.1.index, cap, rate);
     }
 }
 
@@ -767,9 +783,9 @@ struct Shared<L, H> {
     limits: L,
     metas: Vec<Meta>,
     /// The `RateLimit-Policy` value under the quotas the layer was built
-    /// with, and those quotas' `(capacity, refill ns)` per limit.
+    /// with, and those quotas' `(capacity, rate)` per limit.
     policy: Option<HeaderValue>,
-    policy_terms: Vec<(u64, u64)>,
+    policy_terms: Vec<(u64, Rate)>,
     headers: bool,
     /// Whether an admitted request needs anything after the response.
     settle: bool,
@@ -863,8 +879,8 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
         self.limits.prepare(&mut metas)?;
         let mut items = Vec::new();
         self.limits.policy_items(&metas, &mut items);
-        let policy_terms = items.iter().map(|&(_, q, w)| (q, w)).collect();
-        let policy = headers::policy(items);
+        let policy_terms = items.iter().map(|&(_, q, rate)| (q, rate)).collect();
+        let policy = policy_value(items);
         let settle = self.headers || self.limits.refunds_on_response();
         Ok(PaceLayer {
             shared: Arc::new(Shared {
@@ -1086,36 +1102,22 @@ impl<L: Limits, H> Shared<L, H> {
         }
     }
 
-    /// The `RateLimit-Policy` value under a request's quotas: the one made
-    /// when the layer was built while they are the same (no allocation),
-    /// otherwise a new one.
+    /// The `RateLimit-Policy` value under a request's quotas (read from
+    /// the head, the quota closures run once more): the one made when the
+    /// layer was built when they are the same, otherwise a new one.
     fn policy_for(&self, src: Src<'_, '_, L::State>) -> Option<HeaderValue> {
-        if let Src::State(_) = src {
-            // Read twice from the state (the same both times), to allocate
-            // nothing when the quotas are the layer's.
-            let mut i = 0;
-            let mut same = true;
-            self.limits.terms(src, &mut |_, q, w| {
-                same &= self.policy_terms.get(i) == Some(&(q, w));
-                i += 1;
-            });
-            if same {
-                return self.policy.clone();
-            }
-        }
-        // Read once from the head (the quota closures run once more).
         let mut items = Vec::with_capacity(self.metas.len());
-        self.limits.terms(src, &mut |index, q, w| {
-            items.push((self.metas[index].name.as_str(), q, w));
+        self.limits.terms(src, &mut |index, q, rate| {
+            items.push((self.metas[index].name.as_str(), q, rate));
         });
         if items
             .iter()
-            .map(|&(_, q, w)| (q, w))
+            .map(|&(_, q, rate)| (q, rate))
             .eq(self.policy_terms.iter().copied())
         {
             return self.policy.clone();
         }
-        headers::policy(items)
+        policy_value(items)
     }
 }
 
@@ -1190,11 +1192,20 @@ impl<L: Limits, H> Settle<L, H> {
         }
         if shared.headers {
             let mut w = FieldWriter::new();
-            shared.limits.fields(&self.st, &shared.metas, &mut w);
+            let built = shared
+                .limits
+                .fields(&self.st, &shared.metas, &mut w, &shared.policy_terms);
             if let Some(v) = w.value() {
                 headers.insert(headers::RATELIMIT.clone(), v);
             }
-            if let Some(p) = shared.policy_for(Src::State(&self.st)) {
+            // The value made when the layer was built, while the quotas are
+            // the same (no allocation).
+            let policy = if built {
+                shared.policy.clone()
+            } else {
+                shared.policy_for(Src::State(&self.st))
+            };
+            if let Some(p) = policy {
                 headers.insert(headers::RATELIMIT_POLICY.clone(), p);
             }
         }

@@ -153,6 +153,14 @@ pub trait AsyncLimit<K>: Send + Sync + 'static {
     /// Tokens a full bucket holds.
     fn capacity(&self) -> u64;
 
+    /// The limit's own quota (capacity and rate) in one reading, when it
+    /// has one; `None` (the default): the layer reads
+    /// [`capacity`](Self::capacity) and [`rate`](Self::rate).
+    #[inline]
+    fn own_quota(&self) -> Option<Quota> {
+        None
+    }
+
     /// The declared rate.
     fn rate(&self) -> Rate;
 
@@ -255,6 +263,11 @@ where
 
     fn capacity(&self) -> u64 {
         Pace::capacity(self)
+    }
+
+    #[inline]
+    fn own_quota(&self) -> Option<Quota> {
+        Some(Pace::quota(self))
     }
 
     fn rate(&self) -> Rate {
