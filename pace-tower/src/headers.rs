@@ -3,7 +3,8 @@
 //!
 //! * `RateLimit-Policy`: a List of one Item per limit: the limit's name
 //!   (String) with `q` = its capacity (tokens) and `w` = the seconds its
-//!   empty bucket takes to refill at the declared rate (rounded up).
+//!   empty bucket takes to refill at its rate (rounded up), under the
+//!   request's quota (`Limit::quota`) or else the limit's own.
 //! * `RateLimit`: a List of Items, the name with `r` = whole tokens left and
 //!   `t` = seconds until the bucket is full again (rounded up; on a 429, the
 //!   `Retry-After` wait, with `r=0`).

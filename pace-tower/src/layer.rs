@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use http::{Extensions, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use metrics::{Counter, Gauge};
-use pace::DenyReason;
+use pace::{DenyReason, Quota, Rate};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::headers::{self, FieldWriter};
 use crate::key::{KeyExtractor, RequestHead};
-use crate::limit::{AsyncLimit, Refusal};
+use crate::limit::{Acquire, AsyncLimit, Refusal};
 
 /// What the response predicate of [`Limit::refund_if`] sees.
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +42,7 @@ pub enum MissingKey<K> {
 
 type CostFn = dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync;
 type RefundFn = dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync;
+type QuotaFn = dyn Fn(&RequestHead<'_>) -> Option<Quota> + Send + Sync;
 
 /// One limit of a [`PaceLayer`]: a named limit (a local `pace::Pace`, or
 /// any [`AsyncLimit`], such as one shared across replicas), the extractor
@@ -54,6 +55,8 @@ pub struct Limit<E: KeyExtractor, A> {
     missing: MissingKey<E::Key>,
     cost: Option<Box<CostFn>>,
     refund: Option<Box<RefundFn>>,
+    quota: Option<Box<QuotaFn>>,
+    wait: Option<Duration>,
     /// Its index in the layer (set when the layer is built).
     index: usize,
 }
@@ -76,6 +79,8 @@ where
             missing: MissingKey::Reject(StatusCode::BAD_REQUEST),
             cost: None,
             refund: None,
+            quota: None,
+            wait: None,
             index: 0,
         }
     }
@@ -107,6 +112,81 @@ where
     ) -> Self {
         self.refund = Some(Box::new(f));
         self
+    }
+
+    /// The quota a request is decided with (for example the caller's plan,
+    /// read from a header or an extension); `None` for the limiter's own
+    /// (for a `pace::Pace`, its default quota, which
+    /// `Pace::set_quota` changes while it runs). The request's quota is
+    /// what its reservation, its `RateLimit` item and its
+    /// `RateLimit-Policy` item follow. A key debited under several quotas
+    /// keeps its debt across them (see `pace::Pace::reserve_with`).
+    ///
+    /// `f` is called once per request, and once more when the layer answers
+    /// the request itself (for the `RateLimit-Policy` field of the answer):
+    /// make it a function of the request. A limit that cannot take a quota
+    /// per call ([`AsyncLimit::takes_quota`] false) ignores it.
+    pub fn quota(
+        mut self,
+        f: impl Fn(&RequestHead<'_>) -> Option<Quota> + Send + Sync + 'static,
+    ) -> Self {
+        self.quota = Some(Box::new(f));
+        self
+    }
+
+    /// Queueing: a request this limit cannot admit now waits for its
+    /// key's turn, up to `max`, instead of being answered 429 (for a
+    /// `pace::Pace`, `Pace::acquire_n`: one reservation of a slot up to
+    /// `max` ahead, then one sleep on tokio's timer until it; the requests
+    /// of a key go through in the order they reserved). A request whose
+    /// turn lies further than `max` is answered 429 at once, writing
+    /// nothing: `Retry-After` is the exact wait it would need now (in
+    /// whole seconds, rounded up; exact in the [`Reason::Exhausted`] the
+    /// response hook sees). One that can never pass (a cost above the
+    /// capacity) is denied for good, as without queueing.
+    ///
+    /// A request dropped before its turn (the client went away) gives the
+    /// turn back by the refund rule: its tokens return when nothing was
+    /// debited from the key since, and are otherwise lost (fewer
+    /// admissions, never more). The limits before this one stay debited
+    /// while it waits. Each request to a queueing limit allocates its wait
+    /// (also when its turn is now), and the wait needs a tokio runtime. A
+    /// limit that cannot wait ([`AsyncLimit::acquire`] `None`) reserves as
+    /// without queueing.
+    pub fn wait_up_to(mut self, max: Duration) -> Self {
+        self.wait = Some(max);
+        self
+    }
+
+    /// The quota of this request, `None` for the limiter's own.
+    #[inline]
+    fn request_quota(&self, head: &RequestHead<'_>) -> Option<Quota> {
+        match &self.quota {
+            Some(f) if self.limiter.takes_quota() => f(head),
+            _ => None,
+        }
+    }
+
+    /// `(capacity, rate)` under `q`, or else the limiter's own quota.
+    #[inline]
+    fn term(&self, q: Option<Quota>) -> (u64, Rate) {
+        match q.or_else(|| self.limiter.own_quota()) {
+            Some(q) => (q.capacity(), q.rate()),
+            None => (self.limiter.capacity(), self.limiter.rate()),
+        }
+    }
+
+    #[inline]
+    fn reserve_now(
+        &self,
+        key: &E::Key,
+        n: u64,
+        q: Option<Quota>,
+    ) -> Option<Result<A::Debit, Refusal>> {
+        match q {
+            Some(q) => self.limiter.reserve_now_with(key, n, q),
+            None => self.limiter.reserve_now(key, n),
+        }
     }
 }
 
@@ -272,6 +352,21 @@ mod sealed {
         Refused { index: usize, refusal: Refusal },
     }
 
+    /// Where a request's quotas are read from: its state (admitted), or
+    /// its head (answered by the layer).
+    pub enum Src<'a, 'h, S> {
+        State(&'a S),
+        Head(&'a RequestHead<'h>),
+    }
+
+    impl<S> Clone for Src<'_, '_, S> {
+        fn clone(&self) -> Self {
+            *self
+        }
+    }
+
+    impl<S> Copy for Src<'_, '_, S> {}
+
     /// The limits of a layer: `()` and `(limits, Limit)`, reserved left to
     /// right.
     pub trait LimitsImpl: Send + Sync + 'static {
@@ -280,8 +375,8 @@ mod sealed {
 
         /// Validates names and registers counters, in order.
         fn prepare(&mut self, metas: &mut Vec<Meta>) -> Result<(), InvalidPolicyName>;
-        /// `(name, capacity, refill_ns of the capacity)` of each limit.
-        fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, u64)>);
+        /// `(name, capacity, rate)` of each limit under its own quota.
+        fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, Rate)>);
         /// Whether any limit refunds on the response.
         fn refunds_on_response(&self) -> bool;
         /// Every limit's key and cost, in order, reserving each limit that
@@ -304,26 +399,62 @@ mod sealed {
         fn admitted(&self, st: &Self::State, metas: &[Meta]);
         /// Applies the refund predicates to the response, newest first.
         fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]);
-        /// Writes one `RateLimit` item per reserved limit.
-        fn fields(&self, st: &Self::State, metas: &[Meta], w: &mut FieldWriter);
+        /// Writes one `RateLimit` item per reserved limit; true when every
+        /// limit's `(capacity, rate)` for the request is its entry in
+        /// `built` (the quotas the layer was built with).
+        fn fields(
+            &self,
+            st: &Self::State,
+            metas: &[Meta],
+            w: &mut FieldWriter,
+            built: &[(u64, Rate)],
+        ) -> bool;
+        /// `f(index, capacity, rate)` of each limit, in order, under the
+        /// request's quotas.
+        fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, Rate));
     }
 
-    /// One limit's part of a request.
-    pub enum Step<K, D, R> {
+    /// One limit's part of a request (`q`: its quota, `None` for the
+    /// limit's own).
+    pub enum Step<K, D: 'static, R> {
         /// No key, and the limit is skipped.
         Skip,
         /// Its turn has not come.
-        Queued { key: K, n: u64 },
+        Queued { key: K, n: u64, q: Option<Quota> },
         /// Its reservation is in flight.
-        Waiting { key: K, fut: R },
+        Waiting { key: K, q: Option<Quota>, fut: R },
+        /// It waits for the key's turn ([`Limit::wait_up_to`]).
+        Turning {
+            key: K,
+            q: Option<Quota>,
+            fut: Acquire<D>,
+        },
         /// Admitted (`debit` is `None` once refunded).
-        Held { key: K, debit: Option<D> },
+        Held {
+            key: K,
+            q: Option<Quota>,
+            debit: Option<D>,
+        },
         /// Refused, or moved out.
         Gone,
     }
+
+    impl<K, D, R> Step<K, D, R> {
+        /// The step's quota.
+        #[inline]
+        pub fn quota(&self) -> Option<Quota> {
+            match self {
+                Step::Queued { q, .. }
+                | Step::Waiting { q, .. }
+                | Step::Turning { q, .. }
+                | Step::Held { q, .. } => *q,
+                Step::Skip | Step::Gone => None,
+            }
+        }
+    }
 }
 
-use sealed::{LimitsImpl, Step, Stop};
+use sealed::{LimitsImpl, Src, Step, Stop};
 
 /// The limits of a [`PaceLayer`], as [`PaceLayerBuilder::limit`] chains
 /// them (implemented for those chains only).
@@ -337,7 +468,7 @@ impl LimitsImpl for () {
     fn prepare(&mut self, _: &mut Vec<Meta>) -> Result<(), InvalidPolicyName> {
         Ok(())
     }
-    fn policy_items<'a>(&'a self, _: &'a [Meta], _: &mut Vec<(&'a str, u64, u64)>) {}
+    fn policy_items<'a>(&'a self, _: &'a [Meta], _: &mut Vec<(&'a str, u64, Rate)>) {}
     fn refunds_on_response(&self) -> bool {
         false
     }
@@ -356,7 +487,20 @@ impl LimitsImpl for () {
     #[inline]
     fn settle(&self, _: &mut (), _: &ResponseHead<'_>, _: &[Meta]) {}
     #[inline]
-    fn fields(&self, _: &(), _: &[Meta], _: &mut FieldWriter) {}
+    fn fields(&self, _: &(), _: &[Meta], _: &mut FieldWriter, _: &[(u64, Rate)]) -> bool {
+        true
+    }
+    #[inline]
+    fn terms(&self, _: Src<'_, '_, ()>, _: &mut dyn FnMut(usize, u64, Rate)) {}
+}
+
+/// The `RateLimit-Policy` value for `(name, capacity, rate)` items.
+fn policy_value(items: Vec<(&str, u64, Rate)>) -> Option<HeaderValue> {
+    headers::policy(
+        items
+            .into_iter()
+            .map(|(name, q, rate)| (name, q, refill_ns(rate, q))),
+    )
 }
 
 fn refill_ns(rate: pace::Rate, tokens: u64) -> u64 {
@@ -398,7 +542,8 @@ where
             }
         };
         let n = self.cost.as_ref().map_or(1, |f| f(head));
-        Ok(Step::Queued { key, n })
+        let q = self.request_quota(head);
+        Ok(Step::Queued { key, n, q })
     }
 
     /// Drives this limit's step; `Ready(Err)` is its refusal.
@@ -407,39 +552,59 @@ where
         loop {
             match step {
                 Step::Queued { .. } => {
-                    let Step::Queued { key, n } = std::mem::replace(step, Step::Gone) else {
+                    let Step::Queued { key, n, q } = std::mem::replace(step, Step::Gone) else {
                         unreachable!()
                     };
-                    match self.limiter.reserve_now(&key, n) {
+                    if let Some(max) = self.wait {
+                        if let Some(fut) = self.limiter.clone().acquire(&key, n, q, max) {
+                            *step = Step::Turning { key, q, fut };
+                            continue;
+                        }
+                    }
+                    match self.reserve_now(&key, n, q) {
                         Some(Ok(d)) => {
                             *step = Step::Held {
                                 key,
+                                q,
                                 debit: Some(d),
                             };
                             return Poll::Ready(Ok(()));
                         }
                         Some(Err(refusal)) => return Poll::Ready(Err(refusal)),
                         None => {
-                            let fut = self.limiter.reserve(&key, n);
-                            *step = Step::Waiting { key, fut };
+                            let fut = match q {
+                                Some(q) => self.limiter.reserve_with(&key, n, q),
+                                None => self.limiter.reserve(&key, n),
+                            };
+                            *step = Step::Waiting { key, q, fut };
                         }
                     }
                 }
                 Step::Waiting { fut, .. } => {
                     let out = std::task::ready!(Pin::new(fut).poll(cx));
-                    let Step::Waiting { key, .. } = std::mem::replace(step, Step::Gone) else {
+                    let Step::Waiting { key, q, .. } = std::mem::replace(step, Step::Gone) else {
                         unreachable!()
                     };
-                    match out {
-                        Ok(d) => {
-                            *step = Step::Held {
-                                key,
-                                debit: Some(d),
-                            };
-                            return Poll::Ready(Ok(()));
-                        }
-                        Err(refusal) => return Poll::Ready(Err(refusal)),
-                    }
+                    return Poll::Ready(out.map(|d| {
+                        *step = Step::Held {
+                            key,
+                            q,
+                            debit: Some(d),
+                        };
+                    }));
+                }
+                Step::Turning { fut, .. } => {
+                    let out = std::task::ready!(fut.as_mut().poll(cx));
+                    let Step::Turning { key, q, .. } = std::mem::replace(step, Step::Gone) else {
+                        unreachable!()
+                    };
+                    return Poll::Ready(out.map(|d| {
+                        *step = Step::Held {
+                            key,
+                            q,
+                            debit: Some(d),
+                        };
+                    }));
                 }
                 Step::Skip | Step::Held { .. } | Step::Gone => return Poll::Ready(Ok(())),
             }
@@ -448,7 +613,7 @@ where
 
     #[inline]
     fn undo_one(&self, step: &mut StepOf<E, A>) {
-        if let Step::Held { key, debit } = step {
+        if let Step::Held { key, debit, .. } = step {
             if let Some(d) = debit.take() {
                 self.limiter.refund(key, d);
             }
@@ -478,15 +643,11 @@ where
         Ok(())
     }
 
-    fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, u64)>) {
+    fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, Rate)>) {
         self.0.policy_items(metas, out);
         let m = &self.1;
-        let q = m.limiter.capacity();
-        out.push((
-            metas[m.index].name.as_str(),
-            q,
-            refill_ns(m.limiter.rate(), q),
-        ));
+        let (q, rate) = m.term(None);
+        out.push((metas[m.index].name.as_str(), q, rate));
     }
 
     fn refunds_on_response(&self) -> bool {
@@ -496,23 +657,26 @@ where
     #[inline]
     fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop> {
         let (mut left, decided) = self.0.start(head)?;
-        let (key, n) = match self.1.start_one(head) {
-            Ok(Step::Queued { key, n }) => (key, n),
+        let (key, n, q) = match self.1.start_one(head) {
+            Ok(Step::Queued { key, n, q }) => (key, n, q),
             Ok(step) => return Ok(((left, step), decided)),
             Err(stop) => {
                 self.0.undo(&mut left);
                 return Err(stop);
             }
         };
-        if !decided {
-            return Ok(((left, Step::Queued { key, n }), false));
+        if !decided || self.1.wait.is_some() {
+            // Undecided before it, or a limit that may wait: reserved in
+            // `poll_reserve`.
+            return Ok(((left, Step::Queued { key, n, q }), false));
         }
-        match self.1.limiter.reserve_now(&key, n) {
+        match self.1.reserve_now(&key, n, q) {
             Some(Ok(d)) => Ok((
                 (
                     left,
                     Step::Held {
                         key,
+                        q,
                         debit: Some(d),
                     },
                 ),
@@ -525,7 +689,7 @@ where
                     refusal,
                 })
             }
-            None => Ok(((left, Step::Queued { key, n }), false)),
+            None => Ok(((left, Step::Queued { key, n, q }), false)),
         }
     }
 
@@ -564,7 +728,7 @@ where
 
     #[inline]
     fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]) {
-        if let (Some(f), Step::Held { key, debit }) = (&self.1.refund, &mut st.1) {
+        if let (Some(f), Step::Held { key, debit, .. }) = (&self.1.refund, &mut st.1) {
             if debit.is_some() && f(resp) {
                 if let Some(d) = debit.take() {
                     self.1.limiter.refund(key, d);
@@ -580,23 +744,48 @@ where
     }
 
     #[inline]
-    fn fields(&self, st: &Self::State, metas: &[Meta], w: &mut FieldWriter) {
-        self.0.fields(&st.0, metas, w);
-        if let Step::Held { key, debit } = &st.1 {
-            let m = &self.1;
-            if let Some(r) = m.limiter.remaining(key, debit.as_ref()) {
-                let q = m.limiter.capacity();
-                let t = headers::ceil_secs(refill_ns(m.limiter.rate(), q.saturating_sub(r)));
+    fn fields(
+        &self,
+        st: &Self::State,
+        metas: &[Meta],
+        w: &mut FieldWriter,
+        built: &[(u64, Rate)],
+    ) -> bool {
+        let same = self.0.fields(&st.0, metas, w, built);
+        let m = &self.1;
+        let (cap, rate) = m.term(st.1.quota());
+        if let Step::Held { key, q, debit } = &st.1 {
+            let remaining = match q {
+                Some(q) => m.limiter.remaining_with(key, debit.as_ref(), *q),
+                None => m.limiter.remaining(key, debit.as_ref()),
+            };
+            if let Some(r) = remaining {
+                let t = headers::ceil_secs(refill_ns(rate, cap.saturating_sub(r)));
                 w.item(&metas[m.index].sf_name, r, t);
             }
         }
+        same && built.get(m.index) == Some(&(cap, rate))
+    }
+
+    #[inline]
+    fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, Rate)) {
+        let (left, q) = match src {
+            Src::State(st) => (Src::State(&st.0), st.1.quota()),
+            Src::Head(h) => (Src::Head(h), self.1.request_quota(h)),
+        };
+        self.0.terms(left, f);
+        let (cap, rate) = self.1.term(q);
+        f(self.1.index, cap, rate);
     }
 }
 
 struct Shared<L, H> {
     limits: L,
     metas: Vec<Meta>,
+    /// The `RateLimit-Policy` value under the quotas the layer was built
+    /// with, and those quotas' `(capacity, rate)` per limit.
     policy: Option<HeaderValue>,
+    policy_terms: Vec<(u64, Rate)>,
     headers: bool,
     /// Whether an admitted request needs anything after the response.
     settle: bool,
@@ -690,13 +879,15 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
         self.limits.prepare(&mut metas)?;
         let mut items = Vec::new();
         self.limits.policy_items(&metas, &mut items);
-        let policy = headers::policy(items);
+        let policy_terms = items.iter().map(|&(_, q, rate)| (q, rate)).collect();
+        let policy = policy_value(items);
         let settle = self.headers || self.limits.refunds_on_response();
         Ok(PaceLayer {
             shared: Arc::new(Shared {
                 limits: self.limits,
                 metas,
                 policy,
+                policy_terms,
                 headers: self.headers,
                 settle,
                 permanent: self.permanent,
@@ -725,7 +916,10 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
 /// denial or a missing key, `ERROR` for a missing peer address.
 ///
 /// An admitted request allocates nothing in the layer except, with the
-/// fields on, the `RateLimit` value. Reservations are kept when the inner
+/// fields on, the `RateLimit` value (and the `RateLimit-Policy` value when
+/// a limit's quota for the request differs from the one the layer was built
+/// with), and a request to a queueing limit ([`Limit::wait_up_to`]) its
+/// wait. Reservations are kept when the inner
 /// service fails or the response future is dropped. The layer is `Clone`
 /// and cheap to clone (one `Arc`).
 pub struct PaceLayer<L = (), H = DefaultRespond> {
@@ -861,7 +1055,7 @@ impl<L: Limits, H> Shared<L, H> {
                         if let Some(v) = w.value() {
                             r.headers_mut().insert(headers::RATELIMIT.clone(), v);
                         }
-                        self.policy_field(&mut r);
+                        self.policy_field(&mut r, head);
                         (index, Reason::Exhausted { retry_after: wait }, r)
                     }
                     Refusal::Permanent(reason) => {
@@ -873,7 +1067,7 @@ impl<L: Limits, H> Shared<L, H> {
                             "denied for good"
                         );
                         let mut r = status(self.permanent);
-                        self.policy_field(&mut r);
+                        self.policy_field(&mut r, head);
                         (index, Reason::Permanent(reason), r)
                     }
                     Refusal::Unavailable(error) => {
@@ -902,11 +1096,28 @@ impl<L: Limits, H> Shared<L, H> {
         self.respond.respond(&rejection, r)
     }
 
-    fn policy_field<B>(&self, r: &mut Response<B>) {
-        if let Some(p) = &self.policy {
-            r.headers_mut()
-                .insert(headers::RATELIMIT_POLICY.clone(), p.clone());
+    fn policy_field<B>(&self, r: &mut Response<B>, head: &RequestHead<'_>) {
+        if let Some(p) = self.policy_for(Src::Head(head)) {
+            r.headers_mut().insert(headers::RATELIMIT_POLICY.clone(), p);
         }
+    }
+
+    /// The `RateLimit-Policy` value under a request's quotas (read from
+    /// the head, the quota closures run once more): the one made when the
+    /// layer was built when they are the same, otherwise a new one.
+    fn policy_for(&self, src: Src<'_, '_, L::State>) -> Option<HeaderValue> {
+        let mut items = Vec::with_capacity(self.metas.len());
+        self.limits.terms(src, &mut |index, q, rate| {
+            items.push((self.metas[index].name.as_str(), q, rate));
+        });
+        if items
+            .iter()
+            .map(|&(_, q, rate)| (q, rate))
+            .eq(self.policy_terms.iter().copied())
+        {
+            return self.policy.clone();
+        }
+        policy_value(items)
     }
 }
 
@@ -981,12 +1192,21 @@ impl<L: Limits, H> Settle<L, H> {
         }
         if shared.headers {
             let mut w = FieldWriter::new();
-            shared.limits.fields(&self.st, &shared.metas, &mut w);
+            let built = shared
+                .limits
+                .fields(&self.st, &shared.metas, &mut w, &shared.policy_terms);
             if let Some(v) = w.value() {
                 headers.insert(headers::RATELIMIT.clone(), v);
             }
-            if let Some(p) = &shared.policy {
-                headers.insert(headers::RATELIMIT_POLICY.clone(), p.clone());
+            // The value made when the layer was built, while the quotas are
+            // the same (no allocation).
+            let policy = if built {
+                shared.policy.clone()
+            } else {
+                shared.policy_for(Src::State(&self.st))
+            };
+            if let Some(p) = policy {
+                headers.insert(headers::RATELIMIT_POLICY.clone(), p);
             }
         }
     }

@@ -29,4 +29,4 @@ pub use crate::layer::{
     PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture, ResponseHead,
     MISSING_PEER_ADDR_BODY,
 };
-pub use crate::limit::{AsyncLimit, Refusal};
+pub use crate::limit::{Acquire, AsyncLimit, Refusal};

@@ -5,9 +5,15 @@ use std::error::Error;
 use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::hash::{BuildHasher, Hash};
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use pace::{Clock, DenyReason, Pace, Rate};
+use pace::{Clock, DenyReason, Pace, Quota, Rate};
+
+/// A wait for a turn in flight (see [`AsyncLimit::acquire`]). Dropping it
+/// before the turn gives the turn up.
+pub type Acquire<D> = Pin<Box<dyn Future<Output = Result<D, Refusal>> + Send + 'static>>;
 
 /// Why a limit refused a reservation.
 #[derive(Debug)]
@@ -80,6 +86,61 @@ pub trait AsyncLimit<K>: Send + Sync + 'static {
         None
     }
 
+    /// Whether the limit decides with a quota given per call
+    /// ([`reserve_with`](Self::reserve_with)). False by default: the layer
+    /// then ignores a request's quota ([`Limit::quota`](crate::Limit::quota))
+    /// and the limit's own applies, in the decision and in the fields.
+    #[inline]
+    fn takes_quota(&self) -> bool {
+        false
+    }
+
+    /// Starts reserving `n` tokens of `key` under `quota` instead of the
+    /// limit's own. By default (a limit that cannot take a quota), the plain
+    /// [`reserve`](Self::reserve).
+    #[inline]
+    fn reserve_with(&self, key: &K, n: u64, quota: Quota) -> Self::Reserve {
+        let _ = quota;
+        self.reserve(key, n)
+    }
+
+    /// [`reserve_now`](Self::reserve_now) under `quota`. By default, the
+    /// plain [`reserve_now`](Self::reserve_now).
+    #[inline]
+    fn reserve_now_with(
+        &self,
+        key: &K,
+        n: u64,
+        quota: Quota,
+    ) -> Option<Result<Self::Debit, Refusal>> {
+        let _ = quota;
+        self.reserve_now(key, n)
+    }
+
+    /// [`remaining`](Self::remaining) under `quota`. By default, the plain
+    /// [`remaining`](Self::remaining).
+    #[inline]
+    fn remaining_with(&self, key: &K, debit: Option<&Self::Debit>, quota: Quota) -> Option<u64> {
+        let _ = quota;
+        self.remaining(key, debit)
+    }
+
+    /// Waits for `key`'s turn for `n` tokens (under `quota`, or the limit's
+    /// own for `None`) up to `max_wait` instead of refusing: the future
+    /// resolves when the turn comes, or at once with a refusal when it lies
+    /// more than `max_wait` ahead or never comes. `None` (the default) for
+    /// a limit that cannot wait: the layer then reserves as usual.
+    fn acquire(
+        self: Arc<Self>,
+        key: &K,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait: Duration,
+    ) -> Option<Acquire<Self::Debit>> {
+        let _ = (key, n, quota, max_wait);
+        None
+    }
+
     /// Returns `debit` (by the limit's refund rule). A shared limit may
     /// finish it in the background.
     fn refund(&self, key: &K, debit: Self::Debit);
@@ -91,6 +152,14 @@ pub trait AsyncLimit<K>: Send + Sync + 'static {
 
     /// Tokens a full bucket holds.
     fn capacity(&self) -> u64;
+
+    /// The limit's own quota (capacity and rate) in one reading, when it
+    /// has one; `None` (the default): the layer reads
+    /// [`capacity`](Self::capacity) and [`rate`](Self::rate).
+    #[inline]
+    fn own_quota(&self) -> Option<Quota> {
+        None
+    }
 
     /// The declared rate.
     fn rate(&self) -> Rate;
@@ -129,6 +198,60 @@ where
     }
 
     #[inline]
+    fn takes_quota(&self) -> bool {
+        true
+    }
+
+    #[inline]
+    fn reserve_with(&self, key: &K, n: u64, quota: Quota) -> Self::Reserve {
+        ready(
+            self.reserve_n_with(key, n, quota)
+                .map(pace::Reservation::detach)
+                .map_err(Refusal::from),
+        )
+    }
+
+    #[inline]
+    fn reserve_now_with(
+        &self,
+        key: &K,
+        n: u64,
+        quota: Quota,
+    ) -> Option<Result<pace::Debit, Refusal>> {
+        Some(
+            self.reserve_n_with(key, n, quota)
+                .map(pace::Reservation::detach)
+                .map_err(Refusal::from),
+        )
+    }
+
+    #[inline]
+    fn remaining_with(&self, key: &K, _: Option<&pace::Debit>, quota: Quota) -> Option<u64> {
+        Some(self.peek_with(key, quota))
+    }
+
+    /// `Pace::acquire_n` (or `acquire_n_with`): one CAS for a slot up to
+    /// `max_wait` ahead, then one sleep on tokio's timer until the slot, in
+    /// the order of the debits (first come, first served). Dropped before
+    /// its turn, the reservation is refunded by the refund rule.
+    fn acquire(
+        self: Arc<Self>,
+        key: &K,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait: Duration,
+    ) -> Option<Acquire<pace::Debit>> {
+        let key = key.clone();
+        Some(Box::pin(async move {
+            let turn = match quota {
+                Some(q) => self.acquire_n_with(&key, n, q, max_wait).await,
+                None => self.acquire_n(&key, n, max_wait).await,
+            };
+            turn.map(pace::Reservation::detach).map_err(Refusal::from)
+        }))
+    }
+
+    #[inline]
     fn refund(&self, key: &K, debit: pace::Debit) {
         Pace::refund(self, key, debit);
     }
@@ -140,6 +263,11 @@ where
 
     fn capacity(&self) -> u64 {
         Pace::capacity(self)
+    }
+
+    #[inline]
+    fn own_quota(&self) -> Option<Quota> {
+        Some(Pace::quota(self))
     }
 
     fn rate(&self) -> Rate {

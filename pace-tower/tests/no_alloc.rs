@@ -130,3 +130,54 @@ fn an_admitted_request_allocates_nothing_in_the_layer() {
         assert_eq!(n, 3, "fields on: the value and the map");
     }
 }
+
+#[test]
+fn a_request_with_its_own_quota_allocates_nothing_more_in_the_layer() {
+    let default = Rate::per_second(1000).unwrap();
+    let client: Arc<Pace<http::HeaderValue>> = Arc::new(Pace::new(default));
+    let same = pace::Quota::of(default).unwrap();
+    let paid = pace::Quota::per_second(5000).unwrap();
+    // `x-plan: same` is the limiter's default quota given per request;
+    // `x-plan: paid` another one; no `x-plan`, the default.
+    let plan = move |h: &pace_tower::RequestHead<'_>| match h.headers.get("x-plan")?.as_bytes() {
+        b"paid" => Some(paid),
+        _ => Some(same),
+    };
+    let layer = |fields: bool| {
+        PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(
+                Limit::new(
+                    "client",
+                    client.clone(),
+                    Header(HeaderName::from_static("x-client-id")),
+                )
+                .quota(plan),
+            )
+            .build()
+            .unwrap()
+    };
+    let with = |plan: &'static str| {
+        let mut r = request();
+        r.headers_mut()
+            .insert("x-plan", http::HeaderValue::from_static(plan));
+        r
+    };
+    let mut plain = layer(false).layer(inner());
+    let mut fields = layer(true).layer(inner());
+    allocs(&mut plain, request());
+    allocs(&mut fields, request());
+    for _ in 0..3 {
+        for r in [request(), with("same"), with("paid")] {
+            let (n, r) = allocs(&mut plain, r);
+            assert_eq!(r.status(), StatusCode::OK);
+            assert_eq!(n, 0, "fields off: no allocation, whatever the quota");
+        }
+        for r in [request(), with("same")] {
+            let (n, r) = allocs(&mut fields, r);
+            assert_eq!(r.status(), StatusCode::OK);
+            assert_eq!(r.headers().len(), 2);
+            assert_eq!(n, 3, "fields on, the layer's quota: the value and the map");
+        }
+    }
+}

@@ -195,6 +195,50 @@ async fn a_local_and_an_async_limit_are_reserved_in_order_all_or_nothing() {
     assert_eq!(shared.pace.peek("a"), 0);
 }
 
+/// A limit that takes no quota per call and cannot wait (the trait's
+/// defaults, as for a shared Redis limit): `Limit::quota` and
+/// `Limit::wait_up_to` change nothing, and the fields show its own quota.
+#[tokio::test]
+async fn a_limit_without_quotas_or_waits_keeps_its_own_quota_and_answers_at_once() {
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(100));
+    let shared = remote(&clock, 2);
+    let big = pace::Quota::per_second(50).unwrap();
+    let layer = PaceLayer::builder()
+        .limit(
+            Limit::new("client", shared.clone(), client_id())
+                .quota(move |_| Some(big))
+                .wait_up_to(Duration::from_secs(10)),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let mut c = Client::connect(addr).await;
+
+    for r in [1, 0] {
+        let resp = c.get("/", &[("x-client-id", "a")]).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            header(&resp, "ratelimit-policy"),
+            Some("\"client\";q=2;w=1")
+        );
+        let item = format!("\"client\";r={r};t=1");
+        assert_eq!(header(&resp, "ratelimit"), Some(item.as_str()));
+    }
+    let resp = tokio::time::timeout(Duration::from_secs(1), c.get("/", &[("x-client-id", "a")]))
+        .await
+        .expect("answered without waiting");
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&resp, "ratelimit-policy"),
+        Some("\"client\";q=2;w=1")
+    );
+    assert_eq!(
+        *shared.log.lock().unwrap(),
+        ["reserve a 1", "reserve a 1", "reserve a 1"]
+    );
+}
+
 #[tokio::test]
 async fn a_later_local_denial_refunds_the_async_limit_and_a_local_first_denial_never_asks_it() {
     let clock = ManualClock::new();
