@@ -1112,11 +1112,27 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let wait_ns = u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX);
+        self.reserve_turn_clocked(key, n, quota, wait_ns, || self.clock.now_ns())
+    }
+
+    /// A turn's reservation (a slot up to `wait_ns` ahead) and its slot, on
+    /// `clock`.
+    fn reserve_turn_clocked<'a, Q, F>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        wait_ns: u64,
+        clock: F,
+    ) -> Result<Turned<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+        F: Fn() -> u64,
+    {
         let mut slot = 0;
         let limits = quota.as_ref().map(Quota::limits_ref);
-        let r = self.reserve_slot::<Q, _, true>(key, n, limits, wait_ns, &mut slot, || {
-            self.clock.now_ns()
-        })?;
+        let r = self.reserve_slot::<Q, _, true>(key, n, limits, wait_ns, &mut slot, clock)?;
         Ok((r, slot))
     }
 
@@ -1555,10 +1571,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        let mut slot = 0;
-        let limits = quota.as_ref().map(Quota::limits_ref);
-        let r = self.reserve_slot::<Q, _, true>(key, n, limits, max_wait_ns, &mut slot, || now)?;
-        Ok((r, slot))
+        self.reserve_turn_clocked(key, n, quota, max_wait_ns, || now)
     }
 
     fn peek_at<Q>(&self, key: &Q, now: u64) -> u64

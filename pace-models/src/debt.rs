@@ -236,6 +236,19 @@ impl Model {
     }
 }
 
+/// Whether a decision of `Pace` is the model's: admitted, or denied with
+/// the same reason and the exact same wait.
+fn agrees<T>(got: &Result<T, pace::Denied>, expect: &Outcome) -> bool {
+    match (got, expect) {
+        (Ok(_), Outcome::Admitted) => true,
+        (Err(d), Outcome::Wait(ns)) => {
+            d.reason() == DenyReason::Exhausted && d.retry_after().as_nanos() == *ns
+        }
+        (Err(d), Outcome::Never) => d.reason() == DenyReason::ExceedsCapacity,
+        _ => false,
+    }
+}
+
 /// A limiter's shape and table size for one run.
 #[derive(Clone, Copy, Debug)]
 pub struct Params {
@@ -288,13 +301,8 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                 let key = key % p.keys;
                 let (expect, end, prev) = model.reserve(key, n, now as i128, None, 0);
                 let got = pace.reserve_n(&names[key as usize], n);
-                match (&got, &expect) {
-                    (Ok(_), Outcome::Admitted) => {}
-                    (Err(d), Outcome::Wait(ns))
-                        if d.reason() == DenyReason::Exhausted
-                            && d.retry_after().as_nanos() == *ns => {}
-                    (Err(d), Outcome::Never) if d.reason() == DenyReason::ExceedsCapacity => {}
-                    _ => return fail(format!("got {got:?}, model {expect:?}")),
+                if !agrees(&got, &expect) {
+                    return fail(format!("got {got:?}, model {expect:?}"));
                 }
                 if let Ok(r) = got {
                     held.push((r, key, n, end, prev));
@@ -326,13 +334,8 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                 let q = usize::from(quota) % quota_set.len();
                 let (expect, end, prev) = model.reserve(key, n, now as i128, Some(quota_set[q]), 0);
                 let got = pace.reserve_n_with(&names[key as usize], n, quota_values[q]);
-                match (&got, &expect) {
-                    (Ok(_), Outcome::Admitted) => {}
-                    (Err(d), Outcome::Wait(ns))
-                        if d.reason() == DenyReason::Exhausted
-                            && d.retry_after().as_nanos() == *ns => {}
-                    (Err(d), Outcome::Never) if d.reason() == DenyReason::ExceedsCapacity => {}
-                    _ => return fail(format!("got {got:?}, model {expect:?}")),
+                if !agrees(&got, &expect) {
+                    return fail(format!("got {got:?}, model {expect:?}"));
                 }
                 if let Ok(r) = got {
                     held.push((r, key, n, end, prev));
@@ -348,18 +351,14 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                 let tau = model.tau();
                 let (expect, end, prev) = model.reserve(key, n, now as i128, None, wait);
                 let got = pace.reserve_turn_at(&names[key as usize], n, None, wait, now);
-                match (&got, &expect) {
-                    (Ok((_, slot)), Outcome::Admitted) => {
-                        let want = if n == 0 { 0 } else { (end - tau).max(0) };
-                        if *slot as i128 != want {
-                            return fail(format!("slot {slot}, model {want}"));
-                        }
+                if !agrees(&got, &expect) {
+                    return fail(format!("got {got:?}, model {expect:?}"));
+                }
+                if let Ok((_, slot)) = &got {
+                    let want = if n == 0 { 0 } else { (end - tau).max(0) };
+                    if *slot as i128 != want {
+                        return fail(format!("slot {slot}, model {want}"));
                     }
-                    (Err(d), Outcome::Wait(ns))
-                        if d.reason() == DenyReason::Exhausted
-                            && d.retry_after().as_nanos() == *ns => {}
-                    (Err(d), Outcome::Never) if d.reason() == DenyReason::ExceedsCapacity => {}
-                    _ => return fail(format!("got {got:?}, model {expect:?}")),
                 }
                 if let Ok((r, _)) = got {
                     held.push((r, key, n, end, prev));
