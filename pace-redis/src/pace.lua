@@ -5,7 +5,12 @@
 -- script per configuration, so that a call carries only what changes.
 --
 -- KEYS[1]  the bucket's key
--- reserve: ARGV = {} (n = 1), {n}, or {n, now}
+-- reserve: ARGV = {} (n = 1), {n}, or {n, now}: the configuration's quota
+-- quota:   ARGV = {'q', n, interval, capacity, wait} or {..., now}: a
+--          reserve under the call's own quota (interval ns, capacity) that
+--          admits a debit fitting the bucket up to `wait` ns from now (a
+--          turn of `acquire`; 0 for a plain reserve). The client checks
+--          capacity x interval + wait <= 2^50.
 -- refund:  ARGV = {'f', prev, tat} or {'f', prev, tat, now} (prev and tat:
 --          the reservation's decimal ns strings)
 -- peek:    ARGV = {'p'} or {'p', now}; writes nothing
@@ -27,7 +32,8 @@
 --          reply, fewer bytes than an array):
 --          '1 d nd s ns' admitted, d the debt `tat - now` before (0: a full
 --          bucket) and nd after (the client adds now: prev = now + d when
---          d > 0, tat = now + nd); '0 wait_ns s ns' denied;
+--          d > 0, tat = now + nd; a turn's wait is nd - tau when positive);
+--          '0 wait_ns s ns' denied, wait_ns = nd - tau (the whole wait);
 --          '2 0 s ns' n exceeds the capacity; '3 0 s ns' the stored tat lies
 --          more than MAX_AHEAD_S seconds ahead of now (the clock went back).
 -- refund:  {1, s, ns} restored prev; {2, s, ns} the bucket is full: key
@@ -40,11 +46,20 @@ local MAX_AHEAD_S = 2000000 -- 2e6 s * 1e9 = 2e15 < 2^51
 local key = KEYS[1]
 local op = ARGV[1]
 local inj
+local n, interval, cap, wait
 if op == 'f' then
   inj = ARGV[4]
 elseif op == 'p' then
   inj = ARGV[2]
+elseif op == 'q' then
+  n = tonumber(ARGV[2])
+  interval, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+  wait = tonumber(ARGV[5])
+  inj = ARGV[6]
+  op = 'r'
 else
+  n = tonumber(op) or 1
+  interval, cap, wait = INTERVAL, CAP, 0
   inj = ARGV[2]
   op = 'r'
 end
@@ -60,9 +75,6 @@ else
 end
 
 if op == 'r' then
-  local n = tonumber(ARGV[1]) or 1
-  local interval = INTERVAL
-  local cap = CAP
   local tau = cap * interval
   if n > cap then
     return string.format('2 0 %d %d', now_s, now_n)
@@ -88,7 +100,7 @@ if op == 'r' then
     return string.format('1 %d %d %d %d', d, d, now_s, now_n)
   end
   local nd = d + n * interval
-  if nd > tau then
+  if nd > tau + wait then
     return string.format('0 %d %d %d', nd - tau, now_s, now_n)
   end
   -- tat = now + nd, normalised to (seconds, nanoseconds) without relying on
