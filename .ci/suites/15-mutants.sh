@@ -43,7 +43,7 @@ expect_caught() {
     shift 4
     target=(--test "$file")
     [ "$file" = lib ] && target=(--lib)
-    # shellcheck disable=SC2086 # `flags` is empty or one word
+    # shellcheck disable=SC2086 # `flags`: empty, one word, or `-p PACKAGE`
     out=$(PACE_MUTANT=$mutant cargo test $flags "${target[@]}" -- --test-threads=1 2>&1) ||
         status=$?
     for t in "$@"; do
@@ -146,3 +146,33 @@ expect_caught sweep_cursor_stuck lib "no pass ran after a late claim" --release 
 # yet closed, still links it for readers that pin after the retirement.
 expect_caught copies_land_unmarked lib "still linked in slot" "" \
     table::migrate::tests::an_entry_is_retired_only_from_its_last_link
+
+# pace-redis (its tests start their own redis-server on loopback): the
+# script's quota per call and turns (tests/equivalence.rs, tests/acquire.rs)
+# against three variants:
+#   redis_quota_ignored:    the script decides a call with its own quota by
+#                           the configuration's interval and capacity
+#   redis_turn_beyond_wait: the script admits a turn up to twice max_wait away
+#   redis_turn_early:       acquire sleeps half the wait the script answered
+expect_caught redis_quota_ignored equivalence "Test failed" "-p pace-redis" \
+    script_pace_and_model_agree_on_every_decision
+expect_caught redis_quota_ignored acquire "ExceedsCapacity" "-p pace-redis" \
+    quotas_per_call_decide_with_their_own_capacity_and_interval
+expect_caught redis_turn_beyond_wait equivalence "Test failed" "-p pace-redis" \
+    script_pace_and_model_agree_on_every_decision
+expect_caught redis_turn_beyond_wait acquire "a turn beyond max_wait was admitted" "-p pace-redis" \
+    a_turn_beyond_max_wait_or_capacity_is_refused_at_once_writing_nothing
+expect_caught redis_turn_early acquire "went through" "-p pace-redis" \
+    capacity_three_passes_three_at_once_and_the_fourth_waits_one_interval \
+    concurrent_waiters_go_through_one_per_interval_in_slot_order_none_early
+# ... and the earlier ones: the script admits one token beyond the capacity,
+# restores a refund superseded by a later debit; a cached denial outlives
+# its retry time; the local fallback runs at the full rate.
+expect_caught redis_admit_one_more equivalence "Test failed" "-p pace-redis" \
+    script_pace_and_model_agree_on_every_decision
+expect_caught redis_refund_unchecked equivalence "Test failed" "-p pace-redis" \
+    script_pace_and_model_agree_on_every_decision
+expect_caught redis_cache_forever requests "panicked" "-p pace-redis" \
+    a_flood_of_denials_is_answered_locally_until_the_retry_time
+expect_caught redis_fallback_full_rate faults "panicked" "-p pace-redis" \
+    restart_local_fallback_admits_at_rate_over_replicas
