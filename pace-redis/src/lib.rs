@@ -38,6 +38,34 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! A quota per call ([`RedisPace::reserve_with`]: a key's plan) and waiting
+//! for a turn instead of a denial ([`RedisPace::acquire`]: one script call
+//! takes a slot up to `max_wait` ahead on the server's clock, then one
+//! sleep):
+//!
+//! ```no_run
+//! # async fn demo(limiter: pace_redis::RedisPace, paid: bool) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//!
+//! use pace::{Quota, Rate};
+//! use pace_redis::Error;
+//!
+//! let quota = if paid {
+//!     Quota::new(Rate::per_second(1000)?, 200)?
+//! } else {
+//!     Quota::per_second(10)?
+//! };
+//! match limiter.reserve_with("client-7", quota).await {
+//!     Ok(_kept) => {}
+//!     Err(Error::Denied(d)) => println!("retry after {:?}", d.retry_after()),
+//!     Err(e) => println!("{e}"),
+//! }
+//! // A background job: through as soon as its turn comes, at most 2 s away.
+//! let turn = limiter.acquire("export", Duration::from_secs(2)).await?;
+//! println!("waited {:?} by the server's clock", turn.wait());
+//! # Ok(()) }
+//! ```
 
 use std::collections::HashMap;
 use std::fmt;
