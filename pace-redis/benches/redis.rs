@@ -123,7 +123,7 @@ impl Contender {
                     .invoke_async(conn)
                     .await
                     .unwrap();
-                matches!(reply, redis::Value::BulkString(ref b) if b.first() == Some(&b'1'))
+                matches!(reply, redis::Value::BulkString(ref b) if !b.starts_with(b"0 "))
             }
             Contender::Plain(conn, script) => {
                 let admitted: i64 = script

@@ -1878,7 +1878,7 @@ impl RedisPace {
     ) -> Result<Result<Reservation, Error>, BackendError> {
         let inner = &*self.inner;
         let Call { n, limits, .. } = call;
-        match reply.and_then(|v| parse_reserve(&v))? {
+        match reply.and_then(|v| parse_reserve(&v, n, limits.interval))? {
             ReserveReply::Admitted { prev, tat, now } => {
                 bump(&inner.counters.server_decisions, 1);
                 let debt = tat.saturating_sub(now);
@@ -2319,7 +2319,10 @@ fn bad(v: &Value) -> BackendError {
     BackendError::BadReply(format!("{v:?}"))
 }
 
-fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
+/// A reserve's reply, for a request of `n` tokens decided with `interval`
+/// ns per token (what the script used: the client sent it or the script
+/// holds it as a constant).
+fn parse_reserve(v: &Value, n: u64, interval: u64) -> Result<ReserveReply, BackendError> {
     if let Value::ServerError(_) = v {
         return Err(BackendError::Redis(
             v.clone()
@@ -2331,8 +2334,8 @@ fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
     let Value::BulkString(text) = v else {
         return Err(bad(v));
     };
-    // Up to five decimal integers separated by spaces.
-    let mut fields = [0u64; 5];
+    // Up to four decimal integers separated by spaces.
+    let mut fields = [0u64; 4];
     let mut count = 0;
     for part in text.split(|&b| b == b' ') {
         let n = std::str::from_utf8(part)
@@ -2351,24 +2354,26 @@ fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
             .and_then(|s| s.checked_add(fields[i + 1]))
             .ok_or_else(|| bad(v))
     };
-    match fields[0] {
-        1 => {
-            // The debts before and after, relative to the decision's time.
-            let (before, after) = (fields[1], fields[2]);
-            let now = time(3)?;
-            let tat = now.checked_add(after).ok_or_else(|| bad(v))?;
-            let prev = match before {
-                0 => 0,
-                d => now.checked_add(d).ok_or_else(|| bad(v))?,
-            };
-            Ok(ReserveReply::Admitted { prev, tat, now })
-        }
-        0 => Ok(ReserveReply::Denied {
+    // An admission: the stored tat, and the debt before unless it was 0;
+    // the debit itself is n x interval.
+    let admitted = |debt: u64, tat: u64| -> Result<ReserveReply, BackendError> {
+        let cost = n.checked_mul(interval).ok_or_else(|| bad(v))?;
+        let now = tat
+            .checked_sub(cost)
+            .and_then(|t| t.checked_sub(debt))
+            .ok_or_else(|| bad(v))?;
+        let prev = if debt == 0 { 0 } else { tat - cost };
+        Ok(ReserveReply::Admitted { prev, tat, now })
+    };
+    match (count, fields[0]) {
+        (1, tat) => admitted(0, tat),
+        (3, 1) if fields[1] > 0 => admitted(fields[1], fields[2]),
+        (_, 0) => Ok(ReserveReply::Denied {
             wait: fields[1],
             now: time(2)?,
         }),
-        2 => Ok(ReserveReply::Never { now: time(2)? }),
-        3 => Err(BackendError::ClockOutOfRange),
+        (_, 2) => Ok(ReserveReply::Never { now: time(2)? }),
+        (_, 3) => Err(BackendError::ClockOutOfRange),
         _ => Err(bad(v)),
     }
 }
