@@ -1455,7 +1455,7 @@ impl RedisPace {
         };
         let cmd = self.reserve_cmd(&key, call, None);
         let reply = self.eval(&cmd).await;
-        let err = match self.server_decision(&key, call, sent_at, reply) {
+        let (key, err) = match self.server_decision(key, call, sent_at, reply) {
             Ok(decided) => {
                 let r = decided?;
                 let wait = r.wait;
@@ -1474,7 +1474,7 @@ impl RedisPace {
                 tokio::time::sleep(Duration::from_nanos(wait)).await;
                 return Ok(turn.reservation.take().expect("taken only here"));
             }
-            Err(e) => e,
+            Err(back) => back,
         };
         let inner = &*self.inner;
         bump(&inner.counters.unavailable, 1);
@@ -1868,22 +1868,26 @@ impl RedisPace {
         cmd
     }
 
-    /// The server's decision, or why there is none.
+    /// The server's decision, or why there is none (with the key back).
     fn server_decision(
         &self,
-        key: &str,
+        key: String,
         call: Call,
         sent_at: Instant,
         reply: Result<Value, BackendError>,
-    ) -> Result<Result<Reservation, Error>, BackendError> {
+    ) -> Result<Result<Reservation, Error>, (String, BackendError)> {
         let inner = &*self.inner;
         let Call { n, limits, .. } = call;
-        match reply.and_then(|v| parse_reserve(&v, n, limits.interval))? {
+        let decided = match reply.and_then(|v| parse_reserve(&v, n, limits.interval)) {
+            Ok(decided) => decided,
+            Err(e) => return Err((key, e)),
+        };
+        match decided {
             ReserveReply::Admitted { prev, tat, now } => {
                 bump(&inner.counters.server_decisions, 1);
                 let debt = tat.saturating_sub(now);
                 Ok(Ok(Reservation {
-                    key: key.to_string(),
+                    key,
                     n,
                     prev,
                     tat,
@@ -1901,7 +1905,7 @@ impl RedisPace {
                 let debt = wait
                     .saturating_add(limits.tau())
                     .saturating_sub(n.saturating_mul(limits.interval));
-                self.remember_denial(key, sent_at, debt);
+                self.remember_denial(&key, sent_at, debt);
                 Ok(Err(Error::Denied(Denied {
                     reason: DenyReason::Exhausted,
                     wait_ns: wait,
@@ -1933,9 +1937,9 @@ impl RedisPace {
         reply: Result<Value, BackendError>,
     ) -> Result<Reservation, Error> {
         let inner = &*self.inner;
-        let err = match self.server_decision(&key, call, sent_at, reply) {
+        let (key, err) = match self.server_decision(key, call, sent_at, reply) {
             Ok(decided) => return decided,
-            Err(e) => e,
+            Err(back) => back,
         };
         bump(&inner.counters.unavailable, 1);
         let Some(local) = &inner.fallback else {
