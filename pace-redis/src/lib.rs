@@ -2163,13 +2163,22 @@ impl RedisPace {
         let Some(mut conn) = self.conn() else {
             return Err(BackendError::NotConnected);
         };
+        // The connection's boxed future, awaited directly: a small state
+        // for the call's future (moved at every level of the call); the
+        // reload after NOSCRIPT, rare, is boxed apart.
         let work = async {
             bump(&inner.counters.round_trips, 1);
-            match cmd.query_async::<Value>(&mut conn).await {
+            let first = conn.req_packed_command(cmd).await;
+            match first.and_then(Value::extract_error) {
                 Err(e) if e.kind() == ErrorKind::NoScriptError => {
-                    self.load(&mut conn).await?;
-                    bump(&inner.counters.round_trips, 1);
-                    cmd.query_async::<Value>(&mut conn).await
+                    Box::pin(async {
+                        self.load(&mut conn).await?;
+                        bump(&inner.counters.round_trips, 1);
+                        conn.req_packed_command(cmd)
+                            .await
+                            .and_then(Value::extract_error)
+                    })
+                    .await
                 }
                 other => other,
             }
