@@ -154,6 +154,8 @@ expect_caught copies_land_unmarked lib "still linked in slot" "" \
 #                           the configuration's interval and capacity
 #   redis_turn_beyond_wait: the script admits a turn up to twice max_wait away
 #   redis_turn_early:       acquire sleeps half the wait the script answered
+#   redis_cache_one_quota:  the denial cache decides every call with the
+#                           configuration's quota
 expect_caught redis_quota_ignored equivalence "Test failed" "-p pace-redis" \
     script_pace_and_model_agree_on_every_decision
 expect_caught redis_quota_ignored acquire "ExceedsCapacity" "-p pace-redis" \
@@ -162,6 +164,8 @@ expect_caught redis_turn_beyond_wait equivalence "Test failed" "-p pace-redis" \
     script_pace_and_model_agree_on_every_decision
 expect_caught redis_turn_beyond_wait acquire "a turn beyond max_wait was admitted" "-p pace-redis" \
     a_turn_beyond_max_wait_or_capacity_is_refused_at_once_writing_nothing
+expect_caught redis_cache_one_quota acquire "a denial cached under another quota" "-p pace-redis" \
+    quotas_per_call_decide_with_their_own_capacity_and_interval
 expect_caught redis_turn_early acquire "went through" "-p pace-redis" \
     capacity_three_passes_three_at_once_and_the_fourth_waits_one_interval \
     concurrent_waiters_go_through_one_per_interval_in_slot_order_none_early

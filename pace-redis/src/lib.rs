@@ -1798,6 +1798,14 @@ impl RedisPace {
                 // The request fits when the key's tat is at most `now +
                 // fits`: its bucket then holds n tokens within the wait.
                 let fits = call.limits.tau() - n * call.limits.interval + call.wait;
+                // Known-wrong for mutation tests: the cache decides every
+                // call with the configuration's quota.
+                #[cfg(pace_mutant = "redis_cache_one_quota")]
+                let fits = inner
+                    .limits()
+                    .tau()
+                    .saturating_sub(n * inner.interval)
+                    .min(fits);
                 let ahead = u64::try_from(e.tat.saturating_duration_since(now).as_nanos())
                     .unwrap_or(u64::MAX);
                 // Known-wrong for mutation tests: a cached denial never ends.
