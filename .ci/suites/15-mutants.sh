@@ -166,6 +166,12 @@ expect_caught redis_turn_beyond_wait acquire "a turn beyond max_wait was admitte
     a_turn_beyond_max_wait_or_capacity_is_refused_at_once_writing_nothing
 expect_caught redis_cache_one_quota acquire "a denial cached under another quota" "-p pace-redis" \
     quotas_per_call_decide_with_their_own_capacity_and_interval
+# The real-clock test of replicas with quotas and turns (tests/shared.rs)
+# sees the first over-admit over a window and the third go through early.
+expect_caught redis_quota_ignored shared "the contract allows" "-p pace-redis" \
+    replicas_with_quotas_and_turns_keep_the_contract
+expect_caught redis_turn_early shared "before its slot" "-p pace-redis" \
+    replicas_with_quotas_and_turns_keep_the_contract
 expect_caught redis_turn_early acquire "went through" "-p pace-redis" \
     capacity_three_passes_three_at_once_and_the_fourth_waits_one_interval \
     concurrent_waiters_go_through_one_per_interval_in_slot_order_none_early
