@@ -155,13 +155,13 @@ async fn replicas_with_quotas_and_turns_keep_the_contract() {
                 while start.elapsed() < RUN {
                     i += 1;
                     let n = 1 + i % 3;
-                    let with_paid = (i / 3) % 2 == 0;
+                    let with_paid = (i / 3).is_multiple_of(2);
                     let (int, tau) = if with_paid {
                         (paid_i, paid_tau)
                     } else {
                         (own_i, own_tau)
                     };
-                    let turn = i % 4 == 0;
+                    let turn = i.is_multiple_of(4);
                     let wait = Duration::from_millis(5);
                     let got = match (turn, with_paid) {
                         (false, false) => client.reserve_n("mixed", n).await,
