@@ -1478,13 +1478,13 @@ pub trait PaceInternals<K, S, C> {
     fn migrations(&self) -> usize;
     /// Whether a migration is running (callers copy its chunks).
     fn migrating(&self) -> bool;
-    /// Slots of the array new rows go to: the current array, or the target
+    /// Cells of the array new rows go to: the current array, or the target
     /// of a running migration.
     fn slots(&self) -> usize;
-    /// Slots of the chunks migrations have copied since the limiter was made.
+    /// Cells of the chunks migrations have copied since the limiter was made.
     fn copied_slots(&self) -> usize;
-    /// Whether rows live in cells (word-sized keys), not entries.
-    fn cell_rows(&self) -> bool;
+    /// Whether cells hold the keys' own bits (word-sized keys), not boxed keys.
+    fn inline_keys(&self) -> bool;
 }
 
 #[cfg(feature = "internals")]
@@ -1568,7 +1568,7 @@ where
         self.rows.table.copied_cells()
     }
 
-    fn cell_rows(&self) -> bool {
+    fn inline_keys(&self) -> bool {
         self.rows.word.is_some()
     }
 
@@ -1674,7 +1674,7 @@ mod memory_stats {
             .min_slots(4)
             .build()
             .unwrap();
-        assert!(PaceInternals::cell_rows(&p), "u32 keys fit in a cell");
+        assert!(PaceInternals::inline_keys(&p), "u32 keys fit in a cell");
         let empty = p.memory();
         assert_eq!((empty.rows, empty.slots, empty.entry_bytes), (0, 4, 0));
         for k in 0..100u32 {
@@ -1688,7 +1688,7 @@ mod memory_stats {
         keys.sort_unstable();
         assert_eq!(keys, (0..100).collect::<Vec<u32>>());
         let s: Pace<String> = Pace::new(Rate::per_second(10).unwrap());
-        assert!(!PaceInternals::cell_rows(&s), "a String has no bits");
+        assert!(!PaceInternals::inline_keys(&s), "a String has no bits");
     }
 
     /// A borrowed form of a word key that is not the key type itself (a
@@ -1724,7 +1724,7 @@ mod memory_stats {
             .clock(ManualClock::new())
             .build()
             .unwrap();
-        assert!(PaceInternals::cell_rows(&p));
+        assert!(PaceInternals::inline_keys(&p));
         let _first = p.reserve(&7u64).expect("full");
         assert_eq!(p.peek(&Id(7)), 1);
         let second = p.reserve(&Id(7)).expect("capacity 2");

@@ -6,10 +6,14 @@
 //! is not loom state: models pass `now` explicitly.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{
+    fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering,
+};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{
+    fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering,
+};
 
 // The gate's waiting path (`Gate::admit`) parks on these; under loom they are
 // modelled too, so a lost wake-up shows up as a loom deadlock.

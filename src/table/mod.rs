@@ -35,7 +35,7 @@ use crossbeam_utils::{Backoff, CachePadded};
 use crate::bucket::{Decision, Limits, Refund};
 use crate::pace::Refunded;
 use crate::sync::epoch::{Atomic, Guard, Shared};
-use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 mod cell;
 mod clean;
@@ -159,6 +159,15 @@ struct Array {
     clean_next: AtomicUsize,
     /// Next cell of the running incremental sweep pass, or `SWEEP_IDLE`.
     sweep_next: CachePadded<AtomicUsize>,
+    /// Key boxes of rows removed from this array's migration target while
+    /// this array was current: freed with this array (`keys.rs`).
+    orphans: AtomicPtr<Orphan>,
+}
+
+/// A key box waiting for the array it may still be named in to go.
+struct Orphan {
+    bits: u64,
+    next: *mut Orphan,
 }
 
 impl Array {
@@ -182,7 +191,46 @@ impl Array {
             copied: AtomicUsize::new(0),
             clean_next: AtomicUsize::new(0),
             sweep_next: CachePadded::new(AtomicUsize::new(SWEEP_IDLE)),
+            orphans: AtomicPtr::new(std::ptr::null_mut()),
         })
+    }
+
+    /// Keeps the box named by `bits` until this array is freed.
+    fn adopt(&self, bits: u64) {
+        let node = Box::into_raw(Box::new(Orphan {
+            bits,
+            next: std::ptr::null_mut(),
+        }));
+        let mut head = self.orphans.load(Ordering::Acquire);
+        loop {
+            // SAFETY: `node` is ours until the CAS below publishes it.
+            unsafe { (*node).next = head };
+            match self
+                .orphans
+                .compare_exchange(head, node, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    /// Frees the adopted boxes with `free` (the array is being freed:
+    /// nothing else reads the list).
+    fn free_orphans(&mut self, free: Option<unsafe fn(u64)>) {
+        let mut p = self.orphans.swap(std::ptr::null_mut(), Ordering::Acquire);
+        while !p.is_null() {
+            // SAFETY: every node was made by `Box::into_raw` in `adopt` and
+            // is owned by this list alone, which `&mut self` holds.
+            let node = unsafe { Box::from_raw(p) };
+            if let Some(free) = free {
+                // SAFETY: an orphan's box left every array a reader can
+                // reach once this array is gone (`keys.rs`), and is freed
+                // once: here.
+                unsafe { free(node.bits) };
+            }
+            p = node.next;
+        }
     }
 
     fn mask(&self) -> usize {
@@ -213,14 +261,16 @@ pub(crate) static FREES_IN_FLIGHT: std::sync::atomic::AtomicUsize =
 /// # Safety
 /// `arr` was unpublished from `current` (unreachable for new readers) and
 /// is retired exactly once.
-unsafe fn retire_array(guard: &Guard, arr: Shared<'_, Array>) {
+unsafe fn retire_array(guard: &Guard, arr: Shared<'_, Array>, free: Option<unsafe fn(u64)>) {
     let ptr = arr.as_raw() as usize;
     // SAFETY: the caller's contract; the closure rebuilds the `Box` (made by
     // `Owned::new`) once, after every guard that could see `arr` is gone.
-    // The array owns no key box (rows own them, `keys.rs`).
+    // The array owns no key box but its orphans (rows own theirs,
+    // `keys.rs`), freed with it.
     unsafe {
         guard.defer_unchecked(move || {
             let mut owned = Box::from_raw(ptr as *mut Array);
+            owned.free_orphans(free);
             let cells = std::mem::take(&mut owned.cells);
             drop(owned);
             free_cells(cells);
@@ -584,12 +634,18 @@ impl Table {
         }
     }
 
-    /// Whether `arr` is the current array: the only one rows are removed
-    /// from (`keys.rs`: a box outlives every array older than the one its
-    /// row leaves).
-    #[inline]
-    fn is_current(&self, arr: &Array, guard: &Guard) -> bool {
-        std::ptr::eq(self.array(guard).1, arr)
+    /// Where `arr` stands: `Some(None)` if it is the current array,
+    /// `Some(Some(cur))` if it is the target of the current array `cur`'s
+    /// migration, `None` if it is older (every cell frozen). A row's key box
+    /// must outlive every array that may still name it (`keys.rs`).
+    fn source_of<'g>(&self, arr: &Array, guard: &'g Guard) -> Option<Option<&'g Array>> {
+        let (_, cur) = self.array(guard);
+        if std::ptr::eq(cur, arr) {
+            return Some(None);
+        }
+        let next = cur.next.load(Ordering::Acquire, guard);
+        // SAFETY: a published target lives as long as its source.
+        (!next.is_null() && std::ptr::eq(unsafe { next.deref() }, arr)).then_some(Some(cur))
     }
 
     /// Walks `key`'s sequence from the current array, following migration
@@ -1084,7 +1140,10 @@ impl Table {
                 let (next, full) = match limits.refund(tat, now, n, own_tat, prev) {
                     Refund::Unchanged => return Refunded::Superseded,
                     Refund::Set(t) => (CellState::Live { key: bits, tat: t }.encode(), false),
-                    Refund::Full if !self.is_current(arr, guard) => (
+                    // Neither current nor the current array's target: an old
+                    // array, whose cells are frozen (the CAS fails and the
+                    // walk goes on in the target).
+                    Refund::Full if self.source_of(arr, guard).is_none() => (
                         CellState::Live {
                             key: bits,
                             tat: prev,
@@ -1103,12 +1162,19 @@ impl Table {
                     Ok(_) => {
                         if full {
                             self.len.fetch_sub(1, Ordering::SeqCst);
-                            // SAFETY: the row left the array that was
-                            // current before the CAS (checked above: the
-                            // arrays before it were unpublished first), and
-                            // its cell no longer names the box; only the
-                            // remover of a row retires its box.
-                            unsafe { self.retire_key(bits, guard) };
+                            match self.source_of(arr, guard) {
+                                // SAFETY: the row left the array that was
+                                // current before the CAS (the arrays before
+                                // it were unpublished first), and its cell
+                                // no longer names the box; only the remover
+                                // of a row retires its box.
+                                Some(None) => unsafe { self.retire_key(bits, guard) },
+                                // A migration's target: its source may still
+                                // name the box (moved), so the box goes with
+                                // the source (`keys.rs`).
+                                Some(Some(source)) if self.boxed.is_some() => source.adopt(bits),
+                                _ => {}
+                            }
                             self.clean_after(arr, idx, guard);
                             self.shrink_pending(hash_of, guard);
                             return Refunded::Removed;
@@ -1198,14 +1264,16 @@ impl Drop for Table {
                 arrays.push(next);
             }
             for arr in arrays {
+                let mut owned = arr.into_owned();
+                owned.free_orphans(self.boxed);
                 if let Some(free) = self.boxed {
-                    for c in arr.deref().cells.iter() {
+                    for c in owned.cells.iter() {
                         if let CellState::Live { key, .. } = CellState::decode(c.load()) {
                             free(key);
                         }
                     }
                 }
-                drop(arr.into_owned());
+                drop(owned);
             }
         }
     }
