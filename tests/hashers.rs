@@ -56,7 +56,7 @@ fn rate() -> Rate {
 
 #[test]
 #[cfg_attr(miri, ignore)] // Miri has no 128-bit atomics: never cells there
-fn cells_only_with_hashers_that_cannot_panic() {
+fn own_bits_only_with_hashers_that_cannot_panic() {
     let std_default: Pace<u64> = Pace::new(rate());
     assert!(std_default.inline_keys(), "RandomState (the default)");
     let p = Pace::<u64>::builder(rate())

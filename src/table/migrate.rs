@@ -268,7 +268,11 @@ impl Table {
                 self.hint.0.store(n.cells.as_ptr() as usize, relaxed);
                 self.hint.1.store(n.mask(), relaxed);
             }
-            if o.sweep_next.load(Ordering::Relaxed) < o.cells.len() {
+            // (Known-wrong variant `passes_die_with_their_array`: the pass
+            // is not started again on the new array.)
+            if o.sweep_next.load(Ordering::Relaxed) < o.cells.len()
+                && !cfg!(pace_mutant = "passes_die_with_their_array")
+            {
                 n.sweep_next.store(0, Ordering::Relaxed);
             }
             // SAFETY: `old` is unreachable from `current` now; readers that

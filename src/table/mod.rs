@@ -1083,6 +1083,16 @@ impl Table {
                         tat: new,
                     }
                     .encode();
+                    // Known-wrong variant: decide on the value read, then
+                    // write, so two debits that read one state both land.
+                    if cfg!(pace_mutant = "check_then_debit") {
+                        arr.cells[idx].store(next);
+                        return Some(Ok(Admitted {
+                            tat: new,
+                            prev: tat,
+                            created: false,
+                        }));
+                    }
                     match arr.cells[idx].cas(v, next) {
                         Ok(_) => {
                             return Some(Ok(Admitted {

@@ -451,3 +451,34 @@ fn a_panicking_eq_in_the_check_leaves_counts_exact() {
     live.sort_unstable();
     assert_eq!(live, vec![1, 2]);
 }
+
+/// A refund that fills its row's bucket raises the key's floor to the
+/// state before its reservation, then removes the row: a stale reserve (a
+/// reading taken before the refund) starts the next row from that floor.
+/// Known-wrong variant `refund_keeps_floor` removes the row without raising
+/// the floor, so the stale reserve admits a token the bucket never had.
+#[test]
+fn a_refund_to_full_raises_the_floor() {
+    for boxed in [false, true] {
+        let limits = Limits::new(10, 1).unwrap();
+        let t = T::new(4, boxed);
+        let g = epoch::pin();
+        let id = |k: u64| k;
+        // Key 3 debited at 0 (tat 10), then at 10 (prev 10, tat 20).
+        let a = t.reserve(&limits, 3, 3, 1, 0, &id, &g).unwrap();
+        assert_eq!((a.prev, a.tat), (0, 10));
+        let b = t.reserve(&limits, 3, 3, 1, 10, &id, &g).unwrap();
+        assert_eq!((b.prev, b.tat), (10, 20));
+        // The second refunded at 15: back to 10, full at 15: removed.
+        let r = t.refund(&limits, 3, 3, 1, b.tat, b.prev, 15, &id, &g);
+        assert_eq!(r, Refunded::Removed);
+        assert_eq!(t.len(), 0);
+        // A reserve that read the clock at 5 (before the refund): the first
+        // debit still holds the only token until 10.
+        assert_eq!(
+            t.reserve(&limits, 3, 3, 1, 5, &id, &g),
+            Err(Decision::Wait(5)),
+            "a fresh row starts from the floor the refund raised"
+        );
+    }
+}
