@@ -87,7 +87,7 @@ fn tag_allows(bits: u64, hash: u64) -> bool {
 /// `FrozenLive`, `Moved`; never `FrozenClaimed`: see the module docs), of a
 /// table whose boxes hold `K`s.
 #[inline]
-unsafe fn box_ref<'g, K>(bits: u64, _guard: &'g Guard) -> &'g KeyBox<K> {
+unsafe fn box_ref<K>(bits: u64, _guard: &Guard) -> &KeyBox<K> {
     let p = std::ptr::with_exposed_provenance::<KeyBox<K>>(addr_of(bits));
     // SAFETY: the caller's contract: the box was made by `Box::into_raw`
     // in `make_box` (its address exposed there), is retired only through
@@ -114,7 +114,7 @@ pub(crate) unsafe fn hash_in_box(bits: u64, guard: &Guard) -> u64 {
 /// # Safety
 /// As for [`box_ref`].
 #[cfg(feature = "internals")]
-pub(crate) unsafe fn key_in_box<'g, K>(bits: u64, guard: &'g Guard) -> &'g K {
+pub(crate) unsafe fn key_in_box<K>(bits: u64, guard: &Guard) -> &K {
     // SAFETY: the caller's contract.
     &unsafe { box_ref::<K>(bits, guard) }.key
 }

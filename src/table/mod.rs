@@ -49,6 +49,7 @@ pub(crate) mod words;
 use cell::{Cell, CellState};
 use floor::Floors;
 pub(crate) use keys::{NewRow, Probe};
+#[cfg(feature = "internals")]
 pub(crate) use sweep::sweep_chunk;
 #[cfg(test)]
 pub(crate) use sweep::SWEEP_AT_ONCE;
@@ -652,6 +653,11 @@ impl Table {
     /// targets. An inserting walk (`seal`) seals the empty cell that ends
     /// the sequence in a migrating array, so nothing can claim it after.
     fn find<'g, P: Probe>(&self, hash: u64, key: &P, seal: bool, guard: &'g Guard) -> Found<'g> {
+        let is_key = |k: u64| {
+            // SAFETY: called below only with the key half of a cell read
+            // under `guard` in a live, frozen live or moved state.
+            unsafe { key.matches(k) }
+        };
         let backoff = Backoff::new();
         let (mut arr_ptr, _) = self.array(guard);
         'arrays: loop {
@@ -685,9 +691,7 @@ impl Table {
                             continue 'arrays;
                         }
                         CellState::Tomb if tomb.is_none() => tomb = Some((idx, v)),
-                        // SAFETY (each `matches`): `k` was read under
-                        // `guard` from a live, frozen live or moved cell.
-                        CellState::Live { key: k, tat } if unsafe { key.matches(k) } => {
+                        CellState::Live { key: k, tat } if is_key(k) => {
                             return Found::Row {
                                 arr,
                                 idx,
@@ -696,12 +700,12 @@ impl Table {
                                 tat,
                             };
                         }
-                        CellState::FrozenLive { key: k, .. } if unsafe { key.matches(k) } => {
+                        CellState::FrozenLive { key: k, .. } if is_key(k) => {
                             // Its copier is moving it: wait for that one cell.
                             snooze(&backoff);
                             continue;
                         }
-                        CellState::Moved { key: k } if unsafe { key.matches(k) } => {
+                        CellState::Moved { key: k } if is_key(k) => {
                             arr_ptr = self.next_of(arr, guard);
                             continue 'arrays;
                         }
@@ -848,11 +852,15 @@ impl Table {
                     drop(claim);
                     snooze(&backoff);
                     if let Verdict::Await(earlier) = verdict {
-                        // SAFETY: `k` was read under `guard` from a claimed
-                        // cell.
-                        while matches!(CellState::decode(arr.cells[earlier].load()),
-                            CellState::Claimed { key: k } if unsafe { key.matches(k) })
-                        {
+                        let claimed_by_key = |v: u128| match CellState::decode(v) {
+                            CellState::Claimed { key: k } => {
+                                // SAFETY: `k` was read under `guard` from a
+                                // claimed cell.
+                                unsafe { key.matches(k) }
+                            }
+                            _ => false,
+                        };
+                        while claimed_by_key(arr.cells[earlier].load()) {
                             snooze(&backoff);
                         }
                     }
@@ -994,6 +1002,11 @@ impl Table {
                 Verdict::Withdraw
             }
         };
+        let is_key = |k: u64| {
+            // SAFETY: called below only with the key half of a cell read
+            // under `guard` in a live, frozen live or claimed state.
+            unsafe { key.matches(k) }
+        };
         let backoff = Backoff::new();
         let mut seen_me = false;
         let (mut arr_ptr, _) = self.array(guard);
@@ -1023,14 +1036,12 @@ impl Table {
                             arr_ptr = self.next_of(arr, guard);
                             continue 'arrays;
                         }
-                        // SAFETY (each `matches`): `k` was read under
-                        // `guard` from a live, frozen live or claimed cell.
                         CellState::Live { key: k, .. } | CellState::FrozenLive { key: k, .. }
-                            if unsafe { key.matches(k) } =>
+                            if is_key(k) =>
                         {
                             return Verdict::Withdraw; // the key's row
                         }
-                        CellState::Claimed { key: k } if unsafe { key.matches(k) } => {
+                        CellState::Claimed { key: k } if is_key(k) => {
                             if mine && !seen_me {
                                 return Verdict::Await(idx);
                             }
@@ -1173,17 +1184,22 @@ impl Table {
                         if full {
                             self.len.fetch_sub(1, Ordering::SeqCst);
                             match self.source_of(arr, guard) {
-                                // SAFETY: the row left the array that was
-                                // current before the CAS (the arrays before
-                                // it were unpublished first), and its cell
-                                // no longer names the box; only the remover
-                                // of a row retires its box.
-                                Some(None) => unsafe { self.retire_key(bits, guard) },
                                 // A migration's target: its source may still
                                 // name the box (moved), so the box goes with
                                 // the source (`keys.rs`).
-                                Some(Some(source)) if self.boxed.is_some() => source.adopt(bits),
-                                _ => {}
+                                Some(Some(source)) => {
+                                    if self.boxed.is_some() {
+                                        source.adopt(bits);
+                                    }
+                                }
+                                // SAFETY: the row left an array that is
+                                // current now or was before (the arrays
+                                // older than it were unpublished before this
+                                // check, so every reader that can still reach
+                                // them pinned before it), and its cell no
+                                // longer names the box; only the remover of a
+                                // row retires its box.
+                                _ => unsafe { self.retire_key(bits, guard) },
                             }
                             self.clean_after(arr, idx, guard);
                             self.shrink_pending(hash_of, guard);

@@ -406,7 +406,7 @@ fn a_large_table_is_swept_a_chunk_per_call() {
 fn a_panicking_eq_in_the_check_leaves_counts_exact() {
     use std::cell::Cell as StdCell;
     thread_local!(static PANIC_ON_EQ: StdCell<bool> = const { StdCell::new(false) });
-    #[derive(Clone, Debug, Hash)]
+    #[derive(Clone, Debug)]
     struct K(u64);
     impl PartialEq for K {
         fn eq(&self, other: &K) -> bool {
