@@ -19,7 +19,7 @@
 
 use super::cell::CellState;
 use super::{is_migrating, Array, Table};
-use crate::sync::epoch::{Guard, Shared};
+use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
 
 /// Chunks a claim at the limit cleans before it gives up and migrates.
@@ -77,7 +77,7 @@ impl Table {
         if cfg!(pace_mutant = "no_clean") {
             return;
         }
-        let (_, cur) = self.array(guard);
+        let cur = self.array(guard);
         if !std::ptr::eq(cur, arr) || is_migrating(arr.next.load(Ordering::Acquire, guard)) {
             return;
         }
@@ -92,19 +92,14 @@ impl Table {
 
     /// The current array is at its limit: if tombstones hold a quarter of
     /// its cells, clean chunks of it until one frees a cell. False: migrate.
-    pub(super) fn clean_some(
-        &self,
-        arr_ptr: Shared<'_, Array>,
-        arr: &Array,
-        guard: &Guard,
-    ) -> bool {
+    pub(super) fn clean_some(&self, arr: &Array, guard: &Guard) -> bool {
         if cfg!(pace_mutant = "no_clean") {
             return false;
         }
         let n = arr.cells.len();
         let tombs = arr.used.load(Ordering::Relaxed).saturating_sub(self.len());
         if tombs < n / 4
-            || self.array(guard).0 != arr_ptr
+            || !std::ptr::eq(self.array(guard), arr)
             || is_migrating(arr.next.load(Ordering::Acquire, guard))
         {
             return false;

@@ -67,21 +67,13 @@ fn target_size(rows: usize, used: usize, len: usize, chunks: usize, min: usize) 
 }
 
 impl Table {
-    /// Starts a migration of `arr_ptr` if it is current and none runs: seal
+    /// Starts a migration of `arr` if it is current and none runs: seal
     /// `next`, size the target from `len`, publish it, copy a chunk.
-    pub(super) fn start_migration(
-        &self,
-        arr_ptr: Shared<'_, Array>,
-        hash_of: &dyn Fn(u64) -> u64,
-        guard: &Guard,
-    ) {
-        let (cur_ptr, _) = self.array(guard);
-        if cur_ptr != arr_ptr {
+    pub(super) fn start_migration(&self, arr: &Array, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        if !std::ptr::eq(self.array(guard), arr) {
             self.help(hash_of, guard);
             return; // a target cannot migrate before it is current
         }
-        // SAFETY: loaded from `current` under `guard`.
-        let arr = unsafe { arr_ptr.deref() };
         let pending = Shared::null().with_tag(PENDING);
         if arr
             .next
@@ -117,9 +109,10 @@ impl Table {
             let chunks = arr.chunks();
             arr.claim.store(chunks, Ordering::Relaxed);
             arr.copied.store(chunks, Ordering::Relaxed);
-            let next = Owned::new(Array::new(n, 0)).into_shared(guard);
-            arr.next.store(next, Ordering::Release);
-            self.finish(arr_ptr, next, guard);
+            arr.next
+                .store(Owned::new(Array::new(n, 0)), Ordering::Release);
+            let next = self.next_of(arr, guard);
+            self.finish(arr, next, guard);
             return;
         }
         arr.next
@@ -130,17 +123,13 @@ impl Table {
     /// Copies one chunk of the running migration, if a chunk is left to
     /// claim; the copier of the last chunk makes the target current.
     pub(super) fn help(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
-        let (cur_ptr, cur) = self.array(guard);
-        let next_ptr = cur.next.load(Ordering::Acquire, guard);
-        if next_ptr.is_null() {
+        let cur = self.array(guard);
+        let Some(next) = self.target(cur, guard) else {
             return;
-        }
-        // SAFETY: a published target lives as long as its source.
-        let next = unsafe { next_ptr.deref() };
+        };
         // One chunk, and more while the chunks copied so far held fewer
-        // than `SPARSE_ROWS` rows, up to `CALL_SLOTS` cells (as slot arrays
-        // are copied): a shrink of a large, nearly empty array ends within
-        // cells / CALL_SLOTS calls.
+        // than `SPARSE_ROWS` rows, up to `CALL_CELLS` cells: a shrink of a
+        // large, nearly empty array ends within cells / CALL_CELLS calls.
         let (mut rows, mut cells) = (0, 0);
         loop {
             let c = cur.claim.fetch_add(1, Ordering::Relaxed);
@@ -150,7 +139,7 @@ impl Table {
             rows += self.copy_chunk(cur, next, c, hash_of, guard);
             cells += CHUNK.min(cur.cells.len() - c * CHUNK);
             if cur.copied.fetch_add(1, Ordering::AcqRel) + 1 == cur.chunks() {
-                self.finish(cur_ptr, next_ptr, guard);
+                self.finish(cur, next, guard);
                 break;
             }
             if rows >= SPARSE_ROWS || cells + CHUNK > CALL_CELLS {
@@ -164,7 +153,7 @@ impl Table {
     pub(super) fn finish_migration(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
         let backoff = Backoff::new();
         loop {
-            let (_, cur) = self.array(guard);
+            let cur = self.array(guard);
             let next = cur.next.load(Ordering::Acquire, guard);
             if !is_migrating(next) {
                 return;
@@ -253,15 +242,15 @@ impl Table {
     }
 
     /// Makes the target current and retires the old array.
-    fn finish(&self, old: Shared<'_, Array>, new: Shared<'_, Array>, guard: &Guard) {
+    fn finish(&self, o: &Array, n: &Array, guard: &Guard) {
+        let old = Shared::from(o as *const Array);
+        let new = Shared::from(n as *const Array);
         if self
             .current
             .compare_exchange(old, new, Ordering::AcqRel, Ordering::Acquire, guard)
             .is_ok()
         {
             // A pass that was running on the old array goes on in the new.
-            // SAFETY: both reached under `guard`.
-            let (o, n) = unsafe { (old.deref(), new.deref()) };
             #[cfg(not(loom))]
             {
                 let relaxed = std::sync::atomic::Ordering::Relaxed;

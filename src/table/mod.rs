@@ -383,13 +383,13 @@ enum Found<'g> {
     /// No row: the first empty cell of the sequence in `arr` (which was not
     /// migrating), and the first tombstone before it with its value.
     Absent {
-        arr: Shared<'g, Array>,
+        arr: &'g Array,
         empty: usize,
         tomb: Option<(usize, u128)>,
     },
     /// Every cell of `arr` probed, none empty.
     Full {
-        arr: Shared<'g, Array>,
+        arr: &'g Array,
         tomb: Option<(usize, u128)>,
     },
 }
@@ -542,23 +542,16 @@ impl Table {
     /// Whether a migration of the current array is running.
     #[cfg(feature = "internals")]
     pub(crate) fn migrating(&self, guard: &Guard) -> bool {
-        let (_, cur) = self.array(guard);
+        let cur = self.array(guard);
         is_migrating(cur.next.load(Ordering::Acquire, guard))
     }
 
     /// Bytes of the arrays in use: the current one and, while a migration
     /// runs, its target. Rows own nothing else.
     pub(crate) fn array_bytes(&self, guard: &Guard) -> usize {
-        let (_, cur) = self.array(guard);
-        let next = cur.next.load(Ordering::Acquire, guard);
+        let cur = self.array(guard);
         let bytes = |a: &Array| size_of::<Array>() + a.cells.len() * size_of::<Cell>();
-        if next.is_null() {
-            return bytes(cur);
-        }
-        // SAFETY: as in `next_of`: a published target lives as long as its
-        // source, which `guard` keeps.
-        let target = unsafe { next.deref() };
-        bytes(cur) + bytes(target)
+        bytes(cur) + self.target(cur, guard).map_or(0, bytes)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -573,30 +566,38 @@ impl Table {
 
     /// Cells of the array new rows go to (the target while migrating).
     pub(crate) fn cells(&self, guard: &Guard) -> usize {
-        let (_, cur) = self.array(guard);
-        let next = cur.next.load(Ordering::Acquire, guard);
-        if next.is_null() {
-            cur.cells.len()
-        } else {
-            // SAFETY: see `next_of`.
-            unsafe { next.deref() }.cells.len()
-        }
+        let cur = self.array(guard);
+        self.target(cur, guard).unwrap_or(cur).cells.len()
     }
 
+    /// The current array. With [`target`](Table::target), the only places
+    /// an array pointer is dereferenced: every array a call touches is
+    /// reached through them, as a reference tied to its guard.
     #[inline(always)]
-    fn array<'g>(&self, guard: &'g Guard) -> (Shared<'g, Array>, &'g Array) {
+    fn array<'g>(&self, guard: &'g Guard) -> &'g Array {
         let p = self.current.load(Ordering::Acquire, guard);
         // SAFETY: `current` is never null, and an array unpublished from it
         // is retired through the epoch, so it outlives `guard`.
-        (p, unsafe { p.deref() })
+        unsafe { p.deref() }
+    }
+
+    /// The migration target of `arr` (an array reached under `guard`), once
+    /// published.
+    #[inline]
+    fn target<'g>(&self, arr: &'g Array, guard: &'g Guard) -> Option<&'g Array> {
+        let next = arr.next.load(Ordering::Acquire, guard);
+        // SAFETY: a published target is retired only after it became
+        // current and was unpublished in turn, after its source was: a
+        // guard that reached the source pinned before either, so the
+        // epoch keeps the target for as long as the source.
+        (!next.is_null()).then(|| unsafe { next.deref() })
     }
 
     /// The target of a migrating array, once allocated.
-    fn next_of<'g>(&self, arr: &'g Array, guard: &'g Guard) -> Shared<'g, Array> {
+    fn next_of<'g>(&self, arr: &'g Array, guard: &'g Guard) -> &'g Array {
         let backoff = Backoff::new();
         loop {
-            let next = arr.next.load(Ordering::Acquire, guard);
-            if !next.is_null() {
+            if let Some(next) = self.target(arr, guard) {
                 return next;
             }
             snooze(&backoff); // its migration's starter is allocating it
@@ -640,13 +641,13 @@ impl Table {
     /// migration, `None` if it is older (every cell frozen). A row's key box
     /// must outlive every array that may still name it (`keys.rs`).
     fn source_of<'g>(&self, arr: &Array, guard: &'g Guard) -> Option<Option<&'g Array>> {
-        let (_, cur) = self.array(guard);
+        let cur = self.array(guard);
         if std::ptr::eq(cur, arr) {
             return Some(None);
         }
-        let next = cur.next.load(Ordering::Acquire, guard);
-        // SAFETY: a published target lives as long as its source.
-        (!next.is_null() && std::ptr::eq(unsafe { next.deref() }, arr)).then_some(Some(cur))
+        self.target(cur, guard)
+            .is_some_and(|t| std::ptr::eq(t, arr))
+            .then_some(Some(cur))
     }
 
     /// Walks `key`'s sequence from the current array, following migration
@@ -659,10 +660,8 @@ impl Table {
             unsafe { key.matches(k) }
         };
         let backoff = Backoff::new();
-        let (mut arr_ptr, _) = self.array(guard);
+        let mut arr = self.array(guard);
         'arrays: loop {
-            // SAFETY: `current` or a target reached from it under `guard`.
-            let arr = unsafe { arr_ptr.deref() };
             let mut tomb = None;
             for idx in probe_seq(hash, arr.mask()) {
                 loop {
@@ -671,7 +670,7 @@ impl Table {
                         CellState::Empty | CellState::Fence => {
                             if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
                                 return Found::Absent {
-                                    arr: arr_ptr,
+                                    arr,
                                     empty: idx,
                                     tomb,
                                 };
@@ -683,11 +682,11 @@ impl Table {
                                     continue; // claimed, or a fence: read it again
                                 }
                             }
-                            arr_ptr = self.next_of(arr, guard);
+                            arr = self.next_of(arr, guard);
                             continue 'arrays;
                         }
                         CellState::Sealed => {
-                            arr_ptr = self.next_of(arr, guard);
+                            arr = self.next_of(arr, guard);
                             continue 'arrays;
                         }
                         CellState::Tomb if tomb.is_none() => tomb = Some((idx, v)),
@@ -706,7 +705,7 @@ impl Table {
                             continue;
                         }
                         CellState::Moved { key: k } if is_key(k) => {
-                            arr_ptr = self.next_of(arr, guard);
+                            arr = self.next_of(arr, guard);
                             continue 'arrays;
                         }
                         _ => {} // other keys, claims, closed tombstones
@@ -715,9 +714,9 @@ impl Table {
                 }
             }
             if !is_migrating(arr.next.load(Ordering::Acquire, guard)) {
-                return Found::Full { arr: arr_ptr, tomb };
+                return Found::Full { arr, tomb };
             }
-            arr_ptr = self.next_of(arr, guard);
+            arr = self.next_of(arr, guard);
         }
     }
 
@@ -741,7 +740,7 @@ impl Table {
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
     ) -> Result<Admitted, Decision> {
-        let (_, arr) = self.array(guard);
+        let arr = self.array(guard);
         if arr.next.load(Ordering::Relaxed, guard).is_null() {
             let idx = hash as usize & arr.mask();
             let v = arr.cells[idx].load();
@@ -787,7 +786,7 @@ impl Table {
             free: self.boxed,
         };
         loop {
-            let (arr_ptr, empty, tomb) = match self.find(hash, key, true, guard) {
+            let (arr, empty, tomb) = match self.find(hash, key, true, guard) {
                 Found::Row {
                     arr,
                     idx,
@@ -811,8 +810,6 @@ impl Table {
             {
                 return Err(d);
             }
-            // SAFETY: reached under `guard` (see `find`).
-            let arr = unsafe { arr_ptr.deref() };
             let mine = *fresh.bits.get_or_insert_with(|| key.make());
             let claim = match self.claim(arr, mine, empty, tomb, guard) {
                 Ok(at) => Claim {
@@ -825,8 +822,8 @@ impl Table {
                 Err(Lost::NoRoom) => {
                     // Mostly tombstones: clean a chunk in place and claim
                     // again; else migrate.
-                    if !self.clean_some(arr_ptr, arr, guard) {
-                        self.start_migration(arr_ptr, hash_of, guard);
+                    if !self.clean_some(arr, guard) {
+                        self.start_migration(arr, hash_of, guard);
                         // The full array may be a target whose copy other
                         // callers are finishing: let them.
                         snooze(&backoff);
@@ -846,7 +843,7 @@ impl Table {
             // Dekker with every other inserter of the key: each claims,
             // fences, then reads the whole sequence (see `verify`).
             fence(Ordering::SeqCst);
-            match self.verify(hash, key, arr_ptr, claim.at, guard) {
+            match self.verify(hash, key, arr, claim.at, guard) {
                 Verdict::Keep => {}
                 verdict => {
                     drop(claim);
@@ -984,7 +981,7 @@ impl Table {
         &self,
         hash: u64,
         key: &P,
-        my_arr: Shared<'_, Array>,
+        my_arr: &Array,
         at: usize,
         guard: &Guard,
     ) -> Verdict {
@@ -992,9 +989,7 @@ impl Table {
         if cfg!(pace_mutant = "verify_off") {
             return Verdict::Keep;
         }
-        // SAFETY: reached under `guard`.
-        let mine_arr = unsafe { my_arr.deref() };
-        let still_newest = || !is_migrating(mine_arr.next.load(Ordering::SeqCst, guard));
+        let still_newest = || !is_migrating(my_arr.next.load(Ordering::SeqCst, guard));
         let keep_if = |keep: bool| {
             if keep {
                 Verdict::Keep
@@ -1009,11 +1004,9 @@ impl Table {
         };
         let backoff = Backoff::new();
         let mut seen_me = false;
-        let (mut arr_ptr, _) = self.array(guard);
+        let mut arr = self.array(guard);
         'arrays: loop {
-            // SAFETY: as in `find`.
-            let arr = unsafe { arr_ptr.deref() };
-            let mine = arr_ptr == my_arr;
+            let mine = std::ptr::eq(arr, my_arr);
             for idx in probe_seq(hash, arr.mask()) {
                 loop {
                     if mine && idx == at {
@@ -1033,7 +1026,7 @@ impl Table {
                             if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
                                 return Verdict::Withdraw; // our array migrated away
                             }
-                            arr_ptr = self.next_of(arr, guard);
+                            arr = self.next_of(arr, guard);
                             continue 'arrays;
                         }
                         CellState::Live { key: k, .. } | CellState::FrozenLive { key: k, .. }
@@ -1065,7 +1058,7 @@ impl Table {
             if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
                 return Verdict::Withdraw;
             }
-            arr_ptr = self.next_of(arr, guard);
+            arr = self.next_of(arr, guard);
         }
     }
 
@@ -1247,13 +1240,9 @@ impl Table {
             self.boxed.is_none() || self.key_type == typeid::of::<K>(),
             "the table's boxes hold another key type"
         );
-        let (_, cur) = self.array(guard);
-        let next = cur.next.load(Ordering::Acquire, guard);
+        let cur = self.array(guard);
         let mut arrays = vec![cur];
-        if !next.is_null() {
-            // SAFETY: as in `next_of`.
-            arrays.push(unsafe { next.deref() });
-        }
+        arrays.extend(self.target(cur, guard));
         arrays
             .iter()
             .flat_map(|a| a.cells.iter())

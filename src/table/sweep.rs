@@ -55,13 +55,13 @@ impl Table {
         let mut removed = 0;
         loop {
             self.finish_migration(hash_of, guard);
-            let (arr_ptr, arr) = self.array(guard);
+            let arr = self.array(guard);
             removed += self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
             if is_migrating(arr.next.load(Ordering::Acquire, guard)) {
                 continue; // a migration started under the pass: sweep its target
             }
             if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
-                self.start_migration(arr_ptr, hash_of, guard);
+                self.start_migration(arr, hash_of, guard);
             }
             self.finish_migration(hash_of, guard);
             return removed;
@@ -135,7 +135,7 @@ impl Table {
     /// of [`sweep_step`](Table::sweep_step). A pass already running
     /// goes on.
     pub(crate) fn start_sweep(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
-        let (_, arr) = self.array(guard);
+        let arr = self.array(guard);
         let migrating = is_migrating(arr.next.load(Ordering::Acquire, guard));
         if arr.cells.len() <= SWEEP_AT_ONCE && !migrating {
             self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
@@ -166,7 +166,7 @@ impl Table {
     /// otherwise.
     #[inline]
     pub(crate) fn sweep_step(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
-        let (_, arr) = self.array(guard);
+        let arr = self.array(guard);
         if arr.sweep_next.load(Ordering::Relaxed) < arr.cells.len() {
             self.sweep_chunk_of(arr, now, hash_of, guard);
         }
@@ -177,7 +177,7 @@ impl Table {
     /// ended (for tests).
     #[cfg(test)]
     pub(crate) fn sweep_chunk_late(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
-        let (_, arr) = self.array(guard);
+        let arr = self.array(guard);
         self.sweep_chunk_of(arr, now, hash_of, guard);
     }
 
@@ -218,7 +218,7 @@ impl Table {
         if cfg!(pace_mutant = "no_churn_resize") {
             return;
         }
-        let (arr_ptr, arr) = self.array(guard);
+        let arr = self.array(guard);
         let n = arr.cells.len();
         let rows = self.len();
         let tombs = arr.used.load(Ordering::Relaxed).saturating_sub(rows);
@@ -227,7 +227,7 @@ impl Table {
             && rows.saturating_mul(CHURN_FACTOR) > n
             && !is_migrating(arr.next.load(Ordering::Acquire, guard))
         {
-            self.start_migration(arr_ptr, hash_of, guard);
+            self.start_migration(arr, hash_of, guard);
         }
     }
 
@@ -239,10 +239,10 @@ impl Table {
     /// copy (sized for the new rows of the whole copy) that the row's refund
     /// a moment later makes unnecessary.
     pub(super) fn shrink_if_sparse(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
-        let (arr_ptr, arr) = self.array(guard);
+        let arr = self.array(guard);
         if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
             if self.len() == 0 {
-                self.start_migration(arr_ptr, hash_of, guard);
+                self.start_migration(arr, hash_of, guard);
             } else {
                 self.shrink_wanted.store(true, Ordering::Relaxed);
             }
@@ -264,16 +264,16 @@ impl Table {
         if !self.shrink_wanted.swap(false, Ordering::Relaxed) {
             return;
         }
-        let (arr_ptr, arr) = self.array(guard);
+        let arr = self.array(guard);
         if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
-            self.start_migration(arr_ptr, hash_of, guard);
+            self.start_migration(arr, hash_of, guard);
         }
     }
 
     /// Whether a chunked pass is running on the current array (for tests).
     #[cfg(test)]
     pub(crate) fn sweep_running(&self, guard: &Guard) -> bool {
-        let (_, arr) = self.array(guard);
+        let arr = self.array(guard);
         arr.sweep_next.load(Ordering::Relaxed) < arr.cells.len()
     }
 }
