@@ -485,26 +485,14 @@ fn growth_and_churn() {
         "churn (1000/s, capacity 1000)"
     };
     let p = PaceC::<u64, _>::new(&churn, QuantaClock::new());
-    row(
-        churn_name,
-        "pace",
-        timed_flood(&p, n, split),
-    );
+    row(churn_name, "pace", timed_flood(&p, n, split));
     let churn_tables = vec![("pace", p.0.memory())];
     drop(p);
     let g = Governor::<u64>::new(&churn);
-    row(
-        churn_name,
-        "governor",
-        timed_flood(&g, n, split),
-    );
+    row(churn_name, "governor", timed_flood(&g, n, split));
     drop(g);
     let p = pace_entries::<u64, _>(&churn, QuantaClock::new());
-    row(
-        churn_name,
-        "pace-entries",
-        timed_flood(&p, n, split),
-    );
+    row(churn_name, "pace-entries", timed_flood(&p, n, split));
     let mut churn_tables = churn_tables;
     churn_tables.push(("pace-entries", p.0.memory()));
     drop(p);
