@@ -227,32 +227,32 @@ fn migration_while_the_previous_finishes() {
 // Known-wrong variants: each runs the model that must catch it
 // (`.ci/suites/10-loom.sh` asserts that it fails with the model's message).
 
-#[cfg(pace_mutant = "cells_verify_off")]
+#[cfg(pace_mutant = "verify_off")]
 #[test]
-fn mutant_cells_verify_off() {
+fn mutant_verify_off() {
     two_inserters_one_row();
 }
 
-#[cfg(pace_mutant = "cells_copy_unfrozen")]
+#[cfg(pace_mutant = "copy_unfrozen")]
 #[test]
-fn mutant_cells_copy_unfrozen() {
+fn mutant_copy_unfrozen() {
     reserve_vs_copy();
 }
 
-#[cfg(pace_mutant = "cells_clean_without_fence")]
+#[cfg(pace_mutant = "clean_without_fence")]
 #[test]
-fn mutant_cells_clean_without_fence() {
+fn mutant_clean_without_fence() {
     clean_vs_insert();
 }
 
-#[cfg(pace_mutant = "cells_refund_gives_up_on_frozen")]
+#[cfg(pace_mutant = "refund_gives_up_on_frozen")]
 #[test]
-fn mutant_cells_refund_gives_up_on_frozen() {
+fn mutant_refund_gives_up_on_frozen() {
     refund_vs_copy();
 }
 
-#[cfg(pace_mutant = "cells_sweep_keeps_floor")]
+#[cfg(pace_mutant = "sweep_keeps_floor")]
 #[test]
-fn mutant_cells_sweep_keeps_floor() {
+fn mutant_sweep_keeps_floor() {
     sweep_vs_copy();
 }

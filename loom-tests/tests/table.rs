@@ -217,34 +217,22 @@ mod model {
 // Mutants: each runs the model that must catch it (see pace.rs for why these
 // are not `#[should_panic]`).
 
-#[cfg(pace_mutant = "insert_into_migrating")]
+#[cfg(pace_mutant = "verify_off")]
 #[test]
-fn mutant_insert_into_migrating() {
+fn mutant_verify_off() {
+    reuse_vs_insert();
+}
+
+#[cfg(pace_mutant = "copy_unfrozen")]
+#[test]
+fn mutant_copy_unfrozen() {
     reserve_vs_copy();
 }
 
-#[cfg(pace_mutant = "copier_skips_dead")]
+#[cfg(pace_mutant = "refund_gives_up_on_frozen")]
 #[test]
-fn mutant_copier_skips_dead() {
+fn mutant_refund_gives_up_on_frozen() {
     refund_vs_copy();
-}
-
-#[cfg(pace_mutant = "no_unlink_walk")]
-#[test]
-fn mutant_no_unlink_walk() {
-    refund_vs_copy();
-}
-
-#[cfg(pace_mutant = "target_migrates_early")]
-#[test]
-fn mutant_target_migrates_early() {
-    migration_while_finishing();
-}
-
-#[cfg(pace_mutant = "reuse_unverified")]
-#[test]
-fn mutant_reuse_unverified() {
-    reuse_vs_insert();
 }
 
 #[cfg(pace_mutant = "clean_without_fence")]
