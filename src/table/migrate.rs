@@ -26,11 +26,11 @@
 
 use crossbeam_utils::Backoff;
 
+use super::array::{retire_array, Array};
 use super::cell::{self, CellState};
 use super::sweep::prefetch;
 use super::{
-    is_migrating, probe_seq, retire_array, Array, Table, CALL_CELLS, CHUNK, CHURN_FACTOR, PENDING,
-    SPARSE_ROWS,
+    is_migrating, probe_seq, Table, CALL_CELLS, CHUNK, CHURN_FACTOR, PENDING, SPARSE_ROWS,
 };
 use crate::sync::epoch::{Guard, Owned, Shared};
 use crate::sync::{fence, snooze, Ordering};

@@ -4,8 +4,9 @@
 //! the table. A pass that meets a migration goes on in the target once the
 //! migration finishes (`Table::finish`).
 
+use super::array::Array;
 use super::cell::CellState;
-use super::{is_migrating, Array, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE};
+use super::{is_migrating, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE};
 use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
 
