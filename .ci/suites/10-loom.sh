@@ -99,8 +99,7 @@ done
 table_mutants=(
     "verify_off=one live row per key"
     "copy_unfrozen=both debits counted"
-    "refund_gives_up_on_frozen=len counts the rows"
-    "clean_without_fence=every lookup finds the row"
+    "refund_gives_up_on_frozen=a refund that fills the bucket removes the row"
 )
 expect_caught table "${table_mutants[@]}"
 

@@ -235,9 +235,3 @@ fn mutant_copy_unfrozen() {
 fn mutant_refund_gives_up_on_frozen() {
     refund_vs_copy();
 }
-
-#[cfg(pace_mutant = "clean_without_fence")]
-#[test]
-fn mutant_clean_without_fence() {
-    reuse_vs_late_refund();
-}
