@@ -1,6 +1,6 @@
 //! The cell: one row of a word-sized key, `{key bits, word}` in one 128-bit
 //! atomic, and every encoding of its word in one place ([`CellState`]).
-//! DESIGN.md §2 ("Rows in cells") gives the states and the transitions
+//! DESIGN.md §2 gives the states and the transitions
 //! between them.
 
 use crate::bucket::MAX_TIME;

@@ -17,8 +17,9 @@
 //! tombstone finds it gone (its claim fails) or checks, after claiming,
 //! that its claim still lies on its key's sequence (`Table::verify`).
 
+use super::array::Array;
 use super::cell::CellState;
-use super::{is_migrating, Array, Table};
+use super::{is_migrating, Table};
 use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
 

@@ -482,3 +482,38 @@ fn a_refund_to_full_raises_the_floor() {
         );
     }
 }
+
+/// A migration removes the rows full at its copier's reading instead of
+/// copying them, raising each key's floor to the row's own `tat` first, as a
+/// sweep does: a stale reserve of such a key (a reading taken before) starts
+/// from that floor. Known-wrong variant `copy_drops_without_floor` removes
+/// them without raising the floor, so the stale reserve admits a token the
+/// bucket never had.
+#[test]
+fn a_migration_removes_full_rows_and_raises_their_floor() {
+    for boxed in [false, true] {
+        let limits = Limits::new(10, 1).unwrap();
+        let t = T::new(4, boxed);
+        let g = epoch::pin();
+        let id = |k: u64| k;
+        // Key 3 debited at 0 and 10 (tat 20); keys 1 and 2 at 0 (tat 10):
+        // three claims, the 4-cell array's limit.
+        t.reserve(&limits, 3, 3, 1, 0, &id, &g).unwrap();
+        assert_eq!(t.reserve(&limits, 3, 3, 1, 10, &id, &g).unwrap().tat, 20);
+        t.reserve(&limits, 1, 1, 1, 0, &id, &g).unwrap();
+        t.reserve(&limits, 2, 2, 1, 0, &id, &g).unwrap();
+        assert_eq!(t.migrations(), 0);
+        // Key 7 at 25 migrates the array: every row is full at 25.
+        t.reserve(&limits, 7, 7, 1, 25, &id, &g).unwrap();
+        assert_eq!(t.migrations(), 1);
+        assert_eq!(t.live_keys(&g), vec![7], "the full rows were not copied");
+        assert_eq!(t.len(), 1);
+        // A reserve of key 3 that read the clock at 15: the row's debit at
+        // 10 holds the only token until 20.
+        assert_eq!(
+            t.reserve(&limits, 3, 3, 1, 15, &id, &g),
+            Err(Decision::Wait(5)),
+            "a fresh row starts from the floor the copier raised"
+        );
+    }
+}
