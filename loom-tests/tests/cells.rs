@@ -162,7 +162,10 @@ fn refund_vs_copy() {
         // (reading T) removes them instead of copying them.
         let live = t.live_keys();
         assert!(live.contains(&0) && live.contains(&new_key), "{live:?}");
-        assert!(live.iter().all(|k| [0, 1, 2, new_key].contains(k)), "{live:?}");
+        assert!(
+            live.iter().all(|k| [0, 1, 2, new_key].contains(k)),
+            "{live:?}"
+        );
         assert_eq!(t.len(), live.len(), "len counts the rows");
     });
 }
