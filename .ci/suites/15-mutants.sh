@@ -105,12 +105,9 @@ expect_caught no_churn_resize churn "slots for 4000 rows a horizon" --release \
 
 # A migration removes the rows already full instead of copying them, raising
 # each key's floor first, against `copy_drops_without_floor`: a stale reserve
-# then admits one more (src/table/tests.rs), and the debt model sees the
-# limiter's decisions and rows part from its own (tests/model.rs).
+# then admits one more (src/table/tests.rs).
 expect_caught copy_drops_without_floor lib "from the floor the copier raised" --release \
     table::tests::a_migration_removes_full_rows_and_raises_their_floor
-expect_caught copy_drops_without_floor model "Test failed: step" "" \
-    pace_agrees_with_the_debt_model
 
 # A refund that fills a row raises its key's floor before it removes the row
 # (src/table/tests.rs), against `refund_keeps_floor`: a stale reserve then

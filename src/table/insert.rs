@@ -195,7 +195,11 @@ impl Table {
                     // Mostly tombstones: clean a chunk in place and claim
                     // again; else migrate.
                     if !self.clean_some(arr, guard) {
-                        self.start_migration(arr, cx, guard);
+                        // Before the call's own row: its copies remove
+                        // nothing (a removal would raise the floor this
+                        // insert starts from, after its decision).
+                        self.start_migration(arr, &cx.keeping_all(), guard);
+                        cx.copied.set(true);
                         // The full array may be a target whose copy other
                         // callers are finishing: let them.
                         snooze(&backoff);

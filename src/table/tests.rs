@@ -493,25 +493,32 @@ fn a_refund_to_full_raises_the_floor() {
 fn a_migration_removes_full_rows_and_raises_their_floor() {
     for boxed in [false, true] {
         let limits = Limits::new(10, 1).unwrap();
-        let t = T::new(4, boxed);
+        // 128 cells, two chunks of 64; key k's hash is k, so keys 0..64 lie
+        // in chunk 0 and 64..104 in chunk 1: 104 claims, the array's limit.
+        let t = T::new(128, boxed);
         let g = epoch::pin();
         let id = |k: u64| k;
-        // Key 3 debited at 0 and 10 (tat 20); keys 1 and 2 at 0 (tat 10):
-        // three claims, the 4-cell array's limit.
-        t.reserve(&limits, 3, 3, 1, 0, &id, &g).unwrap();
-        assert_eq!(t.reserve(&limits, 3, 3, 1, 10, &id, &g).unwrap().tat, 20);
-        t.reserve(&limits, 1, 1, 1, 0, &id, &g).unwrap();
-        t.reserve(&limits, 2, 2, 1, 0, &id, &g).unwrap();
+        for k in 0..104u64 {
+            t.reserve(&limits, k, k, 1, 0, &id, &g).unwrap();
+        }
+        // Key 100's second debit, at 10: its row ends at 20.
+        assert_eq!(t.reserve(&limits, 100, 100, 1, 10, &id, &g).unwrap().tat, 20);
         assert_eq!(t.migrations(), 0);
-        // Key 7 at 25 migrates the array: every row is full at 25.
-        t.reserve(&limits, 7, 7, 1, 25, &id, &g).unwrap();
+        // Key 200 at 25 finds no room and starts a migration; the chunk its
+        // call copies (chunk 0), before its own row, keeps every row.
+        t.reserve(&limits, 200, 200, 1, 25, &id, &g).unwrap();
         assert_eq!(t.migrations(), 1);
-        assert_eq!(t.live_keys(&g), vec![7], "the full rows were not copied");
-        assert_eq!(t.len(), 1);
-        // A reserve of key 3 that read the clock at 15: the row's debit at
+        // Key 201 at 25: after its own row, its call copies chunk 1, whose
+        // rows are all full at 25: removed, not copied.
+        t.reserve(&limits, 201, 201, 1, 25, &id, &g).unwrap();
+        let mut want: Vec<u64> = (0..64).collect();
+        want.extend([200, 201]);
+        assert_eq!(t.live_keys(&g), want, "chunk 1's full rows were not copied");
+        assert_eq!(t.len(), 66);
+        // A reserve of key 100 that read the clock at 15: the row's debit at
         // 10 holds the only token until 20.
         assert_eq!(
-            t.reserve(&limits, 3, 3, 1, 15, &id, &g),
+            t.reserve(&limits, 100, 100, 1, 15, &id, &g),
             Err(Decision::Wait(5)),
             "a fresh row starts from the floor the copier raised"
         );
