@@ -176,7 +176,7 @@ where
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn reserve_now(
         &self,
         key: &E::Key,
@@ -503,8 +503,18 @@ fn policy_value(items: Vec<(&str, u64, Rate)>) -> Option<HeaderValue> {
     )
 }
 
+/// The ns `tokens` take to refill at `rate`, rounded up (`u64::MAX` past
+/// it).
+#[inline]
 fn refill_ns(rate: pace::Rate, tokens: u64) -> u64 {
-    let ns = (tokens as u128 * rate.per().as_nanos()).div_ceil(rate.count() as u128);
+    let per = rate.per().as_nanos();
+    // In 64 bits when the product fits (any bucket of under 584 years).
+    if let Ok(per) = u64::try_from(per) {
+        if let Some(p) = tokens.checked_mul(per) {
+            return p.div_ceil(rate.count());
+        }
+    }
+    let ns = (tokens as u128 * per).div_ceil(rate.count() as u128);
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
@@ -519,7 +529,7 @@ where
     E: KeyExtractor,
     A: AsyncLimit<E::Key>,
 {
-    #[inline]
+    #[inline(always)]
     fn start_one(&self, head: &RequestHead<'_>) -> Result<StepOf<E, A>, Stop> {
         let key = match self.extractor.extract(head) {
             Some(k) => k,
@@ -654,7 +664,7 @@ where
         self.1.refund.is_some() || self.0.refunds_on_response()
     }
 
-    #[inline]
+    #[inline(always)]
     fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop> {
         let (mut left, decided) = self.0.start(head)?;
         let (key, n, q) = match self.1.start_one(head) {
@@ -714,7 +724,7 @@ where
         self.0.undo(&mut st.0);
     }
 
-    #[inline]
+    #[inline(always)]
     fn admitted(&self, st: &Self::State, metas: &[Meta]) {
         self.0.admitted(&st.0, metas);
         if let Step::Held { .. } = st.1 {
@@ -753,10 +763,16 @@ where
     ) -> bool {
         let same = self.0.fields(&st.0, metas, w, built);
         let m = &self.1;
-        let (cap, rate) = m.term(st.1.quota());
-        if let Step::Held { key, q, debit } = &st.1 {
-            let remaining = match q {
-                Some(q) => m.limiter.remaining_with(key, debit.as_ref(), *q),
+        // The quota is read once: the remaining tokens and the times follow
+        // the same one.
+        let quota = st.1.quota().or_else(|| m.limiter.own_quota());
+        let (cap, rate) = match quota {
+            Some(q) => (q.capacity(), q.rate()),
+            None => (m.limiter.capacity(), m.limiter.rate()),
+        };
+        if let Step::Held { key, debit, .. } = &st.1 {
+            let remaining = match quota {
+                Some(q) => m.limiter.remaining_with(key, debit.as_ref(), q),
                 None => m.limiter.remaining(key, debit.as_ref()),
             };
             if let Some(r) = remaining {
@@ -787,8 +803,12 @@ struct Shared<L, H> {
     policy: Option<HeaderValue>,
     policy_terms: Vec<(u64, Rate)>,
     headers: bool,
-    /// Whether an admitted request needs anything after the response.
-    settle: bool,
+    /// Whether a limit refunds on the response: an admitted request then
+    /// keeps its reservations (and the layer) until the response, and its
+    /// fields are written after its refunds; otherwise they are written
+    /// when it is admitted and the response future holds only their
+    /// values.
+    refunds: bool,
     permanent: StatusCode,
     respond: H,
 }
@@ -880,8 +900,9 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
         let mut items = Vec::new();
         self.limits.policy_items(&metas, &mut items);
         let policy_terms = items.iter().map(|&(_, q, rate)| (q, rate)).collect();
-        let policy = policy_value(items);
-        let settle = self.headers || self.limits.refunds_on_response();
+        // Static: cloned per response without a reference count.
+        let policy = policy_value(items).and_then(|v| headers::interned(&v));
+        let refunds = self.limits.refunds_on_response();
         Ok(PaceLayer {
             shared: Arc::new(Shared {
                 limits: self.limits,
@@ -889,7 +910,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
                 policy,
                 policy_terms,
                 headers: self.headers,
-                settle,
+                refunds,
                 permanent: self.permanent,
                 respond: self.respond,
             }),
@@ -1191,23 +1212,44 @@ impl<L: Limits, H> Settle<L, H> {
             shared.limits.settle(&mut self.st, &head, &shared.metas);
         }
         if shared.headers {
-            let mut w = FieldWriter::new();
-            let built = shared
-                .limits
-                .fields(&self.st, &shared.metas, &mut w, &shared.policy_terms);
-            if let Some(v) = w.value() {
-                headers.insert(headers::RATELIMIT.clone(), v);
-            }
+            Fields::of(shared, &self.st).write(headers);
+        }
+    }
+}
+
+/// The `RateLimit` and `RateLimit-Policy` values of an admitted request.
+struct Fields {
+    ratelimit: Option<HeaderValue>,
+    policy: Option<HeaderValue>,
+}
+
+impl Fields {
+    /// The values for the reservations `st` holds now.
+    #[inline]
+    fn of<L: Limits, H>(shared: &Shared<L, H>, st: &L::State) -> Fields {
+        let mut w = FieldWriter::new();
+        let built = shared
+            .limits
+            .fields(st, &shared.metas, &mut w, &shared.policy_terms);
+        Fields {
+            ratelimit: w.value(),
             // The value made when the layer was built, while the quotas are
-            // the same (no allocation).
-            let policy = if built {
+            // the same (static: no allocation, no reference count).
+            policy: if built {
                 shared.policy.clone()
             } else {
-                shared.policy_for(Src::State(&self.st))
-            };
-            if let Some(p) = policy {
-                headers.insert(headers::RATELIMIT_POLICY.clone(), p);
-            }
+                shared.policy_for(Src::State(st))
+            },
+        }
+    }
+
+    #[inline]
+    fn write(self, headers: &mut HeaderMap) {
+        if let Some(v) = self.ratelimit {
+            headers.insert(headers::RATELIMIT.clone(), v);
+        }
+        if let Some(p) = self.policy {
+            headers.insert(headers::RATELIMIT_POLICY.clone(), p);
         }
     }
 }
@@ -1238,6 +1280,8 @@ pin_project! {
         Reserving { wait: Box<Reserving<S, ReqBody, L, H>> },
         // Admitted, nothing to do after the response.
         Passthrough { #[pin] future: S::Future },
+        // Admitted, no refunds: the fields, written when it was admitted.
+        Fields { #[pin] future: S::Future, fields: Option<Fields> },
         // Admitted: refunds and fields once the response is known.
         Settle { #[pin] future: S::Future, settle: Option<Settle<L, H>> },
     }
@@ -1275,7 +1319,7 @@ where
     }
 
     /// Counts the admission and calls `svc` (ready).
-    #[inline]
+    #[inline(always)]
     fn admitted(
         svc: &mut S,
         req: Request<ReqBody>,
@@ -1283,18 +1327,35 @@ where
         shared: &Arc<Shared<L, H>>,
     ) -> Self {
         shared.limits.admitted(&st, &shared.metas);
-        let future = svc.call(req);
-        ResponseFuture {
-            kind: if shared.settle {
-                Kind::Settle {
+        if shared.refunds {
+            let future = svc.call(req);
+            return ResponseFuture {
+                kind: Kind::Settle {
                     future,
                     settle: Some(Settle {
                         st,
                         shared: shared.clone(),
                     }),
-                }
-            } else {
-                Kind::Passthrough { future }
+                },
+            };
+        }
+        if shared.headers {
+            // Written now, while the rows are in cache: nothing of the layer
+            // waits for the response.
+            let fields = Fields::of(shared, &st);
+            drop(st);
+            let future = svc.call(req);
+            return ResponseFuture {
+                kind: Kind::Fields {
+                    future,
+                    fields: Some(fields),
+                },
+            };
+        }
+        drop(st);
+        ResponseFuture {
+            kind: Kind::Passthrough {
+                future: svc.call(req),
             },
         }
     }
@@ -1313,6 +1374,15 @@ where
         loop {
             let next = match self.as_mut().project().kind.project() {
                 KindProj::Passthrough { future } => return future.poll(cx),
+                KindProj::Fields { future, fields } => {
+                    let out = std::task::ready!(future.poll(cx));
+                    return Poll::Ready(out.map(|mut resp| {
+                        if let Some(f) = fields.take() {
+                            f.write(resp.headers_mut());
+                        }
+                        resp
+                    }));
+                }
                 KindProj::Rejected { response } => {
                     return Poll::Ready(Ok(response
                         .take()
