@@ -59,6 +59,10 @@ pub struct Limit<E: KeyExtractor, A> {
     wait: Option<Duration>,
     /// Its index in the layer (set when the layer is built).
     index: usize,
+    /// Its admission counter and row gauge (set when the layer is built),
+    /// kept with it for the admitted path.
+    admitted: Counter,
+    rows: Gauge,
 }
 
 impl<E, A> Limit<E, A>
@@ -82,6 +86,8 @@ where
             quota: None,
             wait: None,
             index: 0,
+            admitted: Counter::noop(),
+            rows: Gauge::noop(),
         }
     }
 
@@ -385,6 +391,12 @@ mod sealed {
         /// admitted). On a stop, whatever was reserved is refunded, newest
         /// first, before this returns it.
         fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop>;
+        /// [`start`](Self::start) for a layer that needs nothing of a
+        /// request's reservations once it is admitted (no refunds, no
+        /// fields): when every limit decided at once, the admission is
+        /// counted and nothing is kept (`Ok(None)`); otherwise the state to
+        /// go on with, as `start` gives it.
+        fn start_light(&self, head: &RequestHead<'_>) -> Result<Option<Self::State>, Stop>;
         /// Reserves the limits in order (each once the ones before it
         /// admitted). On a refusal, the ones before it are refunded, newest
         /// first, before this returns it.
@@ -396,7 +408,7 @@ mod sealed {
         /// Refunds everything `st` holds, newest first.
         fn undo(&self, st: &mut Self::State);
         /// Counts the admission.
-        fn admitted(&self, st: &Self::State, metas: &[Meta]);
+        fn admitted(&self, st: &Self::State);
         /// Applies the refund predicates to the response, newest first.
         fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]);
         /// Writes one `RateLimit` item per reserved limit; true when every
@@ -477,13 +489,17 @@ impl LimitsImpl for () {
         Ok(((), true))
     }
     #[inline]
+    fn start_light(&self, _: &RequestHead<'_>) -> Result<Option<()>, Stop> {
+        Ok(None)
+    }
+    #[inline]
     fn poll_reserve(&self, _: &mut (), _: &mut Context<'_>) -> Poll<Result<(), Stop>> {
         Poll::Ready(Ok(()))
     }
     #[inline]
     fn undo(&self, _: &mut ()) {}
     #[inline]
-    fn admitted(&self, _: &(), _: &[Meta]) {}
+    fn admitted(&self, _: &()) {}
     #[inline]
     fn settle(&self, _: &mut (), _: &ResponseHead<'_>, _: &[Meta]) {}
     #[inline]
@@ -621,6 +637,15 @@ where
         }
     }
 
+    /// Counts an admission by this limit.
+    #[inline(always)]
+    fn count_admitted(&self) {
+        self.admitted.increment(1);
+        if let Some(rows) = self.limiter.rows() {
+            self.rows.set(rows as f64);
+        }
+    }
+
     #[inline]
     fn undo_one(&self, step: &mut StepOf<E, A>) {
         if let Step::Held { key, debit, .. } = step {
@@ -645,8 +670,11 @@ where
         let sf_name =
             headers::sf_string(&m.name).ok_or_else(|| InvalidPolicyName(m.name.clone()))?;
         m.index = metas.len();
+        let counters = Counters::new(&m.name);
+        m.admitted = counters.admitted.clone();
+        m.rows = counters.rows.clone();
         metas.push(Meta {
-            counters: Counters::new(&m.name),
+            counters,
             name: m.name.clone(),
             sf_name,
         });
@@ -703,6 +731,45 @@ where
         }
     }
 
+    #[inline(always)]
+    fn start_light(&self, head: &RequestHead<'_>) -> Result<Option<Self::State>, Stop> {
+        // The limits before this one are kept until it decides (to refund
+        // them if it refuses); its own key and debit are not kept.
+        let (mut left, decided) = self.0.start(head)?;
+        let (key, n, q) = match self.1.start_one(head) {
+            Ok(Step::Queued { key, n, q }) => (key, n, q),
+            Ok(step) if decided => {
+                // Skipped: admitted by the limits before it.
+                drop(step);
+                self.0.admitted(&left);
+                return Ok(None);
+            }
+            Ok(step) => return Ok(Some((left, step))),
+            Err(stop) => {
+                self.0.undo(&mut left);
+                return Err(stop);
+            }
+        };
+        if !decided || self.1.wait.is_some() {
+            return Ok(Some((left, Step::Queued { key, n, q })));
+        }
+        match self.1.reserve_now(&key, n, q) {
+            Some(Ok(_kept)) => {
+                self.0.admitted(&left);
+                self.1.count_admitted();
+                Ok(None)
+            }
+            Some(Err(refusal)) => {
+                self.0.undo(&mut left);
+                Err(Stop::Refused {
+                    index: self.1.index,
+                    refusal,
+                })
+            }
+            None => Ok(Some((left, Step::Queued { key, n, q }))),
+        }
+    }
+
     #[inline]
     fn poll_reserve(&self, st: &mut Self::State, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
         std::task::ready!(self.0.poll_reserve(&mut st.0, cx))?;
@@ -725,14 +792,10 @@ where
     }
 
     #[inline(always)]
-    fn admitted(&self, st: &Self::State, metas: &[Meta]) {
-        self.0.admitted(&st.0, metas);
+    fn admitted(&self, st: &Self::State) {
+        self.0.admitted(&st.0);
         if let Step::Held { .. } = st.1 {
-            let c = &metas[self.1.index].counters;
-            c.admitted.increment(1);
-            if let Some(rows) = self.1.limiter.rows() {
-                c.rows.set(rows as f64);
-            }
+            self.1.count_admitted();
         }
     }
 
@@ -809,6 +872,8 @@ struct Shared<L, H> {
     /// when it is admitted and the response future holds only their
     /// values.
     refunds: bool,
+    /// Neither refunds nor fields: nothing of an admitted request is kept.
+    light: bool,
     permanent: StatusCode,
     respond: H,
 }
@@ -911,6 +976,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
                 policy_terms,
                 headers: self.headers,
                 refunds,
+                light: !refunds && !self.headers,
                 permanent: self.permanent,
                 respond: self.respond,
             }),
@@ -1159,13 +1225,29 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
         let head = RequestHead::of(&req);
-        let mut st = match shared.limits.start(&head) {
-            Ok((st, true)) => {
-                // Every limit decided at once (local limits): admitted.
-                return ResponseFuture::admitted(&mut self.inner, req, st, &self.shared);
+        let mut st = if shared.light {
+            match shared.limits.start_light(&head) {
+                // Every limit decided at once (local limits): admitted, and
+                // nothing is needed after the response.
+                Ok(None) => {
+                    return ResponseFuture {
+                        kind: Kind::Passthrough {
+                            future: self.inner.call(req),
+                        },
+                    }
+                }
+                Ok(Some(st)) => st,
+                Err(stop) => return ResponseFuture::rejected(shared.reject(stop, &head)),
             }
-            Ok((st, false)) => st,
-            Err(stop) => return ResponseFuture::rejected(shared.reject(stop, &head)),
+        } else {
+            match shared.limits.start(&head) {
+                Ok((st, true)) => {
+                    // Every limit decided at once (local limits): admitted.
+                    return ResponseFuture::admitted(&mut self.inner, req, st, &self.shared);
+                }
+                Ok((st, false)) => st,
+                Err(stop) => return ResponseFuture::rejected(shared.reject(stop, &head)),
+            }
         };
         // A limit that answers later: try once (it may answer at once).
         let mut cx = Context::from_waker(Waker::noop());
@@ -1326,7 +1408,7 @@ where
         st: L::State,
         shared: &Arc<Shared<L, H>>,
     ) -> Self {
-        shared.limits.admitted(&st, &shared.metas);
+        shared.limits.admitted(&st);
         if shared.refunds {
             let future = svc.call(req);
             return ResponseFuture {
