@@ -9,10 +9,15 @@
 //! Arguments: `pace`, `governor` or `bare` (the inner service alone); `1`
 //! (per peer IP) or `2` (per peer IP + per client id); `fields` (pace's
 //! `RateLimit` fields, tower_governor's `use_headers()`) or `plain`; the
-//! number of requests. The requests are those of `benches/layer.rs`
-//! (1024 peer addresses, 1000 client ids, every request admitted), built
-//! in slices of 32 outside the calls; each is one `poll_ready`, one `call`
-//! and one poll of the response future, which is ready at once.
+//! number of requests; `mix` instead of the layer's name runs the bare
+//! service, `PaceLayer` and `GovernorLayer` in alternating slices of 32
+//! requests, as `benches/layer.rs` does. The requests are those of
+//! `benches/layer.rs` (1024 peer addresses, 1000 client ids, every request
+//! admitted); the limits are 1 a second with bursts of 10^6, so that every
+//! key's bucket stays partly drained however slowly the program runs (under
+//! valgrind), as in the bench. Requests are built in slices of 32 outside
+//! the calls; each is one `poll_ready`, one `call` and one poll of the
+//! response future, which is ready at once.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -100,9 +105,48 @@ where
     assert_eq!(ok, n, "every request admitted");
 }
 
+/// One request through `svc`, ready at once.
+fn once<S>(svc: &mut S, req: Request<Body>) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    match svc.poll_ready(&mut cx) {
+        Poll::Ready(r) => r.unwrap(),
+        Poll::Pending => unreachable!("always ready"),
+    }
+    let mut fut = pin!(svc.call(req));
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(r) => r.unwrap(),
+        Poll::Pending => unreachable!("ready at once"),
+    }
+}
+
+type Call<'a> = &'a mut dyn FnMut(Request<Body>) -> Response<Body>;
+
+/// `n` requests through each of `svcs`, in slices of [`SLICE`] that
+/// alternate between them, as `benches/layer.rs` times them.
+fn mix(svcs: &mut [Call<'_>], n: u64) {
+    let mut reqs = Vec::with_capacity(SLICE as usize);
+    let mut done = 0;
+    while done < n {
+        let m = SLICE.min(n - done);
+        for svc in svcs.iter_mut() {
+            reqs.extend((done..done + m).map(request));
+            for req in reqs.drain(..) {
+                let resp = svc(req);
+                assert_eq!(resp.status(), StatusCode::OK);
+                black_box(resp);
+            }
+        }
+        done += m;
+    }
+}
+
 pub fn live<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>() -> Arc<Pace<K>> {
     Arc::new(
-        Pace::builder(Rate::per_second(100).unwrap())
+        Pace::builder(Rate::per_second(1).unwrap())
             .capacity(1_000_000)
             .build()
             .unwrap(),
@@ -117,9 +161,60 @@ fn main() {
     let n: u64 = args.get(3).map_or(100_000, |s| s.parse().unwrap());
     let gov = || {
         let mut b = GovernorConfigBuilder::default();
-        b.per_millisecond(10).burst_size(1_000_000);
+        b.per_second(1).burst_size(1_000_000);
         b
     };
+    if which == "mix" {
+        // bare, pace and governor interleaved (`limits` and `fields` as
+        // for the others).
+        let mut bare = inner();
+        let p = PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(Limit::new("source", live::<IpAddr>(), PeerIp::new()));
+        let mut f0 = |r| once(&mut bare, r);
+        if limits == 1 {
+            let mut p = p.build().unwrap().layer(inner());
+            let mut f1 = |r| once(&mut p, r);
+            if fields {
+                let mut g = GovernorLayer::new(
+                    gov()
+                        .key_extractor(PeerIpKeyExtractor)
+                        .use_headers()
+                        .finish()
+                        .unwrap(),
+                )
+                .layer(inner());
+                let mut f2 = |r| once(&mut g, r);
+                mix(&mut [&mut f0, &mut f1, &mut f2], n);
+            } else {
+                let mut g =
+                    GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap())
+                        .layer(inner());
+                let mut f2 = |r| once(&mut g, r);
+                mix(&mut [&mut f0, &mut f1, &mut f2], n);
+            }
+        } else {
+            let mut p = p
+                .limit(Limit::new(
+                    "client",
+                    live::<String>(),
+                    from_fn(|h| client_id(h.headers)),
+                ))
+                .build()
+                .unwrap()
+                .layer(inner());
+            let mut f1 = |r| once(&mut p, r);
+            let mut g =
+                GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap())
+                    .layer(
+                        GovernorLayer::new(gov().key_extractor(ClientIdKey).finish().unwrap())
+                            .layer(inner()),
+                    );
+            let mut f2 = |r| once(&mut g, r);
+            mix(&mut [&mut f0, &mut f1, &mut f2], n);
+        }
+        return;
+    }
     match (which, limits, fields) {
         ("bare", _, _) => run(inner(), n),
         ("pace", 1, _) => run(

@@ -409,6 +409,9 @@ mod sealed {
         fn undo(&self, st: &mut Self::State);
         /// Counts the admission.
         fn admitted(&self, st: &Self::State);
+        /// Drops a state, keeping whatever it holds (an admission's
+        /// reservations).
+        fn keep(&self, st: Self::State);
         /// Applies the refund predicates to the response, newest first.
         fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]);
         /// Writes one `RateLimit` item per reserved limit; true when every
@@ -500,6 +503,8 @@ impl LimitsImpl for () {
     fn undo(&self, _: &mut ()) {}
     #[inline]
     fn admitted(&self, _: &()) {}
+    #[inline(always)]
+    fn keep(&self, _: ()) {}
     #[inline]
     fn settle(&self, _: &mut (), _: &ResponseHead<'_>, _: &[Meta]) {}
     #[inline]
@@ -742,6 +747,7 @@ where
                 // Skipped: admitted by the limits before it.
                 drop(step);
                 self.0.admitted(&left);
+                self.0.keep(left);
                 return Ok(None);
             }
             Ok(step) => return Ok(Some((left, step))),
@@ -754,9 +760,11 @@ where
             return Ok(Some((left, Step::Queued { key, n, q })));
         }
         match self.1.reserve_now(&key, n, q) {
-            Some(Ok(_kept)) => {
+            Some(Ok(debit)) => {
                 self.0.admitted(&left);
                 self.1.count_admitted();
+                self.0.keep(left);
+                drop((key, debit));
                 Ok(None)
             }
             Some(Err(refusal)) => {
@@ -796,6 +804,20 @@ where
         self.0.admitted(&st.0);
         if let Step::Held { .. } = st.1 {
             self.1.count_admitted();
+        }
+    }
+
+    #[inline(always)]
+    fn keep(&self, st: Self::State) {
+        self.0.keep(st.0);
+        match st.1 {
+            // What an admission holds: the key and the debit, dropped
+            // without a refund.
+            Step::Held { key, debit, .. } => {
+                drop(key);
+                drop(debit);
+            }
+            other => drop(other),
         }
     }
 
