@@ -391,12 +391,26 @@ mod sealed {
         /// admitted). On a stop, whatever was reserved is refunded, newest
         /// first, before this returns it.
         fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop>;
-        /// [`start`](Self::start) for a layer that needs nothing of a
-        /// request's reservations once it is admitted (no refunds, no
-        /// fields): when every limit decided at once, the admission is
-        /// counted and nothing is kept (`Ok(None)`); otherwise the state to
-        /// go on with, as `start` gives it.
-        fn start_light(&self, head: &RequestHead<'_>) -> Result<Option<Self::State>, Stop>;
+        /// Whether every limit decides at once ([`AsyncLimit::decides_at_once`],
+        /// no queueing) and takes its own quota (no [`Limit::quota`]
+        /// closure): [`light`](Self::light) then applies.
+        fn at_once(&self) -> bool;
+        /// Reserves every limit in order, each at once, then runs `then`
+        /// (the limits after it; `()` has none): a limit that refuses (or a
+        /// request without its key) stops the chain, and each limit before
+        /// it refunds its reservation as the stop passes it back (newest
+        /// first). Keeps nothing: when `then` passes, each admission is
+        /// counted and its debit dropped. With `fields`, each limit adds
+        /// its `RateLimit` item right after its reservation. Only for
+        /// limits that are [`at_once`](Self::at_once).
+        fn light<F>(
+            &self,
+            head: &RequestHead<'_>,
+            fields: Option<&mut FieldAcc<'_>>,
+            then: F,
+        ) -> Result<(), Stop>
+        where
+            F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>;
         /// Reserves the limits in order (each once the ones before it
         /// admitted). On a refusal, the ones before it are refunded, newest
         /// first, before this returns it.
@@ -409,21 +423,12 @@ mod sealed {
         fn undo(&self, st: &mut Self::State);
         /// Counts the admission.
         fn admitted(&self, st: &Self::State);
-        /// Drops a state, keeping whatever it holds (an admission's
-        /// reservations).
-        fn keep(&self, st: Self::State);
         /// Applies the refund predicates to the response, newest first.
         fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]);
-        /// Writes one `RateLimit` item per reserved limit; true when every
-        /// limit's `(capacity, rate)` for the request is its entry in
-        /// `built` (the quotas the layer was built with).
-        fn fields(
-            &self,
-            st: &Self::State,
-            metas: &[Meta],
-            w: &mut FieldWriter,
-            built: &[(u64, Rate)],
-        ) -> bool;
+        /// Adds one `RateLimit` item per reserved limit, and notes whether
+        /// every limit's `(capacity, rate)` for the request is the one the
+        /// layer was built with.
+        fn fields(&self, st: &Self::State, acc: &mut FieldAcc<'_>);
         /// `f(index, capacity, rate)` of each limit, in order, under the
         /// request's quotas.
         fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, Rate));
@@ -492,8 +497,20 @@ impl LimitsImpl for () {
         Ok(((), true))
     }
     #[inline]
-    fn start_light(&self, _: &RequestHead<'_>) -> Result<Option<()>, Stop> {
-        Ok(None)
+    fn at_once(&self) -> bool {
+        true
+    }
+    #[inline(always)]
+    fn light<F>(
+        &self,
+        _: &RequestHead<'_>,
+        fields: Option<&mut FieldAcc<'_>>,
+        then: F,
+    ) -> Result<(), Stop>
+    where
+        F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
+    {
+        then(fields)
     }
     #[inline]
     fn poll_reserve(&self, _: &mut (), _: &mut Context<'_>) -> Poll<Result<(), Stop>> {
@@ -503,14 +520,10 @@ impl LimitsImpl for () {
     fn undo(&self, _: &mut ()) {}
     #[inline]
     fn admitted(&self, _: &()) {}
-    #[inline(always)]
-    fn keep(&self, _: ()) {}
     #[inline]
     fn settle(&self, _: &mut (), _: &ResponseHead<'_>, _: &[Meta]) {}
     #[inline]
-    fn fields(&self, _: &(), _: &[Meta], _: &mut FieldWriter, _: &[(u64, Rate)]) -> bool {
-        true
-    }
+    fn fields(&self, _: &(), _: &mut FieldAcc<'_>) {}
     #[inline]
     fn terms(&self, _: Src<'_, '_, ()>, _: &mut dyn FnMut(usize, u64, Rate)) {}
 }
@@ -552,29 +565,37 @@ where
 {
     #[inline(always)]
     fn start_one(&self, head: &RequestHead<'_>) -> Result<StepOf<E, A>, Stop> {
-        let key = match self.extractor.extract(head) {
-            Some(k) => k,
-            None => {
-                if self.extractor.needs_peer_addr()
-                    && crate::key::peer_addr(head.extensions).is_none()
-                {
-                    return Err(Stop::NoPeer { index: self.index });
-                }
-                match &self.missing {
-                    MissingKey::Reject(s) => {
-                        return Err(Stop::Missing {
-                            index: self.index,
-                            status: *s,
-                        })
-                    }
-                    MissingKey::Shared(k) => k.clone(),
-                    MissingKey::Skip => return Ok(Step::Skip),
-                }
-            }
+        let Some(key) = self.key(head)? else {
+            return Ok(Step::Skip);
         };
         let n = self.cost.as_ref().map_or(1, |f| f(head));
         let q = self.request_quota(head);
         Ok(Step::Queued { key, n, q })
+    }
+
+    /// The request's key for this limit; `None` when it has none and the
+    /// limit is skipped.
+    #[inline(always)]
+    fn key(&self, head: &RequestHead<'_>) -> Result<Option<E::Key>, Stop> {
+        match self.extractor.extract(head) {
+            Some(k) => Ok(Some(k)),
+            None => self.no_key(head),
+        }
+    }
+
+    #[cold]
+    fn no_key(&self, head: &RequestHead<'_>) -> Result<Option<E::Key>, Stop> {
+        if self.extractor.needs_peer_addr() && crate::key::peer_addr(head.extensions).is_none() {
+            return Err(Stop::NoPeer { index: self.index });
+        }
+        match &self.missing {
+            MissingKey::Reject(s) => Err(Stop::Missing {
+                index: self.index,
+                status: *s,
+            }),
+            MissingKey::Shared(k) => Ok(Some(k.clone())),
+            MissingKey::Skip => Ok(None),
+        }
     }
 
     /// Drives this limit's step; `Ready(Err)` is its refusal.
@@ -649,6 +670,84 @@ where
         if let Some(rows) = self.limiter.rows() {
             self.rows.set(rows as f64);
         }
+    }
+
+    /// This limit's part of [`LimitsImpl::light`]: reserves it at once,
+    /// adds its field, runs `then` (the limits after it), and refunds its
+    /// reservation if `then` stops.
+    #[inline(always)]
+    fn light_one<F>(
+        &self,
+        head: &RequestHead<'_>,
+        fields: Option<&mut FieldAcc<'_>>,
+        then: F,
+    ) -> Result<(), Stop>
+    where
+        F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
+    {
+        let Some(key) = self.key(head)? else {
+            // Skipped (no key, `MissingKey::Skip`).
+            return then(fields);
+        };
+        let n = self.cost.as_ref().map_or(1, |f| f(head));
+        let debit = match self.limiter.reserve_now(&key, n) {
+            Some(Ok(d)) => d,
+            Some(Err(refusal)) => {
+                return Err(Stop::Refused {
+                    index: self.index,
+                    refusal,
+                })
+            }
+            // `decides_at_once` promised a decision.
+            None => {
+                return Err(Stop::Refused {
+                    index: self.index,
+                    refusal: Refusal::Unavailable("the limit did not decide at once".into()),
+                })
+            }
+        };
+        let mut fields = fields;
+        if let Some(acc) = fields.as_deref_mut() {
+            self.field(&key, Some(&debit), None, acc);
+        }
+        match then(fields) {
+            Ok(()) => {
+                self.count_admitted();
+                Ok(())
+            }
+            Err(stop) => {
+                self.limiter.refund(&key, debit);
+                Err(stop)
+            }
+        }
+    }
+
+    /// Adds this limit's `RateLimit` item for `key` (under `q`, or the
+    /// limit's own quota, read once so that the tokens and the times follow
+    /// the same one); notes whether its `(capacity, rate)` is the one the
+    /// layer was built with.
+    #[inline]
+    fn field(
+        &self,
+        key: &E::Key,
+        debit: Option<&A::Debit>,
+        q: Option<Quota>,
+        acc: &mut FieldAcc<'_>,
+    ) {
+        let quota = q.or_else(|| self.limiter.own_quota());
+        let (cap, rate) = match quota {
+            Some(q) => (q.capacity(), q.rate()),
+            None => (self.limiter.capacity(), self.limiter.rate()),
+        };
+        let remaining = match quota {
+            Some(q) => self.limiter.remaining_with(key, debit, q),
+            None => self.limiter.remaining(key, debit),
+        };
+        if let Some(r) = remaining {
+            let t = headers::ceil_secs(refill_ns(rate, cap.saturating_sub(r)));
+            acc.w.item(&acc.metas[self.index].sf_name, r, t);
+        }
+        acc.same &= acc.built.get(self.index) == Some(&(cap, rate));
     }
 
     #[inline]
@@ -736,46 +835,25 @@ where
         }
     }
 
+    fn at_once(&self) -> bool {
+        self.1.wait.is_none()
+            && self.1.quota.is_none()
+            && self.1.limiter.decides_at_once()
+            && self.0.at_once()
+    }
+
     #[inline(always)]
-    fn start_light(&self, head: &RequestHead<'_>) -> Result<Option<Self::State>, Stop> {
-        // The limits before this one are kept until it decides (to refund
-        // them if it refuses); its own key and debit are not kept.
-        let (mut left, decided) = self.0.start(head)?;
-        let (key, n, q) = match self.1.start_one(head) {
-            Ok(Step::Queued { key, n, q }) => (key, n, q),
-            Ok(step) if decided => {
-                // Skipped: admitted by the limits before it.
-                drop(step);
-                self.0.admitted(&left);
-                self.0.keep(left);
-                return Ok(None);
-            }
-            Ok(step) => return Ok(Some((left, step))),
-            Err(stop) => {
-                self.0.undo(&mut left);
-                return Err(stop);
-            }
-        };
-        if !decided || self.1.wait.is_some() {
-            return Ok(Some((left, Step::Queued { key, n, q })));
-        }
-        match self.1.reserve_now(&key, n, q) {
-            Some(Ok(debit)) => {
-                self.0.admitted(&left);
-                self.1.count_admitted();
-                self.0.keep(left);
-                drop((key, debit));
-                Ok(None)
-            }
-            Some(Err(refusal)) => {
-                self.0.undo(&mut left);
-                Err(Stop::Refused {
-                    index: self.1.index,
-                    refusal,
-                })
-            }
-            None => Ok(Some((left, Step::Queued { key, n, q }))),
-        }
+    fn light<F>(
+        &self,
+        head: &RequestHead<'_>,
+        fields: Option<&mut FieldAcc<'_>>,
+        then: F,
+    ) -> Result<(), Stop>
+    where
+        F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
+    {
+        self.0
+            .light(head, fields, |fields| self.1.light_one(head, fields, then))
     }
 
     #[inline]
@@ -807,20 +885,6 @@ where
         }
     }
 
-    #[inline(always)]
-    fn keep(&self, st: Self::State) {
-        self.0.keep(st.0);
-        match st.1 {
-            // What an admission holds: the key and the debit, dropped
-            // without a refund.
-            Step::Held { key, debit, .. } => {
-                drop(key);
-                drop(debit);
-            }
-            other => drop(other),
-        }
-    }
-
     #[inline]
     fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]) {
         if let (Some(f), Step::Held { key, debit, .. }) = (&self.1.refund, &mut st.1) {
@@ -839,33 +903,17 @@ where
     }
 
     #[inline]
-    fn fields(
-        &self,
-        st: &Self::State,
-        metas: &[Meta],
-        w: &mut FieldWriter,
-        built: &[(u64, Rate)],
-    ) -> bool {
-        let same = self.0.fields(&st.0, metas, w, built);
+    fn fields(&self, st: &Self::State, acc: &mut FieldAcc<'_>) {
+        self.0.fields(&st.0, acc);
         let m = &self.1;
-        // The quota is read once: the remaining tokens and the times follow
-        // the same one.
-        let quota = st.1.quota().or_else(|| m.limiter.own_quota());
-        let (cap, rate) = match quota {
-            Some(q) => (q.capacity(), q.rate()),
-            None => (m.limiter.capacity(), m.limiter.rate()),
-        };
-        if let Step::Held { key, debit, .. } = &st.1 {
-            let remaining = match quota {
-                Some(q) => m.limiter.remaining_with(key, debit.as_ref(), q),
-                None => m.limiter.remaining(key, debit.as_ref()),
-            };
-            if let Some(r) = remaining {
-                let t = headers::ceil_secs(refill_ns(rate, cap.saturating_sub(r)));
-                w.item(&metas[m.index].sf_name, r, t);
+        match &st.1 {
+            Step::Held { key, q, debit } => m.field(key, debit.as_ref(), *q, acc),
+            // No item; the policy follows the step's quota.
+            step => {
+                let (cap, rate) = m.term(step.quota());
+                acc.same &= acc.built.get(m.index) == Some(&(cap, rate));
             }
         }
-        same && built.get(m.index) == Some(&(cap, rate))
     }
 
     #[inline]
@@ -894,7 +942,9 @@ struct Shared<L, H> {
     /// when it is admitted and the response future holds only their
     /// values.
     refunds: bool,
-    /// Neither refunds nor fields: nothing of an admitted request is kept.
+    /// No refunds, and every limit decides at once with its own quota:
+    /// admitted requests go through [`LimitsImpl::light`] and keep
+    /// nothing.
     light: bool,
     permanent: StatusCode,
     respond: H,
@@ -990,6 +1040,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
         // Static: cloned per response without a reference count.
         let policy = policy_value(items).and_then(|v| headers::interned(&v));
         let refunds = self.limits.refunds_on_response();
+        let light = !refunds && self.limits.at_once();
         Ok(PaceLayer {
             shared: Arc::new(Shared {
                 limits: self.limits,
@@ -998,7 +1049,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
                 policy_terms,
                 headers: self.headers,
                 refunds,
-                light: !refunds && !self.headers,
+                light,
                 permanent: self.permanent,
                 respond: self.respond,
             }),
@@ -1247,29 +1298,38 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
         let head = RequestHead::of(&req);
-        let mut st = if shared.light {
-            match shared.limits.start_light(&head) {
-                // Every limit decided at once (local limits): admitted, and
-                // nothing is needed after the response.
-                Ok(None) => {
-                    return ResponseFuture {
-                        kind: Kind::Passthrough {
-                            future: self.inner.call(req),
-                        },
-                    }
+        if shared.light {
+            // Every limit decides at once and nothing is kept after the
+            // admission: no state, no reference to the layer in the future.
+            if shared.headers {
+                let mut acc = FieldAcc::new(shared);
+                if let Err(stop) = shared.limits.light(&head, Some(&mut acc), |_| Ok(())) {
+                    return ResponseFuture::rejected(shared.reject(stop, &head));
                 }
-                Ok(Some(st)) => st,
-                Err(stop) => return ResponseFuture::rejected(shared.reject(stop, &head)),
+                let fields = acc.finish(shared, Src::Head(&head));
+                return ResponseFuture {
+                    kind: Kind::Fields {
+                        future: self.inner.call(req),
+                        fields: Some(fields),
+                    },
+                };
             }
-        } else {
-            match shared.limits.start(&head) {
-                Ok((st, true)) => {
-                    // Every limit decided at once (local limits): admitted.
-                    return ResponseFuture::admitted(&mut self.inner, req, st, &self.shared);
-                }
-                Ok((st, false)) => st,
-                Err(stop) => return ResponseFuture::rejected(shared.reject(stop, &head)),
+            if let Err(stop) = shared.limits.light(&head, None, |_| Ok(())) {
+                return ResponseFuture::rejected(shared.reject(stop, &head));
             }
+            return ResponseFuture {
+                kind: Kind::Passthrough {
+                    future: self.inner.call(req),
+                },
+            };
+        }
+        let mut st = match shared.limits.start(&head) {
+            Ok((st, true)) => {
+                // Every limit decided at once (local limits): admitted.
+                return ResponseFuture::admitted(&mut self.inner, req, st, &self.shared);
+            }
+            Ok((st, false)) => st,
+            Err(stop) => return ResponseFuture::rejected(shared.reject(stop, &head)),
         };
         // A limit that answers later: try once (it may answer at once).
         let mut cx = Context::from_waker(Waker::noop());
@@ -1321,6 +1381,43 @@ impl<L: Limits, H> Settle<L, H> {
     }
 }
 
+/// The `RateLimit` value of a request as its limits add their items, and
+/// whether their quotas are the ones the layer was built with.
+#[doc(hidden)]
+pub struct FieldAcc<'a> {
+    w: FieldWriter,
+    same: bool,
+    metas: &'a [Meta],
+    built: &'a [(u64, Rate)],
+}
+
+impl<'a> FieldAcc<'a> {
+    #[inline]
+    fn new<L, H>(shared: &'a Shared<L, H>) -> FieldAcc<'a> {
+        FieldAcc {
+            w: FieldWriter::new(),
+            same: true,
+            metas: &shared.metas,
+            built: &shared.policy_terms,
+        }
+    }
+
+    /// The values: `RateLimit` as written, and `RateLimit-Policy` made when
+    /// the layer was built (static: no allocation, no reference count)
+    /// while the quotas are the same, otherwise from `src`'s quotas.
+    #[inline]
+    fn finish<L: Limits, H>(self, shared: &Shared<L, H>, src: Src<'_, '_, L::State>) -> Fields {
+        Fields {
+            ratelimit: self.w.value(),
+            policy: if self.same {
+                shared.policy.clone()
+            } else {
+                shared.policy_for(src)
+            },
+        }
+    }
+}
+
 /// The `RateLimit` and `RateLimit-Policy` values of an admitted request.
 struct Fields {
     ratelimit: Option<HeaderValue>,
@@ -1331,20 +1428,9 @@ impl Fields {
     /// The values for the reservations `st` holds now.
     #[inline]
     fn of<L: Limits, H>(shared: &Shared<L, H>, st: &L::State) -> Fields {
-        let mut w = FieldWriter::new();
-        let built = shared
-            .limits
-            .fields(st, &shared.metas, &mut w, &shared.policy_terms);
-        Fields {
-            ratelimit: w.value(),
-            // The value made when the layer was built, while the quotas are
-            // the same (static: no allocation, no reference count).
-            policy: if built {
-                shared.policy.clone()
-            } else {
-                shared.policy_for(Src::State(st))
-            },
-        }
+        let mut acc = FieldAcc::new(shared);
+        shared.limits.fields(st, &mut acc);
+        acc.finish(shared, Src::State(st))
     }
 
     #[inline]
