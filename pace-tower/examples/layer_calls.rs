@@ -204,14 +204,36 @@ fn main() {
                 .unwrap()
                 .layer(inner());
             let mut f1 = |r| once(&mut p, r);
-            let mut g =
-                GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap())
-                    .layer(
-                        GovernorLayer::new(gov().key_extractor(ClientIdKey).finish().unwrap())
-                            .layer(inner()),
-                    );
-            let mut f2 = |r| once(&mut g, r);
-            mix(&mut [&mut f0, &mut f1, &mut f2], n);
+            if fields {
+                let mut g = GovernorLayer::new(
+                    gov()
+                        .key_extractor(PeerIpKeyExtractor)
+                        .use_headers()
+                        .finish()
+                        .unwrap(),
+                )
+                .layer(
+                    GovernorLayer::new(
+                        gov()
+                            .key_extractor(ClientIdKey)
+                            .use_headers()
+                            .finish()
+                            .unwrap(),
+                    )
+                    .layer(inner()),
+                );
+                let mut f2 = |r| once(&mut g, r);
+                mix(&mut [&mut f0, &mut f1, &mut f2], n);
+            } else {
+                let mut g =
+                    GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap())
+                        .layer(
+                            GovernorLayer::new(gov().key_extractor(ClientIdKey).finish().unwrap())
+                                .layer(inner()),
+                        );
+                let mut f2 = |r| once(&mut g, r);
+                mix(&mut [&mut f0, &mut f1, &mut f2], n);
+            }
         }
         return;
     }
