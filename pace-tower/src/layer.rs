@@ -686,7 +686,12 @@ where
         F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
     {
         let Some(key) = self.key(head)? else {
-            // Skipped (no key, `MissingKey::Skip`).
+            // Skipped (no key, `MissingKey::Skip`): no item; the policy
+            // still lists its quota.
+            let mut fields = fields;
+            if let Some(acc) = fields.as_deref_mut() {
+                acc.same &= acc.built.get(self.index) == Some(&self.term(None));
+            }
             return then(fields);
         };
         let n = self.cost.as_ref().map_or(1, |f| f(head));
