@@ -26,6 +26,8 @@
 //! cargo bench -p pace-benches --bench tails                 # ~60 s
 //! PACE_TAIL_SECS=10 cargo bench -p pace-benches --bench tails
 //! cargo bench -p pace-benches --bench tails -- growth       # growth and churn only
+//! PACE_CHURN_CAPACITY=1000 cargo bench -p pace-benches --bench tails -- growth
+//!                                                 # churn at the default capacity
 //! PACE_TAIL_SLOW_US=300 cargo bench -p pace-benches --bench tails -- growth   # + where the slow calls fall
 //! PACE_TAIL_SLOW_US=200 cargo bench -p pace-benches --bench tails -- growth-control
 //! cargo bench -p pace-benches --bench tails -- growth-cpu   # growth's slowest calls: wall and CPU time
@@ -278,6 +280,18 @@ const CHURN: Regime = Regime {
     prime: 0,
 };
 
+/// The churn regime with `PACE_CHURN_CAPACITY` tokens (default 1; 1000 is
+/// `Pace::new(Rate::per_second(1000))`'s default capacity, a 1 s horizon,
+/// so a fresh key's row is full 1 ms after its reserve but the time-driven
+/// sweep comes once a second).
+fn churn_regime() -> Regime {
+    let capacity = std::env::var("PACE_CHURN_CAPACITY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CHURN.capacity);
+    Regime { capacity, ..CHURN }
+}
+
 /// Calls slower than `PACE_TAIL_SLOW_US` µs are listed (`None`: none).
 fn slow_threshold_ns() -> Option<u64> {
     std::env::var("PACE_TAIL_SLOW_US")
@@ -464,27 +478,21 @@ fn growth_and_churn() {
         timed_flood(&p, n, split),
     );
     drop(p);
-    let p = PaceC::<u64, _>::new(&CHURN, QuantaClock::new());
-    row(
-        "churn (1000/s, capacity 1)",
-        "pace",
-        timed_flood(&p, n, split),
-    );
+    let churn = churn_regime();
+    let churn_name: &'static str = if churn.capacity == 1 {
+        "churn (1000/s, capacity 1)"
+    } else {
+        "churn (1000/s, capacity 1000)"
+    };
+    let p = PaceC::<u64, _>::new(&churn, QuantaClock::new());
+    row(churn_name, "pace", timed_flood(&p, n, split));
     let churn_tables = vec![("pace", p.0.memory())];
     drop(p);
-    let g = Governor::<u64>::new(&CHURN);
-    row(
-        "churn (1000/s, capacity 1)",
-        "governor",
-        timed_flood(&g, n, split),
-    );
+    let g = Governor::<u64>::new(&churn);
+    row(churn_name, "governor", timed_flood(&g, n, split));
     drop(g);
-    let p = pace_entries::<u64, _>(&CHURN, QuantaClock::new());
-    row(
-        "churn (1000/s, capacity 1)",
-        "pace-entries",
-        timed_flood(&p, n, split),
-    );
+    let p = pace_entries::<u64, _>(&churn, QuantaClock::new());
+    row(churn_name, "pace-entries", timed_flood(&p, n, split));
     let mut churn_tables = churn_tables;
     churn_tables.push(("pace-entries", p.0.memory()));
     drop(p);

@@ -5,36 +5,32 @@
 //! What is here: explicit-time entry points and state probes of [`Pace`]
 //! ([`PaceInternals`], [`ReservationInternals`]); the table's chunk sizes
 //! and its deferred frees, so tests can measure what is really held; the
-//! cell table of word-sized keys on its own ([`CellsModel`], for loom
-//! models); and the bucket rule on plain integers ([`BucketMath`], for
-//! baseline limiters in benchmarks and exact models). With the feature on,
-//! [`Builder`] and [`Pace`] also have a few methods of the same kind
-//! (`Builder::entry_rows`, `Builder::cells_with_any_hasher`,
+//! table on its own, holding `u64` keys as their own bits ([`CellsModel`],
+//! for loom models); and the bucket rule on plain integers ([`BucketMath`],
+//! for baseline limiters in benchmarks and exact models). With the feature
+//! on, [`Builder`] and [`Pace`] also have a few methods of the same kind
+//! (`Builder::boxed_keys`, `Builder::inline_keys_any_hasher`,
 //! `Pace::table_slots`, `Pace::table_bytes`, `Pace::entry_bytes`).
 //!
 //! [`Pace`]: crate::Pace
 //! [`Builder`]: crate::Builder
 
 pub use crate::pace::{PaceInternals, ReservationInternals};
+use crate::table::keys::Bits;
 
-/// Slots per chunk of an incremental sweep pass over a table of `n`
-/// slots: the pass takes `n.div_ceil(sweep_chunk(n))` calls
+/// Cells per chunk of an incremental sweep pass over a table of `n`
+/// cells: the pass takes `n.div_ceil(sweep_chunk(n))` calls
 /// (tests/memory.rs).
 pub fn sweep_chunk(n: usize) -> usize {
     crate::table::sweep_chunk(n)
 }
 
-/// The same for a table of `n` cells (rows of word-sized keys).
-pub fn cell_sweep_chunk(n: usize) -> usize {
-    crate::table::cells::cell_sweep_chunk(n)
-}
+/// Cells per chunk of a migration: a migration from an array of `n`
+/// cells takes at most `n.div_ceil(MIGRATION_CHUNK)` calls.
+pub const MIGRATION_CHUNK: usize = crate::table::CHUNK;
 
-/// Slots per chunk of a migration: a migration from an array of `n`
-/// slots takes at most `n.div_ceil(MIGRATION_CHUNK)` calls.
-pub const MIGRATION_CHUNK: usize = crate::table::MIGRATION_CHUNK;
-
-/// The most slots of a migration one call copies (whole chunks).
-pub const MIGRATION_CALL_SLOTS: usize = crate::table::MIGRATION_CALL_SLOTS;
+/// The most cells of a migration one call copies (whole chunks).
+pub const MIGRATION_CALL_CELLS: usize = crate::table::CALL_CELLS;
 
 /// Sleeps taken by callers waiting for a turn (`Pace::acquire`,
 /// `Pace::acquire_blocking`) in this process so far.
@@ -70,10 +66,10 @@ pub fn frees_in_flight() -> usize {
     }
 }
 
-/// The cell table of word-sized keys (DESIGN.md §2, "Rows in cells"),
-/// with the hash of key `k` equal to `k`, for loom models.
+/// The table holding `u64` keys as their own bits (DESIGN.md §2), with the
+/// hash of key `k` equal to `k`, for loom models.
 pub struct CellsModel {
-    table: crate::table::cells::CellTable,
+    table: crate::table::Table,
     limits: crate::bucket::Limits,
     epochs: crate::sync::Epochs,
 }
@@ -83,7 +79,8 @@ impl CellsModel {
     /// `interval`.
     pub fn new(cells: usize, interval: u64, capacity: u64) -> CellsModel {
         CellsModel {
-            table: crate::table::cells::CellTable::try_new(cells).expect("cells fit an array"),
+            table: crate::table::Table::try_new(cells, crate::table::keys::inline())
+                .expect("cells fit an array"),
             limits: crate::bucket::Limits::new(interval, capacity).expect("valid bucket"),
             epochs: crate::sync::Epochs::new(),
         }
@@ -93,7 +90,16 @@ impl CellsModel {
     pub fn reserve(&self, key: u64, now: u64) -> Option<u64> {
         let guard = self.epochs.pin();
         self.table
-            .reserve(&self.limits, key, key, 1, now, &|| now, &|k| k, &guard)
+            .reserve(
+                &self.limits,
+                key,
+                &Bits(key),
+                1,
+                now,
+                &|| now,
+                &|k| k,
+                &guard,
+            )
             .ok()
             .map(|a| a.tat)
     }
@@ -111,7 +117,16 @@ impl CellsModel {
     ) -> Option<u64> {
         let guard = self.epochs.pin();
         self.table
-            .reserve(&self.limits, hash, key, n, now, &|| now, hash_of, &guard)
+            .reserve(
+                &self.limits,
+                hash,
+                &Bits(key),
+                n,
+                now,
+                &|| now,
+                hash_of,
+                &guard,
+            )
             .ok()
             .map(|a| a.tat)
     }
@@ -119,8 +134,17 @@ impl CellsModel {
     /// Refunds one token of `key` that moved it from `prev` to `tat`.
     pub fn refund(&self, key: u64, tat: u64, prev: u64, now: u64) -> crate::Refunded {
         let guard = self.epochs.pin();
-        self.table
-            .refund(&self.limits, key, key, 1, tat, prev, now, &|k| k, &guard)
+        self.table.refund(
+            &self.limits,
+            key,
+            &Bits(key),
+            1,
+            tat,
+            prev,
+            now,
+            &|k| k,
+            &guard,
+        )
     }
 
     /// Removes the rows full at `now`; how many.
@@ -130,12 +154,12 @@ impl CellsModel {
 
     /// The `tat` of `key`'s row.
     pub fn peek(&self, key: u64) -> Option<u64> {
-        self.table.peek(key, key, &self.epochs.pin())
+        self.table.peek(key, &Bits(key), &self.epochs.pin())
     }
 
     /// Keys of the live rows, sorted.
     pub fn live_keys(&self) -> Vec<u64> {
-        let mut k = self.table.live_keys(&self.epochs.pin());
+        let mut k = self.table.live_keys(&|k| k, &self.epochs.pin());
         k.sort_unstable();
         k
     }

@@ -14,9 +14,9 @@ use crate::clock::{Clock, DefaultClock};
 use crate::rate::{ConfigError, Quota, Rate};
 use crate::sync::epoch::Guard;
 use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
-use crate::table::cells::{self, CellTable};
+use crate::table::keys::{self, Bits, Boxed};
 use crate::table::quota::QuotaCell;
-use crate::table::words::{self, WordKey};
+use crate::table::words::{self, Borrowed, WordKey};
 use crate::table::Table;
 
 /// Default smallest slot array: the table shrinks back to this.
@@ -73,29 +73,55 @@ pub struct Pace<K, S = RandomState, C = DefaultClock> {
 /// atomic: it orders nothing, so loom need not model it.)
 static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-/// Where a limiter's rows live: keys that fit in a word (`u64`, `i32`,
-/// `char`, `Ipv4Addr`, …) in 16-byte cells of the array, when the CPU has
-/// lock-free 128-bit atomics and the hasher is std's `RandomState` (the
-/// default), `BuildHasherDefault<DefaultHasher>` or `FastHasher`; any
-/// other key, or any other hasher, in a separately allocated entry per row
-/// (DESIGN.md §2).
-enum Rows<K> {
-    Entries(Table<K>),
-    Cells(CellTable, WordKey<K>),
+/// A limiter's rows: one table of 16-byte cells for every key type
+/// (DESIGN.md §2). A cell's key half holds a word-sized key's (`u64`, `i32`,
+/// `char`, `Ipv4Addr`, …) own bits when the hasher is std's `RandomState`
+/// (the default), `BuildHasherDefault<DefaultHasher>` or `FastHasher`; any
+/// other key, or any other hasher, is boxed with its hash.
+struct Rows<K> {
+    table: Table,
+    /// `Some` when cells hold the keys' own bits, `None` when keys are
+    /// boxed.
+    word: Option<WordKey<K>>,
+    _owns: keys::Owns<K>,
 }
 
-/// Which table a builder gives word-sized keys.
+/// How a builder stores word-sized keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 // Only `ByType` is built without the `internals` feature.
 #[cfg_attr(not(feature = "internals"), allow(dead_code))]
 enum RowsPick {
-    /// Cells when the hasher is one whose hash of an integer cannot panic
-    /// (`words::hasher_cannot_panic`), else entries.
+    /// Their own bits when the hasher is one whose hash of an integer
+    /// cannot panic (`words::hasher_cannot_panic`), else boxed.
     ByType,
-    /// Entries (`Builder::entry_rows`).
-    Entries,
-    /// Cells whatever the hasher (`Builder::cells_with_any_hasher`).
-    CellsAnyHasher,
+    /// Boxed (`Builder::boxed_keys`).
+    Boxed,
+    /// Their own bits whatever the hasher (`Builder::inline_keys_any_hasher`).
+    InlineAnyHasher,
+}
+
+/// Runs `$body` with `$p` bound to the probe of `$key` (hash `$hash`) in
+/// `$rows` under `$guard`: its own bits, a borrowed form of a word key, or
+/// a boxed key. (A macro: each arm's probe is a different type.)
+macro_rules! with_probe {
+    ($rows:expr, $key:expr, $hash:expr, $guard:expr, |$p:ident| $body:expr) => {
+        match $rows.word {
+            Some(word) => match word.bits_of($key) {
+                Some(bits) => {
+                    let $p = &Bits(bits);
+                    $body
+                }
+                None => {
+                    let $p = &Borrowed { word, key: $key };
+                    $body
+                }
+            },
+            None => {
+                let $p = &Boxed::<K, _>::new($key, $hash, $guard);
+                $body
+            }
+        }
+    };
 }
 
 /// Builds a [`Pace`] with a non-default capacity, clock or hasher.
@@ -130,12 +156,13 @@ fn fast_hasher() -> FastHasher {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MemoryStats {
-    /// Slots of the array new rows go to.
+    /// Cells (16 bytes each) of the array new rows go to.
     pub slots: usize,
-    /// Bytes of the slot arrays in use: the current one and, while a
+    /// Bytes of the cell arrays in use: the current one and, while a
     /// migration runs, its target.
     pub array_bytes: usize,
-    /// Bytes of the rows' entries: `rows` x the bytes of one row's entry.
+    /// Bytes of the rows' key boxes: `rows` x the bytes of one box when
+    /// keys are boxed, 0 when cells hold the keys' own bits (DESIGN.md §2).
     pub entry_bytes: usize,
     /// Bytes of the floors (a fixed array per limiter).
     pub floor_bytes: usize,
@@ -461,13 +488,14 @@ impl<K, S, C> Builder<K, S, C> {
     /// The hasher (default: `RandomState`, randomly seeded SipHash). Keys are
     /// chosen by clients, so a predictable hasher invites collision floods.
     ///
-    /// Word-sized keys (`u64`, `i32`, `char`, `Ipv4Addr`, …) keep their rows
-    /// in 16-byte cells of the table only with std's `RandomState`,
-    /// `BuildHasherDefault<DefaultHasher>` or `fast_hasher()` (feature `foldhash`)
-    /// (hashers that cannot panic on an integer: a cell keeps no hash, so
-    /// moving or removing a row hashes its key again); with any other
-    /// hasher they get a separately allocated entry per row, as other keys
-    /// do (slower to look up in a large table; DESIGN.md §2).
+    /// Word-sized keys (`u64`, `i32`, `char`, `Ipv4Addr`, …) are held in
+    /// their rows' cells as their own bits only with std's `RandomState`,
+    /// `BuildHasherDefault<DefaultHasher>` or `fast_hasher()` (feature
+    /// `foldhash`) (hashers that cannot panic on an integer: such a cell
+    /// keeps no hash, so moving or removing a row hashes its key again);
+    /// with any other hasher they are boxed with their hash, as other keys
+    /// are (one more allocation per row, one more cache line per lookup;
+    /// DESIGN.md §2).
     pub fn hasher<S2: BuildHasher>(self, hasher: S2) -> Builder<K, S2, C> {
         Builder {
             rate: self.rate,
@@ -499,23 +527,23 @@ impl<K, S, C> Builder<K, S, C> {
         self
     }
 
-    /// Rows in separately allocated entries even for word-sized keys (for
-    /// models and benchmarks of that table). Feature `internals`: not a
+    /// Word-sized keys boxed with their hash, as other keys are (for
+    /// models and benchmarks of boxed keys). Feature `internals`: not a
     /// stable API, for models, fuzz targets and benchmarks.
     #[cfg(feature = "internals")]
-    pub fn entry_rows(mut self) -> Self {
-        self.rows = RowsPick::Entries;
+    pub fn boxed_keys(mut self) -> Self {
+        self.rows = RowsPick::Boxed;
         self
     }
 
-    /// Rows of word-sized keys in cells whatever the hasher, for models and
-    /// benchmarks whose own hasher cannot panic (a cell keeps no hash, so a
-    /// migration and a sweep hash the keys they move or remove; see
-    /// [`Builder::hasher`]). Feature `internals`: not a stable API, for
-    /// models, fuzz targets and benchmarks.
+    /// Word-sized keys held as their own bits whatever the hasher, for
+    /// models and benchmarks whose own hasher cannot panic (such a cell
+    /// keeps no hash, so a migration and a sweep hash the keys they move or
+    /// remove; see [`Builder::hasher`]). Feature `internals`: not a stable
+    /// API, for models, fuzz targets and benchmarks.
     #[cfg(feature = "internals")]
-    pub fn cells_with_any_hasher(mut self) -> Self {
-        self.rows = RowsPick::CellsAnyHasher;
+    pub fn inline_keys_any_hasher(mut self) -> Self {
+        self.rows = RowsPick::InlineAnyHasher;
         self
     }
 
@@ -531,19 +559,20 @@ impl<K, S, C> Builder<K, S, C> {
         let capacity = self.capacity.unwrap_or_else(|| self.rate.one_second());
         let quota = Quota::new(self.rate, capacity)?;
         let horizon = quota.limits().tau().max(MIN_HORIZON_NS);
-        let cells_fit = match self.rows {
+        let inline = match self.rows {
             RowsPick::ByType => words::hasher_cannot_panic::<S>(),
-            RowsPick::Entries => false,
-            RowsPick::CellsAnyHasher => true,
+            RowsPick::Boxed => false,
+            RowsPick::InlineAnyHasher => true,
         };
-        let rows = match WordKey::<K>::new() {
-            Some(word) if cells_fit && cells::lock_free() => Rows::Cells(
-                CellTable::try_new(self.min_slots).ok_or(ConfigError::MinSlotsTooLarge)?,
-                word,
-            ),
-            _ => {
-                Rows::Entries(Table::try_new(self.min_slots).ok_or(ConfigError::MinSlotsTooLarge)?)
-            }
+        let word = WordKey::<K>::new().filter(|_| inline);
+        let kind = match word {
+            Some(_) => keys::inline(),
+            None => keys::boxed::<K>(),
+        };
+        let rows = Rows {
+            table: Table::try_new(self.min_slots, kind).ok_or(ConfigError::MinSlotsTooLarge)?,
+            word,
+            _owns: std::marker::PhantomData,
         };
         Ok(Pace {
             rows,
@@ -595,10 +624,7 @@ impl<K, S, C> Pace<K, S, C> {
 
     /// Rows held now: keys whose bucket is not known to be full.
     pub fn len(&self) -> usize {
-        match &self.rows {
-            Rows::Entries(t) => t.len(),
-            Rows::Cells(t, _) => t.len(),
-        }
+        self.rows.table.len()
     }
 
     /// True when no row is held.
@@ -620,21 +646,13 @@ impl<K, S, C> Pace<K, S, C> {
     pub fn memory(&self) -> MemoryStats {
         let guard = self.pin();
         let rows = self.len();
-        match &self.rows {
-            Rows::Entries(t) => MemoryStats {
-                slots: t.slots(&guard),
-                array_bytes: t.array_bytes(&guard),
-                entry_bytes: rows * Table::<K>::entry_bytes(),
-                floor_bytes: t.floor_bytes(),
-                rows,
-            },
-            Rows::Cells(t, _) => MemoryStats {
-                slots: t.cells(&guard),
-                array_bytes: t.array_bytes(&guard),
-                entry_bytes: 0,
-                floor_bytes: t.floor_bytes(),
-                rows,
-            },
+        let t = &self.rows.table;
+        MemoryStats {
+            slots: t.cells(&guard),
+            array_bytes: t.array_bytes(&guard),
+            entry_bytes: rows * self.entry_bytes_of(),
+            floor_bytes: t.floor_bytes(),
+            rows,
         }
     }
 
@@ -657,14 +675,35 @@ impl<K, S, C> Pace<K, S, C> {
         m.array_bytes + m.floor_bytes
     }
 
-    /// Bytes of one row's entry allocation (bucket word, hash and key, not
-    /// what the key owns on the heap) when rows are entries; rows in cells
-    /// have none ([`MemoryStats::entry_bytes`] says which). Feature
-    /// `internals`: not a stable API, for models, fuzz targets and
+    /// Bytes of one row's key box (hash and key, not what the key owns on
+    /// the heap) when keys are boxed; 0 when cells hold the keys' own bits.
+    /// Feature `internals`: not a stable API, for models, fuzz targets and
     /// benchmarks.
     #[cfg(feature = "internals")]
-    pub fn entry_bytes() -> usize {
-        Table::<K>::entry_bytes()
+    pub fn entry_bytes(&self) -> usize {
+        self.entry_bytes_of()
+    }
+
+    fn entry_bytes_of(&self) -> usize {
+        if self.rows.word.is_some() {
+            0
+        } else {
+            keys::box_bytes::<K>()
+        }
+    }
+
+    /// The hash of a word-sized key's own bits, for the table's copies and
+    /// sweeps (boxed keys keep theirs: never called for them).
+    #[inline]
+    fn hash_of(&self, bits: u64) -> u64
+    where
+        S: BuildHasher,
+        K: Hash,
+    {
+        match self.rows.word {
+            Some(word) => self.hasher.hash_one(word.key(bits)),
+            None => 0,
+        }
     }
 
     #[inline]
@@ -814,9 +853,7 @@ where
         let hash = self.hasher.hash_one(key);
         // The key's cell is fetched while the epoch is pinned and the clock
         // read, which is why the clock is read only now.
-        if let Rows::Cells(t, _) = &self.rows {
-            t.prefetch(hash);
-        }
+        self.rows.table.prefetch(hash);
         let now = clock();
         let reread: &dyn Fn() -> u64 = &clock;
         let guard = self.pin();
@@ -833,31 +870,13 @@ where
         } else {
             limits
         };
-        let result = match &self.rows {
-            Rows::Entries(t) => t
-                .reserve(limits, hash, key, n, now, reread, &guard)
-                .map(|a| (a.tat, a.prev, a.created)),
-            Rows::Cells(t, word) => {
-                // A borrowed form of a word key other than the key type
-                // itself (a `Borrow` impl of the caller's) has no bits: its
-                // owned key has.
-                let bits = match word.bits_of(key) {
-                    Some(bits) => bits,
-                    None => word.bits(&key.to_owned()),
-                };
-                t.reserve(
-                    limits,
-                    hash,
-                    bits,
-                    n,
-                    now,
-                    reread,
-                    &|b| self.hasher.hash_one(word.key(b)),
-                    &guard,
-                )
-                .map(|a| (a.tat, a.prev, a.created))
-            }
-        };
+        let hash_of = |b| self.hash_of(b);
+        let result = with_probe!(self.rows, key, hash, &guard, |p| {
+            self.rows
+                .table
+                .reserve(limits, hash, p, n, now, reread, &hash_of, &guard)
+        })
+        .map(|a| (a.tat, a.prev, a.created));
         let created = matches!(result, Ok((_, _, true)));
         if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
             self.sooner_sweep(now, tau);
@@ -1175,17 +1194,11 @@ where
         let hash = self.hasher.hash_one(key);
         let guard = self.pin();
         let limits = quota.unwrap_or_else(|| *self.quota.load(&guard)).limits();
-        let tat = match &self.rows {
-            Rows::Entries(t) => match t.peek(hash, key, &guard) {
-                Some(tat) if tat != 0 => tat,
-                // Absent, dead or never debited: the row starts from its floor.
-                _ => t.floor(hash),
-            },
-            // A row in a cell is never live before its first debit.
-            Rows::Cells(t, word) => Self::cell_bits(t, word, hash, key, &guard)
-                .and_then(|bits| t.peek(hash, bits, &guard))
-                .unwrap_or_else(|| t.floor(hash)),
-        };
+        // A row is never live before its first debit; an absent one starts
+        // from its floor.
+        let t = &self.rows.table;
+        let tat = with_probe!(self.rows, key, hash, &guard, |p| t.peek(hash, p, &guard))
+            .unwrap_or_else(|| t.floor(hash));
         limits.tokens(tat, now)
     }
 
@@ -1251,46 +1264,10 @@ where
         // The refund rule looks at no quota; the table takes one for its
         // known-wrong variants.
         let limits = &self.quota.load(&guard).limits();
-        match &self.rows {
-            Rows::Entries(t) => t.refund(
-                limits, hash, key, debit.n, debit.tat, debit.prev, now, &guard,
-            ),
-            Rows::Cells(t, word) => {
-                // No row of the key: nothing to refund.
-                let Some(bits) = Self::cell_bits(t, word, hash, key, &guard) else {
-                    return Refunded::Refilled;
-                };
-                t.refund(
-                    limits,
-                    hash,
-                    bits,
-                    debit.n,
-                    debit.tat,
-                    debit.prev,
-                    now,
-                    &|b| self.hasher.hash_one(word.key(b)),
-                    &guard,
-                )
-            }
-        }
-    }
-
-    /// The bits of a borrowed word key: its own, or, for a borrowed form
-    /// other than the key type, those of the row whose key equals it (`None`
-    /// when the table holds no such row).
-    fn cell_bits<Q>(
-        t: &CellTable,
-        word: &WordKey<K>,
-        hash: u64,
-        key: &Q,
-        guard: &Guard,
-    ) -> Option<u64>
-    where
-        K: Borrow<Q>,
-        Q: ?Sized + Hash + Eq,
-    {
-        word.bits_of(key)
-            .or_else(|| t.key_matching(hash, &|b| word.key(b).borrow() == key, guard))
+        let hash_of = |b| self.hash_of(b);
+        with_probe!(self.rows, key, hash, &guard, |p| self.rows.table.refund(
+            limits, hash, p, debit.n, debit.tat, debit.prev, now, &hash_of, &guard,
+        ))
     }
 
     /// The stripe of floors `key` shares with other keys (for models: a fresh
@@ -1301,7 +1278,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        Table::<K>::floor_stripe(self.hasher.hash_one(key))
+        Table::floor_stripe(self.hasher.hash_one(key))
     }
 
     /// The raw bucket word (`tat`, ns) of `key`'s row, if any (for models).
@@ -1313,11 +1290,10 @@ where
     {
         let hash = self.hasher.hash_one(key);
         let guard = self.pin();
-        match &self.rows {
-            Rows::Entries(t) => t.peek(hash, key, &guard),
-            Rows::Cells(t, word) => Self::cell_bits(t, word, hash, key, &guard)
-                .and_then(|bits| t.peek(hash, bits, &guard)),
-        }
+        with_probe!(self.rows, key, hash, &guard, |p| self
+            .rows
+            .table
+            .peek(hash, p, &guard))
     }
 
     /// Removes every row whose bucket has refilled, and shrinks the table if
@@ -1335,10 +1311,7 @@ where
     }
 
     fn sweep_with(&self, now: u64, guard: &Guard) -> usize {
-        let removed = match &self.rows {
-            Rows::Entries(t) => t.sweep(now, guard),
-            Rows::Cells(t, word) => t.sweep(now, &|b| self.hasher.hash_one(word.key(b)), guard),
-        };
+        let removed = self.rows.table.sweep(now, &|b| self.hash_of(b), guard);
         self.sweep_mark.store(self.len(), Ordering::Relaxed);
         removed
     }
@@ -1378,12 +1351,7 @@ where
                 return;
             }
         }
-        match &self.rows {
-            Rows::Entries(t) => t.sweep_step(now, guard),
-            Rows::Cells(t, word) => {
-                t.sweep_step(now, &|b| self.hasher.hash_one(word.key(b)), guard)
-            }
-        }
+        self.rows.table.sweep_step(now, &|b| self.hash_of(b), guard);
     }
 
     /// Known-wrong variant for mutation tests: passes keep the default
@@ -1408,12 +1376,9 @@ where
     #[cold]
     #[inline(never)]
     fn start_pass(&self, now: u64, guard: &Guard) {
-        match &self.rows {
-            Rows::Entries(t) => t.start_sweep(now, guard),
-            Rows::Cells(t, word) => {
-                t.start_sweep(now, &|b| self.hasher.hash_one(word.key(b)), guard)
-            }
-        }
+        self.rows
+            .table
+            .start_sweep(now, &|b| self.hash_of(b), guard);
         self.sweep_mark.store(self.len(), Ordering::Relaxed);
     }
 }
@@ -1424,14 +1389,11 @@ impl<K: Clone, S, C> Pace<K, S, C> {
     #[cfg(feature = "internals")]
     pub(crate) fn row_keys_inner(&self) -> Vec<K> {
         let guard = self.pin();
-        match &self.rows {
-            Rows::Entries(t) => t.live_keys(&guard),
-            Rows::Cells(t, word) => t
-                .live_keys(&guard)
-                .into_iter()
-                .map(|b| word.key(b))
-                .collect(),
-        }
+        let word = self.rows.word;
+        self.rows.table.live_keys(
+            &|b| word.expect("keys' own bits only in an inline table").key(b),
+            &guard,
+        )
     }
 }
 
@@ -1516,13 +1478,16 @@ pub trait PaceInternals<K, S, C> {
     fn migrations(&self) -> usize;
     /// Whether a migration is running (callers copy its chunks).
     fn migrating(&self) -> bool;
-    /// Slots of the array new rows go to: the current array, or the target
+    /// Cells of the array new rows go to: the current array, or the target
     /// of a running migration.
     fn slots(&self) -> usize;
-    /// Slots of the chunks migrations have copied since the limiter was made.
+    /// Cells of the chunks migrations have copied since the limiter was made.
     fn copied_slots(&self) -> usize;
-    /// Whether rows live in cells (word-sized keys), not entries.
-    fn cell_rows(&self) -> bool;
+    /// Full rows migrations have removed instead of copying them, since
+    /// the limiter was made.
+    fn copy_removed(&self) -> usize;
+    /// Whether cells hold the keys' own bits (word-sized keys), not boxed keys.
+    fn inline_keys(&self) -> bool;
 }
 
 #[cfg(feature = "internals")]
@@ -1591,17 +1556,11 @@ where
     }
 
     fn migrations(&self) -> usize {
-        match &self.rows {
-            Rows::Entries(t) => t.migrations(),
-            Rows::Cells(t, _) => t.migrations(),
-        }
+        self.rows.table.migrations()
     }
 
     fn migrating(&self) -> bool {
-        match &self.rows {
-            Rows::Entries(t) => t.migrating(&self.pin()),
-            Rows::Cells(t, _) => t.migrating(&self.pin()),
-        }
+        self.rows.table.migrating(&self.pin())
     }
 
     fn slots(&self) -> usize {
@@ -1609,14 +1568,15 @@ where
     }
 
     fn copied_slots(&self) -> usize {
-        match &self.rows {
-            Rows::Entries(t) => t.copied_slots(),
-            Rows::Cells(t, _) => t.copied_cells(),
-        }
+        self.rows.table.copied_cells()
     }
 
-    fn cell_rows(&self) -> bool {
-        matches!(self.rows, Rows::Cells(..))
+    fn copy_removed(&self) -> usize {
+        self.rows.table.copy_removed()
+    }
+
+    fn inline_keys(&self) -> bool {
+        self.rows.word.is_some()
     }
 
     fn sweep_at(&self, now: u64) -> usize {
@@ -1691,7 +1651,7 @@ mod memory_stats {
         let p: Pace<u64, RandomState, ManualClock> = Pace::builder(Rate::per_second(10).unwrap())
             .clock(ManualClock::new())
             .min_slots(4)
-            .entry_rows()
+            .boxed_keys()
             .build()
             .unwrap();
         let empty = p.memory();
@@ -1701,11 +1661,14 @@ mod memory_stats {
         }
         let m = p.memory();
         assert_eq!(m.rows, 100);
-        assert_eq!(m.entry_bytes, 100 * Pace::<u64>::entry_bytes());
-        assert_eq!(Pace::<u64>::entry_bytes(), 24, "word, hash and a u64 key");
+        assert_eq!(m.entry_bytes, 100 * p.entry_bytes());
+        assert_eq!(p.entry_bytes(), 16, "hash and a u64 key");
         assert_eq!(m.slots, p.table_slots());
-        assert!(m.slots >= 134, "3/4 load at most: {}", m.slots);
-        assert!(m.array_bytes >= m.slots * 8);
+        assert!(m.slots >= 124, "13/16 load at most: {}", m.slots);
+        assert!(m.array_bytes >= m.slots * 16);
+        let mut keys = p.row_keys_inner();
+        keys.sort_unstable();
+        assert_eq!(keys, (0..100).collect::<Vec<u64>>());
         assert_eq!(p.table_bytes(), m.array_bytes + m.floor_bytes);
     }
 
@@ -1713,15 +1676,12 @@ mod memory_stats {
     /// bytes, and the array is all the table holds per row.
     #[test]
     fn word_keys_have_rows_in_cells() {
-        if !crate::table::cells::lock_free() {
-            return; // no lock-free 128-bit atomics (Miri): the slot table
-        }
         let p: Pace<u32, RandomState, ManualClock> = Pace::builder(Rate::per_second(10).unwrap())
             .clock(ManualClock::new())
             .min_slots(4)
             .build()
             .unwrap();
-        assert!(PaceInternals::cell_rows(&p), "u32 keys fit in a cell");
+        assert!(PaceInternals::inline_keys(&p), "u32 keys fit in a cell");
         let empty = p.memory();
         assert_eq!((empty.rows, empty.slots, empty.entry_bytes), (0, 4, 0));
         for k in 0..100u32 {
@@ -1735,16 +1695,13 @@ mod memory_stats {
         keys.sort_unstable();
         assert_eq!(keys, (0..100).collect::<Vec<u32>>());
         let s: Pace<String> = Pace::new(Rate::per_second(10).unwrap());
-        assert!(!PaceInternals::cell_rows(&s), "a String has no bits");
+        assert!(!PaceInternals::inline_keys(&s), "a String has no bits");
     }
 
     /// A borrowed form of a word key that is not the key type itself (a
     /// caller's own `Borrow` impl) finds the row through its owned key.
     #[test]
     fn a_foreign_borrowed_form_finds_the_row() {
-        if !crate::table::cells::lock_free() {
-            return; // no lock-free 128-bit atomics (Miri): the slot table
-        }
         #[derive(Hash, PartialEq, Eq)]
         struct Id(u64);
         static IDS: [Id; 10] = [
@@ -1774,7 +1731,7 @@ mod memory_stats {
             .clock(ManualClock::new())
             .build()
             .unwrap();
-        assert!(PaceInternals::cell_rows(&p));
+        assert!(PaceInternals::inline_keys(&p));
         let _first = p.reserve(&7u64).expect("full");
         assert_eq!(p.peek(&Id(7)), 1);
         let second = p.reserve(&Id(7)).expect("capacity 2");
@@ -1808,12 +1765,10 @@ mod sweep_cursor {
             Pace::builder(Rate::new(1, std::time::Duration::from_nanos(T)).unwrap())
                 .capacity(1)
                 .clock(ManualClock::new())
-                .entry_rows()
                 .build()
                 .unwrap();
-        let Rows::Entries(table) = &p.rows else {
-            unreachable!("entry rows")
-        };
+        let table = &p.rows.table;
+        let hash_of = |b| p.hash_of(b);
         for k in 0..10_000u64 {
             let _kept = p.reserve_n_at_inner(&k, 1, None, 0).expect("a fresh key");
         }
@@ -1825,7 +1780,7 @@ mod sweep_cursor {
                 "key 0 is empty"
             );
         }
-        table.sweep_chunk_late(0, &p.pin());
+        table.sweep_chunk_late(0, &hash_of, &p.pin());
         let rows = p.len();
         assert_eq!(rows, 10_000);
         let slots = p.table_slots();

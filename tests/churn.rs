@@ -21,14 +21,10 @@ const T: u64 = 1_000;
 
 both_tables!(refunded_keys_reuse_tombstones, swept_keys_reuse_tombstones,);
 
-/// Slots (or cells) per live row a churning array may have: its target
-/// gives rows at most a quarter of a slot array and an eighth of a cell
-/// array (`target_size`), rounded up to a power of two.
-fn churn_room(rows: Rows) -> usize {
-    match rows {
-        Rows::Cells => 16,
-        Rows::Entries => 8,
-    }
+/// Cells per live row a churning array may have: its target gives rows at
+/// most an eighth of it (`target_size`), rounded up to a power of two.
+fn churn_room(_rows: Rows) -> usize {
+    16
 }
 
 /// Create a row, hand the debit back (the bucket is full again: the row
@@ -95,7 +91,7 @@ fn swept_keys_reuse_tombstones(rows: Rows) {
 #[test]
 fn a_churning_cell_array_is_resized_for_churn() {
     let p = limiter(1, Duration::from_millis(1), Rows::Cells);
-    assert!(p.cell_rows(), "u64 rows are in cells");
+    assert!(p.inline_keys(), "u64 rows are in cells");
     let mut flood = SweptFlood::new(&p);
     flood.run(12);
     let slots = p.table_slots();

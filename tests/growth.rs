@@ -17,7 +17,7 @@ use std::time::Duration;
 #[macro_use]
 mod tables;
 
-use pace::internals::{PaceInternals, ReservationInternals, MIGRATION_CALL_SLOTS, MIGRATION_CHUNK};
+use pace::internals::{PaceInternals, ReservationInternals, MIGRATION_CALL_CELLS, MIGRATION_CHUNK};
 use pace::{ManualClock, Pace};
 use tables::{limiter, Rows};
 
@@ -32,10 +32,10 @@ both_tables!(
 );
 
 /// Follows the migrations that `call` meets, one call at a time: no call
-/// copies more than `MIGRATION_CALL_SLOTS` slots of a migration (whole
+/// copies more than `MIGRATION_CALL_CELLS` slots of a migration (whole
 /// chunks of `MIGRATION_CHUNK`; more than one only while they are sparse),
 /// and, one thread calling, a migration from an array of `n` slots runs over
-/// at least `n / MIGRATION_CALL_SLOTS` calls. Records the migrations seen:
+/// at least `n / MIGRATION_CALL_CELLS` calls. Records the migrations seen:
 /// (slots copied from, calls).
 #[derive(Default)]
 struct Watch {
@@ -51,7 +51,7 @@ impl Watch {
         call();
         let now_copied = p.copied_slots() - copied;
         assert!(
-            now_copied <= MIGRATION_CALL_SLOTS,
+            now_copied <= MIGRATION_CALL_CELLS,
             "one call copied {now_copied} slots: some call copied more than one call's share"
         );
         assert_eq!(now_copied % MIGRATION_CHUNK, 0, "whole chunks");
@@ -63,7 +63,7 @@ impl Watch {
         if !p.migrating() {
             if let Some((from, calls)) = self.running.take() {
                 assert!(
-                    calls >= from.div_ceil(MIGRATION_CALL_SLOTS),
+                    calls >= from.div_ceil(MIGRATION_CALL_CELLS),
                     "the migration from {from} slots ended after {calls} calls: \
                      some call copied more than one call's share"
                 );
@@ -183,11 +183,7 @@ fn a_pass_due_during_a_migration_runs_on_the_new_array(rows: Rows) {
     }
     assert!(calls > 1, "the pass came due while the array migrated");
     let slots = p.slots();
-    let chunk = if p.cell_rows() {
-        pace::internals::cell_sweep_chunk(slots)
-    } else {
-        pace::internals::sweep_chunk(slots)
-    };
+    let chunk = pace::internals::sweep_chunk(slots);
     for _ in 0..slots.div_ceil(chunk) {
         k += 1;
         p.reserve_n_at(&k, 1, now)

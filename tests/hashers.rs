@@ -56,31 +56,31 @@ fn rate() -> Rate {
 
 #[test]
 #[cfg_attr(miri, ignore)] // Miri has no 128-bit atomics: never cells there
-fn cells_only_with_hashers_that_cannot_panic() {
+fn own_bits_only_with_hashers_that_cannot_panic() {
     let std_default: Pace<u64> = Pace::new(rate());
-    assert!(std_default.cell_rows(), "RandomState (the default)");
+    assert!(std_default.inline_keys(), "RandomState (the default)");
     let p = Pace::<u64>::builder(rate())
         .hasher(BuildHasherDefault::<DefaultHasher>::default())
         .build()
         .unwrap();
-    assert!(p.cell_rows(), "BuildHasherDefault<DefaultHasher>");
+    assert!(p.inline_keys(), "BuildHasherDefault<DefaultHasher>");
     #[cfg(feature = "foldhash")]
     {
         let p = Pace::<u64>::builder(rate()).fast_hasher().build().unwrap();
-        assert!(p.cell_rows(), "fast_hasher()");
+        assert!(p.inline_keys(), "fast_hasher()");
     }
     let p = Pace::<u64>::builder(rate()).hasher(Touchy).build().unwrap();
-    assert!(!p.cell_rows(), "a hasher of the caller's");
+    assert!(!p.inline_keys(), "a hasher of the caller's");
     let p = Pace::<u64>::builder(rate())
         .hasher(foldhash::fast::RandomState::default())
         .build()
         .unwrap();
-    assert!(!p.cell_rows(), "foldhash through hasher()");
+    assert!(!p.inline_keys(), "foldhash through hasher()");
     let p = Pace::<String>::builder(rate())
         .hasher(RandomState::new())
         .build()
         .unwrap();
-    assert!(!p.cell_rows(), "String keys");
+    assert!(!p.inline_keys(), "String keys");
 }
 
 /// Key 7's row is live when its hashing starts to panic; 20,000 new keys

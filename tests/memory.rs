@@ -120,11 +120,11 @@ fn flood(rows: &str, rate: Rate, clock: &ManualClock) -> Pace<u64, RandomState, 
         "cells" => Pace::builder(rate).clock(clock.clone()).build().unwrap(),
         _ => Pace::builder(rate)
             .clock(clock.clone())
-            .entry_rows()
+            .boxed_keys()
             .build()
             .unwrap(),
     };
-    assert_eq!(keys.cell_rows(), rows == "cells");
+    assert_eq!(keys.inline_keys(), rows == "cells");
     let slots = keys.table_slots();
     let base = held();
     for k in 0..FLOOD {
@@ -176,11 +176,7 @@ fn flood(rows: &str, rate: Rate, clock: &ManualClock) -> Pace<u64, RandomState, 
     // large each call sweeps one chunk of `sweep_chunk(slots)` slots, so
     // callers finish it.
     let slots_now = keys.table_slots();
-    let chunk = if keys.cell_rows() {
-        pace::internals::cell_sweep_chunk(slots_now)
-    } else {
-        pace::internals::sweep_chunk(slots_now)
-    };
+    let chunk = pace::internals::sweep_chunk(slots_now);
     let chunks = slots_now.div_ceil(chunk);
     let mut calls = 0;
     while !keys.is_empty() || calls == 0 {

@@ -26,7 +26,6 @@ test "${PIPESTATUS[0]}" -eq 0
 # the same, checked by the test mutant_<test>)
 mutants=(
     "check_then_debit=exactly the tokens left are admitted"
-    "unlink_without_dead=the debit is held by a live row"
     "refund_undrained=kept admissions exceed the bucket"
     "fresh_row_from_zero=kept admissions exceed the bucket"
     "fresh_row_from_zero:fresh_row_from_zero_cells=kept admissions exceed the bucket"
@@ -94,34 +93,33 @@ for mutant in "${gate_mutants[@]}"; do
     echo "caught: $(grep -E "^test mutant_" <<<"$out")"
 done
 
-# The table's migration protocol (loom-tests/tests/table.rs): each known-wrong
-# variant must make its model fail with the invariant message given here.
+# The table's protocol with boxed keys (loom-tests/tests/table.rs, keys that
+# hold a loom `Arc`): each known-wrong variant must make its model fail with
+# the invariant message given here.
 table_mutants=(
-    "insert_into_migrating=one live row per key"
-    "copier_skips_dead=len counts the rows"
-    "no_unlink_walk=len counts the rows"
-    "target_migrates_early=every debit kept"
-    "reuse_unverified=one live row per key"
-    "clean_without_fence=every lookup finds the row"
+    "verify_off=one live row per key"
+    "copy_unfrozen=both debits counted"
+    "refund_gives_up_on_frozen=a refund that fills the bucket removes the row"
 )
 expect_caught table "${table_mutants[@]}"
 
-# The cell table of word-sized keys (loom-tests/tests/cells.rs), likewise.
+# The same table with keys held as their own bits (loom-tests/tests/cells.rs),
+# likewise.
 cells_mutants=(
-    "cells_verify_off=both debits, one row"
-    "cells_copy_unfrozen=both debits of key 0"
-    "cells_clean_without_fence=key 4's row is on its sequence"
-    "cells_refund_gives_up_on_frozen=from the floor the refund raised"
-    "cells_sweep_keeps_floor=from the floor the sweep raised"
+    "verify_off=both debits, one row"
+    "copy_unfrozen=both debits of key 0"
+    "clean_without_fence=key 4's row is on its sequence"
+    "refund_gives_up_on_frozen=from the floor the refund raised"
+    "sweep_keeps_floor=from the floor the sweep raised"
 )
 expect_caught cells "${cells_mutants[@]}"
-# Every cell mutant in src/table/cells is run here, or by the unit tests
-# (.ci/suites/15-mutants.sh).
-for m in $(grep -rhoE 'pace_mutant = "cells_[a-z_]+"' src/table/cells | sort -u | sed -E 's/.*"(.*)"/\1/'); do
-    case " ${cells_mutants[*]} cells_no_clean cells_no_churn_resize cells_refund_keeps_floor " in
-    *" $m="* | *" $m "*) ;;
+# Every table mutant in src/table is run here, or by the unit and
+# integration tests (.ci/suites/15-mutants.sh).
+for m in $(grep -rhoE 'pace_mutant = "[a-z_]+"' src/table | sort -u | sed -E 's/.*"(.*)"/\1/'); do
+    case " ${cells_mutants[*]} ${mutants[*]} no_clean no_churn_resize refund_keeps_floor inline_any_hasher no_room_for_new_rows arrays_wait_for_a_full_bag sweep_cursor_stuck passes_die_with_their_array claimed_left_on_panic copy_drops_without_floor " in
+    *" $m="* | *" $m "* | *" $m:"*) ;;
     *)
-        echo "cell mutant $m is in src/table/cells but run nowhere"
+        echo "table mutant $m is in src/table but run nowhere"
         exit 1
         ;;
     esac

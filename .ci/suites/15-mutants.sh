@@ -43,7 +43,7 @@ expect_caught() {
     shift 4
     target=(--test "$file")
     [ "$file" = lib ] && target=(--lib)
-    # shellcheck disable=SC2086 # `flags` is empty or one word
+    # shellcheck disable=SC2086 # `flags`: empty, one word, or `-p PACKAGE`
     out=$(PACE_MUTANT=$mutant cargo test $flags "${target[@]}" -- --test-threads=1 2>&1) ||
         status=$?
     for t in "$@"; do
@@ -86,40 +86,43 @@ expect_caught quota_cost_of_default model "Test failed: step" "" \
 expect_caught turn_before_its_slot model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
 
-# Churn without migrations (tests/churn.rs), in each table: against
-# `no_tombstone_reuse` every new slot row takes a vacant slot, against
-# `cells_no_clean` no tombstone cell is ever cleaned, so the churn tests of
-# that table must see migrations.
-expect_caught no_tombstone_reuse churn "no migration under churn" --release \
+# Churn without migrations (tests/churn.rs), with keys held either way:
+# against `no_clean` no tombstone is ever cleaned, so the churn tests must
+# see migrations.
+expect_caught no_clean churn "no migration under churn" --release \
+    cells::refunded_keys_reuse_tombstones cells::swept_keys_reuse_tombstones \
     entries::refunded_keys_reuse_tombstones entries::swept_keys_reuse_tombstones
-expect_caught cells_no_clean churn "no migration under churn" --release \
-    cells::refunded_keys_reuse_tombstones cells::swept_keys_reuse_tombstones
-# Against `cells_any_hasher` a limiter whose hasher is the caller's own
-# keeps word-sized keys in cells, so a hasher that panics on a live key
-# while a migration copies it leaves the chunk frozen and the flood hangs.
-expect_caught cells_any_hasher hashers "the flood finished" --release \
-    a_hasher_that_panics_on_a_live_key_leaves_counts_exact cells_only_with_hashers_that_cannot_panic
-# Against `cells_no_churn_resize` a sweep pass that leaves tombstones in a
+# Against `inline_any_hasher` a limiter whose hasher is the caller's own
+# holds word-sized keys as their own bits, so a hasher that panics on a live
+# key while a migration copies it leaves the chunk frozen and the flood hangs.
+expect_caught inline_any_hasher hashers "the flood finished" --release \
+    a_hasher_that_panics_on_a_live_key_leaves_counts_exact own_bits_only_with_hashers_that_cannot_panic
+# Against `no_churn_resize` a sweep pass that leaves tombstones in a
 # quarter of the cells does not resize the array for churn, so a flood of
 # new keys runs in the array that grew for its first horizon's rows.
-expect_caught cells_no_churn_resize churn "slots for 4000 rows a horizon" --release \
+expect_caught no_churn_resize churn "slots for 4000 rows a horizon" --release \
     a_churning_cell_array_is_resized_for_churn
 
-# The cell table answers as the slot table does (src/table/cells/tests.rs, a
-# differential proptest), against `cells_refund_keeps_floor`: a refund that
-# fills a cell row removes it without raising its floor, so a fresh row of
-# the key starts from an older floor than the slot table's.
-expect_caught cells_refund_keeps_floor lib "(left == right)" --release \
-    table::cells::tests::cells_answer_as_entries_do
+# A migration removes the rows already full instead of copying them, raising
+# each key's floor first, against `copy_drops_without_floor`: a stale reserve
+# then admits one more (src/table/tests.rs), and the debt model sees the
+# limiter's decisions and rows part from its own (tests/model.rs).
+expect_caught copy_drops_without_floor lib "from the floor the copier raised" --release \
+    table::tests::a_migration_removes_full_rows_and_raises_their_floor
+expect_caught copy_drops_without_floor model "Test failed: step" "" \
+    pace_agrees_with_the_debt_model
 
-# Every migration is spread over many calls (tests/growth.rs), against two
-# variants whose target fills before its copy ends, so that the insert that
+# A refund that fills a row raises its key's floor before it removes the row
+# (src/table/tests.rs), against `refund_keeps_floor`: a stale reserve then
+# starts a fresh row from the older floor and admits one more.
+expect_caught refund_keeps_floor lib "from the floor the refund raised" --release \
+    table::tests::a_refund_to_full_raises_the_floor
+
+# Every migration is spread over many calls (tests/growth.rs), against a
+# variant whose target fills before its copy ends, so that the insert that
 # meets it copies every chunk left:
-#   copies_keep_their_room: copies stay counted against the room kept for them
 #   no_room_for_new_rows:   a shrink's target is sized from its rows alone
 share="some call copied more than one call.s share"
-expect_caught copies_keep_their_room growth "$share" "" \
-    entries::each_growth_migration_is_spread_over_its_chunks
 expect_caught no_room_for_new_rows growth "$share" "" \
     entries::a_shrink_while_new_keys_arrive_is_spread_over_its_chunks
 
@@ -136,13 +139,47 @@ expect_caught arrays_wait_for_a_full_bag memory "retired arrays are not freed" "
 #   sweep_cursor_stuck: a chunk claimed after its pass ended leaves a cursor
 #     from which no later pass starts (src/pace.rs, a unit test)
 expect_caught passes_die_with_their_array growth "did not run on the new array" --release \
+    cells::a_pass_due_during_a_migration_runs_on_the_new_array \
     entries::a_pass_due_during_a_migration_runs_on_the_new_array
 expect_caught sweep_cursor_stuck lib "no pass ran after a late claim" --release \
     pace::sweep_cursor::a_late_chunk_claim_does_not_stop_later_passes
 
-# An entry is retired only from its last link (src/table/migrate.rs, a unit
-# test), against `copies_land_unmarked`: a copy is linked into the target
-# unmarked, so a walker unlinks and retires it there while its old slot, not
-# yet closed, still links it for readers that pin after the retirement.
-expect_caught copies_land_unmarked lib "still linked in slot" "" \
-    table::migrate::tests::an_entry_is_retired_only_from_its_last_link
+# pace-redis (its tests start their own redis-server on loopback): the
+# script's quota per call and turns (tests/equivalence.rs, tests/acquire.rs)
+# against three variants:
+#   redis_quota_ignored:    the script decides a call with its own quota by
+#                           the configuration's interval and capacity
+#   redis_turn_beyond_wait: the script admits a turn up to twice max_wait away
+#   redis_turn_early:       acquire sleeps half the wait the script answered
+#   redis_cache_one_quota:  the denial cache decides every call with the
+#                           configuration's quota
+expect_caught redis_quota_ignored equivalence "Test failed" "-p pace-redis" \
+    script_pace_and_model_agree_on_every_decision
+expect_caught redis_quota_ignored acquire "ExceedsCapacity" "-p pace-redis" \
+    quotas_per_call_decide_with_their_own_capacity_and_interval
+expect_caught redis_turn_beyond_wait equivalence "Test failed" "-p pace-redis" \
+    script_pace_and_model_agree_on_every_decision
+expect_caught redis_turn_beyond_wait acquire "a turn beyond max_wait was admitted" "-p pace-redis" \
+    a_turn_beyond_max_wait_or_capacity_is_refused_at_once_writing_nothing
+expect_caught redis_cache_one_quota acquire "a denial cached under another quota" "-p pace-redis" \
+    quotas_per_call_decide_with_their_own_capacity_and_interval
+# The real-clock test of replicas with quotas and turns (tests/shared.rs)
+# sees the first over-admit over a window and the third go through early.
+expect_caught redis_quota_ignored shared "the contract allows" "-p pace-redis" \
+    replicas_with_quotas_and_turns_keep_the_contract
+expect_caught redis_turn_early shared "before its slot" "-p pace-redis" \
+    replicas_with_quotas_and_turns_keep_the_contract
+expect_caught redis_turn_early acquire "went through" "-p pace-redis" \
+    capacity_three_passes_three_at_once_and_the_fourth_waits_one_interval \
+    concurrent_waiters_go_through_one_per_interval_in_slot_order_none_early
+# ... and the earlier ones: the script admits one token beyond the capacity,
+# restores a refund superseded by a later debit; a cached denial outlives
+# its retry time; the local fallback runs at the full rate.
+expect_caught redis_admit_one_more equivalence "Test failed" "-p pace-redis" \
+    script_pace_and_model_agree_on_every_decision
+expect_caught redis_refund_unchecked equivalence "Test failed" "-p pace-redis" \
+    script_pace_and_model_agree_on_every_decision
+expect_caught redis_cache_forever requests "panicked" "-p pace-redis" \
+    a_flood_of_denials_is_answered_locally_until_the_retry_time
+expect_caught redis_fallback_full_rate faults "panicked" "-p pace-redis" \
+    restart_local_fallback_admits_at_rate_over_replicas

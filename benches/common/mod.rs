@@ -171,14 +171,14 @@ impl<K: Key, C: Clock, S: BuildHasher> PaceC<K, C, S> {
 }
 
 /// `pace-entries`: `Pace` whose rows are separately allocated entries even
-/// for word-sized keys (`Builder::entry_rows`, not a stable API): the table
+/// for word-sized keys (`Builder::boxed_keys`, not a stable API): the table
 /// every other key type uses, measured on the same keys.
 pub fn pace_entries<K: Key, C: Clock>(r: &Regime, clock: C) -> PaceC<K, C> {
     PaceC(
         Pace::builder(r.rate())
             .capacity(u64::from(r.capacity))
             .clock(clock)
-            .entry_rows()
+            .boxed_keys()
             .build()
             .expect("valid limiter"),
     )

@@ -16,7 +16,7 @@
 //! `governor-churn` (a new key per op, refunded by pace). `pace` keeps its
 //! `u64` rows in cells; `entries`, `entries-foldhash-fixed` and
 //! `entries-churn` are the same with rows in the slot table
-//! (`Builder::entry_rows`). Arguments: mode, ops, keys (cycled in order).
+//! (`Builder::boxed_keys`). Arguments: mode, ops, keys (cycled in order).
 //! Quanta's one-time calibration varies from run to run: subtract its
 //! count (`callgrind_annotate --inclusive=yes`, the line
 //! `once_cell::imp::OnceCell<T>::initialize`) from both totals.
@@ -83,7 +83,7 @@ fn main() {
                 &Pace::builder(rate)
                     .capacity(cap)
                     .hasher(h)
-                    .cells_with_any_hasher()
+                    .inline_keys_any_hasher()
                     .build()
                     .unwrap(),
                 &keys,
@@ -94,13 +94,13 @@ fn main() {
             let h = foldhash::fast::RandomState::default();
             let c = Fixed(AtomicU64::new(1));
             let b = Pace::builder(rate).capacity(cap).hasher(h).clock(c);
-            let p = b.cells_with_any_hasher().build();
+            let p = b.inline_keys_any_hasher().build();
             run(&p.unwrap(), &keys, ops)
         }
         "entries" => run(
             &Pace::builder(rate)
                 .capacity(cap)
-                .entry_rows()
+                .boxed_keys()
                 .build()
                 .unwrap(),
             &keys,
@@ -110,11 +110,11 @@ fn main() {
             let h = foldhash::fast::RandomState::default();
             let c = Fixed(AtomicU64::new(1));
             let b = Pace::builder(rate).capacity(cap).hasher(h).clock(c);
-            run(&b.entry_rows().build().unwrap(), &keys, ops)
+            run(&b.boxed_keys().build().unwrap(), &keys, ops)
         }
         "entries-churn" => {
             let p: Pace<u64> = Pace::builder(Rate::per_second(10).unwrap())
-                .entry_rows()
+                .boxed_keys()
                 .build()
                 .unwrap();
             for i in 0..ops {

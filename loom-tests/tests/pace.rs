@@ -522,12 +522,6 @@ fn mutant_check_then_debit() {
     exact_admission::<Key>();
 }
 
-#[cfg(pace_mutant = "unlink_without_dead")]
-#[test]
-fn mutant_unlink_without_dead() {
-    reserve_vs_unlink::<Key>();
-}
-
 #[cfg(pace_mutant = "refund_undrained")]
 #[test]
 fn mutant_refund_undrained() {

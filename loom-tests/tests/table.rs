@@ -1,16 +1,17 @@
-//! loom models of the table's migration protocol: a migration copies 2 slots
-//! per chunk under loom, so a 4-slot array migrates over several calls and
-//! every operation below can meet a half-copied array.
+//! loom models of the table's migration protocol with boxed keys (keys that
+//! hold a loom `Arc`, so a box freed twice or never is reported): a
+//! migration copies 2 cells per chunk under loom, so a 4-cell array migrates
+//! over several calls and every operation below can meet a half-copied
+//! array.
 //!
 //! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" CARGO_TARGET_DIR=target/loom \
 //!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release --test table
 //!
 //! The harness (keys holding a loom `Arc`, the id hasher, `model`) is
-//! `support/mod.rs`, shared with `pace.rs`. Each model but `sweep_vs_copy`
-//! has a known-wrong variant of the crate, built with `PACE_MUTANT=…` (or
-//! `--cfg pace_mutant="…"`), that it must catch (DESIGN.md §9 says why
-//! `sweep_vs_copy` has none); `.ci/suites/10-loom.sh` runs
-//! the `mutant_*` tests and checks the failure message.
+//! `support/mod.rs`, shared with `pace.rs`. Known-wrong variants of the crate,
+//! built with `PACE_MUTANT=…` (or `--cfg pace_mutant="…"`), that a model here
+//! must catch are run by the `mutant_*` tests (DESIGN.md §9 lists which);
+//! `.ci/suites/10-loom.sh` runs them and checks the failure message.
 #![cfg(loom)]
 
 use loom::thread;
@@ -217,38 +218,20 @@ mod model {
 // Mutants: each runs the model that must catch it (see pace.rs for why these
 // are not `#[should_panic]`).
 
-#[cfg(pace_mutant = "insert_into_migrating")]
+#[cfg(pace_mutant = "verify_off")]
 #[test]
-fn mutant_insert_into_migrating() {
-    reserve_vs_copy();
-}
-
-#[cfg(pace_mutant = "copier_skips_dead")]
-#[test]
-fn mutant_copier_skips_dead() {
-    refund_vs_copy();
-}
-
-#[cfg(pace_mutant = "no_unlink_walk")]
-#[test]
-fn mutant_no_unlink_walk() {
-    refund_vs_copy();
-}
-
-#[cfg(pace_mutant = "target_migrates_early")]
-#[test]
-fn mutant_target_migrates_early() {
-    migration_while_finishing();
-}
-
-#[cfg(pace_mutant = "reuse_unverified")]
-#[test]
-fn mutant_reuse_unverified() {
+fn mutant_verify_off() {
     reuse_vs_insert();
 }
 
-#[cfg(pace_mutant = "clean_without_fence")]
+#[cfg(pace_mutant = "copy_unfrozen")]
 #[test]
-fn mutant_clean_without_fence() {
-    reuse_vs_late_refund();
+fn mutant_copy_unfrozen() {
+    reserve_vs_copy();
+}
+
+#[cfg(pace_mutant = "refund_gives_up_on_frozen")]
+#[test]
+fn mutant_refund_gives_up_on_frozen() {
+    refund_vs_copy();
 }

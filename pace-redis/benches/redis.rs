@@ -7,8 +7,10 @@
 //! `PACE_REDIS_BENCH_SECS` sets the seconds per measurement (default 2),
 //! `PACE_REDIS_BENCH_ROUNDS` the rounds per task count (default 3; the
 //! contender that goes first rotates). Per cell: decisions per second,
-//! latency percentiles, and the server's own time and network bytes in and
-//! out per EVALSHA; per round, pace-redis's decisions per second over the
+//! latency percentiles, the server's own time per EVALSHA ("srv us"), the
+//! clients' CPU time per decision (this process, user + system from
+//! `/proc/self/stat`, "cli us"), and network bytes in and out per EVALSHA;
+//! per round, pace-redis's decisions per second over the
 //! plain script's, and those of pace-redis's script called directly ("raw",
 //! no limiter around it) over the plain script's.
 
@@ -99,6 +101,20 @@ fn server_per_call(admin: &mut redis::Connection) -> (String, f64, f64) {
     )
 }
 
+/// CPU time this process (the clients, not the server) has used, in µs,
+/// from `/proc/self/stat` (user + system, in clock ticks of 10 ms).
+fn client_cpu_us() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 * 10_000.0
+}
+
 #[derive(Clone)]
 enum Contender {
     Pace(RedisPace),
@@ -123,7 +139,7 @@ impl Contender {
                     .invoke_async(conn)
                     .await
                     .unwrap();
-                matches!(reply, redis::Value::BulkString(ref b) if b.first() == Some(&b'1'))
+                matches!(reply, redis::Value::BulkString(ref b) if !b.starts_with(b"0 "))
             }
             Contender::Plain(conn, script) => {
                 let admitted: i64 = script
@@ -220,7 +236,7 @@ async fn main() {
          rotating which contender goes first"
     );
     println!(
-        "{:<10} {:>5} {:>5} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "{:<10} {:>5} {:>5} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "script",
         "tasks",
         "round",
@@ -229,6 +245,7 @@ async fn main() {
         "p99 us",
         "p999 us",
         "srv us",
+        "cli us",
         "B in",
         "B out"
     );
@@ -243,7 +260,9 @@ async fn main() {
                     .arg("RESETSTAT")
                     .query(&mut admin)
                     .unwrap();
+                let cpu0 = client_cpu_us();
                 let (_, rate, h) = run(c, tasks, secs, 10_000).await;
+                let cli = (client_cpu_us() - cpu0) / h.len().max(1) as f64;
                 let (usec, bytes_in, bytes_out) = server_per_call(&mut admin);
                 rates[match name {
                     "pace-redis" => 0,
@@ -251,7 +270,7 @@ async fn main() {
                     _ => 2,
                 }] = rate;
                 println!(
-                    "{:<10} {:>5} {:>5} {:>12.0} {:>9} {:>9} {:>9} {:>9} {:>9.1} {:>9.1}",
+                    "{:<10} {:>5} {:>5} {:>12.0} {:>9} {:>9} {:>9} {:>9} {:>9.2} {:>9.1} {:>9.1}",
                     name,
                     tasks,
                     round + 1,
@@ -260,6 +279,7 @@ async fn main() {
                     h.value_at_quantile(0.99),
                     h.value_at_quantile(0.999),
                     usec,
+                    cli,
                     bytes_in,
                     bytes_out
                 );

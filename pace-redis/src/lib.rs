@@ -38,6 +38,34 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! A quota per call ([`RedisPace::reserve_with`]: a key's plan) and waiting
+//! for a turn instead of a denial ([`RedisPace::acquire`]: one script call
+//! takes a slot up to `max_wait` ahead on the server's clock, then one
+//! sleep):
+//!
+//! ```no_run
+//! # async fn demo(limiter: pace_redis::RedisPace, paid: bool) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//!
+//! use pace::{Quota, Rate};
+//! use pace_redis::Error;
+//!
+//! let quota = if paid {
+//!     Quota::new(Rate::per_second(1000)?, 200)?
+//! } else {
+//!     Quota::per_second(10)?
+//! };
+//! match limiter.reserve_with("client-7", quota).await {
+//!     Ok(_kept) => {}
+//!     Err(Error::Denied(d)) => println!("retry after {:?}", d.retry_after()),
+//!     Err(e) => println!("{e}"),
+//! }
+//! // A background job: through as soon as its turn comes, at most 2 s away.
+//! let turn = limiter.acquire("export", Duration::from_secs(2)).await?;
+//! println!("waited {:?} by the server's clock", turn.wait());
+//! # Ok(()) }
+//! ```
 
 use std::collections::HashMap;
 use std::fmt;
@@ -45,7 +73,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use pace::{DenyReason, Pace, Rate};
+use pace::{DenyReason, Pace, Quota, Rate};
 use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, ErrorKind, RedisError, Script, Value};
@@ -67,7 +95,17 @@ fn script_source(interval: u64, capacity: u64) -> String {
         include_str!("pace.lua")
     );
     #[cfg(pace_mutant = "redis_admit_one_more")]
-    let src = src.replace("if nd > tau then", "if nd > tau + interval then");
+    let src = src.replace(
+        "if nd > tau + wait then",
+        "if nd > tau + interval + wait then",
+    );
+    #[cfg(pace_mutant = "redis_quota_ignored")]
+    let src = src.replace(
+        "interval, cap = tonumber(ARGV[3]), tonumber(ARGV[4])",
+        "interval, cap = INTERVAL, CAP",
+    );
+    #[cfg(pace_mutant = "redis_turn_beyond_wait")]
+    let src = src.replace("if nd > tau + wait then", "if nd > tau + 2 * wait then");
     #[cfg(pace_mutant = "redis_refund_unchecked")]
     let src = src.replace("if cur ~= mine then", "if not cur then");
     src
@@ -306,6 +344,10 @@ pub enum Error {
     Unavailable(BackendError),
     /// An `_at` method was called without [`Builder::time_injection`].
     TimeInjectionDisabled,
+    /// A call's own quota is outside what the script computes exactly:
+    /// [`ConfigError::TauTooLarge`] when its `capacity x interval` exceeds
+    /// [`MAX_TAU_NS`]. Nothing was sent.
+    InvalidQuota(ConfigError),
 }
 
 impl fmt::Display for Error {
@@ -325,6 +367,7 @@ impl fmt::Display for Error {
             Error::TimeInjectionDisabled => {
                 f.write_str("time injection is disabled (Builder::time_injection)")
             }
+            Error::InvalidQuota(e) => write!(f, "quota rejected: {e}"),
         }
     }
 }
@@ -345,6 +388,8 @@ pub struct Reservation {
     /// The local fallback's debit, for a decision of the fallback.
     local: Option<pace::Debit>,
     remaining: Option<u64>,
+    /// A turn's wait after the decision (ns; 0 for a reserve).
+    wait: u64,
 }
 
 impl Reservation {
@@ -373,6 +418,13 @@ impl Reservation {
     pub fn remaining(&self) -> Option<u64> {
         self.remaining
     }
+    /// For a turn of [`RedisPace::acquire`] decided by the server: how long
+    /// after the decision ([`server_now_ns`](Reservation::server_now_ns))
+    /// its slot came, on the server's clock (`tat - now - capacity x
+    /// interval`, zero when the debit fit at once). Zero for a reserve.
+    pub fn wait(&self) -> Duration {
+        Duration::from_nanos(self.wait)
+    }
     /// The time until the bucket is full again if nothing else touches it
     /// (`tat - now` on the server's clock), when the server decided.
     pub fn reset_after(&self) -> Option<Duration> {
@@ -391,6 +443,28 @@ impl Reservation {
 /// reservation of the local fallback ([`Reservation::source`] is
 /// `Source::Local`) refunds there, and the answer is the core's.
 pub use pace::Refunded;
+
+/// A turn being waited for ([`RedisPace::acquire`]): refunded, in a task
+/// of its own, if dropped before the turn comes.
+struct Turn {
+    limiter: RedisPace,
+    reservation: Option<Reservation>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let Some(r) = self.reservation.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime left: the debit stays (fewer admissions)
+        };
+        let limiter = self.limiter.clone();
+        runtime.spawn(async move {
+            let _ = limiter.refund(r).await;
+        });
+    }
+}
 
 /// Counters since the limiter was built.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1064,26 +1138,82 @@ struct Inner {
 }
 
 impl Inner {
+    /// The configuration's quota.
+    fn limits(&self) -> Limits {
+        Limits {
+            interval: self.interval,
+            capacity: self.capacity,
+        }
+    }
+}
+
+/// A quota as the script takes it: `interval` ns per token, `capacity`
+/// tokens, `capacity x interval <= MAX_TAU_NS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Limits {
+    interval: u64,
+    capacity: u64,
+}
+
+impl Limits {
+    /// A call's quota, checked against [`MAX_TAU_NS`].
+    fn of(quota: Quota) -> Result<Limits, Error> {
+        let interval = u64::try_from(quota.interval().as_nanos()).unwrap_or(u64::MAX);
+        let capacity = quota.capacity();
+        let tau = interval.saturating_mul(capacity);
+        if tau > MAX_TAU_NS {
+            return Err(Error::InvalidQuota(ConfigError::TauTooLarge {
+                tau_ns: tau,
+                max_ns: MAX_TAU_NS,
+            }));
+        }
+        Ok(Limits { interval, capacity })
+    }
+
     /// `capacity x interval` (at most [`MAX_TAU_NS`]).
     fn tau(&self) -> u64 {
         self.capacity * self.interval
     }
+
+    /// Whole tokens of a bucket `debt` ns from full (the core's rule).
+    fn tokens_at_debt(&self, debt: u64) -> u64 {
+        let tau = self.tau();
+        if debt >= tau {
+            0
+        } else {
+            (tau - debt) / self.interval
+        }
+    }
 }
 
+/// One request: `n` tokens under `limits`, admitted when its debit fits
+/// the bucket within `wait` ns (0 but for turns). `quota` is the call's own
+/// quota (`None`: the configuration's); `own` sends the quota and the wait
+/// as arguments (every call with a quota, and every turn).
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    n: u64,
+    limits: Limits,
+    quota: Option<Quota>,
+    wait: u64,
+    own: bool,
+}
+
+/// What a denial told about a key: its `tat` is at least `tat` (by the
+/// local clock).
 #[derive(Clone, Copy)]
 struct CacheEntry {
-    until: Instant,
-    n: u64,
+    tat: Instant,
 }
 
 /// One pipeline of `reserve_many`: its slot (0 off a cluster), the commands,
-/// and (request index, Redis key, n) of each.
-type Group = (u16, redis::Pipeline, Vec<(usize, String, u64)>);
+/// and (request index, Redis key, call) of each.
+type Group = (u16, redis::Pipeline, Vec<(usize, String, Call)>);
 
 /// A request as sent to the script, or answered without it.
 enum Prepared {
     Done(Result<Reservation, Error>),
-    Send { key: String, n: u64 },
+    Send { key: String, call: Call },
 }
 
 impl RedisPace {
@@ -1170,7 +1300,40 @@ impl RedisPace {
     /// [`Error::Denied`], [`Error::InvalidKey`], or, under
     /// [`OnUnavailable::FailClosed`], [`Error::Unavailable`].
     pub async fn reserve_n(&self, key: &str, n: u64) -> Result<Reservation, Error> {
-        self.reserve_inner(key, n, None).await
+        self.reserve_inner(key, self.default_call(n), None).await
+    }
+
+    /// [`reserve`](RedisPace::reserve) under the call's own `quota` (a
+    /// key's plan, a tenant's limit). A key stores only its `tat`, so it
+    /// keeps its debt across quotas: the kept admissions of a key in any
+    /// window `[t1, t2]` cost at most `(t2 - t1) +` the largest horizon among
+    /// their quotas, each token costing its quota's interval (the core's
+    /// contract, `pace::Pace::reserve_with`).
+    ///
+    /// # Errors
+    /// As [`reserve_n_with`](RedisPace::reserve_n_with).
+    pub async fn reserve_with(&self, key: &str, quota: Quota) -> Result<Reservation, Error> {
+        self.reserve_n_with(key, 1, quota).await
+    }
+
+    /// [`reserve_n`](RedisPace::reserve_n) under the call's own `quota` (see
+    /// [`reserve_with`](RedisPace::reserve_with)): `n > quota.capacity()`
+    /// is denied permanently without a round trip; under
+    /// [`OnUnavailable::LocalFallback`] the local fallback decides with the
+    /// quota divided as the configuration's is (rate / replicas, capacity /
+    /// replicas, at least 1).
+    ///
+    /// # Errors
+    /// As [`reserve_n`](RedisPace::reserve_n), and [`Error::InvalidQuota`]
+    /// when `quota.horizon()` exceeds [`MAX_TAU_NS`].
+    pub async fn reserve_n_with(
+        &self,
+        key: &str,
+        n: u64,
+        quota: Quota,
+    ) -> Result<Reservation, Error> {
+        let call = self.quota_call(n, Some(quota), None)?;
+        self.reserve_inner(key, call, None).await
     }
 
     /// [`reserve_n`](RedisPace::reserve_n) at `now_ns` instead of the server's
@@ -1182,7 +1345,154 @@ impl RedisPace {
         if !self.inner.time_injection {
             return Err(Error::TimeInjectionDisabled);
         }
-        self.reserve_inner(key, n, Some(now_ns)).await
+        self.reserve_inner(key, self.default_call(n), Some(now_ns))
+            .await
+    }
+
+    /// [`reserve_n_with`](RedisPace::reserve_n_with) at `now_ns` (tests;
+    /// needs [`Builder::time_injection`]).
+    ///
+    /// # Errors
+    /// As `reserve_n_with`, and [`Error::TimeInjectionDisabled`].
+    pub async fn reserve_n_with_at(
+        &self,
+        key: &str,
+        n: u64,
+        quota: Quota,
+        now_ns: u64,
+    ) -> Result<Reservation, Error> {
+        if !self.inner.time_injection {
+            return Err(Error::TimeInjectionDisabled);
+        }
+        let call = self.quota_call(n, Some(quota), None)?;
+        self.reserve_inner(key, call, Some(now_ns)).await
+    }
+
+    /// The reservation of a turn ([`acquire_n_with`](RedisPace::acquire_n_with),
+    /// `quota` `None` for the configuration's) decided at `now_ns`, without
+    /// the wait: the caller's turn is `now_ns +`
+    /// [`Reservation::wait`]. Tests; needs [`Builder::time_injection`].
+    ///
+    /// # Errors
+    /// As `acquire_n_with`, and [`Error::TimeInjectionDisabled`].
+    pub async fn reserve_turn_at(
+        &self,
+        key: &str,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait: Duration,
+        now_ns: u64,
+    ) -> Result<Reservation, Error> {
+        if !self.inner.time_injection {
+            return Err(Error::TimeInjectionDisabled);
+        }
+        let call = self.quota_call(n, quota, Some(max_wait))?;
+        self.reserve_inner(key, call, Some(now_ns)).await
+    }
+
+    /// Waits for a turn instead of being refused: one script call reserves
+    /// a token of `key` in a slot that may lie up to `max_wait` ahead on the
+    /// server's clock (the script decides with the server's `TIME`, debits,
+    /// and answers the wait), then the task sleeps exactly that wait (tokio's
+    /// timer, which never wakes early). Callers of one key go through in the
+    /// order of their debits, each at its own slot, with no retries.
+    ///
+    /// Dropping the future before its turn refunds the reservation by the
+    /// refund rule, in a task spawned on the current runtime: the slot comes
+    /// back when nothing was debited from the key since, and is otherwise
+    /// lost (later callers keep their slots: fewer admissions, never more);
+    /// with Redis away the debit stays.
+    ///
+    /// Under [`OnUnavailable::LocalFallback`] a call that finds Redis away
+    /// waits for its turn on the local fallback (`pace::Pace::acquire_n_with`).
+    ///
+    /// # Errors
+    /// At once, having written nothing: [`Error::Denied`] when the turn lies
+    /// more than `max_wait` ahead (its [`retry_after`](Denied::retry_after)
+    /// is the whole wait the request would need now) or can never come
+    /// ([`Denied::is_permanent`]: `n` above the capacity); otherwise as
+    /// [`reserve_n`](RedisPace::reserve_n). A `max_wait` beyond
+    /// `MAX_TAU_NS - capacity x interval` (about 13 days) counts as that.
+    pub async fn acquire(&self, key: &str, max_wait: Duration) -> Result<Reservation, Error> {
+        self.acquire_n(key, 1, max_wait).await
+    }
+
+    /// [`acquire`](RedisPace::acquire) of `n` tokens at once.
+    ///
+    /// # Errors
+    /// As [`acquire`](RedisPace::acquire).
+    pub async fn acquire_n(
+        &self,
+        key: &str,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        let call = self.quota_call(n, None, Some(max_wait))?;
+        self.acquire_inner(key, call).await
+    }
+
+    /// [`acquire_n`](RedisPace::acquire_n) under the call's own `quota`
+    /// (see [`reserve_with`](RedisPace::reserve_with)).
+    ///
+    /// # Errors
+    /// As [`acquire`](RedisPace::acquire), and [`Error::InvalidQuota`].
+    pub async fn acquire_n_with(
+        &self,
+        key: &str,
+        n: u64,
+        quota: Quota,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        let call = self.quota_call(n, Some(quota), Some(max_wait))?;
+        self.acquire_inner(key, call).await
+    }
+
+    async fn acquire_inner(&self, key: &str, call: Call) -> Result<Reservation, Error> {
+        let sent_at = Instant::now();
+        let (key, call) = match self.prepare(key, call, sent_at) {
+            Prepared::Done(r) => return r,
+            Prepared::Send { key, call } => (key, call),
+        };
+        let cmd = self.reserve_cmd(&key, call, None);
+        let reply = self.eval(&cmd).await;
+        let (key, err) = match self.server_decision(key, call, sent_at, reply) {
+            Ok(decided) => {
+                let r = decided?;
+                let wait = r.wait;
+                if wait == 0 {
+                    return Ok(r);
+                }
+                // Refunded (in the background) if dropped before its turn.
+                let mut turn = Turn {
+                    limiter: self.clone(),
+                    reservation: Some(r),
+                };
+                // Known-wrong for mutation tests: the turn comes at half its
+                // wait, before its slot.
+                #[cfg(pace_mutant = "redis_turn_early")]
+                let wait = wait / 2;
+                tokio::time::sleep(Duration::from_nanos(wait)).await;
+                return Ok(turn.reservation.take().expect("taken only here"));
+            }
+            Err(back) => back,
+        };
+        let inner = &*self.inner;
+        bump(&inner.counters.unavailable, 1);
+        let Some(local) = &inner.fallback else {
+            return Err(Error::Unavailable(err));
+        };
+        bump(&inner.counters.local_decisions, 1);
+        let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
+        let max_wait = Duration::from_nanos(call.wait);
+        let decided = match call.quota {
+            None => local.acquire_n(local_key, call.n, max_wait).await,
+            Some(q) => match self.local_quota(q) {
+                Some(q) => local.acquire_n_with(local_key, call.n, q, max_wait).await,
+                None => return Err(Error::Unavailable(err)),
+            },
+        }
+        .map(|kept| kept.detach());
+        self.local_answer(key, call.n, decided)
     }
 
     /// Decides several requests with one round trip (one pipeline) for all
@@ -1195,9 +1505,9 @@ impl RedisPace {
         let by_slot = self.conn().is_some_and(|c| c.is_cluster());
         let mut groups: Vec<Group> = Vec::new();
         for (i, &(key, n)) in requests.iter().enumerate() {
-            match self.prepare(key, n, sent_at) {
+            match self.prepare(key, self.default_call(n), sent_at) {
                 Prepared::Done(r) => out.push(Some(r)),
-                Prepared::Send { key, n } => {
+                Prepared::Send { key, call } => {
                     let slot = if by_slot { key_slot(key.as_bytes()) } else { 0 };
                     let g = match groups.iter().position(|g| g.0 == slot) {
                         Some(g) => g,
@@ -1206,8 +1516,8 @@ impl RedisPace {
                             groups.len() - 1
                         }
                     };
-                    groups[g].1.add_command(self.reserve_cmd(&key, n, None));
-                    groups[g].2.push((i, key, n));
+                    groups[g].1.add_command(self.reserve_cmd(&key, call, None));
+                    groups[g].2.push((i, key, call));
                     out.push(None);
                 }
             }
@@ -1216,15 +1526,15 @@ impl RedisPace {
         for ((_, _, pending), reply) in groups.into_iter().zip(replies) {
             match reply {
                 Ok(values) => {
-                    for ((i, key, n), v) in pending.into_iter().zip(values) {
-                        out[i] = Some(self.finish_reserve(key, n, sent_at, Ok(v)));
+                    for ((i, key, call), v) in pending.into_iter().zip(values) {
+                        out[i] = Some(self.finish_reserve(key, call, sent_at, Ok(v)));
                     }
                 }
                 Err(e) => {
                     let mut e = Some(e);
-                    for (i, key, n) in pending {
+                    for (i, key, call) in pending {
                         let err = e.take().unwrap_or(BackendError::CircuitOpen);
-                        out[i] = Some(self.finish_reserve(key, n, sent_at, Err(err)));
+                        out[i] = Some(self.finish_reserve(key, call, sent_at, Err(err)));
                     }
                 }
             }
@@ -1286,7 +1596,18 @@ impl RedisPace {
     /// [`Error::Unavailable`] (under `LocalFallback` the fallback's bucket
     /// answers, [`Source::Local`]).
     pub async fn peek(&self, key: &str) -> Result<Peek, Error> {
-        self.peek_inner(key, None).await
+        self.peek_inner(key, None, None).await
+    }
+
+    /// [`peek`](RedisPace::peek) under `quota`: the whole tokens `key`
+    /// could reserve now with [`reserve_with`](RedisPace::reserve_with) and
+    /// that quota (the same script call: a key's state does not depend on
+    /// the quota).
+    ///
+    /// # Errors
+    /// As `peek`, and [`Error::InvalidQuota`].
+    pub async fn peek_with(&self, key: &str, quota: Quota) -> Result<Peek, Error> {
+        self.peek_inner(key, Some(quota), None).await
     }
 
     /// [`peek`](RedisPace::peek) at `now_ns` (tests; needs
@@ -1298,11 +1619,32 @@ impl RedisPace {
         if !self.inner.time_injection {
             return Err(Error::TimeInjectionDisabled);
         }
-        self.peek_inner(key, Some(now_ns)).await
+        self.peek_inner(key, None, Some(now_ns)).await
     }
 
-    async fn peek_inner(&self, key: &str, now: Option<u64>) -> Result<Peek, Error> {
+    /// [`peek_with`](RedisPace::peek_with) at `now_ns` (tests; needs
+    /// [`Builder::time_injection`]).
+    ///
+    /// # Errors
+    /// As `peek_with`, and [`Error::TimeInjectionDisabled`].
+    pub async fn peek_with_at(&self, key: &str, quota: Quota, now_ns: u64) -> Result<Peek, Error> {
+        if !self.inner.time_injection {
+            return Err(Error::TimeInjectionDisabled);
+        }
+        self.peek_inner(key, Some(quota), Some(now_ns)).await
+    }
+
+    async fn peek_inner(
+        &self,
+        key: &str,
+        quota: Option<Quota>,
+        now: Option<u64>,
+    ) -> Result<Peek, Error> {
         let inner = &*self.inner;
+        let limits = match quota {
+            None => inner.limits(),
+            Some(q) => Limits::of(q)?,
+        };
         let full = self.checked_key(key)?;
         let mut cmd = self.script_cmd(&full);
         cmd.arg("p");
@@ -1316,7 +1658,7 @@ impl RedisPace {
                     BackendError::ClockOutOfRange
                 } else {
                     return Ok(Peek {
-                        remaining: self.tokens_at_debt(debt),
+                        remaining: limits.tokens_at_debt(debt),
                         reset_ns: Some(debt),
                         server_now_ns: Some(now),
                         source: Source::Server,
@@ -1330,8 +1672,15 @@ impl RedisPace {
             None => Err(Error::Unavailable(err)),
             Some(local) => {
                 let local_key = full.strip_prefix(inner.prefix.as_str()).unwrap_or(&full);
+                let remaining = match quota {
+                    None => local.peek(local_key),
+                    Some(q) => match self.local_quota(q) {
+                        Some(q) => local.peek_with(local_key, q),
+                        None => return Err(Error::Unavailable(err)),
+                    },
+                };
                 Ok(Peek {
-                    remaining: local.peek(local_key),
+                    remaining,
                     reset_ns: None,
                     server_now_ns: None,
                     source: Source::Local,
@@ -1340,41 +1689,82 @@ impl RedisPace {
         }
     }
 
-    /// Whole tokens of a bucket `debt` ns from full (the core's rule).
-    fn tokens_at_debt(&self, debt: u64) -> u64 {
-        let tau = self.inner.tau();
-        if debt >= tau {
-            0
-        } else {
-            (tau - debt) / self.inner.interval
+    /// A request of `n` tokens under the configuration's quota.
+    fn default_call(&self, n: u64) -> Call {
+        Call {
+            n,
+            limits: self.inner.limits(),
+            quota: None,
+            wait: 0,
+            own: false,
         }
+    }
+
+    /// A request under the call's own quota (`None`: the configuration's),
+    /// a turn when `max_wait` is given. The wait is capped so that the debt
+    /// a turn may leave stays within [`MAX_TAU_NS`].
+    fn quota_call(
+        &self,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait: Option<Duration>,
+    ) -> Result<Call, Error> {
+        let limits = match quota {
+            None => self.inner.limits(),
+            Some(q) => Limits::of(q)?,
+        };
+        let wait = max_wait.map_or(0, |w| {
+            u64::try_from(w.as_nanos())
+                .unwrap_or(u64::MAX)
+                .min(MAX_TAU_NS - limits.tau())
+        });
+        Ok(Call {
+            n,
+            limits,
+            quota,
+            wait,
+            own: true,
+        })
+    }
+
+    /// The local fallback's share of a call's quota: its rate divided by
+    /// `replicas`, its capacity too (at least 1), as the configuration's.
+    fn local_quota(&self, quota: Quota) -> Option<Quota> {
+        let OnUnavailable::LocalFallback { replicas } = self.inner.policy else {
+            return None;
+        };
+        let rate = quota.rate();
+        let per = rate.per().checked_mul(replicas)?;
+        let local = Rate::new(rate.count(), per).ok()?;
+        Quota::new(local, (quota.capacity() / u64::from(replicas)).max(1)).ok()
     }
 
     async fn reserve_inner(
         &self,
         key: &str,
-        n: u64,
+        call: Call,
         now: Option<u64>,
     ) -> Result<Reservation, Error> {
         let sent_at = Instant::now();
-        match self.prepare(key, n, sent_at) {
+        match self.prepare(key, call, sent_at) {
             Prepared::Done(r) => r,
-            Prepared::Send { key, n } => {
-                let cmd = self.reserve_cmd(&key, n, now);
+            Prepared::Send { key, call } => {
+                let cmd = self.reserve_cmd(&key, call, now);
                 let reply = self.eval(&cmd).await;
-                self.finish_reserve(key, n, sent_at, reply)
+                self.finish_reserve(key, call, sent_at, reply)
             }
         }
     }
 
     /// Answers what needs no round trip: bad keys, `n == 0`, `n` above the
     /// capacity, cached denials.
-    fn prepare(&self, key: &str, n: u64, now: Instant) -> Prepared {
+    fn prepare(&self, key: &str, call: Call, now: Instant) -> Prepared {
         let inner = &*self.inner;
         let full = match self.checked_key(key) {
             Ok(full) => full,
             Err(e) => return Prepared::Done(Err(e)),
         };
+        let n = call.n;
         if n == 0 {
             return Prepared::Done(Ok(Reservation {
                 key: full,
@@ -1385,9 +1775,10 @@ impl RedisPace {
                 source: Source::Request,
                 local: None,
                 remaining: None,
+                wait: 0,
             }));
         }
-        if n > inner.capacity {
+        if n > call.limits.capacity {
             return Prepared::Done(Err(Error::Denied(Denied {
                 reason: DenyReason::ExceedsCapacity,
                 wait_ns: u64::MAX,
@@ -1404,28 +1795,40 @@ impl RedisPace {
         {
             let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(e) = map.get(&full).copied() {
+                // The request fits when the key's tat is at most `now +
+                // fits`: its bucket then holds n tokens within the wait.
+                let fits = call.limits.tau() - n * call.limits.interval + call.wait;
+                // Known-wrong for mutation tests: the cache decides every
+                // call with the configuration's quota.
+                #[cfg(pace_mutant = "redis_cache_one_quota")]
+                let fits = inner
+                    .limits()
+                    .tau()
+                    .saturating_sub(n * inner.interval)
+                    .min(fits);
+                let ahead = u64::try_from(e.tat.saturating_duration_since(now).as_nanos())
+                    .unwrap_or(u64::MAX);
                 // Known-wrong for mutation tests: a cached denial never ends.
-                let live = now < e.until || cfg!(pace_mutant = "redis_cache_forever");
+                let live = ahead > fits || cfg!(pace_mutant = "redis_cache_forever");
                 if live {
-                    if n >= e.n {
-                        bump(&inner.counters.cache_denials, 1);
-                        let wait = u64::try_from((e.until - now).as_nanos()).unwrap_or(u64::MAX);
-                        return Prepared::Done(Err(Error::Denied(Denied {
-                            reason: DenyReason::Exhausted,
-                            wait_ns: wait,
-                            server_now_ns: None,
-                            source: Source::Cache,
-                            remaining: None,
-                            reset_ns: None,
-                        })));
-                    }
-                } else {
+                    bump(&inner.counters.cache_denials, 1);
+                    return Prepared::Done(Err(Error::Denied(Denied {
+                        reason: DenyReason::Exhausted,
+                        wait_ns: ahead.saturating_sub(fits - call.wait),
+                        server_now_ns: None,
+                        source: Source::Cache,
+                        remaining: None,
+                        reset_ns: None,
+                    })));
+                }
+                if ahead == 0 {
+                    // The bucket may be full: the entry denies nothing more.
                     map.remove(&full);
                     inner.cached.store(map.len(), Ordering::Relaxed);
                 }
             }
         }
-        Prepared::Send { key: full, n }
+        Prepared::Send { key: full, call }
     }
 
     /// The Redis key of a valid `key`.
@@ -1452,29 +1855,46 @@ impl RedisPace {
     }
 
     /// A reserve: no argument for one token, `n` for more, `n now` with an
-    /// injected time.
-    fn reserve_cmd(&self, key: &str, n: u64, now: Option<u64>) -> Cmd {
+    /// injected time; a call with its own quota or a turn: `q n interval
+    /// capacity wait` (and `now`).
+    fn reserve_cmd(&self, key: &str, call: Call, now: Option<u64>) -> Cmd {
         let mut cmd = self.script_cmd(key);
-        if let Some(now) = now {
-            cmd.arg(n).arg(now);
-        } else if n != 1 {
-            cmd.arg(n);
+        if call.own {
+            cmd.arg("q")
+                .arg(call.n)
+                .arg(call.limits.interval)
+                .arg(call.limits.capacity)
+                .arg(call.wait);
+            if let Some(now) = now {
+                cmd.arg(now);
+            }
+        } else if let Some(now) = now {
+            cmd.arg(call.n).arg(now);
+        } else if call.n != 1 {
+            cmd.arg(call.n);
         }
         cmd
     }
 
-    fn finish_reserve(
+    /// The server's decision, or why there is none (with the key back).
+    fn server_decision(
         &self,
         key: String,
-        n: u64,
+        call: Call,
         sent_at: Instant,
         reply: Result<Value, BackendError>,
-    ) -> Result<Reservation, Error> {
+    ) -> Result<Result<Reservation, Error>, (String, BackendError)> {
         let inner = &*self.inner;
-        let err = match reply.and_then(|v| parse_reserve(&v)) {
-            Ok(ReserveReply::Admitted { prev, tat, now }) => {
+        let Call { n, limits, .. } = call;
+        let decided = match reply.and_then(|v| parse_reserve(&v, n, limits.interval)) {
+            Ok(decided) => decided,
+            Err(e) => return Err((key, e)),
+        };
+        match decided {
+            ReserveReply::Admitted { prev, tat, now } => {
                 bump(&inner.counters.server_decisions, 1);
-                return Ok(Reservation {
+                let debt = tat.saturating_sub(now);
+                Ok(Ok(Reservation {
                     key,
                     n,
                     prev,
@@ -1482,94 +1902,130 @@ impl RedisPace {
                     server_now_ns: Some(now),
                     source: Source::Server,
                     local: None,
-                    remaining: Some(self.tokens_at_debt(tat.saturating_sub(now))),
-                });
+                    remaining: Some(limits.tokens_at_debt(debt)),
+                    wait: debt.saturating_sub(limits.tau()),
+                }))
             }
-            Ok(ReserveReply::Denied { wait, now }) => {
+            ReserveReply::Denied { wait, now } => {
                 bump(&inner.counters.server_decisions, 1);
-                self.remember_denial(&key, n, sent_at, wait);
                 // wait = debt + n x interval - tau: the debt before this
                 // request, as the script saw it.
                 let debt = wait
-                    .saturating_add(inner.tau())
-                    .saturating_sub(n.saturating_mul(inner.interval));
-                return Err(Error::Denied(Denied {
+                    .saturating_add(limits.tau())
+                    .saturating_sub(n.saturating_mul(limits.interval));
+                self.remember_denial(&key, sent_at, debt);
+                Ok(Err(Error::Denied(Denied {
                     reason: DenyReason::Exhausted,
                     wait_ns: wait,
                     server_now_ns: Some(now),
                     source: Source::Server,
-                    remaining: Some(self.tokens_at_debt(debt)),
+                    remaining: Some(limits.tokens_at_debt(debt)),
                     reset_ns: Some(debt),
-                }));
+                })))
             }
-            Ok(ReserveReply::Never { now }) => {
+            ReserveReply::Never { now } => {
                 bump(&inner.counters.server_decisions, 1);
-                return Err(Error::Denied(Denied {
+                Ok(Err(Error::Denied(Denied {
                     reason: DenyReason::ExceedsCapacity,
                     wait_ns: u64::MAX,
                     server_now_ns: Some(now),
                     source: Source::Server,
                     remaining: None,
                     reset_ns: None,
-                }));
-            }
-            Err(e) => e,
-        };
-        bump(&inner.counters.unavailable, 1);
-        match &inner.fallback {
-            None => Err(Error::Unavailable(err)),
-            Some(local) => {
-                bump(&inner.counters.local_decisions, 1);
-                let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
-                let decided = local.reserve_n(local_key, n).map(|kept| kept.detach());
-                let remaining = Some(local.peek(local_key));
-                match decided {
-                    Ok(debit) => Ok(Reservation {
-                        key,
-                        n,
-                        prev: 0,
-                        tat: 0,
-                        server_now_ns: None,
-                        source: Source::Local,
-                        local: Some(debit),
-                        remaining,
-                    }),
-                    Err(d) => Err(Error::Denied(Denied {
-                        reason: d.reason(),
-                        wait_ns: u64::try_from(d.retry_after().as_nanos()).unwrap_or(u64::MAX),
-                        server_now_ns: None,
-                        source: Source::Local,
-                        remaining,
-                        reset_ns: None,
-                    })),
-                }
+                })))
             }
         }
     }
 
-    fn remember_denial(&self, key: &str, n: u64, sent_at: Instant, wait_ns: u64) {
+    fn finish_reserve(
+        &self,
+        key: String,
+        call: Call,
+        sent_at: Instant,
+        reply: Result<Value, BackendError>,
+    ) -> Result<Reservation, Error> {
+        let inner = &*self.inner;
+        let (key, err) = match self.server_decision(key, call, sent_at, reply) {
+            Ok(decided) => return decided,
+            Err(back) => back,
+        };
+        bump(&inner.counters.unavailable, 1);
+        let Some(local) = &inner.fallback else {
+            return Err(Error::Unavailable(err));
+        };
+        bump(&inner.counters.local_decisions, 1);
+        let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
+        let decided = match call.quota {
+            None => local.reserve_n(local_key, call.n),
+            Some(q) => match self.local_quota(q) {
+                Some(q) => local.reserve_n_with(local_key, call.n, q),
+                None => return Err(Error::Unavailable(err)),
+            },
+        }
+        .map(|kept| kept.detach());
+        self.local_answer(key, call.n, decided)
+    }
+
+    /// A decision of the local fallback as this crate answers it.
+    fn local_answer(
+        &self,
+        key: String,
+        n: u64,
+        decided: Result<pace::Debit, pace::Denied>,
+    ) -> Result<Reservation, Error> {
+        let inner = &*self.inner;
+        let Some(local) = &inner.fallback else {
+            return Err(Error::Unavailable(BackendError::NotConnected));
+        };
+        let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
+        let remaining = Some(local.peek(local_key));
+        match decided {
+            Ok(debit) => Ok(Reservation {
+                key,
+                n,
+                prev: 0,
+                tat: 0,
+                server_now_ns: None,
+                source: Source::Local,
+                local: Some(debit),
+                remaining,
+                wait: 0,
+            }),
+            Err(d) => Err(Error::Denied(Denied {
+                reason: d.reason(),
+                wait_ns: u64::try_from(d.retry_after().as_nanos()).unwrap_or(u64::MAX),
+                server_now_ns: None,
+                source: Source::Local,
+                remaining,
+                reset_ns: None,
+            })),
+        }
+    }
+
+    /// Remembers that `key`'s `tat` lay `debt` ns after the server's
+    /// decision, which came no earlier than `sent_at`: by the local clock
+    /// the key's `tat` is at least `sent_at + debt` (unless a refund lowers
+    /// it). Any later request that would not fit under that `tat`, whatever
+    /// its quota or wait, is denied locally.
+    fn remember_denial(&self, key: &str, sent_at: Instant, debt: u64) {
         let inner = &*self.inner;
         let Some(cache) = &inner.cache else { return };
-        // The server decided no earlier than `sent_at`, so the key stays
-        // denied at least until `sent_at + wait` by the local clock.
-        let Some(until) = sent_at.checked_add(Duration::from_nanos(wait_ns)) else {
+        let Some(tat) = sent_at.checked_add(Duration::from_nanos(debt)) else {
             return;
         };
         let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
         if map.len() >= inner.cache_entries && !map.contains_key(key) {
             let now = Instant::now();
-            map.retain(|_, e| e.until > now);
+            map.retain(|_, e| e.tat > now);
             inner.cached.store(map.len(), Ordering::Relaxed);
             if map.len() >= inner.cache_entries {
                 return; // full of live denials: this one is simply not cached
             }
         }
-        let entry = map
-            .entry(key.to_string())
-            .or_insert(CacheEntry { until, n });
-        // Keep the entry that denies the most requests for longest.
-        if n < entry.n || (n == entry.n && until > entry.until) {
-            *entry = CacheEntry { until, n };
+        let entry = map.entry(key.to_string()).or_insert(CacheEntry { tat });
+        // Keep the latest known tat: it denies the most requests.
+        if tat > entry.tat {
+            entry.tat = tat;
         }
         inner.cached.store(map.len(), Ordering::Relaxed);
     }
@@ -1715,13 +2171,22 @@ impl RedisPace {
         let Some(mut conn) = self.conn() else {
             return Err(BackendError::NotConnected);
         };
+        // The connection's boxed future, awaited directly: a small state
+        // for the call's future (moved at every level of the call); the
+        // reload after NOSCRIPT, rare, is boxed apart.
         let work = async {
             bump(&inner.counters.round_trips, 1);
-            match cmd.query_async::<Value>(&mut conn).await {
+            let first = conn.req_packed_command(cmd).await;
+            match first.and_then(Value::extract_error) {
                 Err(e) if e.kind() == ErrorKind::NoScriptError => {
-                    self.load(&mut conn).await?;
-                    bump(&inner.counters.round_trips, 1);
-                    cmd.query_async::<Value>(&mut conn).await
+                    Box::pin(async {
+                        self.load(&mut conn).await?;
+                        bump(&inner.counters.round_trips, 1);
+                        conn.req_packed_command(cmd)
+                            .await
+                            .and_then(Value::extract_error)
+                    })
+                    .await
                 }
                 other => other,
             }
@@ -1875,7 +2340,10 @@ fn bad(v: &Value) -> BackendError {
     BackendError::BadReply(format!("{v:?}"))
 }
 
-fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
+/// A reserve's reply, for a request of `n` tokens decided with `interval`
+/// ns per token (what the script used: the client sent it or the script
+/// holds it as a constant).
+fn parse_reserve(v: &Value, n: u64, interval: u64) -> Result<ReserveReply, BackendError> {
     if let Value::ServerError(_) = v {
         return Err(BackendError::Redis(
             v.clone()
@@ -1887,8 +2355,8 @@ fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
     let Value::BulkString(text) = v else {
         return Err(bad(v));
     };
-    // Up to five decimal integers separated by spaces.
-    let mut fields = [0u64; 5];
+    // Up to four decimal integers separated by spaces.
+    let mut fields = [0u64; 4];
     let mut count = 0;
     for part in text.split(|&b| b == b' ') {
         let n = std::str::from_utf8(part)
@@ -1907,24 +2375,26 @@ fn parse_reserve(v: &Value) -> Result<ReserveReply, BackendError> {
             .and_then(|s| s.checked_add(fields[i + 1]))
             .ok_or_else(|| bad(v))
     };
-    match fields[0] {
-        1 => {
-            // The debts before and after, relative to the decision's time.
-            let (before, after) = (fields[1], fields[2]);
-            let now = time(3)?;
-            let tat = now.checked_add(after).ok_or_else(|| bad(v))?;
-            let prev = match before {
-                0 => 0,
-                d => now.checked_add(d).ok_or_else(|| bad(v))?,
-            };
-            Ok(ReserveReply::Admitted { prev, tat, now })
-        }
-        0 => Ok(ReserveReply::Denied {
+    // An admission: the stored tat, and the debt before unless it was 0;
+    // the debit itself is n x interval.
+    let admitted = |debt: u64, tat: u64| -> Result<ReserveReply, BackendError> {
+        let cost = n.checked_mul(interval).ok_or_else(|| bad(v))?;
+        let now = tat
+            .checked_sub(cost)
+            .and_then(|t| t.checked_sub(debt))
+            .ok_or_else(|| bad(v))?;
+        let prev = if debt == 0 { 0 } else { tat - cost };
+        Ok(ReserveReply::Admitted { prev, tat, now })
+    };
+    match (count, fields[0]) {
+        (1, tat) => admitted(0, tat),
+        (3, 1) if fields[1] > 0 => admitted(fields[1], fields[2]),
+        (_, 0) => Ok(ReserveReply::Denied {
             wait: fields[1],
             now: time(2)?,
         }),
-        2 => Ok(ReserveReply::Never { now: time(2)? }),
-        3 => Err(BackendError::ClockOutOfRange),
+        (_, 2) => Ok(ReserveReply::Never { now: time(2)? }),
+        (_, 3) => Err(BackendError::ClockOutOfRange),
         _ => Err(bad(v)),
     }
 }

@@ -5,7 +5,12 @@
 -- script per configuration, so that a call carries only what changes.
 --
 -- KEYS[1]  the bucket's key
--- reserve: ARGV = {} (n = 1), {n}, or {n, now}
+-- reserve: ARGV = {} (n = 1), {n}, or {n, now}: the configuration's quota
+-- quota:   ARGV = {'q', n, interval, capacity, wait} or {..., now}: a
+--          reserve under the call's own quota (interval ns, capacity) that
+--          admits a debit fitting the bucket up to `wait` ns from now (a
+--          turn of `acquire`; 0 for a plain reserve). The client checks
+--          capacity x interval + wait <= 2^50.
 -- refund:  ARGV = {'f', prev, tat} or {'f', prev, tat, now} (prev and tat:
 --          the reservation's decimal ns strings)
 -- peek:    ARGV = {'p'} or {'p', now}; writes nothing
@@ -22,14 +27,23 @@
 -- debit (adds n * interval <= tau <= 2^50: < 3.2e15) and expiry
 -- milliseconds (< 2^45). The client rejects tau > 2^50 (README: "Precision").
 --
--- Replies end with the time of the decision as (seconds, nanoseconds):
--- reserve: one string of decimal integers separated by spaces (one bulk
---          reply, fewer bytes than an array):
---          '1 d nd s ns' admitted, d the debt `tat - now` before (0: a full
---          bucket) and nd after (the client adds now: prev = now + d when
---          d > 0, tat = now + nd); '0 wait_ns s ns' denied;
---          '2 0 s ns' n exceeds the capacity; '3 0 s ns' the stored tat lies
---          more than MAX_AHEAD_S seconds ahead of now (the clock went back).
+-- Replies (one bulk string: fewer bytes, and cheaper to make, than an
+-- array; numbers formatted with %d, never Lua's %.14g):
+-- reserve: admitted: the stored tat (decimal ns, the string SET wrote) when
+--          the bucket was full before (debt d = 0), else '1 d tat' with d
+--          the debt `tat - now` before. The client knows n and the interval
+--          the script used, so it derives the rest in u64: the debt after
+--          is d + n * interval, now = tat - d - n * interval, prev =
+--          tat - n * interval when d > 0 (0: a full bucket), a turn's wait
+--          d + n * interval - tau when positive.
+--          Otherwise decimal integers separated by spaces, ending with the
+--          time of the decision as (seconds, nanoseconds):
+--          '0 wait_ns s ns' denied, wait_ns = d + n * interval - tau (the
+--          whole wait); '2 0 s ns' n exceeds the capacity; '3 0 s ns' the
+--          stored tat lies more than MAX_AHEAD_S seconds ahead of now (the
+--          clock went back).
+-- refund and peek replies end with the time of the decision as (seconds,
+-- nanoseconds):
 -- refund:  {1, s, ns} restored prev; {2, s, ns} the bucket is full: key
 --          deleted; {0, s, ns} someone debited since; {3, s, ns} the key
 --          is gone (expired: the bucket is full already).
@@ -40,11 +54,20 @@ local MAX_AHEAD_S = 2000000 -- 2e6 s * 1e9 = 2e15 < 2^51
 local key = KEYS[1]
 local op = ARGV[1]
 local inj
+local n, interval, cap, wait
 if op == 'f' then
   inj = ARGV[4]
 elseif op == 'p' then
   inj = ARGV[2]
+elseif op == 'q' then
+  n = tonumber(ARGV[2])
+  interval, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+  wait = tonumber(ARGV[5])
+  inj = ARGV[6]
+  op = 'r'
 else
+  n = tonumber(op) or 1
+  interval, cap, wait = INTERVAL, CAP, 0
   inj = ARGV[2]
   op = 'r'
 end
@@ -60,9 +83,6 @@ else
 end
 
 if op == 'r' then
-  local n = tonumber(ARGV[1]) or 1
-  local interval = INTERVAL
-  local cap = CAP
   local tau = cap * interval
   if n > cap then
     return string.format('2 0 %d %d', now_s, now_n)
@@ -84,11 +104,11 @@ if op == 'r' then
       end
     end
   end
-  if n == 0 then
-    return string.format('1 %d %d %d %d', d, d, now_s, now_n)
+  if n < 1 then
+    return redis.error_reply('pace: n must be at least 1')
   end
   local nd = d + n * interval
-  if nd > tau then
+  if nd > tau + wait then
     return string.format('0 %d %d %d', nd - tau, now_s, now_n)
   end
   -- tat = now + nd, normalised to (seconds, nanoseconds) without relying on
@@ -116,9 +136,14 @@ if op == 'r' then
   if inj then
     redis.call('SET', key, v)
   else
-    redis.call('SET', key, v, 'PXAT', tat_s * 1000 + math.ceil(r / 1000000))
+    -- The expiry as a %d string: a number argument would be formatted by
+    -- Redis with %.17g, which costs more.
+    redis.call('SET', key, v, 'PXAT', string.format('%d', tat_s * 1000 + math.ceil(r / 1000000)))
   end
-  return string.format('1 %d %d %d %d', d, nd, now_s, now_n)
+  if d == 0 then
+    return v
+  end
+  return string.format('1 %d %s', d, v)
 elseif op == 'p' then
   local cur = redis.call('GET', key)
   if not cur then
@@ -140,7 +165,7 @@ else
     if inj then
       redis.call('SET', key, v)
     else
-      redis.call('SET', key, v, 'PXAT', s * 1000 + math.ceil(n / 1000000))
+      redis.call('SET', key, v, 'PXAT', string.format('%d', s * 1000 + math.ceil(n / 1000000)))
     end
     return v
   end

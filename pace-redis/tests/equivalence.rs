@@ -3,14 +3,17 @@
 //! on a real redis-server with the same time injected, and through an
 //! integer model of the rule written here; every decision, retry_after, tat,
 //! refund outcome, remaining token count, reset time and peek must agree.
+//! Calls use the configuration's quota or one of two quotas of their own
+//! (`reserve_n_with`), and turns (`acquire`'s reservation, a slot up to a
+//! wait ahead) are decided with the same injected time.
 
 mod common;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use pace::internals::ReservationInternals;
-use pace::{DenyReason, ManualClock, Pace, Rate};
+use pace::internals::{PaceInternals, ReservationInternals};
+use pace::{DenyReason, ManualClock, Pace, Quota, Rate};
 use pace_redis::{Error, RedisPace, Refunded, Source};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -22,9 +25,20 @@ const BASE: u64 = 1_764_000_000_123_456_789;
 
 #[derive(Clone, Debug)]
 enum Op {
+    /// `quota` 0: the configuration's; 1 and 2: the case's own quotas.
     Reserve {
         key: usize,
         n: u64,
+        quota: usize,
+    },
+    /// A turn under `quota` with a wait of `quarters / 4` of its horizon
+    /// plus `ns`.
+    Turn {
+        key: usize,
+        n: u64,
+        quota: usize,
+        quarters: u64,
+        ns: u64,
     },
     Refund {
         pick: usize,
@@ -38,35 +52,44 @@ enum Op {
 
 fn op(cap: u64) -> impl Strategy<Value = Op> {
     prop_oneof![
-        5 => (0..KEYS.len(), 0..=cap + 1).prop_map(|(key, n)| Op::Reserve { key, n }),
+        5 => (0..KEYS.len(), 0..=cap + 1, prop_oneof![2 => Just(0usize), 1 => 1usize..3])
+            .prop_map(|(key, n, quota)| Op::Reserve { key, n, quota }),
+        2 => (0..KEYS.len(), 0..=cap + 1, 0usize..3, 0u64..9, prop_oneof![Just(0u64), 0u64..1_000_000])
+            .prop_map(|(key, n, quota, quarters, ns)| Op::Turn { key, n, quota, quarters, ns }),
         2 => any::<usize>().prop_map(|pick| Op::Refund { pick }),
         3 => (0u64..6, prop_oneof![Just(0u64), Just(1), 0u64..2_000_000_000])
             .prop_map(|(quarters, ns)| Op::Advance { quarters, ns }),
     ]
 }
 
-fn case() -> impl Strategy<Value = (u64, u64, Vec<Op>)> {
-    (
-        prop_oneof![
-            Just(1u64),
-            Just(7),
-            Just(1_000),
-            Just(333_333_334),
-            Just(1_000_000_007),
-            1u64..5_000_000_000
-        ],
-        1u64..=8,
-    )
-        .prop_flat_map(|(interval, cap)| {
-            (
-                Just(interval),
-                Just(cap),
-                proptest::collection::vec(op(cap), 1..60),
-            )
-        })
+fn interval() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(1u64),
+        Just(7),
+        Just(1_000),
+        Just(333_333_334),
+        Just(1_000_000_007),
+        1u64..5_000_000_000
+    ]
+}
+
+/// The configuration's quota and two of the calls' own, as (interval,
+/// capacity), and the operations.
+type Case = ([(u64, u64); 3], Vec<Op>);
+
+fn case() -> impl Strategy<Value = Case> {
+    proptest::array::uniform3((interval(), 1u64..=8)).prop_flat_map(|quotas| {
+        let cap = quotas.iter().map(|q| q.1).max().unwrap_or(1);
+        (Just(quotas), proptest::collection::vec(op(cap), 1..60))
+    })
+}
+
+fn quota((interval, cap): (u64, u64)) -> Quota {
+    Quota::new(Rate::new(1, Duration::from_nanos(interval)).unwrap(), cap).unwrap()
 }
 
 /// The rule, in plain integers: `tat` per key, 0 (or anything <= now) full.
+/// `interval` and `cap` are the quota of the call being modelled.
 struct Model {
     interval: u64,
     cap: u64,
@@ -74,7 +97,15 @@ struct Model {
 }
 
 impl Model {
-    fn reserve(&mut self, key: usize, n: u64, now: u64) -> Result<(u64, u64), (DenyReason, u64)> {
+    /// A reserve (`wait` 0) or a turn: admitted when the debit fits the
+    /// bucket within `wait` ns; a denial's wait is the whole wait.
+    fn reserve(
+        &mut self,
+        key: usize,
+        n: u64,
+        wait: u64,
+        now: u64,
+    ) -> Result<(u64, u64), (DenyReason, u64)> {
         if n > self.cap {
             return Err((DenyReason::ExceedsCapacity, u64::MAX));
         }
@@ -84,7 +115,7 @@ impl Model {
         let t = self.tat.get(&key).copied().unwrap_or(0);
         let new = t.max(now) + n * self.interval;
         let tau = self.cap * self.interval;
-        if new - now <= tau {
+        if new - now <= tau + wait {
             self.tat.insert(key, new);
             Ok((if t > now { t } else { 0 }, new))
         } else {
@@ -136,8 +167,9 @@ fn script_pace_and_model_agree_on_every_decision() {
     });
     let admin = std::cell::RefCell::new(server.admin());
     let case_no = std::cell::Cell::new(0u64);
-    let result = runner.run(&case(), |(interval, cap, ops)| {
+    let result = runner.run(&case(), |(quotas, ops)| {
         case_no.set(case_no.get() + 1);
+        let (interval, cap) = quotas[0];
         let limiter = rt
             .block_on(
                 RedisPace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
@@ -166,107 +198,160 @@ fn script_pace_and_model_agree_on_every_decision() {
         let mut now = BASE;
         clock.set(Duration::from_nanos(now));
         // (key, pace reservation, redis reservation)
-        let mut held = Vec::new();
+        type Local<'a> = pace::Reservation<
+            'a,
+            String,
+            str,
+            std::collections::hash_map::RandomState,
+            ManualClock,
+        >;
+        let mut held: Vec<(usize, Local<'_>, pace_redis::Reservation)> = Vec::new();
         for (step, op) in ops.iter().enumerate() {
-            match *op {
+            // Reserve and turn: (key, n, quota index, Some(wait) for a turn).
+            let (key, n, q, turn) = match *op {
                 Op::Advance { quarters, ns } => {
                     now += quarters * tau / 4 + ns;
                     clock.set(Duration::from_nanos(now));
+                    (0, 0, 0, None)
                 }
-                Op::Reserve { key, n } => {
-                    let debt_before = model.debt(key, now);
-                    let expect = model.reserve(key, n, now);
-                    let local = pace.reserve_n(KEYS[key], n);
-                    let remote = rt.block_on(limiter.reserve_n_at(KEYS[key], n, now));
-                    match (&expect, local, remote) {
-                        (Ok((prev, tat)), Ok(l), Ok(r)) => {
-                            prop_assert_eq!(l.tokens(), n, "step {}", step);
-                            prop_assert_eq!(r.tokens(), n, "step {}", step);
-                            if n > 0 {
-                                prop_assert_eq!(l.debit_end_ns(), *tat, "pace tat, step {}", step);
-                                prop_assert_eq!(r.tat_ns(), *tat, "script tat, step {}", step);
-                                prop_assert_eq!(r.prev_ns(), *prev, "script prev, step {}", step);
-                                prop_assert_eq!(r.server_now_ns(), Some(now));
-                                // Remaining and reset after the debit.
-                                let left = model.tokens(tat - now);
-                                prop_assert_eq!(
-                                    r.remaining(),
-                                    Some(left),
-                                    "remaining, step {}",
-                                    step
-                                );
-                                prop_assert_eq!(
-                                    pace.peek(KEYS[key]),
-                                    left,
-                                    "pace peek, step {}",
-                                    step
-                                );
-                                prop_assert_eq!(
-                                    r.reset_after(),
-                                    Some(Duration::from_nanos(tat - now)),
-                                    "reset, step {}",
-                                    step
-                                );
-                            }
-                            held.push((key, l, r));
-                        }
-                        (Err((reason, wait)), Err(l), Err(Error::Denied(r))) => {
-                            prop_assert_eq!(l.reason(), *reason, "pace reason, step {}", step);
-                            prop_assert_eq!(r.reason(), *reason, "script reason, step {}", step);
-                            if *reason == DenyReason::Exhausted {
-                                prop_assert_eq!(
-                                    l.retry_after(),
-                                    Duration::from_nanos(*wait),
-                                    "pace wait, step {}",
-                                    step
-                                );
-                                prop_assert_eq!(
-                                    r.retry_after(),
-                                    Duration::from_nanos(*wait),
-                                    "script wait, step {}",
-                                    step
-                                );
-                                prop_assert_eq!(r.source(), Source::Server);
-                                prop_assert_eq!(
-                                    r.remaining(),
-                                    Some(model.tokens(debt_before)),
-                                    "denied remaining, step {}",
-                                    step
-                                );
-                                prop_assert_eq!(
-                                    r.reset_after(),
-                                    Some(Duration::from_nanos(debt_before)),
-                                    "denied reset, step {}",
-                                    step
-                                );
-                            }
-                        }
-                        (e, l, r) => prop_assert!(
-                            false,
-                            "step {}: model {:?}, pace {:?}, script {:?}",
-                            step,
-                            e,
-                            l.map(|x| x.tokens()),
-                            r
-                        ),
-                    }
+                Op::Reserve { key, n, quota } => (key, n, quota, None),
+                Op::Turn {
+                    key,
+                    n,
+                    quota,
+                    quarters,
+                    ns,
+                } => {
+                    let (i, c) = quotas[quota];
+                    (key, n, quota, Some(quarters * i * c / 4 + ns))
                 }
                 Op::Refund { pick } => {
-                    if held.is_empty() {
-                        continue;
+                    if !held.is_empty() {
+                        let (key, l, r) = held.swap_remove(pick % held.len());
+                        let expect = if r.tokens() == 0 {
+                            Refunded::Nothing
+                        } else {
+                            model.refund(key, r.prev_ns(), r.tat_ns(), now)
+                        };
+                        l.refund();
+                        let got = rt.block_on(limiter.refund_at(r, now)).unwrap();
+                        prop_assert_eq!(got, expect, "refund, step {}", step);
                     }
-                    let (key, l, r) = held.swap_remove(pick % held.len());
-                    let expect = if r.tokens() == 0 {
-                        Refunded::Nothing
-                    } else {
-                        model.refund(key, r.prev_ns(), r.tat_ns(), now)
-                    };
-                    l.refund();
-                    let got = rt.block_on(limiter.refund_at(r, now)).unwrap();
-                    prop_assert_eq!(got, expect, "refund, step {}", step);
+                    (0, 0, 0, None)
+                }
+            };
+            if matches!(op, Op::Reserve { .. } | Op::Turn { .. }) {
+                let (qi, qc) = quotas[q];
+                let own = quota(quotas[q]);
+                model.interval = qi;
+                model.cap = qc;
+                let debt_before = model.debt(key, now);
+                let expect = model.reserve(key, n, turn.unwrap_or(0), now);
+                let (local, remote) = match (turn, q) {
+                    (None, 0) => (
+                        pace.reserve_n(KEYS[key], n).map(|l| (l, 0)),
+                        rt.block_on(limiter.reserve_n_at(KEYS[key], n, now)),
+                    ),
+                    (None, _) => (
+                        pace.reserve_n_with(KEYS[key], n, own).map(|l| (l, 0)),
+                        rt.block_on(limiter.reserve_n_with_at(KEYS[key], n, own, now)),
+                    ),
+                    (Some(wait), _) => {
+                        let with = (q != 0).then_some(own);
+                        (
+                            pace.reserve_turn_at(KEYS[key], n, with, wait, now),
+                            rt.block_on(limiter.reserve_turn_at(
+                                KEYS[key],
+                                n,
+                                with,
+                                Duration::from_nanos(wait),
+                                now,
+                            )),
+                        )
+                    }
+                };
+                let tau = qi * qc;
+                match (&expect, local, remote) {
+                    (Ok((prev, tat)), Ok((l, slot)), Ok(r)) => {
+                        prop_assert_eq!(l.tokens(), n, "step {}", step);
+                        prop_assert_eq!(r.tokens(), n, "step {}", step);
+                        if n > 0 {
+                            prop_assert_eq!(l.debit_end_ns(), *tat, "pace tat, step {}", step);
+                            prop_assert_eq!(r.tat_ns(), *tat, "script tat, step {}", step);
+                            prop_assert_eq!(r.prev_ns(), *prev, "script prev, step {}", step);
+                            prop_assert_eq!(r.server_now_ns(), Some(now));
+                            // A turn's wait: until its debit fits the bucket.
+                            let wait = (tat - now).saturating_sub(tau);
+                            prop_assert_eq!(
+                                r.wait(),
+                                Duration::from_nanos(wait),
+                                "script wait, step {}",
+                                step
+                            );
+                            if turn.is_some() {
+                                prop_assert_eq!(slot.max(now), now + wait, "slot, step {}", step);
+                            }
+                            // Remaining and reset after the debit.
+                            let left = model.tokens(tat - now);
+                            prop_assert_eq!(r.remaining(), Some(left), "remaining, step {}", step);
+                            prop_assert_eq!(
+                                pace.peek_with(KEYS[key], own),
+                                left,
+                                "pace peek, step {}",
+                                step
+                            );
+                            prop_assert_eq!(
+                                r.reset_after(),
+                                Some(Duration::from_nanos(tat - now)),
+                                "reset, step {}",
+                                step
+                            );
+                        }
+                        held.push((key, l, r));
+                    }
+                    (Err((reason, wait)), Err(l), Err(Error::Denied(r))) => {
+                        prop_assert_eq!(l.reason(), *reason, "pace reason, step {}", step);
+                        prop_assert_eq!(r.reason(), *reason, "script reason, step {}", step);
+                        if *reason == DenyReason::Exhausted {
+                            prop_assert_eq!(
+                                l.retry_after(),
+                                Duration::from_nanos(*wait),
+                                "pace wait, step {}",
+                                step
+                            );
+                            prop_assert_eq!(
+                                r.retry_after(),
+                                Duration::from_nanos(*wait),
+                                "script wait, step {}",
+                                step
+                            );
+                            prop_assert_eq!(r.source(), Source::Server);
+                            prop_assert_eq!(
+                                r.remaining(),
+                                Some(model.tokens(debt_before)),
+                                "denied remaining, step {}",
+                                step
+                            );
+                            prop_assert_eq!(
+                                r.reset_after(),
+                                Some(Duration::from_nanos(debt_before)),
+                                "denied reset, step {}",
+                                step
+                            );
+                        }
+                    }
+                    (e, l, r) => prop_assert!(
+                        false,
+                        "step {}: model {:?}, pace {:?}, script {:?}",
+                        step,
+                        e,
+                        l.map(|x| (x.0.tokens(), x.1)),
+                        r
+                    ),
                 }
             }
-            // The stored state: the same debt (stale keys count as full).
+            // The stored state: the same debt (stale keys count as full),
+            // and the tokens each quota reads from it.
             for (k, name) in KEYS.iter().enumerate() {
                 let model_debt = model.tat.get(&k).map_or(0, |t| t.saturating_sub(now));
                 let stored: Option<u64> = redis::cmd("GET")
@@ -280,30 +365,40 @@ fn script_pace_and_model_agree_on_every_decision() {
                     name,
                     step
                 );
-                prop_assert_eq!(
-                    pace.peek(*name),
-                    if model_debt >= tau {
+                for (qn, &(qi, qc)) in quotas.iter().enumerate() {
+                    let qtau = qi * qc;
+                    let tokens = if model_debt >= qtau {
                         0
                     } else {
-                        (tau - model_debt) / interval
-                    },
-                    "pace tokens of {}, step {}",
-                    name,
-                    step
-                );
-                // The script's peek: the same tokens, the debt as reset.
-                let peek = rt.block_on(limiter.peek_at(name, now)).unwrap();
-                prop_assert_eq!(
-                    peek.remaining(),
-                    model.tokens(model_debt),
-                    "peek of {}, step {}",
-                    name,
-                    step
-                );
-                prop_assert_eq!(peek.remaining(), pace.peek(*name));
-                prop_assert_eq!(peek.reset_after(), Some(Duration::from_nanos(model_debt)));
-                prop_assert_eq!(peek.server_now_ns(), Some(now));
-                prop_assert_eq!(peek.source(), Source::Server);
+                        (qtau - model_debt) / qi
+                    };
+                    let peek = if qn == 0 {
+                        prop_assert_eq!(pace.peek(*name), tokens, "pace tokens, step {}", step);
+                        rt.block_on(limiter.peek_at(name, now)).unwrap()
+                    } else {
+                        let own = quota((qi, qc));
+                        prop_assert_eq!(
+                            pace.peek_with(*name, own),
+                            tokens,
+                            "pace tokens of {} under quota {}, step {}",
+                            name,
+                            qn,
+                            step
+                        );
+                        rt.block_on(limiter.peek_with_at(name, own, now)).unwrap()
+                    };
+                    prop_assert_eq!(
+                        peek.remaining(),
+                        tokens,
+                        "peek of {} under quota {}, step {}",
+                        name,
+                        qn,
+                        step
+                    );
+                    prop_assert_eq!(peek.reset_after(), Some(Duration::from_nanos(model_debt)));
+                    prop_assert_eq!(peek.server_now_ns(), Some(now));
+                    prop_assert_eq!(peek.source(), Source::Server);
+                }
             }
         }
         Ok(())

@@ -1,92 +1,89 @@
-//! Cleaning in place: turning tombstones back into vacant slots, so that a
+//! Cleaning in place: turning tombstones back into empty cells, so that a
 //! flood of new keys at a steady number of live rows keeps the array at its
 //! size instead of migrating it.
 //!
-//! A tombstone whose next slot is vacant ends no sequence that reaches a row:
-//! every sequence through it ends at the next slot anyway. Vacating it is
-//! safe if nothing is linked into that next slot meanwhile, so the cleaner
-//! first fences the next slot (vacant to [`Fence`](super::slot::State)),
-//! then vacates the tombstone, then lifts the fence. While the fence stands,
-//! lookups treat the slot as vacant (no row lies beyond it) and inserts
-//! cannot link there. Walking a range backwards cascades: a vacated slot
-//! lets the tombstone before it go too.
+//! A tombstone whose next cell is empty ends no sequence that reaches a
+//! row: every sequence through it ends at the next cell anyway. Emptying it
+//! is safe if nothing is claimed in that next cell meanwhile, so the
+//! cleaner first fences the next cell (empty to `Fence`), then empties the
+//! tombstone, then lifts the fence. While the fence stands, lookups treat
+//! the cell as empty (no row lies beyond it) and inserts cannot claim it.
+//! Walking a range backwards cascades: an emptied cell lets the tombstone
+//! before it go too.
 //!
 //! Only the current array is cleaned, while it is not migrating; a copier
 //! that meets a fence waits the cleaner's moment, and closes tombstones, so
-//! a cleaner cannot vacate a slot behind a copier. An inserter that chose a
-//! tombstone finds it gone (its reuse fails) or checks, after linking, that
-//! its row still lies on its key's sequence (`Table::verify`).
+//! a cleaner cannot empty a cell behind a copier. An inserter that chose a
+//! tombstone finds it gone (its claim fails) or checks, after claiming,
+//! that its claim still lies on its key's sequence (`Table::verify`).
 
-use super::slot::{Array, State};
+use super::array::Array;
+use super::cell::CellState;
 use super::{is_migrating, Table};
-use crate::sync::epoch::{Guard, Shared};
+use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
 
-/// Chunks an insert at the limit cleans before it gives up and migrates.
-pub(super) const CLEAN_TRIES: usize = 4;
+/// Chunks a claim at the limit cleans before it gives up and migrates.
+const CLEAN_TRIES: usize = 4;
 
-/// Slots per cleaning chunk, and the most a tombstone's cleaning walks back.
-/// Loom models clean 2 slots at a time, like their migration chunks.
+/// Cells per cleaning chunk, and the most a tombstone's cleaning walks back.
+/// Loom models clean 2 cells at a time, like their migration chunks.
 #[cfg(not(loom))]
-pub(super) const CLEAN_CHUNK: usize = 256;
+const CLEAN_CHUNK: usize = 256;
 #[cfg(loom)]
-pub(super) const CLEAN_CHUNK: usize = 2;
+const CLEAN_CHUNK: usize = 2;
 
-impl<K> Table<K> {
-    /// Vacates the tombstones among slots `start..end` of `arr` that end a
-    /// run (their next slot is vacant), walking backwards so that runs clear
-    /// whole. Returns the slots vacated.
-    pub(super) fn clean_range(&self, arr: &Array<K>, start: usize, end: usize) -> usize {
+impl Table {
+    /// Empties the tombstones among cells `start..end` of `arr` that end a
+    /// run, walking backwards so that runs clear whole. Returns how many.
+    pub(super) fn clean_range(&self, arr: &Array, start: usize, end: usize) -> usize {
         let mask = arr.mask();
-        let mut vacated = 0;
+        let fence = CellState::Fence.encode();
+        let mut emptied = 0;
         for i in (start..end).rev() {
-            let slot = &arr.slots[i];
-            if !matches!(slot.load(), State::Tombstone) {
+            let cell = &arr.cells[i];
+            let v = cell.load();
+            if !matches!(CellState::decode(v), CellState::Tomb) {
                 continue;
             }
-            let next = &arr.slots[(i + 1) & mask];
-            #[cfg(pace_mutant = "clean_without_fence")]
-            {
-                // Known-wrong: vacate on a read of the next slot, so a row
-                // linked there meanwhile ends up behind a vacant slot.
-                if matches!(next.load(), State::Vacant) && slot.vacate() {
-                    vacated += 1;
+            let next = &arr.cells[(i + 1) & mask];
+            // Known-wrong variant: empty on a read of the next cell, so a
+            // row claimed there meanwhile ends up behind an empty cell.
+            if cfg!(pace_mutant = "clean_without_fence") {
+                if next.load() == 0 && cell.cas(v, 0).is_ok() {
+                    emptied += 1;
                 }
                 continue;
             }
-            #[cfg(not(pace_mutant = "clean_without_fence"))]
-            {
-                if !matches!(next.load(), State::Vacant) || !next.fence() {
-                    continue;
-                }
-                if slot.vacate() {
-                    vacated += 1;
-                }
-                next.unfence();
+            if next.cas(0, fence).is_err() {
+                continue;
             }
+            if cell.cas(v, 0).is_ok() {
+                emptied += 1;
+            }
+            let lifted = next.cas(fence, 0);
+            debug_assert!(lifted.is_ok(), "only its cleaner changes a fence");
         }
-        // One subtraction for the range: until it lands, `used` overstates
-        // the claimed slots, which only delays a claim's room.
-        if vacated > 0 {
-            arr.used.fetch_sub(vacated, Ordering::Relaxed);
+        if emptied > 0 {
+            arr.used.fetch_sub(emptied, Ordering::Relaxed);
         }
-        vacated
+        emptied
     }
 
-    /// Slot `idx` of `arr` just became a tombstone: if `arr` is the current
-    /// array and not migrating, vacate it and the tombstones before it while
-    /// each ends a run (at most [`CLEAN_CHUNK`] slots).
-    pub(super) fn clean_after(&self, arr_ptr: Shared<'_, Array<K>>, idx: usize, guard: &Guard) {
-        if cfg!(pace_mutant = "no_tombstone_reuse") || self.array(guard).0 != arr_ptr {
+    /// Cell `idx` of `arr` just became a tombstone: if `arr` is current and
+    /// not migrating, empty it and the tombstones before it while each ends
+    /// a run (at most [`CLEAN_CHUNK`] cells).
+    pub(super) fn clean_after(&self, arr: &Array, idx: usize, guard: &Guard) {
+        // Known-wrong variant: never clean (tombstones only reused).
+        if cfg!(pace_mutant = "no_clean") {
             return;
         }
-        // SAFETY: `arr_ptr` is the current array, loaded under `guard`.
-        let arr = unsafe { arr_ptr.deref() };
-        if is_migrating(arr.next.load(Ordering::Acquire, guard)) {
+        let cur = self.array(guard);
+        if !std::ptr::eq(cur, arr) || is_migrating(arr.next.load(Ordering::Acquire, guard)) {
             return;
         }
         let mask = arr.mask();
-        for back in 0..CLEAN_CHUNK.min(arr.slots.len() - 1) {
+        for back in 0..CLEAN_CHUNK.min(arr.cells.len() - 1) {
             let i = idx.wrapping_sub(back) & mask;
             if self.clean_range(arr, i, i + 1) == 0 {
                 return;
@@ -94,32 +91,24 @@ impl<K> Table<K> {
         }
     }
 
-    /// The current array is at its limit: if tombstones hold at least a
-    /// quarter of its slots, clean chunks of it (at most [`CLEAN_TRIES`] of
-    /// [`CLEAN_CHUNK`] slots) until one frees a slot, and say whether one did.
-    /// False means: migrate.
-    pub(super) fn clean_some(
-        &self,
-        arr_ptr: Shared<'_, Array<K>>,
-        arr: &Array<K>,
-        guard: &Guard,
-    ) -> bool {
-        if cfg!(pace_mutant = "no_tombstone_reuse") {
+    /// The current array is at its limit: if tombstones hold a quarter of
+    /// its cells, clean chunks of it until one frees a cell. False: migrate.
+    pub(super) fn clean_some(&self, arr: &Array, guard: &Guard) -> bool {
+        if cfg!(pace_mutant = "no_clean") {
             return false;
         }
-        let slots = arr.slots.len();
-        let tombstones = arr.used.load(Ordering::Relaxed).saturating_sub(self.len());
-        if tombstones < slots / 4
-            || self.array(guard).0 != arr_ptr
+        let n = arr.cells.len();
+        let tombs = arr.used.load(Ordering::Relaxed).saturating_sub(self.len());
+        if tombs < n / 4
+            || !std::ptr::eq(self.array(guard), arr)
             || is_migrating(arr.next.load(Ordering::Acquire, guard))
         {
             return false;
         }
         for _ in 0..CLEAN_TRIES {
-            let chunk =
-                arr.clean_next.fetch_add(1, Ordering::Relaxed) % slots.div_ceil(CLEAN_CHUNK);
+            let chunk = arr.clean_next.fetch_add(1, Ordering::Relaxed) % n.div_ceil(CLEAN_CHUNK);
             let start = chunk * CLEAN_CHUNK;
-            if self.clean_range(arr, start, (start + CLEAN_CHUNK).min(slots)) > 0 {
+            if self.clean_range(arr, start, (start + CLEAN_CHUNK).min(n)) > 0 {
                 return true;
             }
         }

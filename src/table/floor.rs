@@ -46,8 +46,8 @@ impl Floors {
     #[inline]
     pub(crate) fn get(&self, hash: u64) -> u64 {
         // Acquire is enough: the caller reached this point through the
-        // release CAS that closed the removed row (DEAD, then the unlink or
-        // a migration that left it out), which the raise precedes.
+        // release CAS that removed the row (its cell a tombstone), which the
+        // raise precedes.
         self.stripes[Floors::stripe(hash)].load(Ordering::Acquire)
     }
 
@@ -59,7 +59,7 @@ impl Floors {
     }
 
     /// Raises the floor of `hash`'s stripe to `tat`. Called before the row is
-    /// closed (DEAD), so whoever finds the row gone also finds the floor.
+    /// removed, so whoever finds the row gone also finds the floor.
     #[inline]
     pub(crate) fn raise(&self, hash: u64, tat: u64) {
         let s = &self.stripes[Floors::stripe(hash)];

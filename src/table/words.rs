@@ -1,5 +1,5 @@
-//! Keys that fit in a word: which key types have their rows in cells, and
-//! their bits. One type check per key type decides (`typeid`: the key type
+//! Keys that fit in a word: which key types a cell's key half holds as
+//! their own bits, and those bits. One type check per key type decides (`typeid`: the key type
 //! need not be `'static`); a limiter of any other key type never builds a
 //! [`WordKey`].
 
@@ -9,16 +9,16 @@ use std::net::Ipv4Addr;
 
 /// Whether every hasher of type `S` hashes an integer without panicking:
 /// std's `RandomState` and `BuildHasherDefault<DefaultHasher>` (SipHash)
-/// and, with the `foldhash` feature, the crate's `FastHasher`. A cell keeps
-/// no hash, so a migration's copier and a sweep hash the keys of the cells
-/// they hold; a hasher that panicked there would leave a chunk frozen (its
-/// keys' callers, and every insert once the target fills, would wait for
-/// good) or a sweep's removals uncounted. A limiter with any other hasher
-/// keeps word-sized keys in the slot table, which hashes a key only before
-/// it changes anything. (Known-wrong variant `cells_any_hasher`: trust
-/// every hasher.)
+/// and, with the `foldhash` feature, the crate's `FastHasher`. A cell that
+/// holds a key's own bits keeps no hash, so a migration's copier and a
+/// sweep hash the keys of the cells they hold; a hasher that panicked there
+/// would leave a chunk frozen (its keys' callers, and every insert once the
+/// target fills, would wait for good) or a sweep's removals uncounted. A
+/// limiter with any other hasher boxes its keys with their hash
+/// (`keys.rs`), so its hasher runs only before anything changes.
+/// (Known-wrong variant `inline_any_hasher`: trust every hasher.)
 pub(crate) fn hasher_cannot_panic<S: ?Sized>() -> bool {
-    if cfg!(pace_mutant = "cells_any_hasher") {
+    if cfg!(pace_mutant = "inline_any_hasher") {
         return true;
     }
     let id = typeid::of::<S>();
@@ -194,6 +194,34 @@ impl<K> WordKey<K> {
                 Kind::Ipv4 => cast::<Ipv4Addr, K>(Ipv4Addr::from_bits(bits as u32)),
             }
         }
+    }
+}
+
+/// A word-sized key given as a borrowed form `Q` other than `K` itself (a
+/// caller's `Borrow` impl): its rows are those whose key equals it.
+pub(crate) struct Borrowed<'a, K, Q: ?Sized> {
+    pub(crate) word: WordKey<K>,
+    pub(crate) key: &'a Q,
+}
+
+impl<K, Q> super::Probe for Borrowed<'_, K, Q>
+where
+    K: std::borrow::Borrow<Q>,
+    Q: ?Sized + Eq,
+{
+    #[inline]
+    unsafe fn matches(&self, bits: u64) -> bool {
+        self.word.key(bits).borrow() == self.key
+    }
+}
+
+impl<K, Q> super::keys::NewRow for Borrowed<'_, K, Q>
+where
+    K: std::borrow::Borrow<Q>,
+    Q: ?Sized + Eq + ToOwned<Owned = K>,
+{
+    fn make(&self) -> u64 {
+        self.word.bits(&self.key.to_owned())
     }
 }
 

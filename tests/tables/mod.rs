@@ -1,22 +1,23 @@
-//! Running a test file's tests on both tables of `u64` rows: the cells (the
-//! default for word-sized keys) and the slot table (`Builder::entry_rows`).
+//! Running a test file's tests on both ways the table holds `u64` keys: as
+//! their own bits in the cells (the default for word-sized keys) and boxed
+//! with their hash, as every other key type is (`Builder::boxed_keys`).
 
 use std::collections::hash_map::RandomState;
 use std::time::Duration;
 
 use pace::{ManualClock, Pace, Rate};
 
-/// Which table a test's limiter keeps its `u64` rows in.
+/// How a test's limiter holds its `u64` keys.
 #[derive(Clone, Copy)]
 pub enum Rows {
-    /// 16-byte cells in the array (the default for word-sized keys).
+    /// The keys' own bits in the cells (the default for word-sized keys).
     Cells,
-    /// A separately allocated entry per row (`Builder::entry_rows`).
+    /// Boxed with their hash (`Builder::boxed_keys`).
     Entries,
 }
 
-/// A `u64` limiter of one token per `interval` on a manual clock, its rows
-/// in `rows`.
+/// A `u64` limiter of one token per `interval` on a manual clock, its keys
+/// held as `rows` says.
 pub fn limiter(
     capacity: u64,
     interval: Duration,
@@ -27,11 +28,12 @@ pub fn limiter(
         .clock(ManualClock::new());
     match rows {
         Rows::Cells => b.build().unwrap(),
-        Rows::Entries => b.entry_rows().build().unwrap(),
+        Rows::Entries => b.boxed_keys().build().unwrap(),
     }
 }
 
-/// Each test, once per table: `cells::name` and `entries::name`.
+/// Each test, once per way of holding keys: `cells::name` (own bits) and
+/// `entries::name` (boxed).
 macro_rules! both_tables {
     ($($name:ident),* $(,)?) => {
         mod cells {

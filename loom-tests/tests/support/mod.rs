@@ -98,12 +98,12 @@ pub fn pace_of<K: ModelKey>(capacity: u64) -> Arc<PaceOf<K>> {
         .capacity(capacity)
         .min_slots(4)
         .hasher(BuildHasherDefault::<IdHasher>::default())
-        .cells_with_any_hasher() // the id hasher cannot panic
+        .inline_keys_any_hasher() // the id hasher cannot panic
         .clock(StdClock::new())
         .build()
         .unwrap();
     assert_eq!(
-        p.cell_rows(),
+        p.inline_keys(),
         std::any::TypeId::of::<K>() == std::any::TypeId::of::<u64>()
     );
     Arc::new(p)

@@ -1,6 +1,6 @@
 //! The cell: one row of a word-sized key, `{key bits, word}` in one 128-bit
 //! atomic, and every encoding of its word in one place ([`CellState`]).
-//! DESIGN.md §2 ("Rows in cells") gives the states and the transitions
+//! DESIGN.md §2 gives the states and the transitions
 //! between them.
 
 use crate::bucket::MAX_TIME;
@@ -95,6 +95,15 @@ impl CellState {
     }
 }
 
+/// The key half and `tat` of `v` if it is a live row: the fast path's test.
+#[inline(always)]
+pub(crate) fn live(v: u128) -> Option<(u64, u64)> {
+    let word = v as u64;
+    (1..=LIVE_MAX)
+        .contains(&word)
+        .then(|| ((v >> 64) as u64, word - 1))
+}
+
 /// The `tat` of `v` if it is `key`'s live row: the lookup's fast test, one
 /// compare of each half, without decoding every state.
 #[inline(always)]
@@ -155,22 +164,6 @@ pub(crate) fn empty_cells(n: usize) -> Option<Box<[Cell]>> {
 #[cfg(loom)]
 pub(crate) fn empty_cells(n: usize) -> Option<Box<[Cell]>> {
     (n > 0).then(|| (0..n).map(|_| Cell::new(CellState::Empty)).collect())
-}
-
-/// Whether cells are lock-free 128-bit atomics on this CPU (loom's stand-in
-/// counts as one). Under Miri, portable-atomic detects no CPU feature, so
-/// `Pace` keeps word keys in the slot table there, which is what Miri then
-/// checks through `Pace`; the cell table's own unit tests run under Miri
-/// directly.
-pub(crate) fn lock_free() -> bool {
-    #[cfg(not(loom))]
-    {
-        portable_atomic::AtomicU128::is_lock_free()
-    }
-    #[cfg(loom)]
-    {
-        true
-    }
 }
 
 impl Cell {

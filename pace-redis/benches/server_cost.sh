@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The server's own cost per call of pace-redis's script (the configuration of
+# benches/redis.rs: 1,000/s, capacity 1,000, one token, random keys among
+# 10,000, mostly admitted) beside the plain GCRA script of benches/redis.rs,
+# measured two ways:
+#
+#   bash pace-redis/benches/server_cost.sh usec [ROUNDS]
+#       one redis-server with both scripts loaded; per round and script,
+#       `redis-benchmark -r 10000 -n 100000 -c 4 -P 8 EVALSHA <sha> 1
+#       <script>:__rand_int__` (plus `1000 1000` for the plain script) after a
+#       `CONFIG RESETSTAT`, then `usec_per_call` of `INFO commandstats`;
+#       rounds alternate the scripts (default 5). Wall time: noisy on a shared
+#       machine.
+#   bash pace-redis/benches/server_cost.sh instructions [CALLS]
+#       per script, a redis-server under valgrind's callgrind runs CALLS
+#       EVALSHAs (default 20,000) as above; instructions per call =
+#       (its total - that of a server that ran none) / CALLS. Deterministic,
+#       independent of the machine's load (needs valgrind).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+{ echo "local INTERVAL, CAP = 1000000, 1000"; cat "$here/../src/pace.lua"; } >"$work/pace.lua"
+# The plain script, as benches/redis.rs defines it.
+sed -n '/^const PLAIN_GCRA: &str = r"$/,/^";$/p' "$here/redis.rs" | sed '1d;$d' >"$work/plain.lua"
+[ -s "$work/plain.lua" ] || { echo "PLAIN_GCRA not found in redis.rs" >&2; exit 1; }
+
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+wait_up() { for _ in $(seq 200); do redis-cli -p "$1" PING >/dev/null 2>&1 && return; sleep 0.1; done; exit 1; }
+args() { [ "$1" = plain ] && echo "1000 1000" || true; }
+
+mode=${1:-usec}
+case $mode in
+usec)
+    rounds=${2:-5}
+    port=$(free_port)
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
+    pid=$!
+    trap 'kill $pid; rm -rf "$work"' EXIT
+    wait_up "$port"
+    declare -A sha
+    for s in pace plain; do sha[$s]=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/$s.lua")"); done
+    for r in $(seq "$rounds"); do
+        line="round $r:"
+        for s in pace plain; do
+            redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
+            # shellcheck disable=SC2046 # the plain script's two arguments
+            redis-benchmark -p "$port" -r 10000 -n 100000 -c 4 -P 8 -q \
+                EVALSHA "${sha[$s]}" 1 "$s:__rand_int__" $(args $s) >/dev/null
+            u=$(redis-cli -p "$port" INFO commandstats | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
+            line="$line $s=${u}us"
+        done
+        echo "$line"
+    done
+    ;;
+instructions)
+    calls=${2:-20000}
+    total() { # SCRIPT CALLS: instructions of a server that ran CALLS of it
+        local port out
+        port=$(free_port)
+        out="$work/cg.$1.$2"
+        valgrind --tool=callgrind --callgrind-out-file="$out" \
+            redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
+        local vg=$!
+        wait_up "$port"
+        local sha
+        sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/$1.lua")")
+        if [ "$2" -gt 0 ]; then
+            # shellcheck disable=SC2046
+            redis-benchmark -p "$port" -r 10000 -n "$2" -c 4 -P 8 -q \
+                EVALSHA "$sha" 1 "$1:__rand_int__" $(args "$1") >/dev/null
+        fi
+        redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+        wait "$vg" || true
+        sed -n 's/^summary: *//p;s/^totals: *//p' "$out" | head -1
+    }
+    base=$(total plain 0)
+    for s in pace plain; do
+        t=$(total "$s" "$calls")
+        echo "$s: $(((t - base) / calls)) instructions per call ($calls calls)"
+    done
+    ;;
+*)
+    echo "usage: $0 usec [ROUNDS] | instructions [CALLS]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,494 @@
+//! Reserving: the debit of a live row (one CAS), and the insert of a new
+//! one: claim a cell, check the key's whole sequence, promote the claim with
+//! the first debit (DESIGN.md §2, "Inserting: claim, then check").
+
+use crossbeam_utils::Backoff;
+
+use super::array::Array;
+use super::cell::{self, CellState};
+use super::keys::{NewRow, Probe};
+use super::{is_migrating, probe_seq, Admitted, Cx, Found, Table};
+use crate::bucket::{Decision, Limits};
+use crate::sync::epoch::Guard;
+use crate::sync::{cas_retry, fence, snooze, Ordering};
+
+/// Why a claim failed.
+enum Lost {
+    /// The cell changed first: look again.
+    Taken,
+    /// The array is at its limit: migrate.
+    NoRoom,
+}
+
+/// What [`Table::verify`] decides for a claim.
+enum Verdict {
+    Keep,
+    Withdraw,
+    /// Withdraw, wait while this earlier cell holds a claim of the key.
+    Await(usize),
+}
+
+/// A claim its inserter has not yet made a row: dropped (also when a key's
+/// `Eq` panics in [`Table::verify`]), it is withdrawn and its key box
+/// retired. Becoming the row forgets it.
+struct Claim<'t, 'g> {
+    table: &'t Table,
+    arr: &'g Array,
+    at: usize,
+    bits: u64,
+    guard: &'g Guard,
+}
+
+impl Drop for Claim<'_, '_> {
+    fn drop(&mut self) {
+        // Known-wrong variant: a claim whose check panicked stays claimed
+        // (its cell is lost to the array, `len` counts it for good).
+        if cfg!(pace_mutant = "claimed_left_on_panic") && std::thread::panicking() {
+            return;
+        }
+        self.table
+            .withdraw(self.arr, self.at, self.bits, self.guard);
+    }
+}
+
+/// The bits of a new row that no claim has published yet: a box among them
+/// is freed when this drops (nobody else has seen it).
+struct Fresh {
+    bits: Option<u64>,
+    free: Option<unsafe fn(u64)>,
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        if let (Some(bits), Some(free)) = (self.bits, self.free) {
+            // SAFETY: `bits` were made by the probe's `make` for this table
+            // (whose boxes `free` frees) and never published: no claim of
+            // them succeeded (a claim that does takes them out first).
+            unsafe { free(bits) };
+        }
+    }
+}
+
+impl Table {
+    /// Debits `n` tokens from `key`'s bucket at `now`, creating its row if
+    /// absent (from its floor). A denial writes and creates nothing.
+    /// `hash_of` gives the hash of a key's own bits (a migration copy needs
+    /// it; boxed keys keep theirs).
+    ///
+    /// The key's first cell of a current array that is not migrating is
+    /// probed here, inline: a row found there is debited at once.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(crate) fn reserve<P: NewRow>(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: &P,
+        n: u64,
+        now: u64,
+        reread: &dyn Fn() -> u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) -> Result<Admitted, Decision> {
+        let arr = self.array(guard);
+        if arr.next.load(Ordering::Relaxed, guard).is_null() {
+            let idx = hash as usize & arr.mask();
+            let v = arr.cells[idx].load();
+            if let Some((bits, tat)) = cell::live(v) {
+                // SAFETY: `bits` was read under `guard` from a live cell.
+                if unsafe { key.matches(bits) } {
+                    if let Some(r) = self.debit(arr, idx, v, bits, tat, limits, n, now) {
+                        return r;
+                    }
+                }
+            }
+        }
+        self.reserve_slow(limits, hash, key, n, now, reread, hash_of, guard)
+    }
+
+    /// Everything but a row in the key's first cell: the walk, inserts,
+    /// migrations. After its own row, a call starts a pending shrink and
+    /// copies one chunk of a running migration (a call that starts one or
+    /// finds its target full copies again only through `start_migration`,
+    /// so no call copies more than a constant). The copy comes after the
+    /// call's own debit, so a row of its key that is full is debited, not
+    /// removed under it first.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn reserve_slow<P: NewRow>(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: &P,
+        n: u64,
+        now: u64,
+        reread: &dyn Fn() -> u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) -> Result<Admitted, Decision> {
+        let cx = &Cx::new(hash_of, now);
+        let r = self.reserve_walk(limits, hash, key, n, now, reread, cx, guard);
+        self.shrink_pending(cx, guard);
+        if !cx.copied.get() {
+            self.help(cx, guard);
+        }
+        r
+    }
+
+    /// [`reserve_slow`](Table::reserve_slow)'s walk, insert and retries.
+    #[allow(clippy::too_many_arguments)]
+    fn reserve_walk<P: NewRow>(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: &P,
+        n: u64,
+        mut now: u64,
+        reread: &dyn Fn() -> u64,
+        cx: &Cx<'_>,
+        guard: &Guard,
+    ) -> Result<Admitted, Decision> {
+        let backoff = Backoff::new();
+        // The bits of the row this call would create: made once, when the
+        // first claim is tried, and again only after a claim published
+        // them and lost (its box is then retired). Bits never published
+        // are freed when `fresh` drops, also if a key's `Eq` panics.
+        let mut fresh = Fresh {
+            bits: None,
+            free: self.boxed,
+        };
+        loop {
+            let (arr, empty, tomb) = match self.find(hash, key, true, guard) {
+                Found::Row {
+                    arr,
+                    idx,
+                    v,
+                    bits,
+                    tat,
+                } => match self.debit(arr, idx, v, bits, tat, limits, n, now) {
+                    Some(r) => return r,
+                    None => continue, // removed or frozen under us
+                },
+                Found::Absent { arr, empty, tomb } => (arr, Some(empty), tomb),
+                Found::Full { arr, tomb } => (arr, None, tomb),
+            };
+            // An absent row starts from its floor: decide before creating.
+            let floor = self.floors.get(hash);
+            if floor > now {
+                now = now.max(reread());
+            }
+            if let d @ (Decision::Wait(_) | Decision::Never | Decision::TimeExhausted) =
+                limits.reserve(floor, now, n)
+            {
+                return Err(d);
+            }
+            let mine = *fresh.bits.get_or_insert_with(|| key.make());
+            let claim = match self.claim(arr, mine, empty, tomb, guard) {
+                Ok(at) => Claim {
+                    table: self,
+                    arr,
+                    at,
+                    bits: mine,
+                    guard,
+                },
+                Err(Lost::NoRoom) => {
+                    // Mostly tombstones: clean a chunk in place and claim
+                    // again; else migrate.
+                    if !self.clean_some(arr, guard) {
+                        self.start_migration(arr, cx, guard);
+                        // The full array may be a target whose copy other
+                        // callers are finishing: let them.
+                        snooze(&backoff);
+                    }
+                    continue;
+                }
+                Err(Lost::Taken) => {
+                    // Taken first, a cleaner's fence, or a migration began.
+                    snooze(&backoff);
+                    continue;
+                }
+            };
+            // From here the bits are published: whatever happens to the
+            // claim, `withdraw` (run by dropping `claim`) or the row owns
+            // them.
+            fresh.bits = None;
+            // Dekker with every other inserter of the key: each claims,
+            // fences, then reads the whole sequence (see `verify`).
+            fence(Ordering::SeqCst);
+            match self.verify(hash, key, arr, claim.at, guard) {
+                Verdict::Keep => {}
+                verdict => {
+                    drop(claim);
+                    snooze(&backoff);
+                    if let Verdict::Await(earlier) = verdict {
+                        let claimed_by_key = |v: u128| match CellState::decode(v) {
+                            CellState::Claimed { key: k } => {
+                                // SAFETY: `k` was read under `guard` from a
+                                // claimed cell.
+                                unsafe { key.matches(k) }
+                            }
+                            _ => false,
+                        };
+                        while claimed_by_key(arr.cells[earlier].load()) {
+                            snooze(&backoff);
+                        }
+                    }
+                    continue;
+                }
+            }
+            // The floor again, after the check: a row of the key removed
+            // while we checked raised it before its cell became a tombstone.
+            // The claim becomes the row with this debit in one CAS, so no
+            // row is ever live before its first debit (a sweep would take
+            // it for full); a denial now withdraws the claim.
+            let floor = self.floors.get(hash);
+            if floor > now {
+                now = now.max(reread());
+            }
+            match limits.reserve(floor, now, n) {
+                Decision::Admit(tat) => {
+                    let claimed = CellState::Claimed { key: mine }.encode();
+                    let live = CellState::Live { key: mine, tat }.encode();
+                    if arr.cells[claim.at].cas(claimed, live).is_ok() {
+                        std::mem::forget(claim);
+                        return Ok(Admitted {
+                            tat,
+                            prev: floor,
+                            created: true,
+                        });
+                    }
+                    // A copier froze the claim: it is not copied; look again.
+                    drop(claim);
+                }
+                denied => {
+                    drop(claim);
+                    return Err(denied);
+                }
+            }
+        }
+    }
+
+    /// Counts one more row unless `arr` is migrating: the handshake with
+    /// `start_migration`, which sizes the target from `len` after sealing.
+    /// The row is counted before it is linked, and the migration check
+    /// comes after the count (both SeqCst): a migration that sizes its
+    /// target from `len` after sealing `next` counts every row that can
+    /// still be claimed in the array.
+    fn count_row(&self, arr: &Array, guard: &Guard) -> bool {
+        let migrating = || is_migrating(arr.next.load(Ordering::SeqCst, guard));
+        if migrating() {
+            return false;
+        }
+        self.len.fetch_add(1, Ordering::SeqCst);
+        // Dekker with `start_migration` (seal `next`, fence, read `len`): at
+        // least one side sees the other's write. The fence makes the
+        // argument hold in loom too, which models SeqCst accesses as AcqRel.
+        fence(Ordering::SeqCst);
+        if migrating() {
+            self.len.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Claims a cell of `arr` for the key whose bits are `bits`: the
+    /// tombstone if there is one, else the empty cell (if the array has
+    /// room for one more used cell).
+    fn claim(
+        &self,
+        arr: &Array,
+        bits: u64,
+        empty: Option<usize>,
+        tomb: Option<(usize, u128)>,
+        guard: &Guard,
+    ) -> Result<usize, Lost> {
+        if !self.count_row(arr, guard) {
+            return Err(Lost::Taken);
+        }
+        let claim = CellState::Claimed { key: bits }.encode();
+        let lost = if let Some((at, v)) = tomb {
+            // A tombstone is already counted in `used`; a copier that froze
+            // it first makes this CAS fail.
+            if arr.cells[at].cas(v, claim).is_ok() {
+                return Ok(at);
+            }
+            Lost::Taken
+        } else if let Some(at) = empty {
+            let limit = arr.limit.load(Ordering::Acquire);
+            if arr.used.fetch_add(1, Ordering::Relaxed) < limit {
+                if arr.cells[at].cas(0, claim).is_ok() {
+                    return Ok(at);
+                }
+                arr.used.fetch_sub(1, Ordering::Relaxed);
+                Lost::Taken
+            } else {
+                arr.used.fetch_sub(1, Ordering::Relaxed);
+                Lost::NoRoom
+            }
+        } else {
+            Lost::NoRoom
+        };
+        self.len.fetch_sub(1, Ordering::SeqCst);
+        Err(lost)
+    }
+
+    /// Withdraws the claim of `bits` at `at` of `arr`: it becomes a
+    /// tombstone (still used), or stays as a copier froze it (never
+    /// copied). Either way its key box leaves the table.
+    fn withdraw(&self, arr: &Array, at: usize, bits: u64, guard: &Guard) {
+        let claim = CellState::Claimed { key: bits }.encode();
+        let _ = arr.cells[at].cas(claim, CellState::Tomb.encode());
+        self.len.fetch_sub(1, Ordering::SeqCst);
+        // SAFETY: the claim's cell no longer names the box (a tombstone's
+        // key half is zero), or names it frozen (`FrozenClaimed`, which no
+        // reader dereferences); the box was in no other cell, and only its
+        // inserter, here, retires it.
+        unsafe { self.retire_key(bits, guard) };
+    }
+
+    /// Whether our claim in cell `at` of `my_arr` may become `key`'s row: no
+    /// live row of the key on its sequence in any array, no claim of it
+    /// earlier in ours, and our array still the newest.
+    fn verify<P: Probe>(
+        &self,
+        hash: u64,
+        key: &P,
+        my_arr: &Array,
+        at: usize,
+        guard: &Guard,
+    ) -> Verdict {
+        // Known-wrong variant: keep every claim unchecked.
+        if cfg!(pace_mutant = "verify_off") {
+            return Verdict::Keep;
+        }
+        let still_newest = || !is_migrating(my_arr.next.load(Ordering::SeqCst, guard));
+        let keep_if = |keep: bool| {
+            if keep {
+                Verdict::Keep
+            } else {
+                Verdict::Withdraw
+            }
+        };
+        let is_key = |k: u64| {
+            // SAFETY: called below only with the key half of a cell read
+            // under `guard` in a live, frozen live or claimed state.
+            unsafe { key.matches(k) }
+        };
+        let backoff = Backoff::new();
+        let mut seen_me = false;
+        let mut arr = self.array(guard);
+        'arrays: loop {
+            let mine = std::ptr::eq(arr, my_arr);
+            for idx in probe_seq(hash, arr.mask()) {
+                loop {
+                    if mine && idx == at {
+                        match CellState::decode(arr.cells[idx].load()) {
+                            CellState::Claimed { .. } => seen_me = true,
+                            _ => return Verdict::Withdraw, // frozen by a copier
+                        }
+                        break;
+                    }
+                    match CellState::decode(arr.cells[idx].load()) {
+                        CellState::Empty | CellState::Fence | CellState::Sealed if mine => {
+                            // A cleaner may have emptied a cell before ours
+                            // since the walk that chose it.
+                            return keep_if(seen_me && still_newest());
+                        }
+                        CellState::Empty | CellState::Fence | CellState::Sealed => {
+                            if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+                                return Verdict::Withdraw; // our array migrated away
+                            }
+                            arr = self.next_of(arr, guard);
+                            continue 'arrays;
+                        }
+                        CellState::Live { key: k, .. } | CellState::FrozenLive { key: k, .. }
+                            if is_key(k) =>
+                        {
+                            return Verdict::Withdraw; // the key's row
+                        }
+                        CellState::Claimed { key: k } if is_key(k) => {
+                            if mine && !seen_me {
+                                return Verdict::Await(idx);
+                            }
+                            if !still_newest() {
+                                return Verdict::Withdraw;
+                            }
+                            // A later claim, or one in an older array: its
+                            // inserter withdraws or is promoted (then we
+                            // withdraw).
+                            snooze(&backoff);
+                            continue;
+                        }
+                        _ => {} // other keys, tombstones, moved rows, dead claims
+                    }
+                    break;
+                }
+            }
+            if mine {
+                return keep_if(seen_me && still_newest());
+            }
+            if !is_migrating(arr.next.load(Ordering::SeqCst, guard)) {
+                return Verdict::Withdraw;
+            }
+            arr = self.next_of(arr, guard);
+        }
+    }
+
+    /// The CAS loop that debits the row in cell `idx` of `arr`, which held
+    /// `v` (live at `tat`, key half `bits`). `None` if the row was removed
+    /// or frozen first (look again).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn debit(
+        &self,
+        arr: &Array,
+        idx: usize,
+        mut v: u128,
+        bits: u64,
+        mut tat: u64,
+        limits: &Limits,
+        n: u64,
+        now: u64,
+    ) -> Option<Result<Admitted, Decision>> {
+        let backoff = Backoff::new();
+        loop {
+            match limits.reserve(tat, now, n) {
+                Decision::Admit(new) => {
+                    let next = CellState::Live {
+                        key: bits,
+                        tat: new,
+                    }
+                    .encode();
+                    // Known-wrong variant: decide on the value read, then
+                    // write, so two debits that read one state both land.
+                    if cfg!(pace_mutant = "check_then_debit") {
+                        arr.cells[idx].store(next);
+                        return Some(Ok(Admitted {
+                            tat: new,
+                            prev: tat,
+                            created: false,
+                        }));
+                    }
+                    match arr.cells[idx].cas(v, next) {
+                        Ok(_) => {
+                            return Some(Ok(Admitted {
+                                tat: new,
+                                prev: tat,
+                                created: false,
+                            }))
+                        }
+                        Err(actual) => match cell::live_tat(actual, bits) {
+                            Some(t) => {
+                                v = actual;
+                                tat = t;
+                                cas_retry(&backoff);
+                            }
+                            None => return None,
+                        },
+                    }
+                }
+                denied => return Some(Err(denied)),
+            }
+        }
+    }
+}
