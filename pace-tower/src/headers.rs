@@ -9,6 +9,9 @@
 //!   `t` = seconds until the bucket is full again (rounded up; on a 429, the
 //!   `Retry-After` wait, with `r=0`).
 
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
 use http::{HeaderName, HeaderValue};
 use sfv::{KeyRef, ListSerializer, StringRef};
 
@@ -129,6 +132,26 @@ pub(crate) fn policy<'a>(
             .parameter(KeyRef::constant("w"), int(ceil_secs(refill).max(1)));
     }
     HeaderValue::from_str(&list.finish()?).ok()
+}
+
+/// `value` as a static one, whose clones share its bytes without a
+/// reference count: its bytes are kept for the life of the process, once
+/// per distinct value (a layer built again with the same limits reuses
+/// them).
+pub(crate) fn interned(value: &HeaderValue) -> Option<HeaderValue> {
+    static VALUES: Mutex<BTreeSet<&'static [u8]>> = Mutex::new(BTreeSet::new());
+    let mut values = VALUES.lock().unwrap_or_else(|e| e.into_inner());
+    let bytes: &'static [u8] = match values.get(value.as_bytes()) {
+        Some(b) => b,
+        None => {
+            let b: &'static [u8] = Box::leak(value.as_bytes().into());
+            values.insert(b);
+            b
+        }
+    };
+    let s = std::str::from_utf8(bytes).ok()?;
+    // A valid value already: `from_static` accepts it.
+    Some(HeaderValue::from_static(s))
 }
 
 /// The `RateLimit` value for `(name, remaining, reset_secs)` items (what

@@ -21,6 +21,7 @@ pub struct RequestHead<'a> {
 
 impl<'a> RequestHead<'a> {
     /// The head of `req`.
+    #[inline]
     pub fn of<B>(req: &'a http::Request<B>) -> RequestHead<'a> {
         RequestHead {
             method: req.method(),
@@ -56,6 +57,7 @@ pub trait KeyExtractor: Send + Sync + 'static {
 /// `into_make_service_with_connect_info::<SocketAddr>()` (feature `axum`), a
 /// plain `SocketAddr` extension, or a [`PeerAddr`] extension, looked up in
 /// that order.
+#[inline]
 pub fn peer_addr(ext: &Extensions) -> Option<SocketAddr> {
     #[cfg(feature = "axum")]
     if let Some(ci) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
@@ -75,6 +77,7 @@ pub struct PeerAddr(pub SocketAddr);
 /// Masks `ip` to its network: IPv4 to `v4_prefix` bits, IPv6 to `v6_prefix`
 /// bits (prefixes above the address width keep the full address). An
 /// IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) counts as IPv4.
+#[inline]
 pub fn mask(ip: IpAddr, v4_prefix: u8, v6_prefix: u8) -> IpAddr {
     match ip {
         IpAddr::V4(v4) => {
@@ -148,8 +151,13 @@ impl PeerIp {
 impl KeyExtractor for PeerIp {
     type Key = IpAddr;
 
+    #[inline]
     fn extract(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
-        peer_addr(req.extensions).map(|a| mask(a.ip(), self.v4_prefix, self.v6_prefix))
+        match peer_addr(req.extensions)?.ip() {
+            // A whole IPv4 address (the default): nothing to mask.
+            IpAddr::V4(v4) if self.v4_prefix >= 32 => Some(IpAddr::V4(v4)),
+            ip => Some(mask(ip, self.v4_prefix, self.v6_prefix)),
+        }
     }
 
     fn needs_peer_addr(&self) -> bool {
@@ -304,6 +312,7 @@ pub struct Header(pub HeaderName);
 impl KeyExtractor for Header {
     type Key = HeaderValue;
 
+    #[inline]
     fn extract(&self, req: &RequestHead<'_>) -> Option<HeaderValue> {
         req.headers.get(&self.0).cloned()
     }
@@ -329,6 +338,7 @@ where
 {
     type Key = K;
 
+    #[inline]
     fn extract(&self, req: &RequestHead<'_>) -> Option<K> {
         (self.0)(req)
     }

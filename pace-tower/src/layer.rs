@@ -59,6 +59,10 @@ pub struct Limit<E: KeyExtractor, A> {
     wait: Option<Duration>,
     /// Its index in the layer (set when the layer is built).
     index: usize,
+    /// Its admission counter and row gauge (set when the layer is built),
+    /// kept with it for the admitted path.
+    admitted: Counter,
+    rows: Gauge,
 }
 
 impl<E, A> Limit<E, A>
@@ -82,6 +86,8 @@ where
             quota: None,
             wait: None,
             index: 0,
+            admitted: Counter::noop(),
+            rows: Gauge::noop(),
         }
     }
 
@@ -176,7 +182,7 @@ where
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn reserve_now(
         &self,
         key: &E::Key,
@@ -385,6 +391,26 @@ mod sealed {
         /// admitted). On a stop, whatever was reserved is refunded, newest
         /// first, before this returns it.
         fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop>;
+        /// Whether every limit decides at once ([`AsyncLimit::decides_at_once`],
+        /// no queueing) and takes its own quota (no [`Limit::quota`]
+        /// closure): [`light`](Self::light) then applies.
+        fn at_once(&self) -> bool;
+        /// Reserves every limit in order, each at once, then runs `then`
+        /// (the limits after it; `()` has none): a limit that refuses (or a
+        /// request without its key) stops the chain, and each limit before
+        /// it refunds its reservation as the stop passes it back (newest
+        /// first). Keeps nothing: when `then` passes, each admission is
+        /// counted and its debit dropped. With `fields`, each limit adds
+        /// its `RateLimit` item right after its reservation. Only for
+        /// limits that are [`at_once`](Self::at_once).
+        fn light<F>(
+            &self,
+            head: &RequestHead<'_>,
+            fields: Option<&mut FieldAcc<'_>>,
+            then: F,
+        ) -> Result<(), Stop>
+        where
+            F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>;
         /// Reserves the limits in order (each once the ones before it
         /// admitted). On a refusal, the ones before it are refunded, newest
         /// first, before this returns it.
@@ -396,19 +422,13 @@ mod sealed {
         /// Refunds everything `st` holds, newest first.
         fn undo(&self, st: &mut Self::State);
         /// Counts the admission.
-        fn admitted(&self, st: &Self::State, metas: &[Meta]);
+        fn admitted(&self, st: &Self::State);
         /// Applies the refund predicates to the response, newest first.
         fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]);
-        /// Writes one `RateLimit` item per reserved limit; true when every
-        /// limit's `(capacity, rate)` for the request is its entry in
-        /// `built` (the quotas the layer was built with).
-        fn fields(
-            &self,
-            st: &Self::State,
-            metas: &[Meta],
-            w: &mut FieldWriter,
-            built: &[(u64, Rate)],
-        ) -> bool;
+        /// Adds one `RateLimit` item per reserved limit, and notes whether
+        /// every limit's `(capacity, rate)` for the request is the one the
+        /// layer was built with.
+        fn fields(&self, st: &Self::State, acc: &mut FieldAcc<'_>);
         /// `f(index, capacity, rate)` of each limit, in order, under the
         /// request's quotas.
         fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, Rate));
@@ -477,19 +497,33 @@ impl LimitsImpl for () {
         Ok(((), true))
     }
     #[inline]
+    fn at_once(&self) -> bool {
+        true
+    }
+    #[inline(always)]
+    fn light<F>(
+        &self,
+        _: &RequestHead<'_>,
+        fields: Option<&mut FieldAcc<'_>>,
+        then: F,
+    ) -> Result<(), Stop>
+    where
+        F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
+    {
+        then(fields)
+    }
+    #[inline]
     fn poll_reserve(&self, _: &mut (), _: &mut Context<'_>) -> Poll<Result<(), Stop>> {
         Poll::Ready(Ok(()))
     }
     #[inline]
     fn undo(&self, _: &mut ()) {}
     #[inline]
-    fn admitted(&self, _: &(), _: &[Meta]) {}
+    fn admitted(&self, _: &()) {}
     #[inline]
     fn settle(&self, _: &mut (), _: &ResponseHead<'_>, _: &[Meta]) {}
     #[inline]
-    fn fields(&self, _: &(), _: &[Meta], _: &mut FieldWriter, _: &[(u64, Rate)]) -> bool {
-        true
-    }
+    fn fields(&self, _: &(), _: &mut FieldAcc<'_>) {}
     #[inline]
     fn terms(&self, _: Src<'_, '_, ()>, _: &mut dyn FnMut(usize, u64, Rate)) {}
 }
@@ -503,8 +537,18 @@ fn policy_value(items: Vec<(&str, u64, Rate)>) -> Option<HeaderValue> {
     )
 }
 
+/// The ns `tokens` take to refill at `rate`, rounded up (`u64::MAX` past
+/// it).
+#[inline]
 fn refill_ns(rate: pace::Rate, tokens: u64) -> u64 {
-    let ns = (tokens as u128 * rate.per().as_nanos()).div_ceil(rate.count() as u128);
+    let per = rate.per().as_nanos();
+    // In 64 bits when the product fits (any bucket of under 584 years).
+    if let Ok(per) = u64::try_from(per) {
+        if let Some(p) = tokens.checked_mul(per) {
+            return p.div_ceil(rate.count());
+        }
+    }
+    let ns = (tokens as u128 * per).div_ceil(rate.count() as u128);
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
@@ -519,31 +563,39 @@ where
     E: KeyExtractor,
     A: AsyncLimit<E::Key>,
 {
-    #[inline]
+    #[inline(always)]
     fn start_one(&self, head: &RequestHead<'_>) -> Result<StepOf<E, A>, Stop> {
-        let key = match self.extractor.extract(head) {
-            Some(k) => k,
-            None => {
-                if self.extractor.needs_peer_addr()
-                    && crate::key::peer_addr(head.extensions).is_none()
-                {
-                    return Err(Stop::NoPeer { index: self.index });
-                }
-                match &self.missing {
-                    MissingKey::Reject(s) => {
-                        return Err(Stop::Missing {
-                            index: self.index,
-                            status: *s,
-                        })
-                    }
-                    MissingKey::Shared(k) => k.clone(),
-                    MissingKey::Skip => return Ok(Step::Skip),
-                }
-            }
+        let Some(key) = self.key(head)? else {
+            return Ok(Step::Skip);
         };
         let n = self.cost.as_ref().map_or(1, |f| f(head));
         let q = self.request_quota(head);
         Ok(Step::Queued { key, n, q })
+    }
+
+    /// The request's key for this limit; `None` when it has none and the
+    /// limit is skipped.
+    #[inline(always)]
+    fn key(&self, head: &RequestHead<'_>) -> Result<Option<E::Key>, Stop> {
+        match self.extractor.extract(head) {
+            Some(k) => Ok(Some(k)),
+            None => self.no_key(head),
+        }
+    }
+
+    #[cold]
+    fn no_key(&self, head: &RequestHead<'_>) -> Result<Option<E::Key>, Stop> {
+        if self.extractor.needs_peer_addr() && crate::key::peer_addr(head.extensions).is_none() {
+            return Err(Stop::NoPeer { index: self.index });
+        }
+        match &self.missing {
+            MissingKey::Reject(s) => Err(Stop::Missing {
+                index: self.index,
+                status: *s,
+            }),
+            MissingKey::Shared(k) => Ok(Some(k.clone())),
+            MissingKey::Skip => Ok(None),
+        }
     }
 
     /// Drives this limit's step; `Ready(Err)` is its refusal.
@@ -611,6 +663,98 @@ where
         }
     }
 
+    /// Counts an admission by this limit.
+    #[inline(always)]
+    fn count_admitted(&self) {
+        self.admitted.increment(1);
+        if let Some(rows) = self.limiter.rows() {
+            self.rows.set(rows as f64);
+        }
+    }
+
+    /// This limit's part of [`LimitsImpl::light`]: reserves it at once,
+    /// adds its field, runs `then` (the limits after it), and refunds its
+    /// reservation if `then` stops.
+    #[inline(always)]
+    fn light_one<F>(
+        &self,
+        head: &RequestHead<'_>,
+        fields: Option<&mut FieldAcc<'_>>,
+        then: F,
+    ) -> Result<(), Stop>
+    where
+        F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
+    {
+        let Some(key) = self.key(head)? else {
+            // Skipped (no key, `MissingKey::Skip`): no item; the policy
+            // still lists its quota.
+            let mut fields = fields;
+            if let Some(acc) = fields.as_deref_mut() {
+                acc.same &= acc.built.get(self.index) == Some(&self.term(None));
+            }
+            return then(fields);
+        };
+        let n = self.cost.as_ref().map_or(1, |f| f(head));
+        let debit = match self.limiter.reserve_now(&key, n) {
+            Some(Ok(d)) => d,
+            Some(Err(refusal)) => {
+                return Err(Stop::Refused {
+                    index: self.index,
+                    refusal,
+                })
+            }
+            // `decides_at_once` promised a decision.
+            None => {
+                return Err(Stop::Refused {
+                    index: self.index,
+                    refusal: Refusal::Unavailable("the limit did not decide at once".into()),
+                })
+            }
+        };
+        let mut fields = fields;
+        if let Some(acc) = fields.as_deref_mut() {
+            self.field(&key, Some(&debit), None, acc);
+        }
+        match then(fields) {
+            Ok(()) => {
+                self.count_admitted();
+                Ok(())
+            }
+            Err(stop) => {
+                self.limiter.refund(&key, debit);
+                Err(stop)
+            }
+        }
+    }
+
+    /// Adds this limit's `RateLimit` item for `key` (under `q`, or the
+    /// limit's own quota, read once so that the tokens and the times follow
+    /// the same one); notes whether its `(capacity, rate)` is the one the
+    /// layer was built with.
+    #[inline]
+    fn field(
+        &self,
+        key: &E::Key,
+        debit: Option<&A::Debit>,
+        q: Option<Quota>,
+        acc: &mut FieldAcc<'_>,
+    ) {
+        let quota = q.or_else(|| self.limiter.own_quota());
+        let (cap, rate) = match quota {
+            Some(q) => (q.capacity(), q.rate()),
+            None => (self.limiter.capacity(), self.limiter.rate()),
+        };
+        let remaining = match quota {
+            Some(q) => self.limiter.remaining_with(key, debit, q),
+            None => self.limiter.remaining(key, debit),
+        };
+        if let Some(r) = remaining {
+            let t = headers::ceil_secs(refill_ns(rate, cap.saturating_sub(r)));
+            acc.w.item(&acc.metas[self.index].sf_name, r, t);
+        }
+        acc.same &= acc.built.get(self.index) == Some(&(cap, rate));
+    }
+
     #[inline]
     fn undo_one(&self, step: &mut StepOf<E, A>) {
         if let Step::Held { key, debit, .. } = step {
@@ -635,8 +779,11 @@ where
         let sf_name =
             headers::sf_string(&m.name).ok_or_else(|| InvalidPolicyName(m.name.clone()))?;
         m.index = metas.len();
+        let counters = Counters::new(&m.name);
+        m.admitted = counters.admitted.clone();
+        m.rows = counters.rows.clone();
         metas.push(Meta {
-            counters: Counters::new(&m.name),
+            counters,
             name: m.name.clone(),
             sf_name,
         });
@@ -654,7 +801,7 @@ where
         self.1.refund.is_some() || self.0.refunds_on_response()
     }
 
-    #[inline]
+    #[inline(always)]
     fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop> {
         let (mut left, decided) = self.0.start(head)?;
         let (key, n, q) = match self.1.start_one(head) {
@@ -693,6 +840,27 @@ where
         }
     }
 
+    fn at_once(&self) -> bool {
+        self.1.wait.is_none()
+            && self.1.quota.is_none()
+            && self.1.limiter.decides_at_once()
+            && self.0.at_once()
+    }
+
+    #[inline(always)]
+    fn light<F>(
+        &self,
+        head: &RequestHead<'_>,
+        fields: Option<&mut FieldAcc<'_>>,
+        then: F,
+    ) -> Result<(), Stop>
+    where
+        F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
+    {
+        self.0
+            .light(head, fields, |fields| self.1.light_one(head, fields, then))
+    }
+
     #[inline]
     fn poll_reserve(&self, st: &mut Self::State, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
         std::task::ready!(self.0.poll_reserve(&mut st.0, cx))?;
@@ -714,15 +882,11 @@ where
         self.0.undo(&mut st.0);
     }
 
-    #[inline]
-    fn admitted(&self, st: &Self::State, metas: &[Meta]) {
-        self.0.admitted(&st.0, metas);
+    #[inline(always)]
+    fn admitted(&self, st: &Self::State) {
+        self.0.admitted(&st.0);
         if let Step::Held { .. } = st.1 {
-            let c = &metas[self.1.index].counters;
-            c.admitted.increment(1);
-            if let Some(rows) = self.1.limiter.rows() {
-                c.rows.set(rows as f64);
-            }
+            self.1.count_admitted();
         }
     }
 
@@ -744,27 +908,17 @@ where
     }
 
     #[inline]
-    fn fields(
-        &self,
-        st: &Self::State,
-        metas: &[Meta],
-        w: &mut FieldWriter,
-        built: &[(u64, Rate)],
-    ) -> bool {
-        let same = self.0.fields(&st.0, metas, w, built);
+    fn fields(&self, st: &Self::State, acc: &mut FieldAcc<'_>) {
+        self.0.fields(&st.0, acc);
         let m = &self.1;
-        let (cap, rate) = m.term(st.1.quota());
-        if let Step::Held { key, q, debit } = &st.1 {
-            let remaining = match q {
-                Some(q) => m.limiter.remaining_with(key, debit.as_ref(), *q),
-                None => m.limiter.remaining(key, debit.as_ref()),
-            };
-            if let Some(r) = remaining {
-                let t = headers::ceil_secs(refill_ns(rate, cap.saturating_sub(r)));
-                w.item(&metas[m.index].sf_name, r, t);
+        match &st.1 {
+            Step::Held { key, q, debit } => m.field(key, debit.as_ref(), *q, acc),
+            // No item; the policy follows the step's quota.
+            step => {
+                let (cap, rate) = m.term(step.quota());
+                acc.same &= acc.built.get(m.index) == Some(&(cap, rate));
             }
         }
-        same && built.get(m.index) == Some(&(cap, rate))
     }
 
     #[inline]
@@ -787,8 +941,16 @@ struct Shared<L, H> {
     policy: Option<HeaderValue>,
     policy_terms: Vec<(u64, Rate)>,
     headers: bool,
-    /// Whether an admitted request needs anything after the response.
-    settle: bool,
+    /// Whether a limit refunds on the response: an admitted request then
+    /// keeps its reservations (and the layer) until the response, and its
+    /// fields are written after its refunds; otherwise they are written
+    /// when it is admitted and the response future holds only their
+    /// values.
+    refunds: bool,
+    /// No refunds, and every limit decides at once with its own quota:
+    /// admitted requests go through [`LimitsImpl::light`] and keep
+    /// nothing.
+    light: bool,
     permanent: StatusCode,
     respond: H,
 }
@@ -880,8 +1042,10 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
         let mut items = Vec::new();
         self.limits.policy_items(&metas, &mut items);
         let policy_terms = items.iter().map(|&(_, q, rate)| (q, rate)).collect();
-        let policy = policy_value(items);
-        let settle = self.headers || self.limits.refunds_on_response();
+        // Static: cloned per response without a reference count.
+        let policy = policy_value(items).and_then(|v| headers::interned(&v));
+        let refunds = self.limits.refunds_on_response();
+        let light = !refunds && self.limits.at_once();
         Ok(PaceLayer {
             shared: Arc::new(Shared {
                 limits: self.limits,
@@ -889,7 +1053,8 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
                 policy,
                 policy_terms,
                 headers: self.headers,
-                settle,
+                refunds,
+                light,
                 permanent: self.permanent,
                 respond: self.respond,
             }),
@@ -1138,6 +1303,31 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
         let head = RequestHead::of(&req);
+        if shared.light {
+            // Every limit decides at once and nothing is kept after the
+            // admission: no state, no reference to the layer in the future.
+            if shared.headers {
+                let mut acc = FieldAcc::new(shared);
+                if let Err(stop) = shared.limits.light(&head, Some(&mut acc), |_| Ok(())) {
+                    return ResponseFuture::rejected(shared.reject(stop, &head));
+                }
+                let fields = acc.finish(shared, Src::Head(&head));
+                return ResponseFuture {
+                    kind: Kind::Fields {
+                        future: self.inner.call(req),
+                        fields: Some(fields),
+                    },
+                };
+            }
+            if let Err(stop) = shared.limits.light(&head, None, |_| Ok(())) {
+                return ResponseFuture::rejected(shared.reject(stop, &head));
+            }
+            return ResponseFuture {
+                kind: Kind::Passthrough {
+                    future: self.inner.call(req),
+                },
+            };
+        }
         let mut st = match shared.limits.start(&head) {
             Ok((st, true)) => {
                 // Every limit decided at once (local limits): admitted.
@@ -1191,23 +1381,70 @@ impl<L: Limits, H> Settle<L, H> {
             shared.limits.settle(&mut self.st, &head, &shared.metas);
         }
         if shared.headers {
-            let mut w = FieldWriter::new();
-            let built = shared
-                .limits
-                .fields(&self.st, &shared.metas, &mut w, &shared.policy_terms);
-            if let Some(v) = w.value() {
-                headers.insert(headers::RATELIMIT.clone(), v);
-            }
-            // The value made when the layer was built, while the quotas are
-            // the same (no allocation).
-            let policy = if built {
+            Fields::of(shared, &self.st).write(headers);
+        }
+    }
+}
+
+/// The `RateLimit` value of a request as its limits add their items, and
+/// whether their quotas are the ones the layer was built with.
+#[doc(hidden)]
+pub struct FieldAcc<'a> {
+    w: FieldWriter,
+    same: bool,
+    metas: &'a [Meta],
+    built: &'a [(u64, Rate)],
+}
+
+impl<'a> FieldAcc<'a> {
+    #[inline]
+    fn new<L, H>(shared: &'a Shared<L, H>) -> FieldAcc<'a> {
+        FieldAcc {
+            w: FieldWriter::new(),
+            same: true,
+            metas: &shared.metas,
+            built: &shared.policy_terms,
+        }
+    }
+
+    /// The values: `RateLimit` as written, and `RateLimit-Policy` made when
+    /// the layer was built (static: no allocation, no reference count)
+    /// while the quotas are the same, otherwise from `src`'s quotas.
+    #[inline]
+    fn finish<L: Limits, H>(self, shared: &Shared<L, H>, src: Src<'_, '_, L::State>) -> Fields {
+        Fields {
+            ratelimit: self.w.value(),
+            policy: if self.same {
                 shared.policy.clone()
             } else {
-                shared.policy_for(Src::State(&self.st))
-            };
-            if let Some(p) = policy {
-                headers.insert(headers::RATELIMIT_POLICY.clone(), p);
-            }
+                shared.policy_for(src)
+            },
+        }
+    }
+}
+
+/// The `RateLimit` and `RateLimit-Policy` values of an admitted request.
+struct Fields {
+    ratelimit: Option<HeaderValue>,
+    policy: Option<HeaderValue>,
+}
+
+impl Fields {
+    /// The values for the reservations `st` holds now.
+    #[inline]
+    fn of<L: Limits, H>(shared: &Shared<L, H>, st: &L::State) -> Fields {
+        let mut acc = FieldAcc::new(shared);
+        shared.limits.fields(st, &mut acc);
+        acc.finish(shared, Src::State(st))
+    }
+
+    #[inline]
+    fn write(self, headers: &mut HeaderMap) {
+        if let Some(v) = self.ratelimit {
+            headers.insert(headers::RATELIMIT.clone(), v);
+        }
+        if let Some(p) = self.policy {
+            headers.insert(headers::RATELIMIT_POLICY.clone(), p);
         }
     }
 }
@@ -1238,6 +1475,8 @@ pin_project! {
         Reserving { wait: Box<Reserving<S, ReqBody, L, H>> },
         // Admitted, nothing to do after the response.
         Passthrough { #[pin] future: S::Future },
+        // Admitted, no refunds: the fields, written when it was admitted.
+        Fields { #[pin] future: S::Future, fields: Option<Fields> },
         // Admitted: refunds and fields once the response is known.
         Settle { #[pin] future: S::Future, settle: Option<Settle<L, H>> },
     }
@@ -1275,26 +1514,43 @@ where
     }
 
     /// Counts the admission and calls `svc` (ready).
-    #[inline]
+    #[inline(always)]
     fn admitted(
         svc: &mut S,
         req: Request<ReqBody>,
         st: L::State,
         shared: &Arc<Shared<L, H>>,
     ) -> Self {
-        shared.limits.admitted(&st, &shared.metas);
-        let future = svc.call(req);
-        ResponseFuture {
-            kind: if shared.settle {
-                Kind::Settle {
+        shared.limits.admitted(&st);
+        if shared.refunds {
+            let future = svc.call(req);
+            return ResponseFuture {
+                kind: Kind::Settle {
                     future,
                     settle: Some(Settle {
                         st,
                         shared: shared.clone(),
                     }),
-                }
-            } else {
-                Kind::Passthrough { future }
+                },
+            };
+        }
+        if shared.headers {
+            // Written now, while the rows are in cache: nothing of the layer
+            // waits for the response.
+            let fields = Fields::of(shared, &st);
+            drop(st);
+            let future = svc.call(req);
+            return ResponseFuture {
+                kind: Kind::Fields {
+                    future,
+                    fields: Some(fields),
+                },
+            };
+        }
+        drop(st);
+        ResponseFuture {
+            kind: Kind::Passthrough {
+                future: svc.call(req),
             },
         }
     }
@@ -1313,6 +1569,15 @@ where
         loop {
             let next = match self.as_mut().project().kind.project() {
                 KindProj::Passthrough { future } => return future.poll(cx),
+                KindProj::Fields { future, fields } => {
+                    let out = std::task::ready!(future.poll(cx));
+                    return Poll::Ready(out.map(|mut resp| {
+                        if let Some(f) = fields.take() {
+                            f.write(resp.headers_mut());
+                        }
+                        resp
+                    }));
+                }
                 KindProj::Rejected { response } => {
                     return Poll::Ready(Ok(response
                         .take()

@@ -86,6 +86,14 @@ pub trait AsyncLimit<K>: Send + Sync + 'static {
         None
     }
 
+    /// Whether [`reserve_now`](Self::reserve_now) always decides (a local
+    /// limit): the layer then reserves it without keeping a state per
+    /// request. False by default.
+    #[inline]
+    fn decides_at_once(&self) -> bool {
+        false
+    }
+
     /// Whether the limit decides with a quota given per call
     /// ([`reserve_with`](Self::reserve_with)). False by default: the layer
     /// then ignores a request's quota ([`Limit::quota`](crate::Limit::quota))
@@ -195,6 +203,11 @@ where
                 .map(pace::Reservation::detach)
                 .map_err(Refusal::from),
         )
+    }
+
+    #[inline]
+    fn decides_at_once(&self) -> bool {
+        true
     }
 
     #[inline]

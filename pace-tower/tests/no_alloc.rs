@@ -131,6 +131,42 @@ fn an_admitted_request_allocates_nothing_in_the_layer() {
     }
 }
 
+/// The same without a refund predicate: nothing of a request is kept after
+/// its admission (no state in the response future), and it allocates the
+/// same.
+#[test]
+fn an_admitted_request_without_refunds_allocates_nothing_in_the_layer() {
+    let source: Arc<Pace<IpAddr>> = Arc::new(Pace::new(Rate::per_second(1000).unwrap()));
+    let client: Arc<Pace<http::HeaderValue>> = Arc::new(Pace::new(Rate::per_second(1000).unwrap()));
+    let layer = |fields: bool| {
+        PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(Limit::new("source", source.clone(), PeerIp::new()))
+            .limit(Limit::new(
+                "client",
+                client.clone(),
+                Header(HeaderName::from_static("x-client-id")),
+            ))
+            .build()
+            .unwrap()
+    };
+    let mut plain = layer(false).layer(inner());
+    let mut fields = layer(true).layer(inner());
+    allocs(&mut plain, request());
+    allocs(&mut fields, request());
+    for _ in 0..3 {
+        let (n, r) = allocs(&mut plain, request());
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers().len(), 0);
+        assert_eq!(n, 0, "fields off: no allocation");
+
+        let (n, r) = allocs(&mut fields, request());
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers().len(), 2);
+        assert_eq!(n, 3, "fields on: the value and the map");
+    }
+}
+
 #[test]
 fn a_request_with_its_own_quota_allocates_nothing_more_in_the_layer() {
     let default = Rate::per_second(1000).unwrap();

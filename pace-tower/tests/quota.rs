@@ -392,3 +392,41 @@ async fn a_queued_request_that_can_never_pass_is_denied_for_good_at_once() {
     assert_eq!(limiter.peek("k"), 1);
     assert_eq!(*calls.lock().unwrap(), 0);
 }
+
+/// A limit skipped for a request (no key, `MissingKey::Skip`) still has its
+/// item in `RateLimit-Policy`, under the quota it has now.
+#[tokio::test]
+async fn a_skipped_limit_s_policy_follows_a_live_quota_change() {
+    let c = clock();
+    let first = free_pace(&c);
+    let second = free_pace(&c);
+    let svc = PaceLayer::builder()
+        .limit(Limit::new("first", first, from_fn(key)))
+        .limit(
+            Limit::new(
+                "second",
+                second.clone(),
+                from_fn(|h: &RequestHead<'_>| {
+                    Some(h.headers.get("x-second")?.to_str().ok()?.to_string())
+                }),
+            )
+            .missing_key(pace_tower::MissingKey::Skip),
+        )
+        .build()
+        .unwrap()
+        .layer(ok());
+    let r = svc.clone().oneshot(req("a", None)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "ratelimit"), Some("\"first\";r=1;t=1"));
+    assert_eq!(
+        header(&r, "ratelimit-policy"),
+        Some("\"first\";q=2;w=2, \"second\";q=2;w=2")
+    );
+    second.set_quota(Quota::new(Rate::per_second(1).unwrap(), 4).unwrap());
+    let r = svc.clone().oneshot(req("b", None)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        header(&r, "ratelimit-policy"),
+        Some("\"first\";q=2;w=2, \"second\";q=4;w=4")
+    );
+}

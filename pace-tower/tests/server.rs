@@ -265,6 +265,68 @@ async fn a_refund_predicate_returns_the_claimed_ids_pace_but_never_the_sources()
     assert_eq!(src.peek(&localhost()), 87);
 }
 
+/// Without refund predicates (nothing kept after admission), three limits
+/// stay all or nothing: a denial or a missing key at the second or the
+/// third refunds the ones before it, and admitted answers carry one field
+/// item per limit, in order.
+#[tokio::test]
+async fn without_refunds_a_later_stop_refunds_the_earlier_limits() {
+    for fields in [true, false] {
+        let clock = clock();
+        let src: Arc<P<IpAddr>> = pace(&clock, per_sec(100), 100);
+        let ids: Arc<P<HeaderValue>> = pace(&clock, per_sec(2), 2);
+        let keys: Arc<P<HeaderValue>> = pace(&clock, per_sec(1), 1);
+        let layer = PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(Limit::new("source", src.clone(), PeerIp::new()))
+            .limit(Limit::new(
+                "client",
+                ids.clone(),
+                Header(axum::http::HeaderName::from_static("x-client-id")),
+            ))
+            .limit(Limit::new(
+                "key",
+                keys.clone(),
+                Header(axum::http::HeaderName::from_static("x-api-key")),
+            ))
+            .build()
+            .unwrap();
+        let addr = serve(app(layer)).await;
+        let mut c = Client::connect(addr).await;
+        let both = [("x-client-id", "a"), ("x-api-key", "k")];
+        let r = c.get("/", &both).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        let want = fields.then_some("\"source\";r=99;t=1, \"client\";r=1;t=1, \"key\";r=0;t=1");
+        assert_eq!(header(&r, "ratelimit"), want);
+        assert_eq!(
+            header(&r, "ratelimit-policy"),
+            fields.then_some("\"source\";q=100;w=1, \"client\";q=2;w=1, \"key\";q=1;w=1")
+        );
+        // The third limit denies: the first two are refunded.
+        let r = c.get("/", &both).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&r, "ratelimit"), Some("\"key\";r=0;t=1"));
+        assert_eq!(src.peek(&localhost()), 99);
+        assert_eq!(ids.peek(&HeaderValue::from_static("a")), 1);
+        // The third key is missing: 400, the first two refunded.
+        let r = c.get("/", &[("x-client-id", "a")]).await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(src.peek(&localhost()), 99);
+        assert_eq!(ids.peek(&HeaderValue::from_static("a")), 1);
+        // The second denies (after one more admission on another key):
+        // the first is refunded, the third untouched.
+        let other = [("x-client-id", "a"), ("x-api-key", "k2")];
+        assert_eq!(c.get("/", &other).await.status(), StatusCode::OK);
+        let third = [("x-client-id", "a"), ("x-api-key", "k3")];
+        let r = c.get("/", &third).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&r, "ratelimit"), Some("\"client\";r=0;t=1"));
+        assert_eq!(src.peek(&localhost()), 98);
+        assert_eq!(keys.peek(&HeaderValue::from_static("k3")), 1);
+        assert_eq!(keys.len(), 2);
+    }
+}
+
 #[tokio::test]
 async fn a_spoofed_x_forwarded_for_changes_nothing() {
     let clock = clock();

@@ -1,0 +1,310 @@
+//! Drives one layer with ready requests, for instruction counts:
+//!
+//! ```sh
+//! cargo build --release -p pace-tower --example layer_calls
+//! valgrind --tool=callgrind target/release/examples/layer_calls pace 1 fields 100000
+//! callgrind_annotate --inclusive=yes callgrind.out.<pid>
+//! ```
+//!
+//! Arguments: `pace`, `governor` or `bare` (the inner service alone); `1`
+//! (per peer IP) or `2` (per peer IP + per client id); `fields` (pace's
+//! `RateLimit` fields, tower_governor's `use_headers()`) or `plain`; the
+//! number of requests; `mix` instead of the layer's name runs the bare
+//! service, `PaceLayer` and `GovernorLayer` in alternating slices of 32
+//! requests, as `benches/layer.rs` does. The requests are those of
+//! `benches/layer.rs` (1024 peer addresses, 1000 client ids, every request
+//! admitted); the limits are 1 a second with bursts of 10^6, so that every
+//! key's bucket stays partly drained however slowly the program runs (under
+//! valgrind), as in the bench. Requests are built in slices of 32 outside
+//! the calls; each is one `poll_ready`, one `call` and one poll of the
+//! response future, which is ready at once.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::hint::black_box;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{HeaderMap, Request, Response, StatusCode};
+use pace::{Pace, Rate};
+use pace_tower::{from_fn, Limit, PaceLayer, PeerIp};
+use tower::{Layer, Service};
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::{KeyExtractor, PeerIpKeyExtractor};
+use tower_governor::{GovernorError, GovernorLayer};
+
+const PEERS: u64 = 1024;
+const CLIENTS: u64 = 1000;
+
+pub fn request(i: u64) -> Request<Body> {
+    let ip = IpAddr::from([10, 0, (i % PEERS / 256) as u8, (i % 256) as u8]);
+    let mut r = Request::builder()
+        .uri("/token")
+        .header("x-client-id", format!("client-{}", i % CLIENTS))
+        .body(Body::empty())
+        .unwrap();
+    r.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::new(ip, 40000)));
+    r
+}
+
+fn inner(
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone
+{
+    tower::service_fn(|_req: Request<Body>| async { Ok(Response::new(Body::empty())) })
+}
+
+pub fn client_id(h: &HeaderMap) -> Option<String> {
+    h.get("x-client-id")?.to_str().ok().map(str::to_string)
+}
+
+#[derive(Clone)]
+pub struct ClientIdKey;
+
+impl KeyExtractor for ClientIdKey {
+    type Key = String;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<String, GovernorError> {
+        client_id(req.headers()).ok_or(GovernorError::UnableToExtractKey)
+    }
+}
+
+/// Requests are built in slices of this many, outside the calls.
+const SLICE: u64 = 32;
+
+fn run<S>(mut svc: S, n: u64)
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut ok = 0u64;
+    let mut reqs = Vec::with_capacity(SLICE as usize);
+    let mut done = 0;
+    while done < n {
+        reqs.extend((done..n.min(done + SLICE)).map(request));
+        done += reqs.len() as u64;
+        for req in reqs.drain(..) {
+            match svc.poll_ready(&mut cx) {
+                Poll::Ready(r) => r.unwrap(),
+                Poll::Pending => unreachable!("always ready"),
+            }
+            let mut fut = pin!(svc.call(req));
+            let resp = match fut.as_mut().poll(&mut cx) {
+                Poll::Ready(r) => r.unwrap(),
+                Poll::Pending => unreachable!("ready at once"),
+            };
+            ok += u64::from(resp.status() == StatusCode::OK);
+            black_box(resp);
+        }
+    }
+    assert_eq!(ok, n, "every request admitted");
+}
+
+/// One request through `svc`, ready at once.
+fn once<S>(svc: &mut S, req: Request<Body>) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    match svc.poll_ready(&mut cx) {
+        Poll::Ready(r) => r.unwrap(),
+        Poll::Pending => unreachable!("always ready"),
+    }
+    let mut fut = pin!(svc.call(req));
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(r) => r.unwrap(),
+        Poll::Pending => unreachable!("ready at once"),
+    }
+}
+
+type Call<'a> = &'a mut dyn FnMut(Request<Body>) -> Response<Body>;
+
+/// `n` requests through each of `svcs`, in slices of [`SLICE`] that
+/// alternate between them, as `benches/layer.rs` times them.
+fn mix(svcs: &mut [Call<'_>], n: u64) {
+    let mut reqs = Vec::with_capacity(SLICE as usize);
+    let mut done = 0;
+    while done < n {
+        let m = SLICE.min(n - done);
+        for svc in svcs.iter_mut() {
+            reqs.extend((done..done + m).map(request));
+            for req in reqs.drain(..) {
+                let resp = svc(req);
+                assert_eq!(resp.status(), StatusCode::OK);
+                black_box(resp);
+            }
+        }
+        done += m;
+    }
+}
+
+pub fn live<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>() -> Arc<Pace<K>> {
+    Arc::new(
+        Pace::builder(Rate::per_second(1).unwrap())
+            .capacity(1_000_000)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let which = args.first().map_or("pace", String::as_str);
+    let limits: u32 = args.get(1).map_or(1, |s| s.parse().unwrap());
+    let fields = args.get(2).map_or("fields", String::as_str) == "fields";
+    let n: u64 = args.get(3).map_or(100_000, |s| s.parse().unwrap());
+    let gov = || {
+        let mut b = GovernorConfigBuilder::default();
+        b.per_second(1).burst_size(1_000_000);
+        b
+    };
+    if which == "mix" {
+        // bare, pace and governor interleaved (`limits` and `fields` as
+        // for the others).
+        let mut bare = inner();
+        let p = PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(Limit::new("source", live::<IpAddr>(), PeerIp::new()));
+        let mut f0 = |r| once(&mut bare, r);
+        if limits == 1 {
+            let mut p = p.build().unwrap().layer(inner());
+            let mut f1 = |r| once(&mut p, r);
+            if fields {
+                let mut g = GovernorLayer::new(
+                    gov()
+                        .key_extractor(PeerIpKeyExtractor)
+                        .use_headers()
+                        .finish()
+                        .unwrap(),
+                )
+                .layer(inner());
+                let mut f2 = |r| once(&mut g, r);
+                mix(&mut [&mut f0, &mut f1, &mut f2], n);
+            } else {
+                let mut g =
+                    GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap())
+                        .layer(inner());
+                let mut f2 = |r| once(&mut g, r);
+                mix(&mut [&mut f0, &mut f1, &mut f2], n);
+            }
+        } else {
+            let mut p = p
+                .limit(Limit::new(
+                    "client",
+                    live::<String>(),
+                    from_fn(|h| client_id(h.headers)),
+                ))
+                .build()
+                .unwrap()
+                .layer(inner());
+            let mut f1 = |r| once(&mut p, r);
+            if fields {
+                let mut g = GovernorLayer::new(
+                    gov()
+                        .key_extractor(PeerIpKeyExtractor)
+                        .use_headers()
+                        .finish()
+                        .unwrap(),
+                )
+                .layer(
+                    GovernorLayer::new(
+                        gov()
+                            .key_extractor(ClientIdKey)
+                            .use_headers()
+                            .finish()
+                            .unwrap(),
+                    )
+                    .layer(inner()),
+                );
+                let mut f2 = |r| once(&mut g, r);
+                mix(&mut [&mut f0, &mut f1, &mut f2], n);
+            } else {
+                let mut g =
+                    GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap())
+                        .layer(
+                            GovernorLayer::new(gov().key_extractor(ClientIdKey).finish().unwrap())
+                                .layer(inner()),
+                        );
+                let mut f2 = |r| once(&mut g, r);
+                mix(&mut [&mut f0, &mut f1, &mut f2], n);
+            }
+        }
+        return;
+    }
+    match (which, limits, fields) {
+        ("bare", _, _) => run(inner(), n),
+        ("pace", 1, _) => run(
+            PaceLayer::builder()
+                .rate_limit_headers(fields)
+                .limit(Limit::new("source", live::<IpAddr>(), PeerIp::new()))
+                .build()
+                .unwrap()
+                .layer(inner()),
+            n,
+        ),
+        ("pace", 2, _) => run(
+            PaceLayer::builder()
+                .rate_limit_headers(fields)
+                .limit(Limit::new("source", live::<IpAddr>(), PeerIp::new()))
+                .limit(Limit::new(
+                    "client",
+                    live::<String>(),
+                    from_fn(|h| client_id(h.headers)),
+                ))
+                .build()
+                .unwrap()
+                .layer(inner()),
+            n,
+        ),
+        ("governor", 1, false) => run(
+            GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap())
+                .layer(inner()),
+            n,
+        ),
+        ("governor", 1, true) => run(
+            GovernorLayer::new(
+                gov()
+                    .key_extractor(PeerIpKeyExtractor)
+                    .use_headers()
+                    .finish()
+                    .unwrap(),
+            )
+            .layer(inner()),
+            n,
+        ),
+        ("governor", 2, false) => run(
+            GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap()).layer(
+                GovernorLayer::new(gov().key_extractor(ClientIdKey).finish().unwrap())
+                    .layer(inner()),
+            ),
+            n,
+        ),
+        ("governor", 2, true) => run(
+            GovernorLayer::new(
+                gov()
+                    .key_extractor(PeerIpKeyExtractor)
+                    .use_headers()
+                    .finish()
+                    .unwrap(),
+            )
+            .layer(
+                GovernorLayer::new(
+                    gov()
+                        .key_extractor(ClientIdKey)
+                        .use_headers()
+                        .finish()
+                        .unwrap(),
+                )
+                .layer(inner()),
+            ),
+            n,
+        ),
+        _ => panic!("usage: layer_calls pace|governor|bare 1|2 fields|plain N"),
+    }
+}
