@@ -502,7 +502,10 @@ fn a_migration_removes_full_rows_and_raises_their_floor() {
             t.reserve(&limits, k, k, 1, 0, &id, &g).unwrap();
         }
         // Key 100's second debit, at 10: its row ends at 20.
-        assert_eq!(t.reserve(&limits, 100, 100, 1, 10, &id, &g).unwrap().tat, 20);
+        assert_eq!(
+            t.reserve(&limits, 100, 100, 1, 10, &id, &g).unwrap().tat,
+            20
+        );
         assert_eq!(t.migrations(), 0);
         // Key 200 at 25 finds no room and starts a migration; the chunk its
         // call copies (chunk 0), before its own row, keeps every row.
