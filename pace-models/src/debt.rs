@@ -138,11 +138,8 @@ impl Model {
     }
 
     /// Returns the outcome and, when admitted, the end of this debit and the
-    /// state it replaced, and whether it created the key's row (`None` when
-    /// the call never reaches the table). `quota` is
-    /// the call's `(interval, capacity)`, else the default's; a debit is
-    /// admitted when it fits within `wait` ns. The sweep policy that follows
-    /// the call is [`after_reserve`](Model::after_reserve).
+    /// state it replaced. `quota` is the call's `(interval, capacity)`, else
+    /// the default's; a debit is admitted when it fits within `wait` ns.
     fn reserve(
         &mut self,
         key: u16,
@@ -150,18 +147,17 @@ impl Model {
         now: i128,
         quota: Option<(u64, u64)>,
         wait: u64,
-    ) -> (Outcome, i128, i128, Option<bool>) {
+    ) -> (Outcome, i128, i128) {
         let (interval, capacity) = match quota {
             Some((i, c)) => (i as i128, c as i128),
             None => (self.interval, self.capacity),
         };
         let n = n as i128;
-        // Neither reaches the table, nor runs the sweep policy.
         if n == 0 {
-            return (Outcome::Admitted, 0, 0, None);
+            return (Outcome::Admitted, 0, 0);
         }
         if n > capacity {
-            return (Outcome::Never, 0, 0, None);
+            return (Outcome::Never, 0, 0);
         }
         let room = interval * capacity - self.debt(key, now);
         let need = n * interval;
@@ -183,47 +179,8 @@ impl Model {
         if quota.is_some() && tau < self.horizon {
             self.due = self.due.min(now + tau.max(MIN_HORIZON));
         }
-        (result.0, result.1, result.2, Some(created))
-    }
-
-    /// After a call that may copy a chunk of a migration: the rows its
-    /// copies removed instead of copying (`removed` of them, all of which
-    /// must be full at `now`: the table says which by the rows it still
-    /// holds), then, for a reserve, the sweep policy, which the limiter
-    /// runs after the copy (`created`: whether it created the key's row).
-    fn after_call(
-        &mut self,
-        pace: &Pace<u16, RandomState, ManualClock>,
-        now: i128,
-        removed: usize,
-        created: Option<bool>,
-    ) -> Result<(), String> {
-        if removed > 0 {
-            let held: std::collections::HashSet<u16> = pace.row_keys().into_iter().collect();
-            let gone: Vec<(u16, i128)> = self
-                .full_at
-                .iter()
-                .filter(|(k, _)| !held.contains(k))
-                .map(|(&k, &f)| (k, f))
-                .collect();
-            if gone.len() != removed {
-                return Err(format!(
-                    "a migration removed {removed} rows, the table lacks {gone:?}"
-                ));
-            }
-            for (key, last) in gone {
-                if last > now {
-                    return Err(format!(
-                        "a migration removed key {key}'s row, full only at {last} (now {now})"
-                    ));
-                }
-                self.remove(key, last);
-            }
-        }
-        if let Some(created) = created {
-            self.policy(now, created);
-        }
-        Ok(())
+        self.policy(now, created);
+        result
     }
 
     /// The sweep policy of the README: a pass when the horizon has passed (or
@@ -339,15 +296,10 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
     let mut now: u64 = 0;
     for (step, op) in ops.iter().enumerate() {
         let fail = |what: String| Err(format!("step {step} ({op:?}): {what}"));
-        let removed_before = pace.copy_removed();
-        // For a reserve: whether it created the key's row (the sweep policy
-        // runs after the call's own copy, `Model::after_call`).
-        let mut created = None;
         match *op {
             Op::Reserve { key, n } => {
                 let key = key % p.keys;
-                let (expect, end, prev, made) = model.reserve(key, n, now as i128, None, 0);
-                created = made;
+                let (expect, end, prev) = model.reserve(key, n, now as i128, None, 0);
                 let got = pace.reserve_n(&names[key as usize], n);
                 if !agrees(&got, &expect) {
                     return fail(format!("got {got:?}, model {expect:?}"));
@@ -380,9 +332,7 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
             Op::ReserveWith { key, n, quota } => {
                 let key = key % p.keys;
                 let q = usize::from(quota) % quota_set.len();
-                let (expect, end, prev, made) =
-                    model.reserve(key, n, now as i128, Some(quota_set[q]), 0);
-                created = made;
+                let (expect, end, prev) = model.reserve(key, n, now as i128, Some(quota_set[q]), 0);
                 let got = pace.reserve_n_with(&names[key as usize], n, quota_values[q]);
                 if !agrees(&got, &expect) {
                     return fail(format!("got {got:?}, model {expect:?}"));
@@ -399,8 +349,7 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
             Op::Turn { key, n, wait } => {
                 let key = key % p.keys;
                 let tau = model.tau();
-                let (expect, end, prev, made) = model.reserve(key, n, now as i128, None, wait);
-                created = made;
+                let (expect, end, prev) = model.reserve(key, n, now as i128, None, wait);
                 let got = pace.reserve_turn_at(&names[key as usize], n, None, wait, now);
                 if !agrees(&got, &expect) {
                     return fail(format!("got {got:?}, model {expect:?}"));
@@ -424,15 +373,6 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                 if got != expect {
                     return fail(format!("peek {got}, model {expect}"));
                 }
-            }
-        }
-        // A sweep counts the rows its migration copies removed (all full,
-        // as the model's sweep removes them); after any other call, the
-        // rows its copy removed are taken from the model.
-        if !matches!(op, Op::Sweep) {
-            let removed = pace.copy_removed() - removed_before;
-            if let Err(e) = model.after_call(&pace, now as i128, removed, created) {
-                return fail(e);
             }
         }
         if pace.len() != model.full_at.len() {

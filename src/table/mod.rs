@@ -91,33 +91,6 @@ fn probe_seq(hash: u64, mask: usize) -> impl Iterator<Item = usize> {
     (0..=mask).map(move |i| (start + i) & mask)
 }
 
-/// What the table's own work along a call (copies, sweeps, resizes) needs
-/// from it: the hash of a key's own bits (boxed keys keep theirs) and the
-/// call's clock reading.
-pub(crate) struct Cx<'a> {
-    hash_of: &'a dyn Fn(u64) -> u64,
-    now: u64,
-    /// Whether the call has copied its share of a migration already.
-    copied: std::cell::Cell<bool>,
-}
-
-impl<'a> Cx<'a> {
-    fn new(hash_of: &'a dyn Fn(u64) -> u64, now: u64) -> Cx<'a> {
-        Cx {
-            hash_of,
-            now,
-            copied: std::cell::Cell::new(false),
-        }
-    }
-
-    /// The same call before its own row is done: its copies remove no row
-    /// (no row is full at reading 0: a debit ends at least one interval
-    /// past 0).
-    fn keeping_all(&self) -> Cx<'a> {
-        Cx::new(self.hash_of, 0)
-    }
-}
-
 /// What a reserve did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Admitted {
@@ -206,8 +179,6 @@ pub(crate) struct Table {
     migrations: AtomicUsize,
     /// Cells of the chunks copied (for tests).
     copied_cells: AtomicUsize,
-    /// Full rows migrations removed instead of copying (for tests).
-    copy_removed: AtomicUsize,
     /// A sweep pass ended on a sparse array that still held rows: the next
     /// insert or removal starts the shrink (`shrink_pending`).
     shrink_wanted: AtomicBool,
@@ -249,7 +220,6 @@ impl Table {
             key_type: kind.key_type,
             migrations: AtomicUsize::new(0),
             copied_cells: AtomicUsize::new(0),
-            copy_removed: AtomicUsize::new(0),
             shrink_wanted: AtomicBool::new(false),
         })
     }
@@ -293,12 +263,6 @@ impl Table {
     #[cfg(feature = "internals")]
     pub(crate) fn copied_cells(&self) -> usize {
         self.copied_cells.load(Ordering::Relaxed)
-    }
-
-    /// Full rows migrations have removed instead of copying them.
-    #[cfg(feature = "internals")]
-    pub(crate) fn copy_removed(&self) -> usize {
-        self.copy_removed.load(Ordering::Relaxed)
     }
 
     /// Whether a migration of the current array is running.
@@ -398,28 +362,6 @@ impl Table {
         }
     }
 
-    /// Hands the key boxes of rows that left the table to the collector as
-    /// one deferred free (nothing for keys' own bits), and flushes the
-    /// thread's garbage so that they come back soon.
-    ///
-    /// # Safety
-    /// As for [`retire_key`](Table::retire_key), for each of `gone`.
-    unsafe fn retire_keys(&self, gone: Vec<u64>, guard: &Guard) {
-        if let (false, Some(free)) = (gone.is_empty(), self.boxed) {
-            // SAFETY: the caller's contract; the closure frees each box
-            // once, after every guard that could have read it is gone.
-            unsafe {
-                guard.defer_unchecked(move || {
-                    for bits in gone {
-                        free(bits);
-                    }
-                })
-            };
-            #[cfg(not(loom))]
-            guard.flush();
-        }
-    }
-
     /// Where `arr` stands: `Some(None)` if it is the current array,
     /// `Some(Some(cur))` if it is the target of the current array `cur`'s
     /// migration, `None` if it is older (every cell frozen). A row's key box
@@ -508,7 +450,6 @@ impl Table {
     /// if the row still ends at `own_tat`. A refund that makes the bucket
     /// full raises the floor to `prev` and removes the row (from the
     /// current array; in a migration's target the row stays, full).
-    /// After its own row, the call copies one chunk of a running migration.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn refund<P: Probe>(
         &self,
@@ -522,28 +463,7 @@ impl Table {
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
     ) -> Refunded {
-        let cx = &Cx::new(hash_of, now);
-        let r = self.refund_row(limits, hash, key, n, own_tat, prev, cx, guard);
-        if !cx.copied.get() {
-            self.help(cx, guard);
-        }
-        r
-    }
-
-    /// [`refund`](Table::refund)'s own row.
-    #[allow(clippy::too_many_arguments)]
-    fn refund_row<P: Probe>(
-        &self,
-        limits: &Limits,
-        hash: u64,
-        key: &P,
-        n: u64,
-        own_tat: u64,
-        prev: u64,
-        cx: &Cx<'_>,
-        guard: &Guard,
-    ) -> Refunded {
-        let now = cx.now;
+        self.help(hash_of, guard);
         let backoff = Backoff::new();
         'find: loop {
             let Found::Row {
@@ -601,7 +521,7 @@ impl Table {
                                 _ => unsafe { self.retire_key(bits, guard) },
                             }
                             self.clean_after(arr, idx, guard);
-                            self.shrink_pending(cx, guard);
+                            self.shrink_pending(hash_of, guard);
                             return Refunded::Removed;
                         }
                         return Refunded::Restored;
