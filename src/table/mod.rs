@@ -356,6 +356,7 @@ impl Table {
     /// once.
     unsafe fn retire_key(&self, bits: u64, guard: &Guard) {
         if let Some(free) = self.boxed {
+            let bits = keys::untagged(bits);
             // SAFETY: the caller's contract; the closure frees the box once,
             // after every guard that could have read `bits` is gone.
             unsafe { guard.defer_unchecked(move || free(bits)) };
@@ -508,7 +509,7 @@ impl Table {
                                 // the source (`keys.rs`).
                                 Some(Some(source)) => {
                                     if self.boxed.is_some() {
-                                        source.adopt(bits);
+                                        source.adopt(keys::untagged(bits));
                                     }
                                 }
                                 // SAFETY: the row left an array that is

@@ -102,7 +102,7 @@ impl Table {
                     if cell.cas(v, CellState::Tomb.encode()).is_ok() {
                         removed += 1;
                         if self.boxed.is_some() {
-                            gone.push(key);
+                            gone.push(super::keys::untagged(key));
                         }
                         self.clean_after(arr, idx, guard);
                     }
