@@ -12,8 +12,9 @@
 //! The atomic layers publish the results of these functions with one CAS; they
 //! add no arithmetic of their own.
 
-/// The largest representable `tat`: about 146 years of nanoseconds.
-pub(crate) const MAX_TIME: u64 = (1 << 62) - 1;
+/// The largest representable `tat`: about 73 years of nanoseconds. (The
+/// table reads `tat` fields above it as held rows' records, `held.rs`.)
+pub(crate) const MAX_TIME: u64 = (1 << 61) - 1;
 /// The largest refill time of an empty bucket (`capacity x interval`).
 pub(crate) const MAX_TAU: u64 = MAX_TIME / 2;
 

@@ -74,12 +74,27 @@ pub struct CellsModel {
     epochs: crate::sync::Epochs,
 }
 
+/// A hold's ticket in a [`CellsModel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelTicket(crate::table::held::Ticket);
+
 impl CellsModel {
     /// At least `cells` cells; buckets of `capacity` tokens, one per
     /// `interval`.
     pub fn new(cells: usize, interval: u64, capacity: u64) -> CellsModel {
+        CellsModel::with_hold_limit(cells, interval, capacity, crate::bucket::MAX_TIME)
+    }
+
+    /// [`new`](CellsModel::new) with holds whose lots take new holds for
+    /// `hold_limit` ns (expiring after twice that).
+    pub fn with_hold_limit(
+        cells: usize,
+        interval: u64,
+        capacity: u64,
+        hold_limit: u64,
+    ) -> CellsModel {
         CellsModel {
-            table: crate::table::Table::try_new(cells, crate::table::keys::inline())
+            table: crate::table::Table::try_new(cells, crate::table::keys::inline(), hold_limit)
                 .expect("cells fit an array"),
             limits: crate::bucket::Limits::new(interval, capacity).expect("valid bucket"),
             epochs: crate::sync::Epochs::new(),
@@ -90,7 +105,7 @@ impl CellsModel {
     pub fn reserve(&self, key: u64, now: u64) -> Option<u64> {
         let guard = self.epochs.pin();
         self.table
-            .reserve(
+            .reserve::<_, false>(
                 &self.limits,
                 key,
                 &Bits(key),
@@ -117,7 +132,7 @@ impl CellsModel {
     ) -> Option<u64> {
         let guard = self.epochs.pin();
         self.table
-            .reserve(
+            .reserve::<_, false>(
                 &self.limits,
                 hash,
                 &Bits(key),
@@ -152,9 +167,44 @@ impl CellsModel {
         self.table.sweep(now, &|k| k, &self.epochs.pin())
     }
 
-    /// The `tat` of `key`'s row.
+    /// The settled `tat` of `key`'s row.
     pub fn peek(&self, key: u64) -> Option<u64> {
-        self.table.peek(key, &Bits(key), &self.epochs.pin())
+        self.held(key).map(|(tat, _)| tat)
+    }
+
+    /// The settled `tat` of `key`'s row and the tokens it holds (ns).
+    pub fn held(&self, key: u64) -> Option<(u64, u64)> {
+        self.table
+            .peek(key, &Bits(key), None, &self.epochs.pin())
+            .map(|s| (s.tat, s.held()))
+    }
+
+    /// Holds one token of `key` at `now` (`Pace::hold`): its ticket, or
+    /// `None` if denied.
+    pub fn hold(&self, key: u64, now: u64) -> Option<ModelTicket> {
+        let guard = self.epochs.pin();
+        self.table
+            .reserve::<_, true>(
+                &self.limits,
+                key,
+                &Bits(key),
+                1,
+                now,
+                &|| now,
+                &|k| k,
+                &guard,
+            )
+            .ok()
+            .and_then(|a| a.ticket)
+            .map(ModelTicket)
+    }
+
+    /// Keeps (`keep`) or refunds a hold of `key` at `now`: false if its lot
+    /// had expired.
+    pub fn resolve(&self, key: u64, ticket: ModelTicket, keep: bool, now: u64) -> bool {
+        let guard = self.epochs.pin();
+        self.table
+            .resolve(key, &Bits(key), ticket.0, keep, now, &|k| k, &guard)
     }
 
     /// Keys of the live rows, sorted.

@@ -17,6 +17,7 @@ use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
 use crate::table::keys::{self, Bits, Boxed};
 use crate::table::quota::QuotaCell;
 use crate::table::words::{self, Borrowed, WordKey};
+use crate::table::held::Ticket;
 use crate::table::Table;
 
 /// Default smallest slot array: the table shrinks back to this.
@@ -133,6 +134,7 @@ pub struct Builder<K, S = RandomState, C = DefaultClock> {
     clock: C,
     min_slots: usize,
     rows: RowsPick,
+    hold_limit: Duration,
     _keys: PhantomData<fn() -> K>,
 }
 
@@ -280,6 +282,8 @@ pub struct Debit {
     hash: u64,
     /// The identity of the limiter that made it (`Pace::id`).
     limiter: u64,
+    /// A hold's ticket: its lot, cost and reading (`None` for a debit).
+    ticket: Option<Ticket>,
 }
 
 /// What a refund returned.
@@ -303,6 +307,9 @@ pub enum Refunded {
     Misdirected,
     /// The debit was of zero tokens: there was nothing to return.
     Nothing,
+    /// The hold outlived its limit ([`Builder::hold_limit`]) and was
+    /// settled as kept: nothing was returned.
+    Expired,
 }
 
 impl Refunded {
@@ -316,6 +323,117 @@ impl Debit {
     /// Tokens debited.
     pub fn tokens(&self) -> u64 {
         self.n
+    }
+
+    /// True when this is a hold's debit ([`Hold::detach`]): its tokens are
+    /// held until [`Pace::keep`] or [`Pace::refund`] resolves it.
+    pub fn is_hold(&self) -> bool {
+        self.ticket.is_some()
+    }
+}
+
+/// An admitted presentation whose tokens are *held* while it is checked
+/// ([`Pace::hold`]): [`refund`](Hold::refund) returns them exactly whatever
+/// else happened on the key (other holds, their refunds in any order,
+/// debits), and [`keep`](Hold::keep) — or dropping it — settles them as a
+/// debit from the hold's own reading. Keeping costs a second CAS on the
+/// key's row; use [`Pace::reserve`] where nothing will be refunded.
+///
+/// While held, the tokens count against the key as debited at every
+/// decision. A hold neither kept nor refunded within
+/// [`Builder::hold_limit`] may expire: it then counts as kept, and its
+/// refund returns nothing ([`Refunded::Expired`]).
+#[must_use = "dropping a Hold keeps it; refund() it if the exchange did not happen"]
+pub struct Hold<'a, K, Q, S = RandomState, C = DefaultClock>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    inner: Option<Reservation<'a, K, Q, S, C>>,
+}
+
+impl<K, Q, S, C> fmt::Debug for Hold<'_, K, Q, S, C>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hold")
+            .field("tokens", &self.tokens())
+            .finish()
+    }
+}
+
+impl<K, Q, S, C> Hold<'_, K, Q, S, C>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    /// Tokens held.
+    pub fn tokens(&self) -> u64 {
+        self.inner.as_ref().map_or(0, |r| r.debit.n)
+    }
+
+    /// Settles the held tokens as a debit from the hold's reading (what
+    /// dropping the hold does). False when the hold had expired, already
+    /// counted as kept.
+    pub fn keep(mut self) -> bool {
+        let r = self.inner.take().expect("a hold is resolved once");
+        let now = r.pace.clock.now_ns();
+        r.pace.resolve_hashed(r.key, r.debit, true, now)
+    }
+
+    /// Returns the held tokens: exact in any order, whatever else happened
+    /// on the key ([`Refunded::Restored`]), unless the hold expired
+    /// ([`Refunded::Expired`]).
+    pub fn refund(mut self) -> Refunded {
+        let r = self.inner.take().expect("a hold is resolved once");
+        let now = r.pace.clock.now_ns();
+        r.pace.refund_hashed(r.key, r.debit.hash, r.debit, now)
+    }
+
+    /// Detaches the hold from its borrows: resolve the [`Debit`] later with
+    /// [`Pace::keep`] or [`Pace::refund`]. A detached hold dropped without
+    /// either stays held until it expires ([`Builder::hold_limit`]), then
+    /// counts as kept.
+    pub fn detach(mut self) -> Debit {
+        self.inner.take().expect("a hold is resolved once").debit
+    }
+
+    /// [`refund`](Hold::refund) at an explicit time (for models).
+    #[cfg(feature = "internals")]
+    pub(crate) fn resolve_at_inner(mut self, keep: bool, now: u64) -> Refunded {
+        let r = self.inner.take().expect("a hold is resolved once");
+        if keep {
+            if r.pace.resolve_hashed(r.key, r.debit, true, now) {
+                Refunded::Nothing
+            } else {
+                Refunded::Expired
+            }
+        } else {
+            r.pace.refund_hashed(r.key, r.debit.hash, r.debit, now)
+        }
+    }
+}
+
+impl<K, Q, S, C> Drop for Hold<'_, K, Q, S, C>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    fn drop(&mut self) {
+        if let Some(r) = self.inner.take() {
+            let now = r.pace.clock.now_ns();
+            r.pace.resolve_hashed(r.key, r.debit, true, now);
+        }
     }
 }
 
@@ -452,9 +570,20 @@ impl<K> Pace<K> {
             clock: DefaultClock::new(),
             min_slots: DEFAULT_MIN_SLOTS,
             rows: RowsPick::ByType,
+            hold_limit: DEFAULT_HOLD_LIMIT,
             _keys: PhantomData,
         }
     }
+}
+
+/// The default [`Builder::hold_limit`].
+const DEFAULT_HOLD_LIMIT: Duration = Duration::from_secs(10);
+
+/// A hold limit in ns, within the time space (so twice it cannot overflow).
+fn hold_limit_ns(limit: Duration) -> u64 {
+    u64::try_from(limit.as_nanos())
+        .unwrap_or(u64::MAX)
+        .min(crate::bucket::MAX_TIME)
 }
 
 impl<K, S, C> Builder<K, S, C> {
@@ -481,6 +610,7 @@ impl<K, S, C> Builder<K, S, C> {
             clock,
             min_slots: self.min_slots,
             rows: self.rows,
+            hold_limit: self.hold_limit,
             _keys: PhantomData,
         }
     }
@@ -504,6 +634,7 @@ impl<K, S, C> Builder<K, S, C> {
             clock: self.clock,
             min_slots: self.min_slots,
             rows: self.rows,
+            hold_limit: self.hold_limit,
             _keys: PhantomData,
         }
     }
@@ -524,6 +655,15 @@ impl<K, S, C> Builder<K, S, C> {
     /// back to it when they leave.
     pub fn min_slots(mut self, slots: usize) -> Self {
         self.min_slots = slots;
+        self
+    }
+
+    /// How long a hold stays exact (default 10 s; see [`Pace::hold`]): a
+    /// hold kept or refunded within this time of being made is resolved
+    /// exactly; a hold never resolved counts as held for at most twice this
+    /// time, then as kept.
+    pub fn hold_limit(mut self, limit: Duration) -> Self {
+        self.hold_limit = limit;
         self
     }
 
@@ -570,7 +710,8 @@ impl<K, S, C> Builder<K, S, C> {
             None => keys::boxed::<K>(),
         };
         let rows = Rows {
-            table: Table::try_new(self.min_slots, kind).ok_or(ConfigError::MinSlotsTooLarge)?,
+            table: Table::try_new(self.min_slots, kind, hold_limit_ns(self.hold_limit))
+                .ok_or(ConfigError::MinSlotsTooLarge)?,
             word,
             _owns: std::marker::PhantomData,
         };
@@ -746,7 +887,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_slot::<Q, _, false>(key, n, None, 0, &mut 0, || self.clock.now_ns())
+        self.reserve_slot::<Q, _, false, false>(key, n, None, 0, &mut 0, || self.clock.now_ns())
     }
 
     /// Debits one token from `key`'s bucket under `quota` instead of the
@@ -793,7 +934,66 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = Some(quota.limits_ref());
-        self.reserve_slot::<Q, _, false>(key, n, limits, 0, &mut 0, || self.clock.now_ns())
+        self.reserve_slot::<Q, _, false, false>(key, n, limits, 0, &mut 0, || self.clock.now_ns())
+    }
+
+    /// Holds a token of `key` while a presentation is checked: admitted or
+    /// denied as [`reserve`](Pace::reserve) decides, but the token is kept
+    /// apart from the key's settled debt, so that [`Hold::refund`] returns
+    /// it exactly in any order, however many other presentations of the key
+    /// overlap it. Someone who names a key without its credential then
+    /// holds that key's pace only while being checked, also under a flood.
+    /// Keep the hold ([`Hold::keep`], or drop it) when the exchange
+    /// happened. Never admits more than `reserve` would: held tokens count
+    /// as debited at every decision (DESIGN.md §3, "Holds").
+    pub fn hold<'a, Q>(&'a self, key: &'a Q) -> Result<Hold<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.hold_n_with_inner(key, 1, None, None)
+    }
+
+    /// Holds `n` tokens of `key` (see [`hold`](Pace::hold)).
+    pub fn hold_n<'a, Q>(&'a self, key: &'a Q, n: u64) -> Result<Hold<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.hold_n_with_inner(key, n, None, None)
+    }
+
+    /// Holds `n` tokens of `key` under the call's own quota (see
+    /// [`hold`](Pace::hold) and [`reserve_n_with`](Pace::reserve_n_with)).
+    pub fn hold_n_with<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Quota,
+    ) -> Result<Hold<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.hold_n_with_inner(key, n, Some(quota), None)
+    }
+
+    /// A hold, at the clock's time or at `now` (for models).
+    pub(crate) fn hold_n_with_inner<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        now: Option<u64>,
+    ) -> Result<Hold<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let limits = quota.as_ref().map(Quota::limits_ref);
+        let clock = || now.unwrap_or_else(|| self.clock.now_ns());
+        let r = self.reserve_slot::<Q, _, false, true>(key, n, limits, 0, &mut 0, clock)?;
+        Ok(Hold { inner: Some(r) })
     }
 
     /// [`reserve_n`](Pace::reserve_n) (or, with a quota,
@@ -812,7 +1012,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = quota.as_ref().map(Quota::limits_ref);
-        self.reserve_slot::<Q, _, false>(key, n, limits, 0, &mut 0, || now)
+        self.reserve_slot::<Q, _, false, false>(key, n, limits, 0, &mut 0, || now)
     }
 
     /// The reserve: `limits` is the call's quota, `None` for the default.
@@ -822,7 +1022,7 @@ where
     /// (`TURN` false) does neither, and the compiler drops both.
     #[inline]
     #[allow(clippy::too_many_arguments)] // a plain reserve passes five
-    fn reserve_slot<'a, Q, F, const TURN: bool>(
+    fn reserve_slot<'a, Q, F, const TURN: bool, const HOLD: bool>(
         &'a self,
         key: &'a Q,
         n: u64,
@@ -846,6 +1046,7 @@ where
                     prev: 0,
                     hash: 0,
                     limiter: self.id,
+                    ticket: None,
                 },
             };
             return Ok(r);
@@ -874,16 +1075,16 @@ where
         let result = with_probe!(self.rows, key, hash, &guard, |p| {
             self.rows
                 .table
-                .reserve(limits, hash, p, n, now, reread, &hash_of, &guard)
+                .reserve::<_, HOLD>(limits, hash, p, n, now, reread, &hash_of, &guard)
         })
-        .map(|a| (a.tat, a.prev, a.created));
-        let created = matches!(result, Ok((_, _, true)));
+        .map(|a| (a.tat, a.prev, a.created, a.ticket));
+        let created = matches!(result, Ok((_, _, true, _)));
         if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
             self.sooner_sweep(now, tau);
         }
         self.maybe_sweep(now, created, &guard);
         match result {
-            Ok((tat, prev, _)) => {
+            Ok((tat, prev, _, ticket)) => {
                 if TURN {
                     *slot = slot_of(tat, tau, wait_ns);
                 }
@@ -896,6 +1097,7 @@ where
                         prev,
                         hash,
                         limiter: self.id,
+                        ticket,
                     },
                 })
             }
@@ -1151,7 +1353,7 @@ where
     {
         let mut slot = 0;
         let limits = quota.as_ref().map(Quota::limits_ref);
-        let r = self.reserve_slot::<Q, _, true>(key, n, limits, wait_ns, &mut slot, clock)?;
+        let r = self.reserve_slot::<Q, _, true, false>(key, n, limits, wait_ns, &mut slot, clock)?;
         Ok((r, slot))
     }
 
@@ -1197,8 +1399,13 @@ where
         // A row is never live before its first debit; an absent one starts
         // from its floor.
         let t = &self.rows.table;
-        let tat = with_probe!(self.rows, key, hash, &guard, |p| t.peek(hash, p, &guard))
-            .unwrap_or_else(|| t.floor(hash));
+        let tat = with_probe!(self.rows, key, hash, &guard, |p| t.peek(
+            hash,
+            p,
+            Some(now),
+            &guard
+        ))
+        .map_or_else(|| t.floor(hash), |s| s.effective(now));
         limits.tokens(tat, now)
     }
 
@@ -1251,6 +1458,40 @@ where
         Some(self.hasher.hash_one(key))
     }
 
+    /// Keeps a detached hold ([`Hold::detach`]) of `key`: its tokens are
+    /// settled as a debit from the hold's reading. False when there was
+    /// nothing to settle: a plain debit (kept already), a hold that expired
+    /// (counted as kept), or a debit of another limiter or key.
+    pub fn keep<Q>(&self, key: &Q, debit: Debit) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        if debit.n == 0 || debit.ticket.is_none() || self.origin(&debit, key).is_none() {
+            return false;
+        }
+        self.resolve_hashed(key, debit, true, self.clock.now_ns())
+    }
+
+    /// Resolves the hold `debit` of `key` (keeps or refunds it): false when
+    /// its lot is gone.
+    fn resolve_hashed<Q>(&self, key: &Q, debit: Debit, keep: bool, now: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let Some(ticket) = debit.ticket else {
+            return false;
+        };
+        let hash = debit.hash;
+        let guard = self.pin();
+        let hash_of = |b| self.hash_of(b);
+        let t = &self.rows.table;
+        with_probe!(self.rows, key, hash, &guard, |p| t.resolve(
+            hash, p, ticket, keep, now, &hash_of, &guard
+        ))
+    }
+
     /// Refunds `debit` to `key`, whose hash is `hash`.
     fn refund_hashed<Q>(&self, key: &Q, hash: u64, debit: Debit, now: u64) -> Refunded
     where
@@ -1259,6 +1500,13 @@ where
     {
         if debit.n == 0 {
             return Refunded::Nothing;
+        }
+        if debit.ticket.is_some() {
+            return if self.resolve_hashed(key, debit, false, now) {
+                Refunded::Restored
+            } else {
+                Refunded::Expired
+            };
         }
         let guard = self.pin();
         // The refund rule looks at no quota; the table takes one for its
@@ -1281,7 +1529,7 @@ where
         Table::floor_stripe(self.hasher.hash_one(key))
     }
 
-    /// The raw bucket word (`tat`, ns) of `key`'s row, if any (for models).
+    /// The settled `tat` (ns) of `key`'s row, if any (for models).
     #[cfg(feature = "internals")]
     pub(crate) fn row_tat_inner<Q>(&self, key: &Q) -> Option<u64>
     where
@@ -1293,7 +1541,8 @@ where
         with_probe!(self.rows, key, hash, &guard, |p| self
             .rows
             .table
-            .peek(hash, p, &guard))
+            .peek(hash, p, None, &guard)
+            .map(|s| s.tat))
     }
 
     /// Removes every row whose bucket has refilled, and shrinks the table if
@@ -1448,6 +1697,33 @@ pub trait PaceInternals<K, S, C> {
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>;
+    /// [`Pace::hold_n_with`] (the default quota for `None`) deciding with
+    /// `now`.
+    fn hold_n_at<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        now: u64,
+    ) -> Result<Hold<'a, K, Q, S, C>, Denied>
+    where
+        K: Hash + Eq + Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+        S: BuildHasher,
+        C: Clock;
+    /// [`Hold::keep`] (`keep`) or [`Hold::refund`] at `now`: a keep answers
+    /// `Nothing` when it settled, `Expired` when the hold had expired.
+    fn resolve_at<Q>(hold: Hold<'_, K, Q, S, C>, keep: bool, now: u64) -> Refunded
+    where
+        K: Hash + Eq + Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+        S: BuildHasher,
+        C: Clock;
+    /// The held tokens (ns of refill) of `key`'s row, if it has one.
+    fn row_held<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq;
     /// [`Pace::peek`] at `now`.
     fn peek_at<Q>(&self, key: &Q, now: u64) -> u64
     where
@@ -1534,6 +1810,45 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         self.reserve_turn_clocked(key, n, quota, max_wait_ns, || now)
+    }
+
+    fn hold_n_at<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        now: u64,
+    ) -> Result<Hold<'a, K, Q, S, C>, Denied>
+    where
+        K: Hash + Eq + Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+        S: BuildHasher,
+        C: Clock,
+    {
+        self.hold_n_with_inner(key, n, quota, Some(now))
+    }
+
+    fn resolve_at<Q>(hold: Hold<'_, K, Q, S, C>, keep: bool, now: u64) -> Refunded
+    where
+        K: Hash + Eq + Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+        S: BuildHasher,
+        C: Clock,
+    {
+        hold.resolve_at_inner(keep, now)
+    }
+
+    fn row_held<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let hash = self.hasher.hash_one(key);
+        let guard = self.pin();
+        let t = &self.rows.table;
+        with_probe!(self.rows, key, hash, &guard, |p| t
+            .peek(hash, p, None, &guard)
+            .map(|s| s.held()))
     }
 
     fn peek_at<Q>(&self, key: &Q, now: u64) -> u64

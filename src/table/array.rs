@@ -31,9 +31,11 @@ pub(super) struct Array {
     orphans: AtomicPtr<Orphan>,
 }
 
-/// A key box waiting for the array it may still be named in to go.
+/// A key box or a held row's record waiting for the array it may still be
+/// named in to go.
 struct Orphan {
     bits: u64,
+    free: unsafe fn(u64),
     pub(super) next: *mut Orphan,
 }
 
@@ -62,10 +64,12 @@ impl Array {
         })
     }
 
-    /// Keeps the box named by `bits` until this array is freed.
-    pub(super) fn adopt(&self, bits: u64) {
+    /// Keeps the box or record named by `bits` until this array is freed,
+    /// then frees it with `free`.
+    pub(super) fn adopt(&self, bits: u64, free: unsafe fn(u64)) {
         let node = Box::into_raw(Box::new(Orphan {
             bits,
+            free,
             next: std::ptr::null_mut(),
         }));
         let mut head = self.orphans.load(Ordering::Acquire);
@@ -82,20 +86,18 @@ impl Array {
         }
     }
 
-    /// Frees the adopted boxes with `free` (the array is being freed:
+    /// Frees the adopted boxes and records (the array is being freed:
     /// nothing else reads the list).
-    pub(super) fn free_orphans(&mut self, free: Option<unsafe fn(u64)>) {
+    pub(super) fn free_orphans(&mut self) {
         let mut p = self.orphans.swap(std::ptr::null_mut(), Ordering::Acquire);
         while !p.is_null() {
             // SAFETY: every node was made by `Box::into_raw` in `adopt` and
             // is owned by this list alone, which `&mut self` holds.
             let node = unsafe { Box::from_raw(p) };
-            if let Some(free) = free {
-                // SAFETY: an orphan's box left every array a reader can
-                // reach once this array is gone (`keys.rs`), and is freed
-                // once: here.
-                unsafe { free(node.bits) };
-            }
+            // SAFETY: an orphan left every array a reader can reach once
+            // this array is gone (`keys.rs`, `held.rs`), and is freed once:
+            // here, by the free function of its kind.
+            unsafe { (node.free)(node.bits) };
             p = node.next;
         }
     }
@@ -128,20 +130,16 @@ pub(crate) static FREES_IN_FLIGHT: std::sync::atomic::AtomicUsize =
 /// # Safety
 /// `arr` was unpublished from `current` (unreachable for new readers) and
 /// is retired exactly once.
-pub(super) unsafe fn retire_array(
-    guard: &Guard,
-    arr: Shared<'_, Array>,
-    free: Option<unsafe fn(u64)>,
-) {
+pub(super) unsafe fn retire_array(guard: &Guard, arr: Shared<'_, Array>) {
     let ptr = arr.as_raw() as usize;
     // SAFETY: the caller's contract; the closure rebuilds the `Box` (made by
     // `Owned::new`) once, after every guard that could see `arr` is gone.
-    // The array owns no key box but its orphans (rows own theirs,
-    // `keys.rs`), freed with it.
+    // The array owns no key box or record but its orphans (rows own theirs,
+    // `keys.rs`, `held.rs`), freed with it.
     unsafe {
         guard.defer_unchecked(move || {
             let mut owned = Box::from_raw(ptr as *mut Array);
-            owned.free_orphans(free);
+            owned.free_orphans();
             let cells = std::mem::take(&mut owned.cells);
             drop(owned);
             free_cells(cells);

@@ -3,7 +3,9 @@
 //! DESIGN.md §2 gives the states and the transitions
 //! between them.
 
-use crate::bucket::MAX_TIME;
+/// The largest `tat` field a live cell holds: a `tat` (at most
+/// `bucket::MAX_TIME`) or a held row's record (`held.rs`, below `2^62`).
+pub(crate) const FIELD_MAX: u64 = (1 << 62) - 1;
 #[cfg(not(loom))]
 use crate::sync::Ordering;
 
@@ -14,7 +16,7 @@ const FROZEN: u64 = 1 << 63;
 const EMPTY: u64 = 0;
 /// A live word is its `tat` plus one: `1..=LIVE_MAX`, so that a row of key 0
 /// at `tat` 0 is not the empty cell.
-const LIVE_MAX: u64 = MAX_TIME + 1;
+const LIVE_MAX: u64 = FIELD_MAX + 1;
 const TOMB: u64 = LIVE_MAX + 1;
 const FENCE: u64 = LIVE_MAX + 2;
 const CLAIMED: u64 = LIVE_MAX + 3;
@@ -57,14 +59,14 @@ impl CellState {
             CellState::Fence => (0, FENCE),
             CellState::Claimed { key } => (key, CLAIMED),
             CellState::Live { key, tat } => {
-                debug_assert!(tat <= MAX_TIME);
+                debug_assert!(tat <= FIELD_MAX);
                 (key, tat + 1)
             }
             CellState::Sealed => (0, FROZEN | EMPTY),
             CellState::Closed => (0, FROZEN | TOMB),
             CellState::FrozenClaimed { key } => (key, FROZEN | CLAIMED),
             CellState::FrozenLive { key, tat } => {
-                debug_assert!(tat <= MAX_TIME);
+                debug_assert!(tat <= FIELD_MAX);
                 (key, FROZEN | (tat + 1))
             }
             CellState::Moved { key } => (key, FROZEN | MOVED),
@@ -249,7 +251,7 @@ mod tests {
     #[test]
     fn every_state_round_trips() {
         for key in [0, 1, 42, u64::MAX - 1, u64::MAX] {
-            for tat in [0, 1, 1 << 40, MAX_TIME - 1, MAX_TIME] {
+            for tat in [0, 1, 1 << 40, FIELD_MAX - 1, FIELD_MAX] {
                 for s in all_states(key, tat) {
                     assert_eq!(CellState::decode(s.encode()), s, "{s:?}");
                 }
@@ -287,7 +289,7 @@ mod tests {
     #[test]
     fn live_tat_agrees_with_decode() {
         for key in [0, 5, u64::MAX] {
-            for tat in [0, 9, MAX_TIME] {
+            for tat in [0, 9, FIELD_MAX] {
                 for s in all_states(key, tat) {
                     let want = match s {
                         CellState::Live { key: k, tat } if k == key => Some(tat),

@@ -6,6 +6,7 @@ use crossbeam_utils::Backoff;
 
 use super::array::Array;
 use super::cell::{self, CellState};
+use super::held::{self, Held, Ticket, HELD};
 use super::keys::{NewRow, Probe};
 use super::{is_migrating, probe_seq, Admitted, Found, Table};
 use crate::bucket::{Decision, Limits};
@@ -79,7 +80,7 @@ impl Table {
     /// probed here, inline: a row found there is debited at once.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    pub(crate) fn reserve<P: NewRow>(
+    pub(crate) fn reserve<P: NewRow, const HOLD: bool>(
         &self,
         limits: &Limits,
         hash: u64,
@@ -97,20 +98,22 @@ impl Table {
             if let Some((bits, tat)) = cell::live(v) {
                 // SAFETY: `bits` was read under `guard` from a live cell.
                 if unsafe { key.matches(bits) } {
-                    if let Some(r) = self.debit(arr, idx, v, bits, tat, limits, n, now) {
+                    if let Some(r) =
+                        self.debit::<HOLD>(arr, idx, v, bits, tat, limits, n, now, guard)
+                    {
                         return r;
                     }
                 }
             }
         }
-        self.reserve_slow(limits, hash, key, n, now, reread, hash_of, guard)
+        self.reserve_slow::<P, HOLD>(limits, hash, key, n, now, reread, hash_of, guard)
     }
 
     /// Everything but a row in the key's first cell: the walk, inserts,
     /// migrations.
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
-    fn reserve_slow<P: NewRow>(
+    fn reserve_slow<P: NewRow, const HOLD: bool>(
         &self,
         limits: &Limits,
         hash: u64,
@@ -143,7 +146,7 @@ impl Table {
                     v,
                     bits,
                     tat,
-                } => match self.debit(arr, idx, v, bits, tat, limits, n, now) {
+                } => match self.debit::<HOLD>(arr, idx, v, bits, tat, limits, n, now, guard) {
                     Some(r) => return r,
                     None => continue, // removed or frozen under us
                 },
@@ -223,22 +226,39 @@ impl Table {
             if floor > now {
                 now = now.max(reread());
             }
-            match limits.reserve(floor, now, n) {
-                Decision::Admit(tat) => {
+            let made = if HOLD {
+                Held::plain(floor)
+                    .hold(limits, now, n, &|| self.new_lot())
+                    .map(|(s, t)| (s.publish(), s.tat, Some(t)))
+            } else {
+                match limits.reserve(floor, now, n) {
+                    Decision::Admit(tat) => Ok((tat, tat, None)),
+                    denied => Err(denied),
+                }
+            };
+            match made {
+                Ok((field, tat, ticket)) => {
                     let claimed = CellState::Claimed { key: mine }.encode();
-                    let live = CellState::Live { key: mine, tat }.encode();
+                    let live = CellState::Live {
+                        key: mine,
+                        tat: field,
+                    }
+                    .encode();
                     if arr.cells[claim.at].cas(claimed, live).is_ok() {
                         std::mem::forget(claim);
                         return Ok(Admitted {
                             tat,
                             prev: floor,
                             created: true,
+                            ticket,
                         });
                     }
+                    // SAFETY: the record (if any) was never published.
+                    unsafe { held::free(field) };
                     // A copier froze the claim: it is not copied; look again.
                     drop(claim);
                 }
-                denied => {
+                Err(denied) => {
                     drop(claim);
                     return Err(denied);
                 }
@@ -413,11 +433,12 @@ impl Table {
     }
 
     /// The CAS loop that debits the row in cell `idx` of `arr`, which held
-    /// `v` (live at `tat`, key half `bits`). `None` if the row was removed
-    /// or frozen first (look again).
+    /// `v` (live at `tat`, key half `bits`); with `HOLD`, the tokens are
+    /// held instead (`held.rs`). `None` if the row was removed or frozen
+    /// first (look again).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn debit(
+    fn debit<const HOLD: bool>(
         &self,
         arr: &Array,
         idx: usize,
@@ -427,9 +448,13 @@ impl Table {
         limits: &Limits,
         n: u64,
         now: u64,
+        guard: &Guard,
     ) -> Option<Result<Admitted, Decision>> {
         let backoff = Backoff::new();
         loop {
+            if HOLD || tat >= HELD {
+                return self.change_held::<HOLD>(arr, idx, v, bits, tat, limits, n, now, guard);
+            }
             match limits.reserve(tat, now, n) {
                 Decision::Admit(new) => {
                     let next = CellState::Live {
@@ -445,6 +470,7 @@ impl Table {
                             tat: new,
                             prev: tat,
                             created: false,
+                            ticket: None,
                         }));
                     }
                     match arr.cells[idx].cas(v, next) {
@@ -453,6 +479,7 @@ impl Table {
                                 tat: new,
                                 prev: tat,
                                 created: false,
+                                ticket: None,
                             }))
                         }
                         Err(actual) => match cell::live_tat(actual, bits) {
@@ -466,6 +493,71 @@ impl Table {
                     }
                 }
                 denied => return Some(Err(denied)),
+            }
+        }
+    }
+
+    /// [`debit`](Table::debit) of a held row, or a hold: each try reads the
+    /// row's state (`tat` field `tat`), settles what expired, decides, and
+    /// replaces the state with one CAS. A plain debit reports the settled
+    /// `tat` before and after it (what its refund compares and restores).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn change_held<const HOLD: bool>(
+        &self,
+        arr: &Array,
+        idx: usize,
+        mut v: u128,
+        bits: u64,
+        mut tat: u64,
+        limits: &Limits,
+        n: u64,
+        now: u64,
+        guard: &Guard,
+    ) -> Option<Result<Admitted, Decision>> {
+        let backoff = Backoff::new();
+        loop {
+            // SAFETY: `tat` is the field of a live cell read under `guard`.
+            let was = unsafe { Held::of(tat, guard) }.at(now, self.hold_limit);
+            let changed: Result<(Held, Option<Ticket>), Decision> = if HOLD {
+                was.hold(limits, now, n, &|| self.new_lot())
+                    .map(|(s, t)| (s, Some(t)))
+            } else {
+                was.debit(limits, now, n).map(|s| (s, None))
+            };
+            let (next, ticket) = match changed {
+                Ok(c) => c,
+                Err(denied) => return Some(Err(denied)),
+            };
+            let field = next.publish();
+            let new = CellState::Live {
+                key: bits,
+                tat: field,
+            }
+            .encode();
+            match arr.cells[idx].cas(v, new) {
+                Ok(_) => {
+                    // SAFETY: our CAS replaced `tat` in a cell of `arr`.
+                    unsafe { self.drop_record(arr, tat, guard) };
+                    return Some(Ok(Admitted {
+                        tat: next.tat,
+                        prev: was.tat,
+                        created: false,
+                        ticket,
+                    }));
+                }
+                Err(actual) => {
+                    // SAFETY: the record (if any) was never published.
+                    unsafe { held::free(field) };
+                    match cell::live_tat(actual, bits) {
+                        Some(t) => {
+                            v = actual;
+                            tat = t;
+                            cas_retry(&backoff);
+                        }
+                        None => return None,
+                    }
+                }
             }
         }
     }

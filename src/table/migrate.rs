@@ -268,7 +268,7 @@ impl Table {
             // still hold it pinned before this, and the epoch frees it
             // after them. It owns no heap per row; it is retired once (only
             // the copier of the last chunk gets here).
-            unsafe { retire_array(guard, old, self.boxed) };
+            unsafe { retire_array(guard, old) };
         }
     }
 }

@@ -35,12 +35,14 @@ use crossbeam_utils::{Backoff, CachePadded};
 use crate::bucket::{Limits, Refund};
 use crate::pace::Refunded;
 use crate::sync::epoch::{Atomic, Guard, Shared};
-use crate::sync::{cas_retry, snooze, AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{cas_retry, snooze, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use held::{Held, Resolution, Ticket, HELD};
 
 mod array;
 mod cell;
 mod clean;
 mod floor;
+pub(crate) mod held;
 mod insert;
 pub(crate) mod keys;
 mod migrate;
@@ -94,9 +96,13 @@ fn probe_seq(hash: u64, mask: usize) -> impl Iterator<Item = usize> {
 /// What a reserve did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Admitted {
+    /// The settled `tat` after the call (a hold leaves it as it was).
     pub(crate) tat: u64,
+    /// The settled `tat` before the call.
     pub(crate) prev: u64,
     pub(crate) created: bool,
+    /// A hold's ticket (`held.rs`).
+    pub(crate) ticket: Option<Ticket>,
 }
 
 /// Tag on a null `next`: a migration target is being allocated.
@@ -175,6 +181,10 @@ pub(crate) struct Table {
     /// The type the boxes hold (for the `internals` key listing).
     #[cfg(feature = "internals")]
     key_type: std::any::TypeId,
+    /// How long a lot of holds takes new holds (ns; `held.rs`).
+    hold_limit: u64,
+    /// Lot identities handed out.
+    lots: AtomicU64,
     /// Migrations started (for tests).
     migrations: AtomicUsize,
     /// Cells of the chunks copied (for tests).
@@ -200,7 +210,11 @@ impl Table {
     /// A table that never shrinks below `min_cells` (rounded up to a power
     /// of two, at least 4), or `None` if that is more cells than an array
     /// can have or the allocator gives; its cells hold keys as `kind` says.
-    pub(crate) fn try_new(min_cells: usize, kind: keys::KeyKind) -> Option<Table> {
+    pub(crate) fn try_new(
+        min_cells: usize,
+        kind: keys::KeyKind,
+        hold_limit: u64,
+    ) -> Option<Table> {
         let n = min_cells.max(MIN_CELLS).checked_next_power_of_two()?;
         let first = Array::try_new(n, 0)?;
         #[cfg(not(loom))]
@@ -218,6 +232,8 @@ impl Table {
             boxed: kind.free,
             #[cfg(feature = "internals")]
             key_type: kind.key_type,
+            hold_limit,
+            lots: AtomicU64::new(0),
             migrations: AtomicUsize::new(0),
             copied_cells: AtomicUsize::new(0),
             shrink_wanted: AtomicBool::new(false),
@@ -363,6 +379,33 @@ impl Table {
         }
     }
 
+    /// Hands a held row's record that a CAS of a cell of `arr` replaced to
+    /// the collector, as a removed row's key box (`keys.rs`): retired from
+    /// the current array (or an older one), adopted by the source from a
+    /// migration's target, whose source may still name it in a frozen cell.
+    /// Nothing for a plain `tat`.
+    ///
+    /// # Safety
+    /// A CAS of a cell of `arr` just replaced the `tat` field `field`, which
+    /// that cell alone named among the cells a reader pinning from now on
+    /// can reach; called once per replacement.
+    unsafe fn drop_record(&self, arr: &Array, field: u64, guard: &Guard) {
+        if field < HELD {
+            return;
+        }
+        match self.source_of(arr, guard) {
+            Some(Some(source)) => source.adopt(field, held::free),
+            // SAFETY: the caller's contract; the closure frees it once,
+            // after every guard that could have read `field` is gone.
+            _ => unsafe { guard.defer_unchecked(move || held::free(field)) },
+        }
+    }
+
+    /// A lot identity no lot of this table had before.
+    fn new_lot(&self) -> u64 {
+        self.lots.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
     /// Where `arr` stands: `Some(None)` if it is the current array,
     /// `Some(Some(cur))` if it is the target of the current array `cur`'s
     /// migration, `None` if it is older (every cell frozen). A row's key box
@@ -478,6 +521,43 @@ impl Table {
                 return Refunded::Refilled;
             };
             loop {
+                if tat >= HELD {
+                    // SAFETY: `tat` is the field of a live cell read under
+                    // `guard`.
+                    let was = unsafe { Held::of(tat, guard) };
+                    if was.tat != own_tat {
+                        return Refunded::Superseded;
+                    }
+                    let field = Held { tat: prev, ..was }.publish();
+                    let next = CellState::Live {
+                        key: bits,
+                        tat: field,
+                    }
+                    .encode();
+                    match arr.cells[idx].cas(v, next) {
+                        Ok(_) => {
+                            // SAFETY: our CAS replaced `tat` in `arr`.
+                            unsafe { self.drop_record(arr, tat, guard) };
+                            return Refunded::Restored;
+                        }
+                        Err(actual) => {
+                            // SAFETY: never published.
+                            unsafe { held::free(field) };
+                            match CellState::decode(actual) {
+                                CellState::Live { key: k, tat: t } if k == bits => {
+                                    v = actual;
+                                    tat = t;
+                                    cas_retry(&backoff);
+                                    continue;
+                                }
+                                CellState::FrozenLive { .. } | CellState::Moved { .. } => {
+                                    continue 'find
+                                }
+                                _ => return Refunded::Refilled,
+                            }
+                        }
+                    }
+                }
                 let (next, full) = match limits.refund(tat, now, n, own_tat, prev) {
                     Refund::Unchanged => return Refunded::Superseded,
                     Refund::Set(t) => (CellState::Live { key: bits, tat: t }.encode(), false),
@@ -508,8 +588,8 @@ impl Table {
                                 // name the box (moved), so the box goes with
                                 // the source (`keys.rs`).
                                 Some(Some(source)) => {
-                                    if self.boxed.is_some() {
-                                        source.adopt(keys::untagged(bits));
+                                    if let Some(free) = self.boxed {
+                                        source.adopt(keys::untagged(bits), free);
                                     }
                                 }
                                 // SAFETY: the row left an array that is
@@ -548,11 +628,92 @@ impl Table {
         }
     }
 
-    /// The `tat` of `key`'s row, if it has one.
-    pub(crate) fn peek<P: Probe>(&self, hash: u64, key: &P, guard: &Guard) -> Option<u64> {
+    /// The state of `key`'s row, if it has one; at `now`, the lots expired
+    /// by then settled.
+    pub(crate) fn peek<P: Probe>(
+        &self,
+        hash: u64,
+        key: &P,
+        now: Option<u64>,
+        guard: &Guard,
+    ) -> Option<Held> {
         match self.find(hash, key, false, guard) {
-            Found::Row { tat, .. } => Some(tat),
+            Found::Row { tat, .. } => {
+                // SAFETY: `tat` is the field of a live cell read under
+                // `guard`.
+                let s = unsafe { Held::of(tat, guard) };
+                Some(now.map_or(s, |now| s.at(now, self.hold_limit)))
+            }
             _ => None,
+        }
+    }
+
+    /// Resolves a hold of `key` (`held.rs`): its tokens leave its lot, and
+    /// with `keep` are settled as a debit from the hold's reading. False
+    /// when its lot is gone (it expired and counted as kept).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn resolve<P: Probe>(
+        &self,
+        hash: u64,
+        key: &P,
+        ticket: Ticket,
+        keep: bool,
+        now: u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) -> bool {
+        self.help(hash_of, guard);
+        let backoff = Backoff::new();
+        'find: loop {
+            let Found::Row {
+                arr,
+                idx,
+                mut v,
+                bits,
+                mut tat,
+            } = self.find(hash, key, false, guard)
+            else {
+                return false;
+            };
+            loop {
+                if tat < HELD {
+                    return false; // a plain row holds no lot
+                }
+                // SAFETY: `tat` is the field of a live cell read under
+                // `guard`.
+                let was = unsafe { Held::of(tat, guard) }.at(now, self.hold_limit);
+                let Resolution::Done(next) = was.resolve(ticket, keep) else {
+                    return false;
+                };
+                let field = next.publish();
+                let new = CellState::Live {
+                    key: bits,
+                    tat: field,
+                }
+                .encode();
+                match arr.cells[idx].cas(v, new) {
+                    Ok(_) => {
+                        // SAFETY: our CAS replaced `tat` in a cell of `arr`.
+                        unsafe { self.drop_record(arr, tat, guard) };
+                        return true;
+                    }
+                    Err(actual) => {
+                        // SAFETY: the record (if any) was never published.
+                        unsafe { held::free(field) };
+                        match CellState::decode(actual) {
+                            CellState::Live { key: k, tat: t } if k == bits => {
+                                v = actual;
+                                tat = t;
+                                cas_retry(&backoff);
+                            }
+                            CellState::FrozenLive { .. } | CellState::Moved { .. } => {
+                                continue 'find
+                            }
+                            _ => return false,
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -607,12 +768,13 @@ impl Drop for Table {
             }
             for arr in arrays {
                 let mut owned = arr.into_owned();
-                owned.free_orphans(self.boxed);
-                if let Some(free) = self.boxed {
-                    for c in owned.cells.iter() {
-                        if let CellState::Live { key, .. } = CellState::decode(c.load()) {
+                owned.free_orphans();
+                for c in owned.cells.iter() {
+                    if let CellState::Live { key, tat } = CellState::decode(c.load()) {
+                        if let Some(free) = self.boxed {
                             free(key);
                         }
+                        held::free(tat);
                     }
                 }
                 drop(owned);

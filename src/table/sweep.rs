@@ -6,6 +6,7 @@
 
 use super::array::Array;
 use super::cell::CellState;
+use super::held::{self, Held, HELD};
 use super::{is_migrating, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE};
 use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
@@ -92,6 +93,10 @@ impl Table {
             let cell = &arr.cells[idx];
             let v = cell.load();
             if let CellState::Live { key, tat } = CellState::decode(v) {
+                if tat >= HELD {
+                    self.settle_expired(arr, idx, v, key, tat, now, guard);
+                    continue;
+                }
                 if tat <= now {
                     if !cfg!(pace_mutant = "sweep_keeps_floor") {
                         // SAFETY: `key` was read under `guard` from a live
@@ -129,6 +134,42 @@ impl Table {
             guard.flush();
         }
         removed
+    }
+
+    /// Settles the lots of the held row in cell `idx` of `arr` (value `v`,
+    /// key half `key`, record field `field`) that expired by `now`, so that
+    /// a hold nobody resolves does not keep its row for good. A row that
+    /// changed first is left to the next pass.
+    #[allow(clippy::too_many_arguments)]
+    fn settle_expired(
+        &self,
+        arr: &Array,
+        idx: usize,
+        v: u128,
+        key: u64,
+        field: u64,
+        now: u64,
+        guard: &Guard,
+    ) {
+        // SAFETY: `field` is the field of a live cell read under `guard`.
+        let was = unsafe { Held::of(field, guard) };
+        let next = was.at(now, self.hold_limit);
+        if next == was {
+            return;
+        }
+        let new_field = next.publish();
+        let new = CellState::Live {
+            key,
+            tat: new_field,
+        }
+        .encode();
+        if arr.cells[idx].cas(v, new).is_ok() {
+            // SAFETY: our CAS replaced `field` in a cell of `arr`.
+            unsafe { self.drop_record(arr, field, guard) };
+        } else {
+            // SAFETY: never published.
+            unsafe { held::free(new_field) };
+        }
     }
 
     /// Starts a sweep pass on the current array: at once if it has at most

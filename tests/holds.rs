@@ -1,0 +1,355 @@
+//! Holds (`Pace::hold`): tokens kept apart while a presentation is checked,
+//! so that refunds are exact in any order (DESIGN.md §3, "Holds").
+//!
+//! An exact model of the rule (integers) decides every call of random
+//! single-key histories with stale readings, and the promise is checked over
+//! every window of the kept admissions (`pace_models::bound`); then floods of
+//! real threads, leaks, and holds racing migrations.
+
+use std::collections::hash_map::RandomState;
+use std::time::{Duration, Instant};
+
+use pace::internals::{PaceInternals, ReservationInternals};
+use pace::{Hold, ManualClock, Pace, Rate, Refunded};
+use pace_models::bound::worst_excess_ns;
+use rand::{Rng, SeedableRng};
+
+const S: u64 = 1_000_000_000;
+
+type P<K> = Pace<K, RandomState, ManualClock>;
+
+fn limiter<K>(capacity: u64, interval: u64, hold_limit: Duration) -> P<K> {
+    Pace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
+        .capacity(capacity)
+        .clock(ManualClock::new())
+        .hold_limit(hold_limit)
+        .build()
+        .unwrap()
+}
+
+/// The rule, independently: settled `tat` and the holds not yet resolved.
+struct Model {
+    tau: u64,
+    interval: u64,
+    tat: u64,
+    held: Vec<(usize, u64, u64)>, // (id, cost, reading)
+}
+
+impl Model {
+    fn admits(&self, now: u64, cost: u64) -> bool {
+        let held: u64 = self.held.iter().map(|h| h.1).sum();
+        self.tat.max(now) + held + cost <= now + self.tau
+    }
+    fn tokens(&self, now: u64) -> u64 {
+        let held: u64 = self.held.iter().map(|h| h.1).sum();
+        let debt = (self.tat.max(now) + held).saturating_sub(now);
+        self.tau.saturating_sub(debt) / self.interval
+    }
+}
+
+/// One random single-key history with no hold expiring: every decision and
+/// every peek agrees with [`Model`]; every hold refund is exact; the kept
+/// admissions obey the bound. Returns the worst excess (ns).
+fn exact_history(rng: &mut impl Rng) -> i128 {
+    let capacity = rng.gen_range(1..=4u64);
+    let interval = rng.gen_range(1..=3u64) * 1_000;
+    let tau = capacity * interval;
+    let p: P<u8> = limiter(capacity, interval, Duration::from_secs(1 << 20));
+    let mut m = Model {
+        tau,
+        interval,
+        tat: 0,
+        held: Vec::new(),
+    };
+    let mut now = 10 * tau;
+    let mut holds: Vec<(usize, Hold<'_, u8, u8, RandomState, ManualClock>, u64, u64)> = Vec::new();
+    let mut kept = Vec::new();
+    let mut next_id = 0;
+    for _ in 0..rng.gen_range(1..60) {
+        let stale = |rng: &mut dyn rand::RngCore, now: u64| {
+            now - rng.gen_range(0..=2 * tau).min(now) * u64::from(rng.gen_bool(0.4))
+        };
+        match rng.gen_range(0..10) {
+            0 | 1 => {
+                let t = stale(rng, now);
+                let n = rng.gen_range(1..=capacity);
+                let admitted = p.reserve_n_at(&0, n, t).map(|r| r.detach()).is_ok();
+                assert_eq!(admitted, m.admits(t, n * interval), "reserve of {n} at {t}");
+                if admitted {
+                    m.tat = m.tat.max(t) + n * interval;
+                    kept.push((t, n));
+                }
+            }
+            2..=4 => {
+                let t = stale(rng, now);
+                let n = rng.gen_range(1..=capacity);
+                let h = p.hold_n_at(&0, n, None, t);
+                assert_eq!(h.is_ok(), m.admits(t, n * interval), "hold of {n} at {t}");
+                if let Ok(h) = h {
+                    m.held.push((next_id, n * interval, t));
+                    holds.push((next_id, h, t, n));
+                    next_id += 1;
+                }
+            }
+            5..=7 if !holds.is_empty() => {
+                let (id, h, at, n) = holds.swap_remove(rng.gen_range(0..holds.len()));
+                let i = m.held.iter().position(|x| x.0 == id).unwrap();
+                let (_, cost, _) = m.held.swap_remove(i);
+                let t = stale(rng, now);
+                if rng.gen_bool(0.5) {
+                    assert_eq!(P::<u8>::resolve_at(h, false, t), Refunded::Restored);
+                } else {
+                    assert_eq!(P::<u8>::resolve_at(h, true, t), Refunded::Nothing);
+                    m.tat = m.tat.max(at) + cost;
+                    kept.push((at, n));
+                }
+            }
+            8 => now += rng.gen_range(0..=2 * tau),
+            _ => {
+                p.sweep_at(now + rng.gen_range(0..=2 * tau));
+            }
+        }
+        assert_eq!(p.peek_at(&0, now), m.tokens(now), "tokens at {now}");
+    }
+    // Refund every hold still out: the budget is whole again.
+    for (id, h, _, _) in holds {
+        assert_eq!(P::<u8>::resolve_at(h, false, now), Refunded::Restored);
+        m.held.retain(|x| x.0 != id);
+    }
+    assert_eq!(p.peek_at(&0, now), m.tokens(now), "after the last refund");
+    assert_eq!(p.row_held(&0).unwrap_or(0), 0, "nothing held");
+    worst_excess_ns(&mut kept, capacity, interval)
+}
+
+#[test]
+fn random_hold_histories_follow_the_rule_exactly() {
+    let histories = if cfg!(miri) { 20 } else { 20_000 };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x401d);
+    for i in 0..histories {
+        let seed: u64 = rng.gen();
+        let excess = exact_history(&mut rand::rngs::StdRng::seed_from_u64(seed));
+        assert!(
+            excess <= 0,
+            "history {i} (seed {seed:#x}) exceeds the bound by {excess} ns"
+        );
+    }
+}
+
+/// One random single-key history with holds that may expire (a short hold
+/// limit), refunds of plain reservations, stale and late resolutions,
+/// clock steps and sweeps: the kept admissions (plain ones not refunded,
+/// holds kept or expired) obey the bound.
+fn expiring_history(rng: &mut impl Rng) -> i128 {
+    let capacity = rng.gen_range(1..=4u64);
+    let interval = rng.gen_range(1..=3u64) * 1_000;
+    let tau = capacity * interval;
+    let limit = rng.gen_range(0..=2 * tau);
+    let p: P<u8> = limiter(capacity, interval, Duration::from_nanos(limit));
+    let mut now = 10 * tau;
+    let mut holds = Vec::new();
+    let mut plain = Vec::new();
+    let mut kept = Vec::new();
+    for _ in 0..rng.gen_range(1..80) {
+        let t = now - rng.gen_range(0..=2 * tau).min(now) * u64::from(rng.gen_bool(0.4));
+        let n = rng.gen_range(1..=capacity);
+        match rng.gen_range(0..12) {
+            0 | 1 => {
+                if let Ok(r) = p.reserve_n_at(&0, n, t) {
+                    plain.push((r, t, n));
+                }
+            }
+            2..=4 => {
+                if let Ok(h) = p.hold_n_at(&0, n, None, t) {
+                    holds.push((h, t, n));
+                }
+            }
+            5 | 6 if !holds.is_empty() => {
+                let (h, at, n) = holds.swap_remove(rng.gen_range(0..holds.len()));
+                let late = now + rng.gen_range(0..=3 * limit.max(1));
+                let when = if rng.gen_bool(0.5) { t } else { late };
+                match P::<u8>::resolve_at(h, rng.gen_bool(0.5), when) {
+                    Refunded::Restored => {}
+                    // Kept, or expired (counted as kept).
+                    _ => kept.push((at, n)),
+                }
+            }
+            7 if !plain.is_empty() => {
+                let (r, _, _) = plain.swap_remove(rng.gen_range(0..plain.len()));
+                r.refund_at(t);
+            }
+            8 => now += rng.gen_range(0..=2 * tau.max(limit)),
+            9 => now -= rng.gen_range(0..=tau).min(now),
+            10 => {
+                p.sweep_at(now + rng.gen_range(0..=2 * tau));
+            }
+            _ => {
+                if !plain.is_empty() {
+                    let (r, t, n) = plain.swap_remove(rng.gen_range(0..plain.len()));
+                    drop(r);
+                    kept.push((t, n));
+                }
+            }
+        }
+    }
+    kept.extend(plain.into_iter().map(|(_, t, n)| (t, n)));
+    // Holds never resolved count as kept (they expire as kept).
+    for (h, t, n) in holds {
+        let _ = h.detach();
+        kept.push((t, n));
+    }
+    worst_excess_ns(&mut kept, capacity, interval)
+}
+
+#[test]
+fn random_expiring_hold_histories_never_exceed_the_bound() {
+    let histories = if cfg!(miri) { 20 } else { 20_000 };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0xe4b1);
+    for i in 0..histories {
+        let seed: u64 = rng.gen();
+        let excess = expiring_history(&mut rand::rngs::StdRng::seed_from_u64(seed));
+        assert!(
+            excess <= 0,
+            "history {i} (seed {seed:#x}) exceeds the bound by {excess} ns"
+        );
+    }
+}
+
+/// Held tokens count at every decision: two holds of a capacity-2 key leave
+/// nothing for a reserve.
+#[test]
+fn held_tokens_count_at_every_decision() {
+    let p: P<u8> = limiter(2, S, Duration::from_secs(10));
+    let a = p.hold_n_at(&0, 1, None, 0).unwrap();
+    let b = p.hold_n_at(&0, 1, None, 0).unwrap();
+    assert!(
+        p.reserve_n_at(&0, 1, 0).is_err(),
+        "held tokens are not admitted twice"
+    );
+    assert_eq!(p.peek_at(&0, 0), 0);
+    assert_eq!(P::<u8>::resolve_at(b, false, 0), Refunded::Restored);
+    assert_eq!(P::<u8>::resolve_at(a, false, 0), Refunded::Restored);
+    assert_eq!(p.peek_at(&0, 0), 2);
+}
+
+/// A refund returns the held tokens and nothing of the settled debt.
+#[test]
+fn a_refund_leaves_the_settled_debt() {
+    let p: P<u8> = limiter(3, S, Duration::from_secs(10));
+    let _kept = p.reserve_n_at(&0, 1, 0).unwrap();
+    let h = p.hold_n_at(&0, 1, None, 0).unwrap();
+    assert_eq!(P::<u8>::resolve_at(h, false, 0), Refunded::Restored);
+    assert_eq!(p.peek_at(&0, 0), 2, "the kept debit stays");
+    assert_eq!(p.row_tat(&0), Some(S));
+}
+
+/// A hold kept after its bucket refilled is settled from its own reading.
+#[test]
+fn keeping_settles_from_the_holds_reading() {
+    let p: P<u8> = limiter(3, S, Duration::from_secs(1 << 20));
+    let h = p.hold_n_at(&0, 1, None, 100 * S).unwrap();
+    assert_eq!(P::<u8>::resolve_at(h, true, 100 * S), Refunded::Nothing);
+    assert_eq!(p.row_tat(&0), Some(101 * S));
+    assert_eq!(p.peek_at(&0, 100 * S), 2, "the kept token is spent");
+}
+
+/// A hold never resolved counts as held for at most twice the hold limit,
+/// then as kept from its reading; its late refund returns nothing; and the
+/// row goes once full.
+#[test]
+fn a_leaked_hold_expires_as_kept() {
+    let p: P<u8> = limiter(3, 10 * S, Duration::from_secs(1));
+    let leaked = p.hold_n_at(&0, 1, None, 0).unwrap().detach();
+    // Held: at 15 s a kept token would have refilled, a held one has not.
+    assert_eq!(p.peek_at(&0, S), 2);
+    // Past twice the limit: settled as kept at reading 0 (tat 10 s).
+    assert_eq!(p.peek_at(&0, 15 * S), 3, "expired as kept, then refilled");
+    assert_eq!(p.peek_at(&0, 2 * S), 2, "settled at its own reading");
+    assert_eq!(p.refund_at(&0, leaked, 2 * S), Refunded::Expired);
+    assert_eq!(p.peek_at(&0, 2 * S), 2, "a late refund mints nothing");
+    // The row is not kept alive: the sweep settles, a later one removes.
+    p.sweep_at(2 * S);
+    assert_eq!(p.row_held(&0), Some(0));
+    p.sweep_at(10 * S);
+    assert_eq!(p.len(), 0);
+}
+
+/// Overlapping holds of one key, refunded in any order by real threads
+/// (the flood of issue 26 at a small scale): the key's budget is whole
+/// when the last one is refunded.
+#[test]
+fn a_flood_of_holds_leaves_the_budget_whole() {
+    for threads in [1, 2, 4, 8] {
+        let p: Pace<String> = Pace::builder(Rate::new(1, Duration::from_secs(10)).unwrap())
+            .capacity(3)
+            .build()
+            .unwrap();
+        let end = Instant::now() + Duration::from_millis(if cfg!(miri) { 5 } else { 100 });
+        let not_returned = std::thread::scope(|s| {
+            let ws: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut lost = 0;
+                        while Instant::now() < end {
+                            if let Ok(h) = p.hold("victim") {
+                                std::hint::black_box(h.tokens());
+                                std::thread::yield_now();
+                                if h.refund() != Refunded::Restored {
+                                    lost += 1;
+                                }
+                            }
+                        }
+                        lost
+                    })
+                })
+                .collect();
+            ws.into_iter().map(|w| w.join().unwrap()).sum::<u64>()
+        });
+        assert_eq!(not_returned, 0, "{threads} threads: every refund returned");
+        assert_eq!(p.peek("victim"), 3, "{threads} threads: 3 of 3 left");
+    }
+}
+
+/// Holds and refunds of a few keys while other threads grow the table
+/// through migrations (and sweeps remove their rows): every hold's refund
+/// is exact wherever its row moved, and the keys end whole.
+#[test]
+fn holds_survive_migrations() {
+    fn run<K: std::hash::Hash + Eq + Send + Sync + Clone, F: Fn(u64) -> K + Sync>(key: F) {
+        let p: Pace<K, RandomState, ManualClock> =
+            Pace::builder(Rate::new(1, Duration::from_secs(10)).unwrap())
+                .capacity(3)
+                .clock(ManualClock::new())
+                .min_slots(4)
+                .build()
+                .unwrap();
+        let rounds = if cfg!(miri) { 20 } else { 20_000 };
+        std::thread::scope(|s| {
+            for w in 0..2u64 {
+                let (p, key) = (&p, &key);
+                s.spawn(move || {
+                    for i in 0..rounds {
+                        let k = key(i % 4 + 4 * w);
+                        let a = p.hold(&k).expect("3 tokens, at most 2 held");
+                        let b = p.hold(&k).expect("3 tokens, at most 2 held");
+                        let (first, second) = if i % 2 == 0 { (a, b) } else { (b, a) };
+                        assert_eq!(first.refund(), Refunded::Restored);
+                        assert_eq!(second.refund(), Refunded::Restored);
+                    }
+                });
+            }
+            let (p, key) = (&p, &key);
+            s.spawn(move || {
+                for i in 0..rounds as u64 {
+                    drop(p.reserve(&key(1_000 + i)));
+                }
+            });
+        });
+        assert!(p.migrations() > 0, "the table migrated");
+        for k in 0..8 {
+            assert_eq!(p.peek(&key(k)), 3, "key {k} whole");
+            assert_eq!(p.row_held(&key(k)).unwrap_or(0), 0);
+        }
+    }
+    run(|k| k);
+    run(|k| format!("key-{k}"));
+}
