@@ -7,20 +7,19 @@
 //! refunded at once, newest first, and the first denial is returned. Pairs
 //! after the denying one are not touched.
 //!
-//! What the refund of the earlier pairs returns follows the core refund rule
-//! ([`Reservation::refund`](crate::Reservation::refund)): if nothing else was
-//! debited from that key in between, the bucket returns exactly to its state
-//! before the reservation, so the denied request leaves no debit behind. If
-//! another request debited the same key in between, the refund returns
-//! nothing: the tokens stay spent, because giving them back could let more
-//! through than the limit allows. Either way no limit ever admits more than
-//! it would alone.
+//! Each pair is *held* ([`Pace::hold_n`]), so the refund of the earlier pairs
+//! is exact whatever else happens on their keys meanwhile
+//! ([`Hold::refund`](crate::Hold::refund)): a denied request leaves no debit
+//! behind, also when other requests of the same keys overlap it. No limit
+//! ever admits more than it would alone: held tokens count as debited at
+//! every decision.
 //!
 //! Once every pair is reserved, [`AllReservation`] decides per pair what to
 //! keep: [`refund`](AllReservation::refund) one pair (for example the
 //! claimed client id after the presentation turned out invalid) and keep the
 //! others (the source address, never refunded), or
-//! [`refund_all`](AllReservation::refund_all). Dropping it keeps every debit.
+//! [`refund_all`](AllReservation::refund_all). Dropping it keeps every debit
+//! (each held pair is settled: a second CAS on its row).
 //!
 //! ```
 //! use pace::{Pace, Rate};
@@ -68,6 +67,23 @@ pub trait Axis {
 
     /// Whole tokens the key could reserve now ([`Pace::peek`]).
     fn peek(&self) -> u64;
+
+    /// Holds `n` tokens of the key ([`Pace::hold_n`]), as a detached
+    /// [`Debit`] for [`keep`](Axis::keep) or [`refund`](Axis::refund).
+    /// Defaults to [`reserve_n`](Axis::reserve_n).
+    ///
+    /// # Errors
+    /// [`Denied`] when the bucket lacks the tokens; nothing is written then.
+    fn hold_n(&self, n: u64) -> Result<Debit, Denied> {
+        self.reserve_n(n)
+    }
+
+    /// Keeps a debit of [`hold_n`](Axis::hold_n) ([`Pace::keep`]); a plain
+    /// debit is kept already (the default does nothing).
+    fn keep(&self, debit: Debit) -> bool {
+        let _kept = debit;
+        false
+    }
 }
 
 impl<K, Q, S, C> Axis for (&Pace<K, S, C>, &Q)
@@ -88,6 +104,14 @@ where
     fn peek(&self) -> u64 {
         self.0.peek(self.1)
     }
+
+    fn hold_n(&self, n: u64) -> Result<Debit, Denied> {
+        self.0.hold_n(self.1, n).map(|h| h.detach())
+    }
+
+    fn keep(&self, debit: Debit) -> bool {
+        self.0.keep(self.1, debit)
+    }
 }
 
 impl<K, S, C> Axis for (Arc<Pace<K, S, C>>, K)
@@ -106,6 +130,14 @@ where
 
     fn peek(&self) -> u64 {
         self.0.peek(&self.1)
+    }
+
+    fn hold_n(&self, n: u64) -> Result<Debit, Denied> {
+        self.0.hold_n(&self.1, n).map(|h| h.detach())
+    }
+
+    fn keep(&self, debit: Debit) -> bool {
+        self.0.keep(&self.1, debit)
     }
 }
 
@@ -175,7 +207,7 @@ impl<'a> All<'a> {
     pub fn reserve(self) -> Result<AllReservation<'a>, AllDenied> {
         let mut held: Vec<(BoxAxis<'a>, Option<Debit>)> = Vec::with_capacity(self.axes.len());
         for (index, (axis, n)) in self.axes.into_iter().enumerate() {
-            match axis.reserve_n(n) {
+            match axis.hold_n(n) {
                 Ok(debit) => held.push((axis, Some(debit))),
                 #[cfg(pace_mutant = "all_first_only")]
                 Err(_) if index > 0 => held.push((axis, None)),
@@ -229,8 +261,8 @@ impl fmt::Display for AllDenied {
 
 impl std::error::Error for AllDenied {}
 
-/// Every pair of an [`All`] reserved. Dropping it keeps every debit that was
-/// not refunded. It owns (or borrows, for `'a`) its pairs, so refunds can be
+/// Every pair of an [`All`] reserved (held). Dropping it keeps every debit
+/// that was not refunded. It owns (or borrows, for `'a`) its pairs, so refunds can be
 /// decided later, pair by pair.
 #[must_use = "dropping an AllReservation keeps every debit"]
 pub struct AllReservation<'a> {
@@ -292,6 +324,16 @@ impl AllReservation<'_> {
     /// Refunds every pair, newest first.
     pub fn refund_all(self) {
         self.refund_where(|_| true)
+    }
+}
+
+impl Drop for AllReservation<'_> {
+    fn drop(&mut self) {
+        for (axis, debit) in self.held.drain(..) {
+            if let Some(d) = debit {
+                axis.keep(d);
+            }
+        }
     }
 }
 

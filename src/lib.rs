@@ -251,6 +251,6 @@ pub use crate::gate::{AdmitError, Gate, GateStats, Resource, Ticket};
 #[cfg(feature = "foldhash")]
 pub use crate::pace::FastHasher;
 pub use crate::pace::{
-    Builder, Debit, Hold, Denied, DenyReason, MemoryStats, Pace, Refunded, Reservation,
+    Builder, Debit, Denied, DenyReason, Hold, MemoryStats, Pace, Refunded, Reservation,
 };
 pub use crate::rate::{ConfigError, Quota, Rate};

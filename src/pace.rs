@@ -14,10 +14,10 @@ use crate::clock::{Clock, DefaultClock};
 use crate::rate::{ConfigError, Quota, Rate};
 use crate::sync::epoch::Guard;
 use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
+use crate::table::held::Ticket;
 use crate::table::keys::{self, Bits, Boxed};
 use crate::table::quota::QuotaCell;
 use crate::table::words::{self, Borrowed, WordKey};
-use crate::table::held::Ticket;
 use crate::table::Table;
 
 /// Default smallest slot array: the table shrinks back to this.
@@ -1353,7 +1353,8 @@ where
     {
         let mut slot = 0;
         let limits = quota.as_ref().map(Quota::limits_ref);
-        let r = self.reserve_slot::<Q, _, true, false>(key, n, limits, wait_ns, &mut slot, clock)?;
+        let r =
+            self.reserve_slot::<Q, _, true, false>(key, n, limits, wait_ns, &mut slot, clock)?;
         Ok((r, slot))
     }
 
@@ -1487,9 +1488,8 @@ where
         let guard = self.pin();
         let hash_of = |b| self.hash_of(b);
         let t = &self.rows.table;
-        with_probe!(self.rows, key, hash, &guard, |p| t.resolve(
-            hash, p, ticket, keep, now, &hash_of, &guard
-        ))
+        with_probe!(self.rows, key, hash, &guard, |p| t
+            .resolve(hash, p, ticket, keep, now, &hash_of, &guard))
     }
 
     /// Refunds `debit` to `key`, whose hash is `hash`.

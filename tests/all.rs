@@ -176,7 +176,7 @@ impl Axis for RacingDenial<'_> {
 }
 
 #[test]
-fn a_refund_after_another_debit_of_the_same_key_returns_nothing() {
+fn a_refund_after_another_debit_of_the_same_key_is_exact() {
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(5));
     let src: P<u32> = pace(&clock, 10, 10);
@@ -186,8 +186,8 @@ fn a_refund_after_another_debit_of_the_same_key_returns_nothing() {
         .reserve()
         .unwrap_err();
     assert_eq!(denied.index, 1);
-    // Our debit and the other request's: our refund returned nothing.
-    assert_eq!(src.peek(&7), 8);
+    // The other request's debit stays; ours (a hold) is returned exactly.
+    assert_eq!(src.peek(&7), 9);
 }
 
 const THREADS: usize = 4;

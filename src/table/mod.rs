@@ -210,11 +210,7 @@ impl Table {
     /// A table that never shrinks below `min_cells` (rounded up to a power
     /// of two, at least 4), or `None` if that is more cells than an array
     /// can have or the allocator gives; its cells hold keys as `kind` says.
-    pub(crate) fn try_new(
-        min_cells: usize,
-        kind: keys::KeyKind,
-        hold_limit: u64,
-    ) -> Option<Table> {
+    pub(crate) fn try_new(min_cells: usize, kind: keys::KeyKind, hold_limit: u64) -> Option<Table> {
         let n = min_cells.max(MIN_CELLS).checked_next_power_of_two()?;
         let first = Array::try_new(n, 0)?;
         #[cfg(not(loom))]
@@ -582,27 +578,9 @@ impl Table {
                 match arr.cells[idx].cas(v, next) {
                     Ok(_) => {
                         if full {
-                            self.len.fetch_sub(1, Ordering::SeqCst);
-                            match self.source_of(arr, guard) {
-                                // A migration's target: its source may still
-                                // name the box (moved), so the box goes with
-                                // the source (`keys.rs`).
-                                Some(Some(source)) => {
-                                    if let Some(free) = self.boxed {
-                                        source.adopt(keys::untagged(bits), free);
-                                    }
-                                }
-                                // SAFETY: the row left an array that is
-                                // current now or was before (the arrays
-                                // older than it were unpublished before this
-                                // check, so every reader that can still reach
-                                // them pinned before it), and its cell no
-                                // longer names the box; only the remover of a
-                                // row retires its box.
-                                _ => unsafe { self.retire_key(bits, guard) },
-                            }
-                            self.clean_after(arr, idx, guard);
-                            self.shrink_pending(hash_of, guard);
+                            // SAFETY: our CAS made the row's cell a
+                            // tombstone.
+                            unsafe { self.row_removed(arr, idx, bits, hash_of, guard) };
                             return Refunded::Removed;
                         }
                         return Refunded::Restored;
@@ -626,6 +604,41 @@ impl Table {
                 }
             }
         }
+    }
+
+    /// What follows a refund's or a resolution's removal of the row in cell
+    /// `idx` of `arr` (key half `bits`): the count, the key box, the
+    /// cleaning of the tombstone, a pending shrink.
+    ///
+    /// # Safety
+    /// The caller's CAS just turned that live cell into a tombstone, in the
+    /// current array or its migration's target.
+    unsafe fn row_removed(
+        &self,
+        arr: &Array,
+        idx: usize,
+        bits: u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) {
+        self.len.fetch_sub(1, Ordering::SeqCst);
+        match self.source_of(arr, guard) {
+            // A migration's target: its source may still name the box
+            // (moved), so the box goes with the source (`keys.rs`).
+            Some(Some(source)) => {
+                if let Some(free) = self.boxed {
+                    source.adopt(keys::untagged(bits), free);
+                }
+            }
+            // SAFETY: the row left an array that is current now or was
+            // before (the arrays older than it were unpublished before this
+            // check, so every reader that can still reach them pinned before
+            // it), and its cell no longer names the box; only the remover of
+            // a row retires its box.
+            _ => unsafe { self.retire_key(bits, guard) },
+        }
+        self.clean_after(arr, idx, guard);
+        self.shrink_pending(hash_of, guard);
     }
 
     /// The state of `key`'s row, if it has one; at `now`, the lots expired
@@ -685,16 +698,31 @@ impl Table {
                 let Resolution::Done(next) = was.resolve(ticket, keep) else {
                     return false;
                 };
-                let field = next.publish();
-                let new = CellState::Live {
-                    key: bits,
-                    tat: field,
-                }
-                .encode();
+                // A resolution that leaves a full bucket and nothing held
+                // removes the row, as a refund to full does (floor raised
+                // first; never from an array older than the current one's
+                // target, whose cells are frozen anyway).
+                let full =
+                    next.is_plain() && next.tat <= now && self.source_of(arr, guard).is_some();
+                let field = if full { 0 } else { next.publish() };
+                let new = if full {
+                    self.floors.raise(hash, next.tat);
+                    CellState::Tomb.encode()
+                } else {
+                    CellState::Live {
+                        key: bits,
+                        tat: field,
+                    }
+                    .encode()
+                };
                 match arr.cells[idx].cas(v, new) {
                     Ok(_) => {
                         // SAFETY: our CAS replaced `tat` in a cell of `arr`.
                         unsafe { self.drop_record(arr, tat, guard) };
+                        if full {
+                            // SAFETY: as for a refund to full (`refund`).
+                            unsafe { self.row_removed(arr, idx, bits, hash_of, guard) };
+                        }
                         return true;
                     }
                     Err(actual) => {

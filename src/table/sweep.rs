@@ -93,10 +93,20 @@ impl Table {
             let cell = &arr.cells[idx];
             let v = cell.load();
             if let CellState::Live { key, tat } = CellState::decode(v) {
-                if tat >= HELD {
+                // A held row is not full, whatever its settled `tat`: its
+                // expired lots are settled. (Known-wrong variant
+                // `sweep_removes_held`: removed when its settled `tat` is
+                // full, losing the held tokens.)
+                let tat = if tat < HELD {
+                    tat
+                } else if cfg!(pace_mutant = "sweep_removes_held") {
+                    // SAFETY: `tat` is the field of a live cell read under
+                    // `guard`.
+                    unsafe { Held::of(tat, guard) }.tat
+                } else {
                     self.settle_expired(arr, idx, v, key, tat, now, guard);
                     continue;
-                }
+                };
                 if tat <= now {
                     if !cfg!(pace_mutant = "sweep_keeps_floor") {
                         // SAFETY: `key` was read under `guard` from a live

@@ -1,0 +1,140 @@
+//! loom models of holds (`Pace::hold`, DESIGN.md §3 "Holds") on the table
+//! with keys held as their own bits: a held row's record replaced by racing
+//! holds, debits, refunds, keeps, copies and sweeps, each change one CAS.
+//!
+//! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" CARGO_TARGET_DIR=target/loom \
+//!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release --test holds
+//!
+//! Known-wrong variants: `refund_rewinds_tat` (a refund also takes its cost
+//! off the settled `tat`) must fail `overlapping_refunds_are_exact`;
+//! `decision_ignores_held` must fail `held_tokens_count_at_every_decision`.
+#![cfg(loom)]
+
+use loom::sync::Arc;
+use loom::thread;
+use pace::internals::CellsModel;
+
+mod support;
+
+use support::model;
+
+/// One token per 10 ns.
+const T: u64 = 10;
+
+/// Two holds of key 0 refunded in whatever order while a third thread
+/// debits the key twice: only the two kept debits remain, nothing held.
+#[test]
+fn overlapping_refunds_are_exact() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 4));
+        let holders: Vec<_> = (0..2)
+            .map(|_| {
+                let t = t.clone();
+                thread::spawn(move || {
+                    let h = t.hold(0, 0).expect("4 tokens: 2 held, 2 kept");
+                    assert!(t.resolve(0, h, false, 0), "the refund found its lot");
+                })
+            })
+            .collect();
+        assert!(t.reserve(0, 0).is_some());
+        assert!(t.reserve(0, 0).is_some());
+        for h in holders {
+            h.join().unwrap();
+        }
+        assert_eq!(t.held(0), Some((2 * T, 0)), "only the kept debits remain");
+    });
+}
+
+/// Capacity 2: two holds (kept) and a debit race; at most 2 are admitted,
+/// and the settled `tat` counts exactly the admitted ones.
+#[test]
+fn held_tokens_count_at_every_decision() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 2));
+        let holder = {
+            let t = t.clone();
+            thread::spawn(move || match t.hold(0, 0) {
+                Some(h) => {
+                    assert!(t.resolve(0, h, true, 0));
+                    1
+                }
+                None => 0,
+            })
+        };
+        let debitor = {
+            let t = t.clone();
+            thread::spawn(move || u64::from(t.reserve(0, 0).is_some()))
+        };
+        let mine = match t.hold(0, 0) {
+            Some(h) => {
+                assert!(t.resolve(0, h, true, 0));
+                1
+            }
+            None => 0,
+        };
+        let admitted = mine + holder.join().unwrap() + debitor.join().unwrap();
+        assert!(admitted <= 2, "at most the capacity is admitted");
+        assert_eq!(admitted, 2, "a full bucket of 2 admits 2");
+        assert_eq!(t.held(0), Some((admitted * T, 0)));
+    });
+}
+
+/// A hold and its refund racing a chunk copy: keys 0, 1, 2 fill the limit
+/// of 4 cells, a new key starts a migration that copies key 0's chunk while
+/// another thread holds key 0 and refunds it. The refund finds the hold
+/// wherever the row moved; the replaced records are freed once (loom's
+/// epoch collector of the model frees them).
+#[test]
+fn hold_vs_copy() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 4));
+        for k in [0, 1, 2] {
+            assert_eq!(t.reserve(k, 0), Some(T));
+        }
+        let holder = {
+            let t = t.clone();
+            thread::spawn(move || {
+                let h = t.hold(0, 0).expect("3 tokens left");
+                assert!(t.resolve(0, h, false, 0), "the refund found its lot");
+            })
+        };
+        assert_eq!(t.reserve(5, 0), Some(T));
+        holder.join().unwrap();
+        assert_eq!(t.sweep(0), 0);
+        assert_eq!(t.held(0), Some((T, 0)), "the hold left nothing behind");
+        assert_eq!(t.live_keys(), vec![0, 1, 2, 5]);
+        assert_eq!(t.len(), 4);
+    });
+}
+
+/// A refund racing the sweep that expires its lot (hold limit 5 ns, the
+/// sweep at 10 ns): either the refund returns the token, or the sweep
+/// settles it as kept and the refund finds nothing; never both, never
+/// neither.
+#[test]
+fn refund_vs_expiring_sweep() {
+    model(|| {
+        let t = Arc::new(CellsModel::with_hold_limit(4, T, 2, 5));
+        let h = t.hold(0, 0).expect("a full bucket");
+        let sweeper = {
+            let t = t.clone();
+            thread::spawn(move || t.sweep(10))
+        };
+        let refunded = t.resolve(0, h, false, 4);
+        assert_eq!(sweeper.join().unwrap(), 0, "a held row is not full");
+        let expect = if refunded { 0 } else { T };
+        assert_eq!(t.held(0), Some((expect, 0)), "refunded or settled, once");
+    });
+}
+
+#[cfg(pace_mutant = "refund_rewinds_tat")]
+#[test]
+fn mutant_refund_rewinds_tat() {
+    overlapping_refunds_are_exact();
+}
+
+#[cfg(pace_mutant = "decision_ignores_held")]
+#[test]
+fn mutant_decision_ignores_held() {
+    held_tokens_count_at_every_decision();
+}
