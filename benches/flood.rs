@@ -11,14 +11,16 @@
 //! has been refunded, and the key's whole budget (3 tokens) would be back if
 //! refunds were exact in any order. The refund rule returns a reservation
 //! only while it is the key's newest debit, so overlapping cycles lose
-//! tokens until the bucket refills (10 s a token here). Five runs per
-//! thread count; the tokens left after each run are printed.
+//! tokens until the bucket refills (10 s a token here). The same flood with
+//! `hold("victim")` → `refund()` (exact refunds, `Pace::hold`) leaves the
+//! whole budget. Five runs per thread count and kind; the tokens left after
+//! each run are printed.
 
 use std::time::{Duration, Instant};
 
 use pace::{Pace, Rate, Refunded};
 
-fn run(threads: usize) -> (u64, u64, u64) {
+fn run(threads: usize, hold: bool) -> (u64, u64, u64) {
     let p: Pace<String> = Pace::builder(Rate::new(1, Duration::from_secs(10)).unwrap())
         .capacity(3)
         .build()
@@ -31,17 +33,27 @@ fn run(threads: usize) -> (u64, u64, u64) {
                 s.spawn(move || {
                     let (mut returned, mut lost) = (0u64, 0u64);
                     while Instant::now() < end {
-                        if let Ok(r) = p.reserve("victim") {
+                        let check = || {
                             let t = Instant::now();
                             while t.elapsed() < Duration::from_micros(50) {
                                 std::hint::spin_loop();
                             }
-                            match r.refund() {
-                                Refunded::Restored | Refunded::Removed => returned += 1,
-                                _ => lost += 1,
-                            }
+                        };
+                        let refunded = if hold {
+                            p.hold("victim").ok().map(|h| {
+                                check();
+                                h.refund()
+                            })
                         } else {
-                            std::thread::yield_now();
+                            p.reserve("victim").ok().map(|r| {
+                                check();
+                                r.refund()
+                            })
+                        };
+                        match refunded {
+                            Some(Refunded::Restored | Refunded::Removed) => returned += 1,
+                            Some(_) => lost += 1,
+                            None => std::thread::yield_now(),
                         }
                     }
                     (returned, lost)
@@ -57,15 +69,17 @@ fn run(threads: usize) -> (u64, u64, u64) {
 }
 
 fn main() {
-    println!("threads | tokens left of 3 after the flood, 5 runs | refunds returned / returned nothing (run 1)");
-    for threads in [1, 2, 4, 8, 16] {
-        let runs: Vec<(u64, u64, u64)> = (0..5).map(|_| run(threads)).collect();
-        let left: Vec<String> = runs.iter().map(|r| r.0.to_string()).collect();
-        println!(
-            "{threads:7} | {} | {} / {}",
-            left.join(","),
-            runs[0].1,
-            runs[0].2
-        );
+    println!("kind    | threads | tokens left of 3 after the flood, 5 runs | refunds returned / returned nothing (run 1)");
+    for (kind, hold) in [("reserve", false), ("hold", true)] {
+        for threads in [1, 2, 4, 8, 16] {
+            let runs: Vec<(u64, u64, u64)> = (0..5).map(|_| run(threads, hold)).collect();
+            let left: Vec<String> = runs.iter().map(|r| r.0.to_string()).collect();
+            println!(
+                "{kind:7} | {threads:7} | {} | {} / {}",
+                left.join(","),
+                runs[0].1,
+                runs[0].2
+            );
+        }
     }
 }

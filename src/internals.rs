@@ -195,7 +195,7 @@ impl CellsModel {
                 &guard,
             )
             .ok()
-            .and_then(|a| a.ticket)
+            .and_then(|a| a.ticket())
             .map(ModelTicket)
     }
 

@@ -180,7 +180,7 @@ pub enum DenyReason {
     Exhausted,
     /// More tokens were asked than the bucket holds: never admitted.
     ExceedsCapacity,
-    /// The clock reads past the limiter's time space (about 146 years after
+    /// The clock reads past the limiter's time space (about 73 years after
     /// the clock's origin): nothing is admitted any more.
     TimeExhausted,
 }
@@ -282,8 +282,9 @@ pub struct Debit {
     hash: u64,
     /// The identity of the limiter that made it (`Pace::id`).
     limiter: u64,
-    /// A hold's ticket: its lot, cost and reading (`None` for a debit).
-    ticket: Option<Ticket>,
+    /// A hold's lot (`held.rs`), 0 for a debit. A hold's `tat` is its
+    /// reading and its `prev` its cost: the ticket it resolves with.
+    lot: u64,
 }
 
 /// What a refund returned.
@@ -325,10 +326,15 @@ impl Debit {
         self.n
     }
 
+    /// A hold's ticket.
+    fn ticket(&self) -> Option<Ticket> {
+        Ticket::unpack(self.lot, self.prev, self.tat)
+    }
+
     /// True when this is a hold's debit ([`Hold::detach`]): its tokens are
     /// held until [`Pace::keep`] or [`Pace::refund`] resolves it.
     pub fn is_hold(&self) -> bool {
-        self.ticket.is_some()
+        self.lot != 0
     }
 }
 
@@ -1046,7 +1052,7 @@ where
                     prev: 0,
                     hash: 0,
                     limiter: self.id,
-                    ticket: None,
+                    lot: 0,
                 },
             };
             return Ok(r);
@@ -1077,14 +1083,14 @@ where
                 .table
                 .reserve::<_, HOLD>(limits, hash, p, n, now, reread, &hash_of, &guard)
         })
-        .map(|a| (a.tat, a.prev, a.created, a.ticket));
+        .map(|a| (a.tat, a.prev, a.created, a.lot));
         let created = matches!(result, Ok((_, _, true, _)));
         if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
             self.sooner_sweep(now, tau);
         }
         self.maybe_sweep(now, created, &guard);
         match result {
-            Ok((tat, prev, _, ticket)) => {
+            Ok((tat, prev, _, lot)) => {
                 if TURN {
                     *slot = slot_of(tat, tau, wait_ns);
                 }
@@ -1097,7 +1103,7 @@ where
                         prev,
                         hash,
                         limiter: self.id,
-                        ticket,
+                        lot,
                     },
                 })
             }
@@ -1468,7 +1474,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        if debit.n == 0 || debit.ticket.is_none() || self.origin(&debit, key).is_none() {
+        if debit.n == 0 || !debit.is_hold() || self.origin(&debit, key).is_none() {
             return false;
         }
         self.resolve_hashed(key, debit, true, self.clock.now_ns())
@@ -1481,7 +1487,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        let Some(ticket) = debit.ticket else {
+        let Some(ticket) = debit.ticket() else {
             return false;
         };
         let hash = debit.hash;
@@ -1501,7 +1507,7 @@ where
         if debit.n == 0 {
             return Refunded::Nothing;
         }
-        if debit.ticket.is_some() {
+        if debit.is_hold() {
             return if self.resolve_hashed(key, debit, false, now) {
                 Refunded::Restored
             } else {

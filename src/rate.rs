@@ -35,7 +35,7 @@ impl Rate {
     /// [`ConfigError::ZeroRate`] for `count == 0`, [`ConfigError::ZeroPeriod`]
     /// for a zero `per`, [`ConfigError::IntervalTooShort`] when one token would
     /// refill in less than 1 ns, [`ConfigError::IntervalTooLong`] when one
-    /// token would take longer than the longest refill time (about 73 years).
+    /// token would take longer than the longest refill time (about 36 years).
     pub fn new(count: u64, per: Duration) -> Result<Rate, ConfigError> {
         if count == 0 {
             return Err(ConfigError::ZeroRate);
@@ -217,11 +217,11 @@ impl fmt::Display for ConfigError {
                 "rate is faster than one token per nanosecond, the clock's resolution"
             }
             ConfigError::IntervalTooLong => {
-                "one token would take longer than ~73 years (the longest refill time)"
+                "one token would take longer than ~36 years (the longest refill time)"
             }
             ConfigError::ZeroCapacity => "capacity must be at least 1 token",
             ConfigError::CapacityTooLarge => {
-                "capacity x interval (time to refill an empty bucket) exceeds ~73 years"
+                "capacity x interval (time to refill an empty bucket) exceeds ~36 years"
             }
             ConfigError::MinSlotsTooLarge => {
                 "min_slots is more slots than an array can have or the allocator gives"

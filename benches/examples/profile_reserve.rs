@@ -66,6 +66,22 @@ fn main() {
             &keys,
             ops,
         ),
+        "pace-hold-keep" | "pace-hold-refund" | "pace-reserve-refund" => {
+            // One presentation at a time on warm keys: a hold kept or
+            // refunded (`Pace::hold`), or a reserve refunded at once.
+            let p = Pace::builder(rate).capacity(cap).build().unwrap();
+            for k in &keys {
+                let _kept = p.reserve_n(k, 1 << 31).expect("primed");
+            }
+            for i in 0..ops {
+                let k = &keys[(i % nkeys) as usize];
+                match mode {
+                    "pace-hold-keep" => black_box(p.hold(k).map(|h| h.keep()).is_ok()),
+                    "pace-hold-refund" => black_box(p.hold(k).map(|h| h.refund()).is_ok()),
+                    _ => black_box(p.reserve(k).map(|r| r.refund()).is_ok()),
+                };
+            }
+        }
         "pace-with" => {
             // The same, each reserve under a quota of its own (`reserve_with`).
             let p = Pace::builder(rate).capacity(cap).build().unwrap();

@@ -89,6 +89,13 @@ pub(crate) struct Ticket {
     pub(crate) at: u64,
 }
 
+impl Ticket {
+    /// The ticket of lot `lot` (none for 0: a plain debit).
+    pub(crate) fn unpack(lot: u64, cost: u64, at: u64) -> Option<Ticket> {
+        (lot != NONE).then_some(Ticket { lot, cost, at })
+    }
+}
+
 /// A row's state: settled `tat` and its lots. Plain when both are empty.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Held {

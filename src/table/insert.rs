@@ -97,10 +97,15 @@ impl Table {
             let v = arr.cells[idx].load();
             if let Some((bits, tat)) = cell::live(v) {
                 // SAFETY: `bits` was read under `guard` from a live cell.
-                if unsafe { key.matches(bits) } {
-                    if let Some(r) =
-                        self.debit::<HOLD>(arr, idx, v, bits, tat, limits, n, now, guard)
-                    {
+                // (A plain reserve of a held row takes the slow path: the
+                // plain one stays as small as it was.)
+                if (HOLD || tat < HELD) && unsafe { key.matches(bits) } {
+                    let r = if HOLD {
+                        self.change_held::<HOLD>(arr, idx, v, bits, tat, limits, n, now, guard)
+                    } else {
+                        self.debit(arr, idx, v, bits, tat, limits, n, now)
+                    };
+                    if let Some(r) = r {
                         return r;
                     }
                 }
@@ -146,10 +151,17 @@ impl Table {
                     v,
                     bits,
                     tat,
-                } => match self.debit::<HOLD>(arr, idx, v, bits, tat, limits, n, now, guard) {
-                    Some(r) => return r,
-                    None => continue, // removed or frozen under us
-                },
+                } => {
+                    let r = if HOLD || tat >= HELD {
+                        self.change_held::<HOLD>(arr, idx, v, bits, tat, limits, n, now, guard)
+                    } else {
+                        self.debit(arr, idx, v, bits, tat, limits, n, now)
+                    };
+                    match r {
+                        Some(r) => return r,
+                        None => continue, // changed kind, removed or frozen under us
+                    }
+                }
                 Found::Absent { arr, empty, tomb } => (arr, Some(empty), tomb),
                 Found::Full { arr, tomb } => (arr, None, tomb),
             };
@@ -238,6 +250,15 @@ impl Table {
             };
             match made {
                 Ok((field, tat, ticket)) => {
+                    let admitted = match ticket {
+                        Some(t) => Admitted::of_hold(t, true),
+                        None => Admitted {
+                            tat,
+                            prev: floor,
+                            created: true,
+                            lot: 0,
+                        },
+                    };
                     let claimed = CellState::Claimed { key: mine }.encode();
                     let live = CellState::Live {
                         key: mine,
@@ -246,12 +267,7 @@ impl Table {
                     .encode();
                     if arr.cells[claim.at].cas(claimed, live).is_ok() {
                         std::mem::forget(claim);
-                        return Ok(Admitted {
-                            tat,
-                            prev: floor,
-                            created: true,
-                            ticket,
-                        });
+                        return Ok(admitted);
                     }
                     // SAFETY: the record (if any) was never published.
                     unsafe { held::free(field) };
@@ -432,13 +448,12 @@ impl Table {
         }
     }
 
-    /// The CAS loop that debits the row in cell `idx` of `arr`, which held
-    /// `v` (live at `tat`, key half `bits`); with `HOLD`, the tokens are
-    /// held instead (`held.rs`). `None` if the row was removed or frozen
-    /// first (look again).
+    /// The CAS loop that debits the plain row in cell `idx` of `arr`, which
+    /// held `v` (live at `tat`, key half `bits`). `None` if the row was
+    /// removed, frozen or held first (look again).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn debit<const HOLD: bool>(
+    fn debit(
         &self,
         arr: &Array,
         idx: usize,
@@ -448,13 +463,9 @@ impl Table {
         limits: &Limits,
         n: u64,
         now: u64,
-        guard: &Guard,
     ) -> Option<Result<Admitted, Decision>> {
         let backoff = Backoff::new();
         loop {
-            if HOLD || tat >= HELD {
-                return self.change_held::<HOLD>(arr, idx, v, bits, tat, limits, n, now, guard);
-            }
             match limits.reserve(tat, now, n) {
                 Decision::Admit(new) => {
                     let next = CellState::Live {
@@ -470,7 +481,7 @@ impl Table {
                             tat: new,
                             prev: tat,
                             created: false,
-                            ticket: None,
+                            lot: 0,
                         }));
                     }
                     match arr.cells[idx].cas(v, next) {
@@ -479,16 +490,16 @@ impl Table {
                                 tat: new,
                                 prev: tat,
                                 created: false,
-                                ticket: None,
+                                lot: 0,
                             }))
                         }
                         Err(actual) => match cell::live_tat(actual, bits) {
-                            Some(t) => {
+                            Some(t) if t < HELD => {
                                 v = actual;
                                 tat = t;
                                 cas_retry(&backoff);
                             }
-                            None => return None,
+                            _ => return None,
                         },
                     }
                 }
@@ -539,11 +550,14 @@ impl Table {
                 Ok(_) => {
                     // SAFETY: our CAS replaced `tat` in a cell of `arr`.
                     unsafe { self.drop_record(arr, tat, guard) };
-                    return Some(Ok(Admitted {
-                        tat: next.tat,
-                        prev: was.tat,
-                        created: false,
-                        ticket,
+                    return Some(Ok(match ticket {
+                        Some(t) => Admitted::of_hold(t, false),
+                        None => Admitted {
+                            tat: next.tat,
+                            prev: was.tat,
+                            created: false,
+                            lot: 0,
+                        },
                     }));
                 }
                 Err(actual) => {

@@ -96,13 +96,30 @@ fn probe_seq(hash: u64, mask: usize) -> impl Iterator<Item = usize> {
 /// What a reserve did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Admitted {
-    /// The settled `tat` after the call (a hold leaves it as it was).
+    /// A debit's settled `tat` after the call; a hold's reading.
     pub(crate) tat: u64,
-    /// The settled `tat` before the call.
+    /// A debit's settled `tat` before the call; a hold's cost.
     pub(crate) prev: u64,
     pub(crate) created: bool,
-    /// A hold's ticket (`held.rs`).
-    pub(crate) ticket: Option<Ticket>,
+    /// A hold's lot (`held.rs`); 0 for a debit. (A ticket packed into the
+    /// debit's fields keeps a plain reservation as small as it was.)
+    pub(crate) lot: u64,
+}
+
+impl Admitted {
+    /// A hold's ticket.
+    pub(crate) fn ticket(&self) -> Option<Ticket> {
+        Ticket::unpack(self.lot, self.prev, self.tat)
+    }
+
+    fn of_hold(t: Ticket, created: bool) -> Admitted {
+        Admitted {
+            tat: t.at,
+            prev: t.cost,
+            created,
+            lot: t.lot,
+        }
+    }
 }
 
 /// Tag on a null `next`: a migration target is being allocated.
