@@ -1,9 +1,10 @@
 //! A token endpoint, both axes, from several threads.
 //!
-//! * Axis 1, per CLAIMED client id: an exchange reserves from the bucket of
-//!   the id the presenter names; when the presentation is rejected (the
-//!   presenter does not hold that client's key) the reservation is refunded,
-//!   so only accepted presentations spend a client's pace.
+//! * Axis 1, per CLAIMED client id: an exchange holds a token of the bucket
+//!   of the id the presenter names (`Pace::hold`); when the presentation is
+//!   rejected (the presenter does not hold that client's key) the hold is
+//!   refunded, exactly however many presentations overlap it, so only
+//!   accepted presentations spend a client's pace.
 //! * Axis 2, per source address: every request that passed the method check
 //!   spends, refunded never.
 //!
@@ -48,7 +49,7 @@ impl Endpoint {
         let start = Instant::now();
         // Axis 2 first: spent by every request that passed the method check.
         let by_source = self.per_source.reserve(&source);
-        let by_client = by_source.is_ok().then(|| self.per_client.reserve(claimed));
+        let by_client = by_source.is_ok().then(|| self.per_client.hold(claimed));
         t.reserve_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         t.reserves.fetch_add(1, Ordering::Relaxed);
@@ -59,13 +60,13 @@ impl Endpoint {
             (Ok(_), Some(Err(_))) => {
                 t.denied_client.fetch_add(1, Ordering::Relaxed);
             }
-            (Ok(_kept), Some(Ok(reservation))) => {
+            (Ok(_kept), Some(Ok(hold))) => {
                 if holds_key {
                     t.admitted.fetch_add(1, Ordering::Relaxed);
-                    // The exchange happened: the reservation is kept.
+                    // The exchange happened: the hold is kept (dropped).
                 } else {
                     // Rejected presentation: give the client's pace back.
-                    reservation.refund();
+                    hold.refund();
                     t.rejected.fetch_add(1, Ordering::Relaxed);
                 }
             }

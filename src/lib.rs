@@ -117,12 +117,13 @@
 //!     valid: impl FnOnce() -> bool,
 //! ) -> Result<bool, Duration> {
 //!     let _spent = ep.per_source.reserve(&source).map_err(|d| d.retry_after())?;
-//!     let reservation = ep.per_client.reserve(claimed_id).map_err(|d| d.retry_after())?;
+//!     // Held while checked: the refund is exact, however many overlap it.
+//!     let hold = ep.per_client.hold(claimed_id).map_err(|d| d.retry_after())?;
 //!     if !valid() {
-//!         reservation.refund(); // the exchange did not happen
+//!         hold.refund(); // the exchange did not happen
 //!         return Ok(false);
 //!     }
-//!     Ok(true) // dropping the reservation keeps the debit
+//!     Ok(true) // dropping the hold keeps the debit
 //! }
 //!
 //! let clock = ManualClock::new(); // frozen time keeps the example exact

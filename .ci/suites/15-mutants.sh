@@ -57,6 +57,22 @@ expect_caught() {
     done
 }
 
+# Holds (tests/holds.rs): each known-wrong variant fails the random
+# histories (an exact model decides every call; the bound over every window)
+# and its own regression test.
+expect_caught decision_ignores_held holds "" "" \
+    held_tokens_count_at_every_decision random_hold_histories_follow_the_rule_exactly \
+    random_expiring_hold_histories_never_exceed_the_bound
+expect_caught refund_rewinds_tat holds "" "" \
+    a_refund_leaves_the_settled_debt random_hold_histories_follow_the_rule_exactly \
+    random_expiring_hold_histories_never_exceed_the_bound
+expect_caught settle_unclamped holds "" "" \
+    keeping_settles_from_the_holds_reading random_hold_histories_follow_the_rule_exactly \
+    random_expiring_hold_histories_never_exceed_the_bound
+expect_caught sweep_removes_held holds "" "" \
+    a_leaked_hold_expires_as_kept random_hold_histories_follow_the_rule_exactly
+expect_caught holds_never_expire holds "" "" a_leaked_hold_expires_as_kept
+
 # A `Debit` is refunded only by the limiter that made it, to a key of its
 # hash (tests/refund_origin.rs), against `refund_ignores_origin`: a debit
 # refunded to another limiter or another key restores that bucket.

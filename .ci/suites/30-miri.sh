@@ -22,7 +22,7 @@ cargo +nightly miri setup >/dev/null 2>&1
 # the free of that row by another thread's collection (DESIGN.md, section 9).
 export MIRIFLAGS="${MIRIFLAGS:--Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-ignore-leaks}"
 miri_test() { cargo +nightly miri test --no-default-features "$@"; }
-miri_test --lib --test rules --test stress --no-run
+miri_test --lib --test rules --test stress --test holds --no-run
 # Miri interprets on one core: the two halves of the long stress test (other
 # seeds) run in processes of their own beside the rest, so both cores work.
 a=effective_exchanges_never_exceed_capacity_plus_rate_times_elapsed
@@ -33,7 +33,7 @@ miri_test --test stress -- --exact "$a" >"$logs/a" 2>&1 &
 pid_a=$!
 miri_test --test stress -- --exact "$b" >"$logs/b" 2>&1 &
 pid_b=$!
-miri_test --lib --test rules --test stress -- --skip "$a" --skip "$b" >"$logs/rest" 2>&1 &
+miri_test --lib --test rules --test stress --test holds -- --skip "$a" --skip "$b" >"$logs/rest" 2>&1 &
 pid_rest=$!
 failed=0
 for part in a b rest; do

@@ -12,4 +12,4 @@ cargo +nightly --version >/dev/null 2>&1 || rustup toolchain install nightly --p
 # a 4 EiB slot array and expects the typed error).
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1"
 RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=target/asan \
-    cargo +nightly test --target x86_64-unknown-linux-gnu --release --test stress --test rules
+    cargo +nightly test --target x86_64-unknown-linux-gnu --release --test stress --test rules --test holds
