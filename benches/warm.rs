@@ -1,7 +1,8 @@
 //! The warm path, as a server sees it: ns per reserve on a warm key and on
 //! 1M live keys in random order, 1 and 2 threads, for `Pace<u64>` with its
 //! defaults (rows in cells), with `CoarseClock`, with the fast hasher
-//! (feature `foldhash`) and with both, against governor's default keyed
+//! (feature `foldhash`) and with both, holds kept or refunded
+//! (`pace-hold-keep`, `pace-hold-refund`: `Pace::hold`), against governor's default keyed
 //! limiter and a DashMap-of-atomics limiter, all in one process (a harness,
 //! not criterion).
 //!
@@ -369,6 +370,12 @@ fn contenders() -> Vec<(&'static str, Make)> {
         }),
         ("pace-with", |r, n| {
             Box::new(primed(PaceWith::new(r, QuantaClock::new()), r, n))
+        }),
+        ("pace-hold-keep", |r, n| {
+            Box::new(primed(PaceHold::new(r, QuantaClock::new(), true), r, n))
+        }),
+        ("pace-hold-refund", |r, n| {
+            Box::new(primed(PaceHold::new(r, QuantaClock::new(), false), r, n))
         }),
     ];
     #[cfg(feature = "foldhash")]

@@ -9,7 +9,8 @@
 //! thread's last reading (the one `reserve` decided with) and, now and then,
 //! pauses the thread right after the reading, as a pre-emption between the
 //! reading and the CAS would. Refunds are immediate, held and out of order,
-//! or never.
+//! or never; a quarter of the hot keys' admissions are holds
+//! (`Pace::hold_n`), refunded or kept likewise.
 
 use pace_models::bound;
 
@@ -18,7 +19,28 @@ use std::collections::hash_map::RandomState;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pace::{Clock, Pace, Rate, StdClock};
+use pace::{Clock, Hold, Pace, Rate, Reservation, StdClock};
+
+/// An admission of either kind, resolved the same way.
+enum Admission<'a> {
+    Debit(Reservation<'a, u64, u64, RandomState, Recording>),
+    Hold(Hold<'a, u64, u64, RandomState, Recording>),
+}
+
+impl Admission<'_> {
+    fn refund(self) {
+        match self {
+            Admission::Debit(r) => drop(r.refund()),
+            Admission::Hold(h) => drop(h.refund()),
+        }
+    }
+    fn keep(self) {
+        match self {
+            Admission::Debit(r) => drop(r),
+            Admission::Hold(h) => drop(h.keep()),
+        }
+    }
+}
 
 thread_local! {
     static LAST: Cell<u64> = const { Cell::new(0) };
@@ -94,9 +116,9 @@ fn run(c: &Config, run_for: Duration) -> (i128, usize) {
             .map(|_| {
                 let (pace, fresh) = (&pace, &fresh);
                 s.spawn(move || {
+                    let keys: Vec<u64> = (0..HOT).collect();
                     let mut kept = Vec::new();
                     let mut held = Vec::new();
-                    let keys: Vec<u64> = (0..HOT).collect();
                     let mut i = 0u64;
                     while Instant::now() < deadline {
                         i += 1;
@@ -114,7 +136,12 @@ fn run(c: &Config, run_for: Duration) -> (i128, usize) {
                         } else {
                             1
                         };
-                        if let Ok(res) = pace.reserve_n(&keys[k], n) {
+                        let admitted = if (r >> 48) % 4 == 0 {
+                            pace.hold_n(&keys[k], n).map(Admission::Hold)
+                        } else {
+                            pace.reserve_n(&keys[k], n).map(Admission::Debit)
+                        };
+                        if let Ok(res) = admitted {
                             let now = LAST.with(Cell::get);
                             match (r >> 16) % 4 {
                                 0 => {
@@ -130,12 +157,15 @@ fn run(c: &Config, run_for: Duration) -> (i128, usize) {
                             if (r >> 40).is_multiple_of(2) {
                                 res.refund();
                             } else {
-                                drop(res);
+                                res.keep();
                                 kept.push((k, now, n));
                             }
                         }
                     }
-                    kept.extend(held.into_iter().map(|(_, k, now, n)| (k, now, n)));
+                    for (res, k, now, n) in held {
+                        res.keep();
+                        kept.push((k, now, n));
+                    }
                     kept
                 })
             })

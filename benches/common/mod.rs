@@ -216,6 +216,41 @@ impl<K: Key, C: Clock> Contender<K> for PaceWith<K, C> {
     }
 }
 
+/// `pace-hold-keep` / `pace-hold-refund`: `Pace` at defaults where every
+/// call is a hold (`Pace::hold`) then kept (`true`: a debit settled by a
+/// second CAS) or refunded (`false`: nothing spent).
+pub struct PaceHold<K, C>(pub Pace<K, RandomState, C>, pub bool);
+
+impl<K: Key, C: Clock> PaceHold<K, C> {
+    pub fn new(r: &Regime, clock: C, keep: bool) -> Self {
+        PaceHold(PaceC::new(r, clock).0, keep)
+    }
+}
+
+impl<K: Key, C: Clock> Contender<K> for PaceHold<K, C> {
+    #[inline]
+    fn reserve(&self, key: &K) -> bool {
+        match self.0.hold(key.q()) {
+            Ok(h) if self.1 => h.keep(),
+            Ok(h) => h.refund().returned(),
+            Err(_) => false,
+        }
+    }
+    #[inline]
+    fn churn(&self, key: &K) {
+        if let Ok(h) = self.0.hold(key.q()) {
+            h.refund();
+        }
+    }
+    fn prime(&self, key: &K, n: u32) {
+        let n = u64::from(n.max(1));
+        let _kept = self.0.reserve_n(key.q(), n).expect("admitted");
+    }
+    fn rows(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// `pace-fast`: `Pace` with [`Builder::fast_hasher`](pace::Builder::fast_hasher)
 /// (feature `foldhash`) instead of SipHash.
 #[cfg(feature = "foldhash")]
