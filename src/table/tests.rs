@@ -28,7 +28,7 @@ impl T {
             keys::inline()
         };
         T {
-            table: Table::try_new(min_cells, kind).unwrap(),
+            table: Table::try_new(min_cells, kind, crate::bucket::MAX_TIME).unwrap(),
             boxed,
         }
     }
@@ -47,10 +47,10 @@ impl T {
         if self.boxed {
             let p = Boxed::<u64, u64>::new(&k, hash, g);
             self.table
-                .reserve(limits, hash, &p, n, now, &|| now, hash_of, g)
+                .reserve::<_, false>(limits, hash, &p, n, now, &|| now, hash_of, g)
         } else {
             self.table
-                .reserve(limits, hash, &Bits(k), n, now, &|| now, hash_of, g)
+                .reserve::<_, false>(limits, hash, &Bits(k), n, now, &|| now, hash_of, g)
         }
     }
 
@@ -80,9 +80,10 @@ impl T {
     fn peek(&self, hash: u64, k: u64, g: &Guard) -> Option<u64> {
         if self.boxed {
             self.table
-                .peek(hash, &Boxed::<u64, u64>::new(&k, hash, g), g)
+                .peek(hash, &Boxed::<u64, u64>::new(&k, hash, g), None, g)
+                .map(|s| s.tat)
         } else {
-            self.table.peek(hash, &Bits(k), g)
+            self.table.peek(hash, &Bits(k), None, g).map(|s| s.tat)
         }
     }
 
@@ -418,13 +419,13 @@ fn a_panicking_eq_in_the_check_leaves_counts_exact() {
     }
     impl Eq for K {}
     let limits = Limits::new(10, 2).unwrap();
-    let table = Table::try_new(4, keys::boxed::<K>()).unwrap();
+    let table = Table::try_new(4, keys::boxed::<K>(), crate::bucket::MAX_TIME).unwrap();
     let g = epoch::pin();
     // Every key on one home: an insert's check meets the other rows' keys
     // with the same tag, so it calls `Eq` on them.
     let reserve = |k: u64| {
         let key = K(k);
-        table.reserve(
+        table.reserve::<_, false>(
             &limits,
             0,
             &Boxed::<K, K>::new(&key, 0, &g),
