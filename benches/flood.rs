@@ -38,7 +38,7 @@ fn run(threads: usize, kind: &str) -> (u64, u64, u64) {
     let (returned, lost) = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
-                let p = &p;
+                let (p, second) = (&p, &second);
                 s.spawn(move || {
                     let (mut returned, mut lost) = (0u64, 0u64);
                     while Instant::now() < end {
@@ -62,8 +62,8 @@ fn run(threads: usize, kind: &str) -> (u64, u64, u64) {
                                 r.refund()
                             }),
                             _ => match pace::all()
-                                .with(&p, "victim")
-                                .with(&second, "blocked")
+                                .with(p, "victim")
+                                .with(second, "blocked")
                                 .reserve()
                             {
                                 Err(d) if d.index == 1 => Some(Refunded::Restored),

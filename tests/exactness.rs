@@ -136,7 +136,7 @@ fn run(c: &Config, run_for: Duration) -> (i128, usize) {
                         } else {
                             1
                         };
-                        let admitted = if (r >> 48) % 4 == 0 {
+                        let admitted = if (r >> 48).is_multiple_of(4) {
                             pace.hold_n(&keys[k], n).map(Admission::Hold)
                         } else {
                             pace.reserve_n(&keys[k], n).map(Admission::Debit)

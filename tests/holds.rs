@@ -17,6 +17,7 @@ use rand::{Rng, SeedableRng};
 const S: u64 = 1_000_000_000;
 
 type P<K> = Pace<K, RandomState, ManualClock>;
+type H<'a> = Hold<'a, u8, u8, RandomState, ManualClock>;
 
 fn limiter<K>(capacity: u64, interval: u64, hold_limit: Duration) -> P<K> {
     Pace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
@@ -62,7 +63,7 @@ fn exact_history(rng: &mut impl Rng) -> i128 {
         held: Vec::new(),
     };
     let mut now = 10 * tau;
-    let mut holds: Vec<(usize, Hold<'_, u8, u8, RandomState, ManualClock>, u64, u64)> = Vec::new();
+    let mut holds: Vec<(usize, H<'_>, u64, u64)> = Vec::new();
     let mut kept = Vec::new();
     let mut next_id = 0;
     for _ in 0..rng.gen_range(1..60) {
@@ -339,7 +340,7 @@ fn holds_survive_migrations() {
             }
             let (p, key) = (&p, &key);
             s.spawn(move || {
-                for i in 0..rounds as u64 {
+                for i in 0..rounds {
                     drop(p.reserve(&key(1_000 + i)));
                 }
             });
