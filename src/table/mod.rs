@@ -107,7 +107,8 @@ pub(crate) struct Admitted {
 }
 
 impl Admitted {
-    /// A hold's ticket.
+    /// A hold's ticket (for the table's models).
+    #[cfg(feature = "internals")]
     pub(crate) fn ticket(&self) -> Option<Ticket> {
         Ticket::unpack(self.lot, self.prev, self.tat)
     }
