@@ -66,10 +66,12 @@ impl Lot {
     }
 }
 
-/// A kept debit of `cost` decided at reading `at`, applied to `tat`.
+/// A kept debit of `cost` decided at reading `at`, applied to `tat`. At
+/// the end of the time space it stays at `MAX_TIME`, where every decision
+/// is `TimeExhausted` (so a settled `tat` is never read as a record).
 #[cfg(not(pace_mutant = "settle_unclamped"))]
 fn settle(tat: u64, at: u64, cost: u64) -> u64 {
-    tat.max(at) + cost
+    tat.max(at).saturating_add(cost).min(MAX_TIME)
 }
 
 /// Known-wrong variant for mutation tests: a kept hold is added to the
@@ -77,7 +79,7 @@ fn settle(tat: u64, at: u64, cost: u64) -> u64 {
 /// after its bucket refilled is settled in the past.
 #[cfg(pace_mutant = "settle_unclamped")]
 fn settle(tat: u64, _at: u64, cost: u64) -> u64 {
-    tat + cost
+    (tat + cost).min(MAX_TIME)
 }
 
 /// What a hold took: its lot, its cost and its reading. A resolution
@@ -199,8 +201,9 @@ impl Held {
         } else {
             self.held()
         };
-        // `base` is at most MAX_TIME + 2·MAX_TAU: no overflow.
-        let base = self.tat.max(now) + held;
+        // A reading may be anything: saturate (past MAX_TIME every decision
+        // is `TimeExhausted`).
+        let base = self.tat.max(now).saturating_add(held);
         match limits.reserve(base, now, n) {
             Decision::Admit(t) => Ok(t - held),
             d => Err(d),
@@ -275,7 +278,7 @@ impl Held {
         if self.is_plain() {
             self.tat
         } else {
-            self.tat.max(now) + self.held()
+            self.tat.max(now).saturating_add(self.held())
         }
     }
 }
@@ -340,6 +343,29 @@ mod tests {
             panic!()
         };
         assert_eq!(s, Held::plain(100 + 2 * T));
+    }
+
+    #[test]
+    fn a_settled_tat_stays_in_the_time_space() {
+        let l = lim(3);
+        let s = Held::plain(MAX_TIME - 1);
+        let (s, a) = s.hold(&l, MAX_TIME - 3 * T, 1, &|| 1).unwrap_or_else(|_| {
+            // Denied at the edge: hold at an earlier state instead.
+            Held::plain(0).hold(&l, 0, 1, &|| 1).unwrap()
+        });
+        let late = Held { tat: MAX_TIME, ..s };
+        let Resolution::Done(k) = late.resolve(a, true) else {
+            panic!()
+        };
+        assert_eq!(k.tat, MAX_TIME);
+        assert!(
+            k.publish() < HELD,
+            "a settled tat is never read as a record"
+        );
+        assert_eq!(
+            Held::plain(0).decide(&l, u64::MAX, 1),
+            Err(Decision::TimeExhausted)
+        );
     }
 
     #[test]
