@@ -17,7 +17,9 @@
 //! Live, tat <= now (full) --sweep / refund to full--> Tomb --clean--> empty
 //! ```
 //! A row is live only after its first debit, so a live row is never taken
-//! for full before it has been used. Removal raises the key's floor to the
+//! for full before it has been used. A held row (`held.rs`) is a live row
+//! whose `tat` field names a record of its settled `tat` and held tokens;
+//! it is never full, so nothing removes it while anything is held. Removal raises the key's floor to the
 //! row's `tat` first (`floor.rs`): a later row of the key starts from it.
 //!
 //! # One key, one live row
