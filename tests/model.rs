@@ -1,7 +1,7 @@
 //! `Pace` against an exact sequential model over random sequences of reserve,
 //! reserve_n, reserve_n_with (quotas per call), set_quota, turns (`acquire`'s
-//! reservation of a future slot), refund, advance, set-backwards, sweep and
-//! peek: every decision,
+//! reservation of a future slot), refund, holds kept or refunded, advance,
+//! set-backwards, sweep and peek: every decision,
 //! every `retry_after`, every `len()` and every peek must agree. The model is
 //! `pace_models::debt` (shared with the fuzz targets).
 
@@ -22,6 +22,8 @@ fn op(keys: u16, capacity: u64, tau: u64) -> impl Strategy<Value = Op> {
         1 => any::<u8>().prop_map(|quota| Op::SetQuota { quota }),
         2 => (0..keys, 0..=capacity + 1, 0..=tau * 2)
             .prop_map(|(key, n, wait)| Op::Turn { key, n, wait }),
+        3 => (0..keys, 0..=capacity + 1).prop_map(|(key, n)| Op::Hold { key, n }),
+        3 => (any::<usize>(), any::<bool>()).prop_map(|(pick, keep)| Op::Resolve { pick, keep }),
     ]
 }
 

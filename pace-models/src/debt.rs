@@ -61,6 +61,21 @@ pub enum Op {
         /// Which quota (modulo their number).
         quota: u8,
     },
+    /// `hold_n(key, n)` (`Pace::hold`): tokens held apart until resolved.
+    Hold {
+        /// The key (taken modulo [`Params::keys`]).
+        key: u16,
+        /// Tokens asked for.
+        n: u64,
+    },
+    /// Keep (`keep`) or refund one of the holds still out (`pick` modulo
+    /// their number).
+    Resolve {
+        /// Which hold.
+        pick: usize,
+        /// Keep it (settle) rather than refund it.
+        keep: bool,
+    },
     /// A turn (`acquire_n`'s reservation, no sleep): `n` tokens under the
     /// default quota in a slot up to `wait` ns ahead.
     Turn {
@@ -91,15 +106,19 @@ enum Outcome {
     Never,
 }
 
-/// Debt model. A key's state is `full_at`: the instant its debt reaches zero.
-/// An absent key starts from its stripe's floor: the latest `full_at` of any
-/// row removed from the keys that share the stripe (`Pace::floor_stripe`).
+/// Debt model. A key's state is `full_at`: the instant its settled debt
+/// reaches zero, and `held`: the cost (ns) of its holds not yet resolved,
+/// which counts as debt at every decision. An absent key starts from its
+/// stripe's floor: the latest `full_at` of any row removed from the keys
+/// that share the stripe (`Pace::floor_stripe`). A row with anything held
+/// is never removed.
 struct Model {
     /// The default quota.
     interval: i128,
     capacity: i128,
     horizon: i128,
     full_at: HashMap<u16, i128>,
+    held: HashMap<u16, i128>,
     /// Stripe of each key, as the limiter reports it.
     stripe: Vec<usize>,
     floor: HashMap<usize, i128>,
@@ -127,8 +146,12 @@ impl Model {
             .unwrap_or_else(|| self.floor_of(key))
     }
 
+    fn held_of(&self, key: u16) -> i128 {
+        self.held.get(&key).copied().unwrap_or(0)
+    }
+
     fn debt(&self, key: u16, now: i128) -> i128 {
-        (self.state(key) - now).max(0)
+        self.state(key).max(now) + self.held_of(key) - now
     }
 
     fn remove(&mut self, key: u16, last: i128) {
@@ -194,11 +217,60 @@ impl Model {
         }
     }
 
+    /// A hold of `n` tokens under the default quota: the outcome and, when
+    /// admitted, its cost.
+    fn hold(&mut self, key: u16, n: u64, now: i128) -> (Outcome, i128) {
+        let n = n as i128;
+        if n == 0 {
+            return (Outcome::Admitted, 0);
+        }
+        if n > self.capacity {
+            return (Outcome::Never, 0);
+        }
+        let room = self.tau() - self.debt(key, now);
+        let need = n * self.interval;
+        let created = !self.full_at.contains_key(&key);
+        let result = if need <= room {
+            let state = self.state(key);
+            self.full_at.insert(key, state);
+            *self.held.entry(key).or_insert(0) += need;
+            (Outcome::Admitted, need)
+        } else {
+            (Outcome::Wait((need - room) as u128), 0)
+        };
+        let created = created && result.0 == Outcome::Admitted;
+        self.policy(now, created);
+        result
+    }
+
+    /// Resolves a hold of `cost` read at `at`: its tokens leave the held
+    /// amount, and when kept are settled from its reading. A row left with
+    /// nothing held and a full bucket is removed.
+    fn resolve(&mut self, key: u16, cost: i128, at: i128, keep: bool, now: i128) {
+        if cost == 0 {
+            return;
+        }
+        let h = self.held.get_mut(&key).expect("a held row stays");
+        *h -= cost;
+        let left = *h;
+        if left == 0 {
+            self.held.remove(&key);
+        }
+        let f = self.full_at.get_mut(&key).expect("a held row stays");
+        if keep {
+            *f = (*f).max(at) + cost;
+        }
+        let f = *f;
+        if left == 0 && f <= now {
+            self.remove(key, f);
+        }
+    }
+
     fn sweep(&mut self, now: i128) -> usize {
         let full: Vec<(u16, i128)> = self
             .full_at
             .iter()
-            .filter(|(_, &f)| f <= now)
+            .filter(|(k, &f)| f <= now && self.held_of(**k) == 0)
             .map(|(&k, &f)| (k, f))
             .collect();
         for &(key, last) in &full {
@@ -217,7 +289,7 @@ impl Model {
         if n == 0 || full_at != own_end {
             return;
         }
-        if prev <= now {
+        if prev <= now && self.held_of(key) == 0 {
             self.remove(key, prev);
         } else {
             self.full_at.insert(key, prev);
@@ -272,6 +344,8 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         .capacity(p.capacity)
         .min_slots(p.min_slots)
         .clock(clock.clone())
+        // No lot expires within a run: the model has no hold limit.
+        .hold_limit(Duration::MAX)
         .build()
         .map_err(|e| e.to_string())?;
     let tau = (p.interval * p.capacity) as i128;
@@ -280,6 +354,7 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         capacity: p.capacity as i128,
         horizon: tau.max(MIN_HORIZON),
         full_at: HashMap::new(),
+        held: HashMap::new(),
         stripe: (0..p.keys).map(|k| pace.floor_stripe(&k)).collect(),
         floor: HashMap::new(),
         due: tau.max(MIN_HORIZON),
@@ -293,6 +368,7 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         quota_values.push(Quota::new(rate, c).map_err(|e| e.to_string())?);
     }
     let mut held = Vec::new();
+    let mut holds = Vec::new();
     let mut now: u64 = 0;
     for (step, op) in ops.iter().enumerate() {
         let fail = |what: String| Err(format!("step {step} ({op:?}): {what}"));
@@ -313,6 +389,32 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                     let (r, key, n, end, prev) = held.swap_remove(pick % held.len());
                     model.refund(key, n, end, prev, now as i128);
                     r.refund();
+                }
+            }
+            Op::Hold { key, n } => {
+                let key = key % p.keys;
+                let (expect, cost) = model.hold(key, n, now as i128);
+                let got = pace.hold_n(&names[key as usize], n);
+                if !agrees(&got, &expect) {
+                    return fail(format!("got {got:?}, model {expect:?}"));
+                }
+                if let Ok(h) = got {
+                    holds.push((h, key, cost, now as i128));
+                }
+            }
+            Op::Resolve { pick, keep } => {
+                if !holds.is_empty() {
+                    let (h, key, cost, at) = holds.swap_remove(pick % holds.len());
+                    model.resolve(key, cost, at, keep, now as i128);
+                    let tokens = h.tokens();
+                    let done = if keep {
+                        h.keep()
+                    } else {
+                        h.refund().returned()
+                    };
+                    if done != (tokens > 0) {
+                        return fail(format!("a resolution of {tokens} tokens answered {done}"));
+                    }
                 }
             }
             Op::Advance { ns } => {
@@ -412,7 +514,15 @@ pub fn decode(data: &[u8], big_tables: bool) -> Option<(Params, Vec<Op>)> {
         .map(|c| {
             let arg = u16::from_le_bytes([c[1], c[2]]);
             let frac = |range: u64| range * u64::from(arg) / u64::from(u16::MAX);
-            match c[0] % 16 {
+            match c[0] % 20 {
+                16 | 17 => Op::Hold {
+                    key: arg,
+                    n: u64::from(c[3]) % (capacity + 2),
+                },
+                18 | 19 => Op::Resolve {
+                    pick: usize::from(arg),
+                    keep: c[3] & 1 == 1,
+                },
                 0..=5 => Op::Reserve { key: arg, n: 1 },
                 6 | 7 => Op::Reserve {
                     key: arg,
