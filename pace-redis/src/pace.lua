@@ -14,6 +14,15 @@
 -- refund:  ARGV = {'f', prev, tat} or {'f', prev, tat, now} (prev and tat:
 --          the reservation's decimal ns strings)
 -- peek:    ARGV = {'p'} or {'p', now}; writes nothing
+-- hold:    ARGV = {'h', id, n, interval, capacity, limit} or {..., now}: an
+--          exact reservation (README: "Holds"): admitted like a reserve of
+--          n under the quota (interval ns, capacity), but its cost
+--          n x interval is added to the key's held amount, tat untouched;
+--          id (hexadecimal, chosen by the client) names it, and it expires
+--          `limit` ns after the decision (the client checks limit <= 2^50)
+-- keep:    ARGV = {'k', id} or {'k', id, now}: settles hold id from its own
+--          reading: tat = max(tat, decided) + cost, held -= cost
+-- release: ARGV = {'x', id} or {'x', id, now}: refunds hold id: held -= cost
 -- now      the time in ns, injected (tests only, and then no expiry is set:
 --          the key's TTL would follow the real clock); otherwise the
 --          server's TIME
@@ -47,7 +56,25 @@
 -- refund:  {1, s, ns} restored prev; {2, s, ns} the bucket is full: key
 --          deleted; {0, s, ns} someone debited since; {3, s, ns} the key
 --          is gone (expired: the bucket is full already).
--- peek:    {tat, s, ns}, tat '0' for no key (the client computes the debt).
+-- peek:    {tat, s, ns, held}, tat '0' for no key (the client computes the
+--          debt).
+-- A reserve on a key with holds answers an admission as '4 d held tat'
+-- (held > 0: the sum of the costs still held, which the decision counted as
+-- debt: d + held + n x interval <= tau + wait); a denial's wait counts it.
+-- hold:    '1 d held s ns' admitted (d the debt before, held the sum after,
+--          this hold included); otherwise as a reserve ('0 wait s ns',
+--          '2 0 s ns', '3 0 s ns').
+-- keep, release: {1, s, ns} done; {0, s, ns} no such hold (it expired and
+--          settled as kept, or the key was lost): nothing changed.
+--
+-- A key with holds stores 'tat|id,cost,decided,expiry|...' (decimal ns;
+-- tat '0' for a full settled part). Every call first settles the holds
+-- whose expiry has passed, as kept from their expiry: tat = max(tat,
+-- expiry) + cost (a reading after their own: conservative). A key without
+-- holds stays one decimal tat, and a reserve on it runs the first branch
+-- below, unchanged. The key's expiry covers its holds: max(tat, latest
+-- expiry) + held, the latest time at which settling them all leaves a full
+-- bucket.
 
 local E9 = 1000000000
 local MAX_AHEAD_S = 2000000 -- 2e6 s * 1e9 = 2e15 < 2^51
@@ -55,6 +82,7 @@ local key = KEYS[1]
 local op = ARGV[1]
 local inj
 local n, interval, cap, wait
+local hid, limit
 if op == 'f' then
   inj = ARGV[4]
 elseif op == 'p' then
@@ -65,6 +93,16 @@ elseif op == 'q' then
   wait = tonumber(ARGV[5])
   inj = ARGV[6]
   op = 'r'
+elseif op == 'h' then
+  hid = ARGV[2]
+  n = tonumber(ARGV[3])
+  interval, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+  limit = tonumber(ARGV[6])
+  wait = 0
+  inj = ARGV[7]
+elseif op == 'k' or op == 'x' then
+  hid = ARGV[2]
+  inj = ARGV[3]
 else
   n = tonumber(op) or 1
   interval, cap, wait = INTERVAL, CAP, 0
@@ -82,15 +120,23 @@ else
   now_n = tonumber(t[2]) * 1000
 end
 
-if op == 'r' then
-  local tau = cap * interval
+local cur
+local fast = op == 'r'
+if fast then
   if n > cap then
     return string.format('2 0 %d %d', now_s, now_n)
   end
-  local cur = redis.call('GET', key)
+  cur = redis.call('GET', key)
+  if cur and string.find(cur, '%D') then
+    -- A key with holds (or something else): the general branch below.
+    fast = false
+  end
+end
+if fast then
+  local tau = cap * interval
   local d = 0
   if cur then
-    if #cur == 0 or #cur > 20 or string.find(cur, '%D') then
+    if #cur == 0 or #cur > 20 then
       return redis.error_reply('pace: the key holds something other than a tat')
     end
     local ds = (tonumber(string.sub(cur, 1, -10)) or 0) - now_s
@@ -144,48 +190,212 @@ if op == 'r' then
     return v
   end
   return string.format('1 %d %s', d, v)
-elseif op == 'p' then
-  local cur = redis.call('GET', key)
-  if not cur then
-    return {'0', now_s, now_n}
+end
+
+-- The general branch: every call but a reserve on a key without holds.
+-- Times are (seconds, nanoseconds) pairs, as above.
+local function split(v)
+  return tonumber(string.sub(v, 1, -10)) or 0, tonumber(string.sub(v, -9))
+end
+-- a > b
+local function later(as, an, bs, bn)
+  return as > bs or (as == bs and an > bn)
+end
+-- (s, ns) + d, d an integer with |d| < 2^52
+local function add(s, ns, d)
+  local total = ns + d
+  local q = math.floor(total / E9)
+  local r = total - q * E9
+  if r < 0 then
+    q = q - 1
+    r = r + E9
+  elseif r >= E9 then
+    q = q + 1
+    r = r - E9
   end
-  if #cur == 0 or #cur > 20 or string.find(cur, '%D') then
+  return s + q, r
+end
+local function fmt(s, ns)
+  if s == 0 then
+    return string.format('%d', ns)
+  end
+  return string.format('%d%09d', s, ns)
+end
+
+if (op == 'r' or op == 'h') and n > cap then
+  return string.format('2 0 %d %d', now_s, now_n)
+end
+if op ~= 'r' then
+  cur = redis.call('GET', key)
+end
+
+-- The key's state: its settled tat and its live holds {id, cost string,
+-- decided, expiry, cost}, the expired ones settled as kept from their
+-- expiry; held = the sum of the live holds' costs.
+local tat_s, tat_n = 0, 0
+local holds = {}
+local held = 0
+local changed = false
+if cur then
+  local bar = string.find(cur, '|', 1, true)
+  local t = cur
+  if bar then
+    t = string.sub(cur, 1, bar - 1)
+  end
+  if #t == 0 or #t > 20 or string.find(t, '%D') then
     return redis.error_reply('pace: the key holds something other than a tat')
   end
-  return {cur, now_s, now_n}
-else
-  -- Stores a tat (s, n) as its decimal string, expiring as in reserve.
-  local function store(s, n)
-    local v
-    if s == 0 then
-      v = string.format('%d', n)
-    else
-      v = string.format('%d%09d', s, n)
+  tat_s, tat_n = split(t)
+  if bar then
+    for part in string.gmatch(string.sub(cur, bar + 1), '[^|]+') do
+      local id, cs, td, e = string.match(part, '^(%x+),(%d+),(%d+),(%d+)$')
+      if not id or #cs > 16 or #td > 20 or #e > 20 then
+        return redis.error_reply('pace: the key holds something other than a tat')
+      end
+      local c = tonumber(cs)
+      local es, en = split(e)
+      if later(es, en, now_s, now_n) then
+        holds[#holds + 1] = {id, cs, td, e, c}
+        held = held + c
+      else
+        -- Expired: settled as kept, from its expiry.
+        if later(es, en, tat_s, tat_n) then
+          tat_s, tat_n = es, en
+        end
+        tat_s, tat_n = add(tat_s, tat_n, c)
+        changed = true
+      end
     end
-    if inj then
-      redis.call('SET', key, v)
-    else
-      redis.call('SET', key, v, 'PXAT', string.format('%d', s * 1000 + math.ceil(n / 1000000)))
-    end
-    return v
   end
-  local prev = ARGV[2]
-  local mine = ARGV[3]
-  local cur = redis.call('GET', key)
+end
+
+-- Writes the state: no key for a full bucket without holds; the key
+-- expires when settling every hold at its expiry would leave it full.
+local function put()
+  if #holds == 0 and not later(tat_s, tat_n, now_s, now_n) then
+    redis.call('DEL', key)
+    return
+  end
+  local v = fmt(tat_s, tat_n)
+  local xs, xn = tat_s, tat_n
+  if #holds > 0 then
+    local parts = {v}
+    for i, h in ipairs(holds) do
+      parts[i + 1] = h[1] .. ',' .. h[2] .. ',' .. h[3] .. ',' .. h[4]
+      local es, en = split(h[4])
+      if later(es, en, xs, xn) then
+        xs, xn = es, en
+      end
+    end
+    v = table.concat(parts, '|')
+    xs, xn = add(xs, xn, held)
+  end
+  if inj then
+    redis.call('SET', key, v)
+  else
+    redis.call('SET', key, v, 'PXAT', string.format('%d', xs * 1000 + math.ceil(xn / 1000000)))
+  end
+end
+
+if op == 'r' or op == 'h' then
+  local d = 0
+  local ds = tat_s - now_s
+  if ds > MAX_AHEAD_S then
+    return string.format('3 0 %d %d', now_s, now_n)
+  end
+  if ds >= 0 then
+    d = ds * E9 + (tat_n - now_n)
+    if d < 0 then
+      d = 0
+    end
+  end
+  if n < 1 then
+    return redis.error_reply('pace: n must be at least 1')
+  end
+  local tau = cap * interval
+  local c = n * interval
+  local nd = d + c
+  -- The decision counts what is held: max(tat, now) + held + c <= now + tau.
+  if nd + held > tau + wait then
+    return string.format('0 %d %d %d', nd + held - tau, now_s, now_n)
+  end
+  if op == 'r' then
+    tat_s, tat_n = add(now_s, now_n, nd)
+    put()
+    local v = fmt(tat_s, tat_n)
+    if held > 0 then
+      return string.format('4 %d %d %s', d, held, v)
+    end
+    if d == 0 then
+      return v
+    end
+    return string.format('1 %d %s', d, v)
+  end
+  if not string.match(hid, '^%x+$') or #hid > 32 then
+    return redis.error_reply('pace: a hold id is hexadecimal')
+  end
+  for _, h in ipairs(holds) do
+    if h[1] == hid then
+      return redis.error_reply('pace: duplicate hold id')
+    end
+  end
+  local es, en = add(now_s, now_n, limit)
+  held = held + c
+  holds[#holds + 1] = {hid, string.format('%d', c), fmt(now_s, now_n), fmt(es, en), c}
+  put()
+  return string.format('1 %d %d %d %d', d, held, now_s, now_n)
+elseif op == 'p' then
+  if not cur then
+    return {'0', now_s, now_n, 0}
+  end
+  return {fmt(tat_s, tat_n), now_s, now_n, held}
+elseif op == 'f' then
+  -- A reserve's refund: back to prev if the settled tat is still its own.
   if not cur then
     return {3, now_s, now_n}
   end
-  if cur ~= mine then
+  local prev = ARGV[2]
+  local mine = ARGV[3]
+  if fmt(tat_s, tat_n) ~= mine then
     return {0, now_s, now_n}
   end
+  local ps, pn = 0, 0
   if prev ~= '0' then
-    local ps = tonumber(string.sub(prev, 1, -10)) or 0
-    local pn = tonumber(string.sub(prev, -9))
-    if ps > now_s or (ps == now_s and pn > now_n) then
-      store(ps, pn)
-      return {1, now_s, now_n}
-    end
+    ps, pn = split(prev)
   end
-  redis.call('DEL', key)
+  if later(ps, pn, now_s, now_n) then
+    tat_s, tat_n = ps, pn
+    put()
+    return {1, now_s, now_n}
+  end
+  tat_s, tat_n = 0, 0
+  put()
   return {2, now_s, now_n}
 end
+
+-- keep ('k') or release ('x') of hold hid.
+local found
+for i, h in ipairs(holds) do
+  if h[1] == hid then
+    found = i
+    break
+  end
+end
+if not found then
+  if changed then
+    put()
+  end
+  return {0, now_s, now_n}
+end
+local h = table.remove(holds, found)
+held = held - h[5]
+if op == 'k' then
+  -- Settled from its own reading.
+  local ts, tn = split(h[3])
+  if later(ts, tn, tat_s, tat_n) then
+    tat_s, tat_n = ts, tn
+  end
+  tat_s, tat_n = add(tat_s, tat_n, h[5])
+end
+put()
+return {1, now_s, now_n}
