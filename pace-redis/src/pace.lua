@@ -68,9 +68,11 @@
 --          settled as kept, or the key was lost): nothing changed.
 --
 -- A key with holds stores 'tat|id,cost,decided,expiry|...' (decimal ns;
--- tat '0' for a full settled part). Every call first settles the holds
--- whose expiry has passed, as kept from their expiry: tat = max(tat,
--- expiry) + cost (a reading after their own: conservative). A key without
+-- tat '0' for a full settled part), in order of expiry. Every call first
+-- settles the holds whose expiry has passed, in that order, as kept from
+-- their expiry: tat = max(tat, expiry) + cost (a reading after their own:
+-- conservative); a call that writes nothing else leaves them stored, and
+-- the next call settles them the same way. A key without
 -- holds stays one decimal tat, and a reserve on it runs the first branch
 -- below, unchanged. The key's expiry covers its holds: max(tat, latest
 -- expiry) + held, the latest time at which settling them all leaves a full
@@ -341,7 +343,17 @@ if op == 'r' or op == 'h' then
   end
   local es, en = add(now_s, now_n, limit)
   held = held + c
-  holds[#holds + 1] = {hid, string.format('%d', c), fmt(now_s, now_n), fmt(es, en), c}
+  -- Holds stay in order of expiry (then of decision), so that the expired
+  -- ones are a prefix, settled in the same order whenever they are.
+  local at = #holds + 1
+  while at > 1 do
+    local ps, pn = split(holds[at - 1][4])
+    if not later(ps, pn, es, en) then
+      break
+    end
+    at = at - 1
+  end
+  table.insert(holds, at, {hid, string.format('%d', c), fmt(now_s, now_n), fmt(es, en), c})
   put()
   return string.format('1 %d %d %d %d', d, held, now_s, now_n)
 elseif op == 'p' then
