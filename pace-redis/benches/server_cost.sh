@@ -16,6 +16,11 @@
 #       EVALSHAs (default 20,000) as above; instructions per call =
 #       (its total - that of a server that ran none) / CALLS. Deterministic,
 #       independent of the machine's load (needs valgrind).
+#   bash pace-redis/benches/server_cost.sh holds [CALLS]
+#       pace-redis's script only, instructions as above, for CALLS of each:
+#       a reserve, a hold cycle (hold then its refund: two EVALSHAs) and a
+#       hold kept (hold then keep), on random keys among 10,000, sent as one
+#       stream through `redis-cli --pipe` (the same path for all three).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
@@ -80,8 +85,53 @@ instructions)
         echo "$s: $(((t - base) / calls)) instructions per call ($calls calls)"
     done
     ;;
+holds)
+    calls=${2:-20000}
+    # RESP for CALLS operations of kind $1 with script sha $2.
+    stream() {
+        python3 - "$1" "$2" "$calls" <<'PY'
+import random, sys
+kind, sha, calls = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rng = random.Random(7)
+out = []
+def cmd(*a):
+    out.append("*%d\r\n" % len(a) + "".join("$%d\r\n%s\r\n" % (len(x), x) for x in a))
+for i in range(calls):
+    key = "pace:%d" % rng.randrange(10000)
+    if kind == "reserve":
+        cmd("EVALSHA", sha, "1", key)
+    else:
+        hid = "%x" % (i + 1)
+        cmd("EVALSHA", sha, "1", key, "h", hid, "1", "1000000", "1000", "10000000000")
+        cmd("EVALSHA", sha, "1", key, "x" if kind == "hold-refund" else "k", hid)
+sys.stdout.write("".join(out))
+PY
+    }
+    run() { # KIND CALLS: instructions of a server that ran CALLS of KIND
+        local port out
+        port=$(free_port)
+        out="$work/cg.$1.$2"
+        valgrind --tool=callgrind --callgrind-out-file="$out" \
+            redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
+        local vg=$!
+        wait_up "$port"
+        local sha
+        sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/pace.lua")")
+        if [ "$2" -gt 0 ]; then
+            stream "$1" "$sha" | redis-cli -p "$port" --pipe >/dev/null
+        fi
+        redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+        wait "$vg" || true
+        sed -n 's/^summary: *//p;s/^totals: *//p' "$out" | head -1
+    }
+    base=$(run reserve 0)
+    for k in reserve hold-refund hold-keep; do
+        t=$(run "$k" "$calls")
+        echo "$k: $(((t - base) / calls)) instructions per operation ($calls operations)"
+    done
+    ;;
 *)
-    echo "usage: $0 usec [ROUNDS] | instructions [CALLS]" >&2
+    echo "usage: $0 usec [ROUNDS] | instructions [CALLS] | holds [CALLS]" >&2
     exit 2
     ;;
 esac
