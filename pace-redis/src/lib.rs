@@ -39,6 +39,24 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A reserve's refund returns nothing once another debit landed on the key
+//! after it, so overlapping reserve → check → refund cycles lose tokens
+//! until the bucket refills. A [`Hold`] ([`RedisPace::hold`]) is exact: its
+//! tokens stay apart from the key's settled debt until it is kept or
+//! refunded (a second script call), and a hold left unresolved for the hold
+//! limit ([`Builder::hold_limit`], 10 s) settles as kept:
+//!
+//! ```no_run
+//! # async fn demo(limiter: pace_redis::RedisPace, served: bool) -> Result<(), pace_redis::Error> {
+//! let hold = limiter.hold("client-7").await?;
+//! if served {
+//!     hold.keep().await?;
+//! } else {
+//!     hold.refund().await?; // exact, whatever else happened to the key
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! A quota per call ([`RedisPace::reserve_with`]: a key's plan) and waiting
 //! for a turn instead of a denial ([`RedisPace::acquire`]: one script call
 //! takes a slot up to `max_wait` ahead on the server's clock, then one
@@ -328,7 +346,8 @@ impl Denied {
         self.remaining
     }
     /// The time until the bucket is full again if nothing else touches it
-    /// (`tat - now` on the server's clock), when the server decided.
+    /// (`tat - now` on the server's clock, plus what the key holds in
+    /// [`Hold`]s, counted as kept), when the server decided.
     pub fn reset_after(&self) -> Option<Duration> {
         self.reset_ns.map(Duration::from_nanos)
     }
@@ -348,8 +367,8 @@ impl Peek {
     pub fn remaining(&self) -> u64 {
         self.remaining
     }
-    /// The time until the bucket is full (zero when it is), when the server
-    /// answered.
+    /// The time until the bucket is full (zero when it is; what the key
+    /// holds in [`Hold`]s counts as kept), when the server answered.
     pub fn reset_after(&self) -> Option<Duration> {
         self.reset_ns.map(Duration::from_nanos)
     }
@@ -460,7 +479,8 @@ impl Reservation {
         Duration::from_nanos(self.wait)
     }
     /// The time until the bucket is full again if nothing else touches it
-    /// (`tat - now` on the server's clock), when the server decided.
+    /// (`tat - now` on the server's clock, plus what the key holds in
+    /// [`Hold`]s, counted as kept), when the server decided.
     pub fn reset_after(&self) -> Option<Duration> {
         match (self.source, self.server_now_ns) {
             (Source::Server, Some(now)) => Some(Duration::from_nanos(
