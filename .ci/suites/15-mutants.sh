@@ -178,7 +178,8 @@ expect_caught redis_fallback_full_rate faults "panicked" "-p pace-redis" \
 # bound, against four variants, each caught by the model and by the bound
 # alone over the script's answers:
 #   redis_hold_ignored:    a decision does not count what is held
-#   redis_release_rewinds: a hold's refund also rewinds the settled tat
+#   redis_release_rewinds: a hold's refund also rewinds the settled tat (when
+#                          that still lies ahead of now)
 #   redis_keep_unclamped:  a keep settles tat + cost without the clamp at
 #                          its own reading (max(tat, decided) + cost)
 #   redis_expiry_refunds:  an expired hold is dropped as if refunded, not

@@ -132,11 +132,13 @@ fn script_source(interval: u64, capacity: u64) -> String {
     // Holds: a decision that ignores what is held.
     #[cfg(pace_mutant = "redis_hold_ignored")]
     let src = src.replace("if nd + held > tau + wait then", "if nd > tau + wait then");
-    // Holds: a release that also rewinds the settled tat by the hold's cost.
+    // Holds: a release that also rewinds the settled tat by the hold's cost
+    // (when the rewound tat still lies ahead of now).
     #[cfg(pace_mutant = "redis_release_rewinds")]
     let src = src.replace(
         "held = held - h[5]\n",
-        "held = held - h[5]\nif op == 'x' then tat_s, tat_n = add(tat_s, tat_n, -h[5]) end\n",
+        "held = held - h[5]\nif op == 'x' then local rs, rn = add(tat_s, tat_n, -h[5]) \
+         if later(rs, rn, now_s, now_n) then tat_s, tat_n = rs, rn end end\n",
     );
     // Holds: a keep settles without the clamp at its own reading
     // (tat + cost even when tat lies before the decision).

@@ -594,12 +594,12 @@ async fn an_unresolved_hold_settles_as_kept_after_the_hold_limit() {
     // interval.
     let after = t0 + limit + 2;
     let peek = p.peek_at("k", after).await.unwrap();
+    assert_eq!(peek.remaining(), 1, "an expired hold was returned");
     assert_eq!(
         peek.reset_after(),
         Some(Duration::from_nanos(t0 + limit + 2 * interval - after)),
         "the expired holds were not settled as kept from their expiry"
     );
-    assert_eq!(peek.remaining(), 1, "an expired hold was returned");
     // The client that held `dead` died; a late refund (its id replayed by
     // a stale client) returns nothing and mints nothing.
     assert_eq!(dead.refund_at(after).await.unwrap(), Resolved::Expired);
@@ -660,9 +660,9 @@ async fn a_dead_clients_hold_expires_on_the_servers_clock() {
     let now = peek.server_now_ns().unwrap();
     assert!(now > expiry);
     let debt = (expiry + 1_000_000_000).saturating_sub(now);
-    assert_eq!(peek.reset_after(), Some(Duration::from_nanos(debt)));
+    assert_eq!(peek.remaining(), 1, "an expired hold was returned");
     assert_eq!(peek.remaining(), (2_000_000_000 - debt) / 1_000_000_000);
-    assert_eq!(peek.remaining(), 1, "the expired hold was returned");
+    assert_eq!(peek.reset_after(), Some(Duration::from_nanos(debt)));
     // The key then expires as a full bucket.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let exists: i64 = redis::cmd("EXISTS").arg(&key).query(&mut admin).unwrap();
