@@ -128,7 +128,9 @@ fn script_source(interval: u64, capacity: u64) -> String {
     #[cfg(pace_mutant = "redis_turn_beyond_wait")]
     let src = src.replace("if nd > tau + wait then", "if nd > tau + 2 * wait then");
     #[cfg(pace_mutant = "redis_refund_unchecked")]
-    let src = src.replace("if fmt(tat_s, tat_n) ~= mine then", "if not cur then");
+    let src = src
+        .replace("if cur ~= mine then", "if not cur then")
+        .replace("if fmt(tat_s, tat_n) ~= mine then", "if not cur then");
     // Holds: a decision that ignores what is held.
     #[cfg(pace_mutant = "redis_hold_ignored")]
     let src = src.replace("if nd + held > tau + wait then", "if nd > tau + wait then");

@@ -194,7 +194,53 @@ if fast then
   return string.format('1 %d %s', d, v)
 end
 
--- The general branch: every call but a reserve on a key without holds.
+-- A peek or a reserve's refund on a key without holds (or no key): as
+-- before holds existed.
+if op == 'p' or op == 'f' then
+  cur = redis.call('GET', key)
+  if not cur then
+    if op == 'p' then
+      return {'0', now_s, now_n}
+    end
+    return {3, now_s, now_n}
+  end
+  if not string.find(cur, '%D') then
+    if #cur == 0 or #cur > 20 then
+      return redis.error_reply('pace: the key holds something other than a tat')
+    end
+    if op == 'p' then
+      return {cur, now_s, now_n}
+    end
+    local prev = ARGV[2]
+    local mine = ARGV[3]
+    if cur ~= mine then
+      return {0, now_s, now_n}
+    end
+    if prev ~= '0' then
+      local ps = tonumber(string.sub(prev, 1, -10)) or 0
+      local pn = tonumber(string.sub(prev, -9))
+      if ps > now_s or (ps == now_s and pn > now_n) then
+        local v
+        if ps == 0 then
+          v = string.format('%d', pn)
+        else
+          v = string.format('%d%09d', ps, pn)
+        end
+        if inj then
+          redis.call('SET', key, v)
+        else
+          redis.call('SET', key, v, 'PXAT', string.format('%d', ps * 1000 + math.ceil(pn / 1000000)))
+        end
+        return {1, now_s, now_n}
+      end
+    end
+    redis.call('DEL', key)
+    return {2, now_s, now_n}
+  end
+end
+
+-- The general branch: every other call (a key with holds, a hold, a keep or
+-- a hold's refund).
 -- Times are (seconds, nanoseconds) pairs, as above.
 local function split(v)
   return tonumber(string.sub(v, 1, -10)) or 0, tonumber(string.sub(v, -9))
@@ -227,13 +273,14 @@ end
 if (op == 'r' or op == 'h') and n > cap then
   return string.format('2 0 %d %d', now_s, now_n)
 end
-if op ~= 'r' then
+if not cur then
+  -- (a reserve, a peek or a refund read it already)
   cur = redis.call('GET', key)
 end
 
 -- The key's state: its settled tat and its live holds {id, cost string,
--- decided, expiry, cost}, the expired ones settled as kept from their
--- expiry; held = the sum of the live holds' costs.
+-- decided, expiry, cost, expiry s, expiry ns}, the expired ones settled as
+-- kept from their expiry; held = the sum of the live holds' costs.
 local tat_s, tat_n = 0, 0
 local holds = {}
 local held = 0
@@ -257,7 +304,7 @@ if cur then
       local c = tonumber(cs)
       local es, en = split(e)
       if later(es, en, now_s, now_n) then
-        holds[#holds + 1] = {id, cs, td, e, c}
+        holds[#holds + 1] = {id, cs, td, e, c, es, en}
         held = held + c
       else
         -- Expired: settled as kept, from its expiry.
@@ -280,16 +327,17 @@ local function put()
   end
   local v = fmt(tat_s, tat_n)
   local xs, xn = tat_s, tat_n
-  if #holds > 0 then
+  local last = holds[#holds]
+  if last then
     local parts = {v}
     for i, h in ipairs(holds) do
       parts[i + 1] = h[1] .. ',' .. h[2] .. ',' .. h[3] .. ',' .. h[4]
-      local es, en = split(h[4])
-      if later(es, en, xs, xn) then
-        xs, xn = es, en
-      end
     end
     v = table.concat(parts, '|')
+    -- The latest expiry is the last hold's.
+    if later(last[6], last[7], xs, xn) then
+      xs, xn = last[6], last[7]
+    end
     xs, xn = add(xs, xn, held)
   end
   if inj then
@@ -347,13 +395,13 @@ if op == 'r' or op == 'h' then
   -- ones are a prefix, settled in the same order whenever they are.
   local at = #holds + 1
   while at > 1 do
-    local ps, pn = split(holds[at - 1][4])
-    if not later(ps, pn, es, en) then
+    local p = holds[at - 1]
+    if not later(p[6], p[7], es, en) then
       break
     end
     at = at - 1
   end
-  table.insert(holds, at, {hid, string.format('%d', c), fmt(now_s, now_n), fmt(es, en), c})
+  table.insert(holds, at, {hid, string.format('%d', c), fmt(now_s, now_n), fmt(es, en), c, es, en})
   put()
   return string.format('1 %d %d %d %d', d, held, now_s, now_n)
 elseif op == 'p' then
