@@ -504,34 +504,14 @@ impl Reservation {
 /// `Source::Local`) refunds there, and the answer is the core's.
 pub use pace::Refunded;
 
-/// What keeping or refunding a [`Hold`] did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Resolved {
-    /// [`Hold::keep`]: the hold settled as a debit from its own decision's
-    /// reading (`tat = max(tat, decided) + cost`).
-    Kept,
-    /// [`Hold::refund`]: the hold's tokens are back, exactly, whatever else
-    /// happened to the key since (other holds, reserves, refunds).
-    Returned,
-    /// The key no longer has this hold: it outlived the hold limit and was
-    /// settled as kept from its expiry, or the key was lost (flushed,
-    /// evicted). Nothing changed.
-    Expired,
-    /// A hold of the local fallback ([`Source::Local`]): the core's answer
-    /// to its refund (a keep there does nothing and answers `Kept`).
-    Local(Refunded),
-    /// A hold of zero tokens: there was nothing to resolve.
-    Nothing,
-}
-
-/// An exact reservation ([`RedisPace::hold`]): its tokens are held apart
-/// from the key's settled debt until [`keep`](Hold::keep) settles them or
-/// [`refund`](Hold::refund) returns them, exactly, in any order. Each
-/// costs one more script call. Dropping an unresolved hold keeps it, in a
-/// task spawned on the current runtime; without a runtime (or if that call
-/// fails) the hold expires after the hold limit and is settled as kept
-/// then.
+/// An exact reservation ([`RedisPace::hold`], the core's [`pace::Hold`] on
+/// the server): its tokens are held apart from the key's settled debt until
+/// [`keep`](Hold::keep) settles them or [`refund`](Hold::refund) returns
+/// them, exactly, in any order. Each costs one more script call. Dropping
+/// an unresolved hold keeps it, in a task spawned on the current runtime;
+/// without a runtime (or if that call fails) the hold expires after the
+/// hold limit and is settled as kept then. A hold of the local fallback
+/// ([`Source::Local`]) is a hold of the local `pace::Pace`, resolved there.
 #[must_use = "dropping a Hold keeps it (one more script call); keep or refund it"]
 pub struct Hold {
     /// `None` once resolved.
@@ -592,24 +572,28 @@ impl Hold {
     }
 
     /// Keeps the hold: its tokens become a debit from the decision's own
-    /// reading.
+    /// reading (what dropping it does). False when there was nothing to
+    /// settle: the hold had expired (settled as kept from its expiry
+    /// already), the key was lost, or the hold is of zero tokens.
     ///
     /// # Errors
     /// [`Error::Unavailable`] when Redis gives no answer; the hold then
     /// expires after the hold limit and settles as kept.
-    pub async fn keep(self) -> Result<Resolved, Error> {
-        self.resolve(true, None).await
+    pub async fn keep(self) -> Result<bool, Error> {
+        Ok(self.resolve(true, None).await? == Refunded::Restored)
     }
 
     /// Refunds the hold: its tokens come back exactly, whatever happened to
-    /// the key since; a hold that expired returns nothing
-    /// ([`Resolved::Expired`]).
+    /// the key since ([`Refunded::Restored`]); a hold that expired, or whose
+    /// key was lost, returns nothing ([`Refunded::Expired`]); a hold of zero
+    /// tokens answers [`Refunded::Nothing`]. A hold of the local fallback
+    /// answers as the core's [`pace::Hold::refund`].
     ///
     /// # Errors
     /// [`Error::Unavailable`] when Redis gives no answer; the hold then
     /// expires after the hold limit and settles as kept (fewer admissions,
     /// never more).
-    pub async fn refund(self) -> Result<Resolved, Error> {
+    pub async fn refund(self) -> Result<Refunded, Error> {
         self.resolve(false, None).await
     }
 
@@ -618,8 +602,8 @@ impl Hold {
     ///
     /// # Errors
     /// As `keep`, and [`Error::TimeInjectionDisabled`].
-    pub async fn keep_at(self, now_ns: u64) -> Result<Resolved, Error> {
-        self.resolve(true, Some(now_ns)).await
+    pub async fn keep_at(self, now_ns: u64) -> Result<bool, Error> {
+        Ok(self.resolve(true, Some(now_ns)).await? == Refunded::Restored)
     }
 
     /// [`refund`](Hold::refund) at `now_ns` (tests; needs
@@ -627,11 +611,14 @@ impl Hold {
     ///
     /// # Errors
     /// As `refund`, and [`Error::TimeInjectionDisabled`].
-    pub async fn refund_at(self, now_ns: u64) -> Result<Resolved, Error> {
+    pub async fn refund_at(self, now_ns: u64) -> Result<Refunded, Error> {
         self.resolve(false, Some(now_ns)).await
     }
 
-    async fn resolve(mut self, keep: bool, now: Option<u64>) -> Result<Resolved, Error> {
+    /// Keeps (`keep`) or refunds the hold: `Restored` when it was resolved
+    /// now, `Expired` when there was nothing to resolve, `Nothing` for zero
+    /// tokens; a local refund answers the core's outcome.
+    async fn resolve(mut self, keep: bool, now: Option<u64>) -> Result<Refunded, Error> {
         if now.is_some()
             && !self
                 .limiter
@@ -641,13 +628,21 @@ impl Hold {
             return Err(Error::TimeInjectionDisabled);
         }
         let Some(limiter) = self.limiter.take() else {
-            return Ok(Resolved::Nothing);
+            return Ok(Refunded::Nothing);
         };
         let key = std::mem::take(&mut self.key);
-        let local = self.local.take();
-        limiter
-            .resolve_hold(&key, self.id, self.source, local, keep, now)
-            .await
+        match self.source {
+            Source::Server => {
+                let found = limiter.resolve_hold(&key, self.id, keep, now).await?;
+                Ok(if found {
+                    Refunded::Restored
+                } else {
+                    Refunded::Expired
+                })
+            }
+            Source::Local => Ok(limiter.resolve_local(&key, self.local.take(), keep)),
+            _ => Ok(Refunded::Nothing),
+        }
     }
 }
 
@@ -656,8 +651,14 @@ impl Drop for Hold {
         let Some(limiter) = self.limiter.take() else {
             return;
         };
-        if self.source != Source::Server {
-            return; // a local hold is a debit already
+        match self.source {
+            Source::Server => {}
+            Source::Local => {
+                // The local fallback's hold: kept there, at once.
+                limiter.resolve_local(&self.key, self.local.take(), true);
+                return;
+            }
+            _ => return,
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // it expires after the hold limit and settles as kept
@@ -665,9 +666,7 @@ impl Drop for Hold {
         let key = std::mem::take(&mut self.key);
         let id = self.id;
         runtime.spawn(async move {
-            let _ = limiter
-                .resolve_hold(&key, id, Source::Server, None, true, None)
-                .await;
+            let _ = limiter.resolve_hold(&key, id, true, None).await;
         });
     }
 }
@@ -822,7 +821,7 @@ impl Builder {
     /// How long a [`Hold`] may stay unresolved (default 10 s): after it, on
     /// the server's clock, the hold is settled as kept from its expiry by
     /// the next call on its key, and a late keep or refund answers
-    /// [`Resolved::Expired`]. A replica that dies holding tokens locks them
+    /// [`Refunded::Expired`] (a keep, false). A replica that dies holding tokens locks them
     /// for at most this long; they then refill at the normal rate. At most
     /// [`MAX_TAU_NS`]; zero is rejected.
     pub fn hold_limit(mut self, limit: Duration) -> Self {
@@ -1077,6 +1076,7 @@ impl Builder {
                 Some(
                     Pace::builder(rate)
                         .capacity(cap)
+                        .hold_limit(self.hold_limit)
                         .build()
                         .map_err(|e| ConnectError::Config(ConfigError::Pace(e)))?,
                 )
@@ -1952,11 +1952,25 @@ impl RedisPace {
                     reset_ns: None,
                 }))
             }
-            // The local fallback (if any) decides a debit: its refund is
-            // the core's.
-            Err(e) => self
-                .finish_reserve(key, call, sent_at, Err(e))
-                .map(|r| self.hold_of(r)),
+            // The local fallback (if any) holds on the local `pace::Pace`.
+            Err(e) => {
+                bump(&inner.counters.unavailable, 1);
+                let Some(local) = &inner.fallback else {
+                    return Err(Error::Unavailable(e));
+                };
+                bump(&inner.counters.local_decisions, 1);
+                let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
+                let decided = match call.quota {
+                    None => local.hold_n(local_key, call.n),
+                    Some(q) => match self.local_quota(q) {
+                        Some(q) => local.hold_n_with(local_key, call.n, q),
+                        None => return Err(Error::Unavailable(e)),
+                    },
+                }
+                .map(pace::Hold::detach);
+                self.local_answer(key, call.n, decided)
+                    .map(|r| self.hold_of(r))
+            }
         }
     }
 
@@ -1984,30 +1998,16 @@ impl RedisPace {
         }
     }
 
+    /// Keeps or refunds the server's hold `id` of `key`: true when the key
+    /// had it, false when not (expired, lost).
     async fn resolve_hold(
         &self,
         key: &str,
         id: u64,
-        source: Source,
-        local: Option<pace::Debit>,
         keep: bool,
         now: Option<u64>,
-    ) -> Result<Resolved, Error> {
+    ) -> Result<bool, Error> {
         let inner = &*self.inner;
-        match source {
-            Source::Server => {}
-            Source::Local if keep => return Ok(Resolved::Kept),
-            Source::Local => {
-                return Ok(match (local, &inner.fallback) {
-                    (Some(debit), Some(fallback)) => {
-                        let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(key);
-                        Resolved::Local(fallback.refund(local_key, debit))
-                    }
-                    _ => Resolved::Nothing,
-                })
-            }
-            _ => return Ok(Resolved::Nothing),
-        }
         let mut cmd = self.script_cmd(key);
         cmd.arg(if keep { "k" } else { "x" }).arg(format!("{id:x}"));
         if let Some(now) = now {
@@ -2023,16 +2023,30 @@ impl RedisPace {
                         inner.cached.store(map.len(), Ordering::Relaxed);
                     }
                 }
-                Ok(match (found, keep) {
-                    (true, true) => Resolved::Kept,
-                    (true, false) => Resolved::Returned,
-                    (false, _) => Resolved::Expired,
-                })
+                Ok(found)
             }
             Err(e) => {
                 bump(&inner.counters.unavailable, 1);
                 Err(Error::Unavailable(e))
             }
+        }
+    }
+
+    /// Keeps or refunds a hold of the local fallback (`debit`, detached):
+    /// as [`Hold::resolve`] answers.
+    fn resolve_local(&self, key: &str, debit: Option<pace::Debit>, keep: bool) -> Refunded {
+        let inner = &*self.inner;
+        let (Some(debit), Some(local)) = (debit, &inner.fallback) else {
+            return Refunded::Nothing;
+        };
+        let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(key);
+        if !keep {
+            return local.refund(local_key, debit);
+        }
+        if local.keep(local_key, debit) {
+            Refunded::Restored
+        } else {
+            Refunded::Expired
         }
     }
 

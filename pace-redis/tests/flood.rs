@@ -14,7 +14,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use pace::Rate;
-use pace_redis::{Error, RedisPace, Resolved};
+use pace_redis::{Error, RedisPace, Refunded};
 
 const CAPACITY: u64 = 3;
 const RUNS: usize = 5;
@@ -41,7 +41,7 @@ async fn flood(url: &str, tasks: usize, run: usize, holds: bool) -> (u64, u64) {
                             while t.elapsed() < Duration::from_micros(50) {
                                 std::hint::spin_loop();
                             }
-                            assert_eq!(h.refund().await.unwrap(), Resolved::Returned);
+                            assert_eq!(h.refund().await.unwrap(), Refunded::Restored);
                             cycles += 1;
                         }
                         Err(Error::Denied(_)) => tokio::task::yield_now().await,

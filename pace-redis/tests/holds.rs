@@ -23,7 +23,7 @@ mod common;
 use std::time::Duration;
 
 use pace::{DenyReason, Rate};
-use pace_redis::{Error, Hold, RedisPace, Refunded, Reservation, Resolved, Source};
+use pace_redis::{Error, Hold, OnUnavailable, RedisPace, Refunded, Reservation, Source};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
@@ -210,25 +210,22 @@ impl Model {
         }
     }
 
-    /// Keep or release of model hold `id`.
-    fn resolve(&mut self, id: u64, keep: bool, now: u64) -> Resolved {
+    /// Keep or release of model hold `id`: `Restored` when resolved now,
+    /// `Expired` when the key no longer has it.
+    fn resolve(&mut self, id: u64, keep: bool, now: u64) -> Refunded {
         let (mut tat, mut live, changed) = self.view(now);
         let Some(i) = live.iter().position(|h| h.id == id) else {
             if changed {
                 self.put(tat, live, now);
             }
-            return Resolved::Expired;
+            return Refunded::Expired;
         };
         let h = live.remove(i);
         if keep {
             tat = tat.max(h.decided) + h.cost;
         }
         self.put(tat, live, now);
-        if keep {
-            Resolved::Kept
-        } else {
-            Resolved::Returned
-        }
+        Refunded::Restored
     }
 
     fn refund(&mut self, prev: u64, mine: u64, now: u64) -> Refunded {
@@ -472,12 +469,21 @@ fn run_histories(compare: bool, cases: u32) {
                     }
                     let keep = matches!(op, Op::Keep { .. });
                     let (id, index, h) = holds.swap_remove(pick % holds.len());
-                    let expect = match index {
-                        None => Resolved::Nothing,
-                        Some(_) => model.resolve(id, keep, now),
+                    let expect = match (index, keep) {
+                        (None, false) => Refunded::Nothing,
+                        // A keep of zero tokens: nothing to settle.
+                        (None, true) => Refunded::Expired,
+                        (Some(_), _) => model.resolve(id, keep, now),
                     };
+                    // A keep answers true when it settled the hold.
                     let got = if keep {
-                        rt.block_on(h.keep_at(now))
+                        rt.block_on(h.keep_at(now)).map(|kept| {
+                            if kept {
+                                Refunded::Restored
+                            } else {
+                                Refunded::Expired
+                            }
+                        })
                     } else {
                         rt.block_on(h.refund_at(now))
                     };
@@ -492,7 +498,7 @@ fn run_histories(compare: bool, cases: u32) {
                     if compare {
                         prop_assert_eq!(got, expect, "keep {}, step {}", keep, step);
                     }
-                    if got == Resolved::Returned {
+                    if !keep && got == Refunded::Restored {
                         if let Some(i) = index {
                             admissions[i] = None;
                         }
@@ -580,7 +586,7 @@ async fn an_unresolved_hold_settles_as_kept_after_the_hold_limit() {
     let live = p.hold_n_at("k", 1, None, t0 + 2).await.unwrap();
     assert_eq!(live.remaining(), Some(0));
     // `live` returns its token: 1 of 3 while the two others are held.
-    assert_eq!(live.refund_at(t0 + 3).await.unwrap(), Resolved::Returned);
+    assert_eq!(live.refund_at(t0 + 3).await.unwrap(), Refunded::Restored);
     assert_eq!(p.peek_at("k", t0 + 3).await.unwrap().remaining(), 1);
     // Just before the limit the two are still held.
     let before = p.peek_at("k", t0 + limit - 1).await.unwrap();
@@ -602,8 +608,11 @@ async fn an_unresolved_hold_settles_as_kept_after_the_hold_limit() {
     );
     // The client that held `dead` died; a late refund (its id replayed by
     // a stale client) returns nothing and mints nothing.
-    assert_eq!(dead.refund_at(after).await.unwrap(), Resolved::Expired);
-    assert_eq!(stale_keep.keep_at(after).await.unwrap(), Resolved::Expired);
+    assert_eq!(dead.refund_at(after).await.unwrap(), Refunded::Expired);
+    assert!(
+        !stale_keep.keep_at(after).await.unwrap(),
+        "an expired hold was kept again"
+    );
     let peek = p.peek_at("k", after).await.unwrap();
     assert_eq!(peek.remaining(), 1, "a stale refund minted tokens");
     // They refill at the normal rate: all 3 back two intervals after.
@@ -613,7 +622,7 @@ async fn an_unresolved_hold_settles_as_kept_after_the_hold_limit() {
     // A hold and a reserve at that time see a full bucket.
     let h = p.hold_n_at("k", 3, None, full).await.unwrap();
     assert_eq!(h.remaining(), Some(0));
-    assert_eq!(h.refund_at(full).await.unwrap(), Resolved::Returned);
+    assert_eq!(h.refund_at(full).await.unwrap(), Refunded::Restored);
     assert_eq!(
         p.reserve_n_at("k", 3, full).await.unwrap().remaining(),
         Some(0)
@@ -686,10 +695,10 @@ async fn holds_resolve_exactly_and_a_dropped_hold_is_kept() {
     assert!(matches!(p.hold("k").await, Err(Error::Denied(_))));
     assert!(matches!(p.reserve("k").await, Err(Error::Denied(_))));
     // Out of order, with a reserve in between: each refund is exact.
-    assert_eq!(b.refund().await.unwrap(), Resolved::Returned);
+    assert_eq!(b.refund().await.unwrap(), Refunded::Restored);
     let r = p.reserve("k").await.unwrap();
     assert_eq!(r.remaining(), Some(0));
-    assert_eq!(a.refund().await.unwrap(), Resolved::Returned);
+    assert_eq!(a.refund().await.unwrap(), Refunded::Restored);
     // The reserve found the settled part full (holds leave tat alone).
     assert_eq!(p.refund(r).await.unwrap(), Refunded::Removed);
     assert_eq!(p.peek("k").await.unwrap().remaining(), 2);
@@ -705,11 +714,39 @@ async fn holds_resolve_exactly_and_a_dropped_hold_is_kept() {
         if !stored.contains('|') {
             assert_eq!(p.peek("k").await.unwrap().remaining(), 2);
             let d = p.hold("k").await.unwrap();
-            assert_eq!(d.keep().await.unwrap(), Resolved::Kept);
+            assert!(d.keep().await.unwrap());
             assert_eq!(p.peek("k").await.unwrap().remaining(), 1);
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the dropped hold was not kept");
+}
+
+#[tokio::test]
+async fn holds_of_the_local_fallback_are_exact_too() {
+    let mut server = common::RedisServer::start();
+    let p = RedisPace::builder(Rate::new(1, Duration::from_secs(100)).unwrap())
+        .capacity(3)
+        .prefix("local:")
+        .on_unavailable(OnUnavailable::LocalFallback { replicas: 1 })
+        .timeout(Duration::from_millis(300))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    server.stop();
+    let a = p.hold("k").await.unwrap();
+    assert_eq!(a.source(), Source::Local);
+    let b = p.hold("k").await.unwrap();
+    let c = p.hold("k").await.unwrap();
+    assert!(matches!(p.hold("k").await, Err(Error::Denied(_))));
+    // Out of order: each refund returns its own token (the core's holds).
+    assert!(a.refund().await.unwrap().returned());
+    assert!(b.refund().await.unwrap().returned());
+    assert_eq!(p.peek("k").await.unwrap().remaining(), 2);
+    assert!(c.keep().await.unwrap());
+    assert_eq!(p.peek("k").await.unwrap().remaining(), 2);
+    // Dropping a local hold keeps it.
+    drop(p.hold("k").await.unwrap());
+    assert_eq!(p.peek("k").await.unwrap().remaining(), 1);
 }
