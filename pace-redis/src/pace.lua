@@ -15,7 +15,8 @@
 --          the reservation's decimal ns strings)
 -- peek:    ARGV = {'p'} or {'p', now}; writes nothing
 -- hold:    ARGV = {'h', id, n, interval, capacity, limit} or {..., now}: an
---          exact reservation (README: "Holds"): admitted like a reserve of
+--          exact reservation (README: "Overlapping refunds and holds"):
+--          admitted like a reserve of
 --          n under the quota (interval ns, capacity), but its cost
 --          n x interval is added to the key's held amount, tat untouched;
 --          id (hexadecimal, chosen by the client) names it, and it expires
@@ -35,6 +36,9 @@
 -- 0 <= tat_s - now_s <= MAX_AHEAD_S, so < 2e15 + 1e9), the debt after a
 -- debit (adds n * interval <= tau <= 2^50: < 3.2e15) and expiry
 -- milliseconds (< 2^45). The client rejects tau > 2^50 (README: "Precision").
+-- With holds: held <= 2^50 (an admitted hold keeps d + held <= tau of its
+-- quota), so a decision's d + held + n * interval < 4.3e15; a hold limit is
+-- at most 2^50 (the client checks it), an expiry is a time like any other.
 --
 -- Replies (one bulk string: fewer bytes, and cheaper to make, than an
 -- array; numbers formatted with %d, never Lua's %.14g):
@@ -72,11 +76,11 @@
 -- settles the holds whose expiry has passed, in that order, as kept from
 -- their expiry: tat = max(tat, expiry) + cost (a reading after their own:
 -- conservative); a call that writes nothing else leaves them stored, and
--- the next call settles them the same way. A key without
--- holds stays one decimal tat, and a reserve on it runs the first branch
+-- the next call settles them the same way. A key without holds stays one
+-- decimal tat, and a reserve, peek or refund on it runs the first branches
 -- below, unchanged. The key's expiry covers its holds: max(tat, latest
--- expiry) + held, the latest time at which settling them all leaves a full
--- bucket.
+-- expiry) + held, a time by which settling them all, each from its expiry,
+-- leaves a full bucket.
 
 local E9 = 1000000000
 local MAX_AHEAD_S = 2000000 -- 2e6 s * 1e9 = 2e15 < 2^51

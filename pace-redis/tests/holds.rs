@@ -669,7 +669,10 @@ async fn a_dead_clients_hold_expires_on_the_servers_clock() {
     let now = peek.server_now_ns().unwrap();
     assert!(now > expiry);
     let debt = (expiry + 1_000_000_000).saturating_sub(now);
-    assert_eq!(peek.remaining(), 1, "an expired hold was returned");
+    if debt > 0 {
+        // (unless this peek came a whole interval after the expiry)
+        assert_eq!(peek.remaining(), 1, "an expired hold was returned");
+    }
     assert_eq!(peek.remaining(), (2_000_000_000 - debt) / 1_000_000_000);
     assert_eq!(peek.reset_after(), Some(Duration::from_nanos(debt)));
     // The key then expires as a full bucket.
