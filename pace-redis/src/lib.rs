@@ -138,8 +138,8 @@ fn script_source(interval: u64, capacity: u64) -> String {
     // (when the rewound tat still lies ahead of now).
     #[cfg(pace_mutant = "redis_release_rewinds")]
     let src = src.replace(
-        "held = held - h[5]\n",
-        "held = held - h[5]\nif op == 'x' then local rs, rn = add(tat_s, tat_n, -h[5]) \
+        "held = held - hc\n",
+        "held = held - hc\nif op == 'x' then local rs, rn = add(tat_s, tat_n, -hc) \
          if later(rs, rn, now_s, now_n) then tat_s, tat_n = rs, rn end end\n",
     );
     // Holds: a keep settles without the clamp at its own reading
@@ -148,10 +148,7 @@ fn script_source(interval: u64, capacity: u64) -> String {
     let src = src.replace("if later(ts, tn, tat_s, tat_n) then", "if false then");
     // Holds: an expired hold is dropped as if refunded, not settled as kept.
     #[cfg(pace_mutant = "redis_expiry_refunds")]
-    let src = src.replace(
-        "tat_s, tat_n = add(tat_s, tat_n, c)\n        changed = true",
-        "changed = true",
-    );
+    let src = src.replace("tat_s, tat_n = add(tat_s, tat_n, c)\n", "");
     src
 }
 

@@ -71,8 +71,9 @@
 -- keep, release: {1, s, ns} done; {0, s, ns} no such hold (it expired and
 --          settled as kept, or the key was lost): nothing changed.
 --
--- A key with holds stores 'tat|id,cost,decided,expiry|...' (decimal ns;
--- tat '0' for a full settled part), in order of expiry. Every call first
+-- A key with holds stores 'tat|held|first expiry|last expiry' followed by
+-- '|id,cost,decided,expiry' for each hold (decimal ns; tat '0' for a full
+-- settled part), in order of expiry. Every call first
 -- settles the holds whose expiry has passed, in that order, as kept from
 -- their expiry: tat = max(tat, expiry) + cost (a reading after their own:
 -- conservative); a call that writes nothing else leaves them stored, and
@@ -282,71 +283,87 @@ if not cur then
   cur = redis.call('GET', key)
 end
 
--- The key's state: its settled tat and its live holds {id, cost string,
--- decided, expiry, cost, expiry s, expiry ns}, the expired ones settled as
--- kept from their expiry; held = the sum of the live holds' costs.
+-- The key's state: its settled tat, what it holds (held, the sum of the
+-- live holds' costs) and the live holds themselves, `tail`: one
+-- '|id,cost,decided,expiry' each, in order of expiry, whose first and last
+-- expiries are (min_s, min_n) and (max_s, max_n). The holds past their
+-- expiry are settled first, as kept from their expiry. Only the expired
+-- ones and the one a keep or refund names are parsed: string searches and
+-- splices do the rest, so a call costs little more with many holds.
 local tat_s, tat_n = 0, 0
-local holds = {}
 local held = 0
+local tail = ''
+local min_s, min_n, max_s, max_n
 local changed = false
 if cur then
-  local bar = string.find(cur, '|', 1, true)
-  local t = cur
-  if bar then
-    t = string.sub(cur, 1, bar - 1)
+  local t, hs, mins, maxs, at = string.match(cur, '^(%d+)|(%d+)|(%d+)|(%d+)()')
+  if t then
+    tail = string.sub(cur, at)
+    held = tonumber(hs)
+    min_s, min_n = split(mins)
+    max_s, max_n = split(maxs)
+  else
+    t = cur
   end
-  if #t == 0 or #t > 20 or string.find(t, '%D') then
+  if #t == 0 or #t > 20 or string.find(t, '%D') or (tail == '' and t ~= cur) then
     return redis.error_reply('pace: the key holds something other than a tat')
   end
   tat_s, tat_n = split(t)
-  if bar then
-    for part in string.gmatch(string.sub(cur, bar + 1), '[^|]+') do
-      local id, cs, td, e = string.match(part, '^(%x+),(%d+),(%d+),(%d+)$')
-      if not id or #cs > 16 or #td > 20 or #e > 20 then
-        return redis.error_reply('pace: the key holds something other than a tat')
+  if tail ~= '' and not later(min_s, min_n, now_s, now_n) then
+    -- Expired holds: settled as kept from their expiry, in that order.
+    local pos = 1
+    while true do
+      local cs, e, nxt = string.match(tail, '^|%x+,(%d+),%d+,(%d+)()', pos)
+      if not cs then
+        if pos <= #tail then
+          return redis.error_reply('pace: the key holds something other than a tat')
+        end
+        break
       end
-      local c = tonumber(cs)
       local es, en = split(e)
       if later(es, en, now_s, now_n) then
-        holds[#holds + 1] = {id, cs, td, e, c, es, en}
-        held = held + c
-      else
-        -- Expired: settled as kept, from its expiry.
-        if later(es, en, tat_s, tat_n) then
-          tat_s, tat_n = es, en
-        end
-        tat_s, tat_n = add(tat_s, tat_n, c)
-        changed = true
+        min_s, min_n = es, en
+        break
       end
+      local c = tonumber(cs)
+      if later(es, en, tat_s, tat_n) then
+        tat_s, tat_n = es, en
+      end
+      tat_s, tat_n = add(tat_s, tat_n, c)
+      held = held - c
+      pos = nxt
+      changed = true
     end
+    tail = string.sub(tail, pos)
   end
 end
 
 -- Writes the state: no key for a full bucket without holds; the key
--- expires when settling every hold at its expiry would leave it full.
+-- expires when settling every hold from its expiry would leave it full.
 local function put()
-  if #holds == 0 and not later(tat_s, tat_n, now_s, now_n) then
-    redis.call('DEL', key)
+  if tail == '' then
+    if not later(tat_s, tat_n, now_s, now_n) then
+      redis.call('DEL', key)
+      return
+    end
+    local v = fmt(tat_s, tat_n)
+    if inj then
+      redis.call('SET', key, v)
+    else
+      redis.call('SET', key, v, 'PXAT', string.format('%d', tat_s * 1000 + math.ceil(tat_n / 1000000)))
+    end
     return
   end
-  local v = fmt(tat_s, tat_n)
-  local xs, xn = tat_s, tat_n
-  local last = holds[#holds]
-  if last then
-    local parts = {v}
-    for i, h in ipairs(holds) do
-      parts[i + 1] = h[1] .. ',' .. h[2] .. ',' .. h[3] .. ',' .. h[4]
-    end
-    v = table.concat(parts, '|')
-    -- The latest expiry is the last hold's.
-    if later(last[6], last[7], xs, xn) then
-      xs, xn = last[6], last[7]
-    end
-    xs, xn = add(xs, xn, held)
-  end
+  local v = fmt(tat_s, tat_n) .. '|' .. string.format('%d', held) .. '|' .. fmt(min_s, min_n) .. '|'
+    .. fmt(max_s, max_n) .. tail
   if inj then
     redis.call('SET', key, v)
   else
+    local xs, xn = tat_s, tat_n
+    if later(max_s, max_n, xs, xn) then
+      xs, xn = max_s, max_n
+    end
+    xs, xn = add(xs, xn, held)
     redis.call('SET', key, v, 'PXAT', string.format('%d', xs * 1000 + math.ceil(xn / 1000000)))
   end
 end
@@ -385,27 +402,39 @@ if op == 'r' or op == 'h' then
     end
     return string.format('1 %d %s', d, v)
   end
-  if not string.match(hid, '^%x+$') or #hid > 32 then
+  if #hid > 32 or not string.match(hid, '^%x+$') then
     return redis.error_reply('pace: a hold id is hexadecimal')
   end
-  for _, h in ipairs(holds) do
-    if h[1] == hid then
-      return redis.error_reply('pace: duplicate hold id')
-    end
+  if string.find(tail, '|' .. hid .. ',', 1, true) then
+    return redis.error_reply('pace: duplicate hold id')
   end
   local es, en = add(now_s, now_n, limit)
-  held = held + c
-  -- Holds stay in order of expiry (then of decision), so that the expired
-  -- ones are a prefix, settled in the same order whenever they are.
-  local at = #holds + 1
-  while at > 1 do
-    local p = holds[at - 1]
-    if not later(p[6], p[7], es, en) then
-      break
+  local entry = '|' .. hid .. ',' .. string.format('%d', c) .. ',' .. fmt(now_s, now_n) .. ','
+    .. fmt(es, en)
+  if tail == '' then
+    tail = entry
+    min_s, min_n, max_s, max_n = es, en, es, en
+  elseif not later(max_s, max_n, es, en) then
+    tail = tail .. entry
+    max_s, max_n = es, en
+  else
+    -- Expiring before the last (a clock that stepped back, or a shorter
+    -- hold limit): in order of expiry, after those expiring no later.
+    local pos = 1
+    while true do
+      local e, nxt = string.match(tail, '^|%x+,%d+,%d+,(%d+)()', pos)
+      local ps, pn = split(e)
+      if later(ps, pn, es, en) then
+        break
+      end
+      pos = nxt
     end
-    at = at - 1
+    tail = string.sub(tail, 1, pos - 1) .. entry .. string.sub(tail, pos)
+    if pos == 1 then
+      min_s, min_n = es, en
+    end
   end
-  table.insert(holds, at, {hid, string.format('%d', c), fmt(now_s, now_n), fmt(es, en), c, es, en})
+  held = held + c
   put()
   return string.format('1 %d %d %d %d', d, held, now_s, now_n)
 elseif op == 'p' then
@@ -438,28 +467,36 @@ elseif op == 'f' then
 end
 
 -- keep ('k') or release ('x') of hold hid.
-local found
-for i, h in ipairs(holds) do
-  if h[1] == hid then
-    found = i
-    break
-  end
-end
-if not found then
+local at = string.find(tail, '|' .. hid .. ',', 1, true)
+if not at then
   if changed then
     put()
   end
   return {0, now_s, now_n}
 end
-local h = table.remove(holds, found)
-held = held - h[5]
+local hcs, td, nxt = string.match(tail, '^|%x+,(%d+),(%d+),%d+()', at)
+if not hcs then
+  return redis.error_reply('pace: the key holds something other than a tat')
+end
+local hc = tonumber(hcs)
+local last = nxt > #tail
+tail = string.sub(tail, 1, at - 1) .. string.sub(tail, nxt)
+if tail ~= '' then
+  if at == 1 then
+    min_s, min_n = split(string.match(tail, '^|%x+,%d+,%d+,(%d+)'))
+  end
+  if last then
+    max_s, max_n = split(string.match(tail, '(%d+)$'))
+  end
+end
+held = held - hc
 if op == 'k' then
   -- Settled from its own reading.
-  local ts, tn = split(h[3])
+  local ts, tn = split(td)
   if later(ts, tn, tat_s, tat_n) then
     tat_s, tat_n = ts, tn
   end
-  tat_s, tat_n = add(tat_s, tat_n, h[5])
+  tat_s, tat_n = add(tat_s, tat_n, hc)
 end
 put()
 return {1, now_s, now_n}

@@ -3,8 +3,8 @@
 //! kept after the hold limit.
 //!
 //! - `holds_agree_with_the_integer_model`: random histories of reserves,
-//!   holds, keeps, hold refunds, reserve refunds and clock advances on one
-//!   key, through the script with the time injected and through an integer
+//!   holds (by two limiters with different hold limits), keeps, hold
+//!   refunds, reserve refunds and clock advances on one key, through the script with the time injected and through an integer
 //!   model written here; every decision, wait, remaining token count, reset
 //!   time, refund outcome and peek must agree, and the admissions that were
 //!   not returned (holds counted at their decision, kept, expired or never
@@ -35,8 +35,11 @@ enum Op {
     Reserve {
         n: u64,
     },
+    /// `other`: by a second limiter on the same key with another hold limit
+    /// (holds then expire out of the order of their decisions).
     Hold {
         n: u64,
+        other: bool,
     },
     Keep {
         pick: usize,
@@ -58,7 +61,7 @@ enum Op {
 fn op(cap: u64) -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..=cap + 1).prop_map(|n| Op::Reserve { n }),
-        5 => (0..=cap + 1).prop_map(|n| Op::Hold { n }),
+        5 => (0..=cap + 1, any::<bool>()).prop_map(|(n, other)| Op::Hold { n, other }),
         3 => any::<usize>().prop_map(|pick| Op::Keep { pick }),
         3 => any::<usize>().prop_map(|pick| Op::Release { pick }),
         2 => any::<usize>().prop_map(|pick| Op::Refund { pick }),
@@ -78,18 +81,24 @@ fn interval() -> impl Strategy<Value = u64> {
     ]
 }
 
-/// (interval, capacity, hold limit as (quarters of tau, ns)), operations.
-type Case = (u64, u64, (u64, u64), Vec<Op>);
+/// (interval, capacity, the two limiters' hold limits as (quarters of tau,
+/// ns)), operations.
+type Case = (u64, u64, [(u64, u64); 2], Vec<Op>);
 
 fn case() -> impl Strategy<Value = Case> {
-    (interval(), 1u64..=6, (0u64..10, 0u64..1_000_000_000)).prop_flat_map(|(i, cap, limit)| {
-        (
-            Just(i),
-            Just(cap),
-            Just(limit),
-            proptest::collection::vec(op(cap), 1..70),
-        )
-    })
+    (
+        interval(),
+        1u64..=6,
+        proptest::array::uniform2((0u64..10, 0u64..1_000_000_000)),
+    )
+        .prop_flat_map(|(i, cap, limits)| {
+            (
+                Just(i),
+                Just(cap),
+                Just(limits),
+                proptest::collection::vec(op(cap), 1..70),
+            )
+        })
 }
 
 #[derive(Clone, Debug)]
@@ -111,7 +120,6 @@ struct Stored {
 struct Model {
     interval: u64,
     cap: u64,
-    limit: u64,
     stored: Option<Stored>,
 }
 
@@ -166,14 +174,14 @@ impl Model {
         )
     }
 
-    /// A reserve (`hold` None) or a hold with model id `hold`: Ok((prev,
+    /// A reserve (`hold` None) or a hold (model id, hold limit): Ok((prev,
     /// tat, debt after counting what is held)) or Err((reason, wait, debt
     /// before counting what is held)).
     #[allow(clippy::type_complexity)]
     fn decide(
         &mut self,
         n: u64,
-        hold: Option<u64>,
+        hold: Option<(u64, u64)>,
         now: u64,
     ) -> Result<(u64, u64, u64), (DenyReason, u64, u64)> {
         if n > self.cap {
@@ -192,8 +200,8 @@ impl Model {
                 self.put(new, live, now);
                 Ok((if tat > now { tat } else { 0 }, new, new - now + held))
             }
-            Some(id) => {
-                let expiry = now + self.limit;
+            Some((id, limit)) => {
+                let expiry = now + limit;
                 let at = live.iter().take_while(|h| h.expiry <= expiry).count();
                 live.insert(
                     at,
@@ -294,26 +302,31 @@ fn run_histories(compare: bool, cases: u32) {
         ..Config::default()
     });
     let case_no = std::cell::Cell::new(0u64);
-    let result = runner.run(&case(), |(interval, cap, (lq, lns), ops)| {
+    let result = runner.run(&case(), |(interval, cap, limits, ops)| {
         case_no.set(case_no.get() + 1);
         let tau = interval * cap;
-        let limit = (lq * tau / 4 + lns).max(1);
-        let limiter = rt
-            .block_on(
-                RedisPace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
-                    .capacity(cap)
-                    .prefix(format!("holds{compare}{}:", case_no.get()))
-                    .deny_cache(false)
-                    .time_injection(true)
-                    .hold_limit(Duration::from_nanos(limit))
-                    .timeout(Duration::from_secs(5))
-                    .connect(&server.url()),
-            )
-            .unwrap();
+        let limits = limits.map(|(lq, lns)| (lq * tau / 4 + lns).max(1));
+        // Two limiters on the same key with different hold limits.
+        let limiters: Vec<RedisPace> = limits
+            .iter()
+            .map(|&limit| {
+                rt.block_on(
+                    RedisPace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
+                        .capacity(cap)
+                        .prefix(format!("holds{compare}{}:", case_no.get()))
+                        .deny_cache(false)
+                        .time_injection(true)
+                        .hold_limit(Duration::from_nanos(limit))
+                        .timeout(Duration::from_secs(5))
+                        .connect(&server.url()),
+                )
+                .unwrap()
+            })
+            .collect();
+        let limiter = &limiters[0];
         let mut model = Model {
             interval,
             cap,
-            limit,
             stored: None,
         };
         let mut now = BASE;
@@ -393,14 +406,16 @@ fn run_histories(compare: bool, cases: u32) {
                         Err(e) => prop_assert!(false, "reserve, step {}: {}", step, e),
                     }
                 }
-                Op::Hold { n } => {
-                    let got = rt.block_on(limiter.hold_n_at("k", n, None, now));
+                Op::Hold { n, other } => {
+                    let which = usize::from(other);
+                    let limit = limits[which];
+                    let got = rt.block_on(limiters[which].hold_n_at("k", n, None, now));
                     let id = next_id;
                     next_id += 1;
                     let expect = if n == 0 {
                         Ok((0, 0, 0))
                     } else {
-                        model.decide(n, Some(id), now)
+                        model.decide(n, Some((id, limit)), now)
                     };
                     if compare {
                         match (&expect, &got) {
