@@ -21,6 +21,9 @@
 #       a reserve, a hold cycle (hold then its refund: two EVALSHAs) and a
 #       hold kept (hold then keep), on random keys among 10,000, sent as one
 #       stream through `redis-cli --pipe` (the same path for all three).
+#   bash pace-redis/benches/server_cost.sh many [HOLDS...]
+#       wall time of a peek of one key holding HOLDS holds each (default 1,
+#       10, 100, 1000): `usec_per_call` of 2,000 peeks (redis-benchmark -c 1).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
@@ -130,8 +133,32 @@ PY
         echo "$k: $(((t - base) / calls)) instructions per operation ($calls operations)"
     done
     ;;
+many)
+    shift
+    [ $# -gt 0 ] || set -- 1 10 100 1000
+    port=$(free_port)
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
+    pid=$!
+    trap 'kill $pid; rm -rf "$work"' EXIT
+    wait_up "$port"
+    sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/pace.lua")")
+    for h in "$@"; do
+        redis-cli -p "$port" DEL many >/dev/null
+        python3 - "$sha" "$h" <<'PY' | redis-cli -p "$port" --pipe >/dev/null
+import sys
+sha, h = sys.argv[1], int(sys.argv[2])
+for i in range(h):
+    a = ["EVALSHA", sha, "1", "many", "h", "%x" % (i + 1), "1", "1000000", "1000", "10000000000"]
+    sys.stdout.write("*%d\r\n" % len(a) + "".join("$%d\r\n%s\r\n" % (len(x), x) for x in a))
+PY
+        redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
+        redis-benchmark -p "$port" -n 2000 -c 1 -q EVALSHA "$sha" 1 many p >/dev/null
+        u=$(redis-cli -p "$port" INFO commandstats | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
+        echo "$h holds ($(redis-cli -p "$port" STRLEN many) bytes): peek ${u}us"
+    done
+    ;;
 *)
-    echo "usage: $0 usec [ROUNDS] | instructions [CALLS] | holds [CALLS]" >&2
+    echo "usage: $0 usec [ROUNDS] | instructions [CALLS] | holds [CALLS] | many [HOLDS...]" >&2
     exit 2
     ;;
 esac
