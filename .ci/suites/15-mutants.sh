@@ -193,3 +193,20 @@ expect_caught redis_cache_forever requests "panicked" "-p pace-redis" \
     a_flood_of_denials_is_answered_locally_until_the_retry_time
 expect_caught redis_fallback_full_rate faults "panicked" "-p pace-redis" \
     restart_local_fallback_admits_at_rate_over_replicas
+# Holds (tests/holds.rs): exact refunds in any order and the over-admission
+# bound, against four variants, each caught by the model and by the bound
+# alone over the script's answers:
+#   redis_hold_ignored:    a decision does not count what is held
+#   redis_release_rewinds: a hold's refund also rewinds the settled tat (when
+#                          that still lies ahead of now)
+#   redis_keep_unclamped:  a keep settles tat + cost without the clamp at
+#                          its own reading (max(tat, decided) + cost)
+#   redis_expiry_refunds:  an expired hold is dropped as if refunded, not
+#                          settled as kept (also the hold-limit tests)
+for m in redis_hold_ignored redis_release_rewinds redis_keep_unclamped redis_expiry_refunds; do
+    expect_caught "$m" holds "exceeds the bound by" "-p pace-redis" \
+        holds_agree_with_the_integer_model random_hold_histories_never_exceed_the_bound
+done
+expect_caught redis_expiry_refunds holds "an expired hold was returned" "-p pace-redis" \
+    an_unresolved_hold_settles_as_kept_after_the_hold_limit \
+    a_dead_clients_hold_expires_on_the_servers_clock

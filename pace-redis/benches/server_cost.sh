@@ -16,6 +16,14 @@
 #       EVALSHAs (default 20,000) as above; instructions per call =
 #       (its total - that of a server that ran none) / CALLS. Deterministic,
 #       independent of the machine's load (needs valgrind).
+#   bash pace-redis/benches/server_cost.sh holds [CALLS]
+#       pace-redis's script only, instructions as above, for CALLS of each:
+#       a reserve, a hold cycle (hold then its refund: two EVALSHAs) and a
+#       hold kept (hold then keep), on random keys among 10,000, sent as one
+#       stream through `redis-cli --pipe` (the same path for all three).
+#   bash pace-redis/benches/server_cost.sh many [HOLDS...]
+#       wall time of a peek of one key holding HOLDS holds each (default 1,
+#       10, 100, 1000): `usec_per_call` of 2,000 peeks (redis-benchmark -c 1).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
@@ -80,8 +88,77 @@ instructions)
         echo "$s: $(((t - base) / calls)) instructions per call ($calls calls)"
     done
     ;;
+holds)
+    calls=${2:-20000}
+    # RESP for CALLS operations of kind $1 with script sha $2.
+    stream() {
+        python3 - "$1" "$2" "$calls" <<'PY'
+import random, sys
+kind, sha, calls = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rng = random.Random(7)
+out = []
+def cmd(*a):
+    out.append("*%d\r\n" % len(a) + "".join("$%d\r\n%s\r\n" % (len(x), x) for x in a))
+for i in range(calls):
+    key = "pace:%d" % rng.randrange(10000)
+    if kind == "reserve":
+        cmd("EVALSHA", sha, "1", key)
+    else:
+        hid = "%x" % (i + 1)
+        cmd("EVALSHA", sha, "1", key, "h", hid, "1", "1000000", "1000", "10000000000")
+        cmd("EVALSHA", sha, "1", key, "x" if kind == "hold-refund" else "k", hid)
+sys.stdout.write("".join(out))
+PY
+    }
+    run() { # KIND CALLS: instructions of a server that ran CALLS of KIND
+        local port out
+        port=$(free_port)
+        out="$work/cg.$1.$2"
+        valgrind --tool=callgrind --callgrind-out-file="$out" \
+            redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
+        local vg=$!
+        wait_up "$port"
+        local sha
+        sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/pace.lua")")
+        if [ "$2" -gt 0 ]; then
+            stream "$1" "$sha" | redis-cli -p "$port" --pipe >/dev/null
+        fi
+        redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+        wait "$vg" || true
+        sed -n 's/^summary: *//p;s/^totals: *//p' "$out" | head -1
+    }
+    base=$(run reserve 0)
+    for k in reserve hold-refund hold-keep; do
+        t=$(run "$k" "$calls")
+        echo "$k: $(((t - base) / calls)) instructions per operation ($calls operations)"
+    done
+    ;;
+many)
+    shift
+    [ $# -gt 0 ] || set -- 1 10 100 1000
+    port=$(free_port)
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null &
+    pid=$!
+    trap 'kill $pid; rm -rf "$work"' EXIT
+    wait_up "$port"
+    sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/pace.lua")")
+    for h in "$@"; do
+        redis-cli -p "$port" DEL many >/dev/null
+        python3 - "$sha" "$h" <<'PY' | redis-cli -p "$port" --pipe >/dev/null
+import sys
+sha, h = sys.argv[1], int(sys.argv[2])
+for i in range(h):
+    a = ["EVALSHA", sha, "1", "many", "h", "%x" % (i + 1), "1", "1000000", "1000", "10000000000"]
+    sys.stdout.write("*%d\r\n" % len(a) + "".join("$%d\r\n%s\r\n" % (len(x), x) for x in a))
+PY
+        redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
+        redis-benchmark -p "$port" -n 2000 -c 1 -q EVALSHA "$sha" 1 many p >/dev/null
+        u=$(redis-cli -p "$port" INFO commandstats | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
+        echo "$h holds ($(redis-cli -p "$port" STRLEN many) bytes): peek ${u}us"
+    done
+    ;;
 *)
-    echo "usage: $0 usec [ROUNDS] | instructions [CALLS]" >&2
+    echo "usage: $0 usec [ROUNDS] | instructions [CALLS] | holds [CALLS] | many [HOLDS...]" >&2
     exit 2
     ;;
 esac

@@ -39,6 +39,24 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A reserve's refund returns nothing once another debit landed on the key
+//! after it, so overlapping reserve → check → refund cycles lose tokens
+//! until the bucket refills. A [`Hold`] ([`RedisPace::hold`]) is exact: its
+//! tokens stay apart from the key's settled debt until it is kept or
+//! refunded (a second script call), and a hold left unresolved for the hold
+//! limit ([`Builder::hold_limit`], 10 s) settles as kept:
+//!
+//! ```no_run
+//! # async fn demo(limiter: pace_redis::RedisPace, served: bool) -> Result<(), pace_redis::Error> {
+//! let hold = limiter.hold("client-7").await?;
+//! if served {
+//!     hold.keep().await?;
+//! } else {
+//!     hold.refund().await?; // exact, whatever else happened to the key
+//! }
+//! # Ok(()) }
+//! ```
+//!
 //! A quota per call ([`RedisPace::reserve_with`]: a key's plan) and waiting
 //! for a turn instead of a denial ([`RedisPace::acquire`]: one script call
 //! takes a slot up to `max_wait` ahead on the server's clock, then one
@@ -83,6 +101,9 @@ use redis::{Cmd, ErrorKind, RedisError, Script, Value};
 /// 2^53, where Lua's doubles stop being exact (README: "Precision").
 pub const MAX_TAU_NS: u64 = 1 << 50;
 
+/// [`Builder::hold_limit`]'s default: 10 s.
+pub const DEFAULT_HOLD_LIMIT: Duration = Duration::from_secs(10);
+
 /// The furthest a stored `tat` may lie ahead of the server's clock (the
 /// script's `MAX_AHEAD_S`, 2 x 10^6 s).
 const MAX_AHEAD_NS: u64 = 2_000_000 * 1_000_000_000;
@@ -107,7 +128,27 @@ fn script_source(interval: u64, capacity: u64) -> String {
     #[cfg(pace_mutant = "redis_turn_beyond_wait")]
     let src = src.replace("if nd > tau + wait then", "if nd > tau + 2 * wait then");
     #[cfg(pace_mutant = "redis_refund_unchecked")]
-    let src = src.replace("if cur ~= mine then", "if not cur then");
+    let src = src
+        .replace("if cur ~= mine then", "if not cur then")
+        .replace("if fmt(tat_s, tat_n) ~= mine then", "if not cur then");
+    // Holds: a decision that ignores what is held.
+    #[cfg(pace_mutant = "redis_hold_ignored")]
+    let src = src.replace("if nd + held > tau + wait then", "if nd > tau + wait then");
+    // Holds: a release that also rewinds the settled tat by the hold's cost
+    // (when the rewound tat still lies ahead of now).
+    #[cfg(pace_mutant = "redis_release_rewinds")]
+    let src = src.replace(
+        "held = held - hc\n",
+        "held = held - hc\nif op == 'x' then local rs, rn = add(tat_s, tat_n, -hc) \
+         if later(rs, rn, now_s, now_n) then tat_s, tat_n = rs, rn end end\n",
+    );
+    // Holds: a keep settles without the clamp at its own reading
+    // (tat + cost even when tat lies before the decision).
+    #[cfg(pace_mutant = "redis_keep_unclamped")]
+    let src = src.replace("if later(ts, tn, tat_s, tat_n) then", "if false then");
+    // Holds: an expired hold is dropped as if refunded, not settled as kept.
+    #[cfg(pace_mutant = "redis_expiry_refunds")]
+    let src = src.replace("tat_s, tat_n = add(tat_s, tat_n, c)\n", "");
     src
 }
 
@@ -166,6 +207,11 @@ pub enum ConfigError {
         /// The policy, as the server reports it.
         policy: String,
     },
+    /// [`Builder::hold_limit`] is zero or exceeds [`MAX_TAU_NS`].
+    HoldLimit {
+        /// The configured limit (ns, saturated).
+        ns: u64,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -184,6 +230,10 @@ impl fmt::Display for ConfigError {
                 f,
                 "the server's maxmemory-policy {policy} can evict the limiter's keys \
                  (a lost key hands out a full bucket); use noeviction"
+            ),
+            ConfigError::HoldLimit { ns } => write!(
+                f,
+                "hold limit of {ns} ns: it must be at least 1 ns and at most 2^50 ns"
             ),
         }
     }
@@ -297,7 +347,8 @@ impl Denied {
         self.remaining
     }
     /// The time until the bucket is full again if nothing else touches it
-    /// (`tat - now` on the server's clock), when the server decided.
+    /// (`tat - now` on the server's clock, plus what the key holds in
+    /// [`Hold`]s, counted as kept), when the server decided.
     pub fn reset_after(&self) -> Option<Duration> {
         self.reset_ns.map(Duration::from_nanos)
     }
@@ -317,8 +368,8 @@ impl Peek {
     pub fn remaining(&self) -> u64 {
         self.remaining
     }
-    /// The time until the bucket is full (zero when it is), when the server
-    /// answered.
+    /// The time until the bucket is full (zero when it is; what the key
+    /// holds in [`Hold`]s counts as kept), when the server answered.
     pub fn reset_after(&self) -> Option<Duration> {
         self.reset_ns.map(Duration::from_nanos)
     }
@@ -390,6 +441,9 @@ pub struct Reservation {
     remaining: Option<u64>,
     /// A turn's wait after the decision (ns; 0 for a reserve).
     wait: u64,
+    /// What the key held in holds at the decision (ns of tokens), counted
+    /// as debt.
+    held: u64,
 }
 
 impl Reservation {
@@ -426,10 +480,13 @@ impl Reservation {
         Duration::from_nanos(self.wait)
     }
     /// The time until the bucket is full again if nothing else touches it
-    /// (`tat - now` on the server's clock), when the server decided.
+    /// (`tat - now` on the server's clock, plus what the key holds in
+    /// [`Hold`]s, counted as kept), when the server decided.
     pub fn reset_after(&self) -> Option<Duration> {
         match (self.source, self.server_now_ns) {
-            (Source::Server, Some(now)) => Some(Duration::from_nanos(self.tat.saturating_sub(now))),
+            (Source::Server, Some(now)) => Some(Duration::from_nanos(
+                self.tat.saturating_sub(now).saturating_add(self.held),
+            )),
             _ => None,
         }
     }
@@ -443,6 +500,183 @@ impl Reservation {
 /// reservation of the local fallback ([`Reservation::source`] is
 /// `Source::Local`) refunds there, and the answer is the core's.
 pub use pace::Refunded;
+
+/// An exact reservation ([`RedisPace::hold`], the core's [`pace::Hold`] on
+/// the server): its tokens are held apart from the key's settled debt until
+/// [`keep`](Hold::keep) settles them or [`refund`](Hold::refund) returns
+/// them, exactly, in any order. Each costs one more script call. Dropping
+/// an unresolved hold keeps it, in a task spawned on the current runtime;
+/// without a runtime (or if that call fails) the hold expires after the
+/// hold limit and is settled as kept then. A hold of the local fallback
+/// ([`Source::Local`]) is a hold of the local `pace::Pace`, resolved there.
+#[must_use = "dropping a Hold keeps it (one more script call); keep or refund it"]
+pub struct Hold {
+    /// `None` once resolved.
+    limiter: Option<RedisPace>,
+    key: String,
+    id: u64,
+    n: u64,
+    server_now_ns: Option<u64>,
+    expires_ns: Option<u64>,
+    source: Source,
+    local: Option<pace::Debit>,
+    remaining: Option<u64>,
+    reset_ns: Option<u64>,
+}
+
+impl fmt::Debug for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hold")
+            .field("key", &self.key)
+            .field("id", &format_args!("{:x}", self.id))
+            .field("n", &self.n)
+            .field("server_now_ns", &self.server_now_ns)
+            .field("expires_ns", &self.expires_ns)
+            .field("source", &self.source)
+            .field("remaining", &self.remaining)
+            .finish()
+    }
+}
+
+impl Hold {
+    /// Tokens held.
+    pub fn tokens(&self) -> u64 {
+        self.n
+    }
+    /// The server's time of the decision (ns since the Unix epoch): a keep
+    /// settles the hold from this reading.
+    pub fn server_now_ns(&self) -> Option<u64> {
+        self.server_now_ns
+    }
+    /// When the hold expires on the server's clock (decision + hold limit),
+    /// for a hold of the server.
+    pub fn expires_at_ns(&self) -> Option<u64> {
+        self.expires_ns
+    }
+    /// Where the admission came from.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+    /// Whole tokens left in the bucket after this hold (counting every
+    /// hold as spent).
+    pub fn remaining(&self) -> Option<u64> {
+        self.remaining
+    }
+    /// The time until the bucket is full again if every hold is kept and
+    /// nothing else touches it, when the server decided.
+    pub fn reset_after(&self) -> Option<Duration> {
+        self.reset_ns.map(Duration::from_nanos)
+    }
+
+    /// Keeps the hold: its tokens become a debit from the decision's own
+    /// reading (what dropping it does). False when there was nothing to
+    /// settle: the hold had expired (settled as kept from its expiry
+    /// already), the key was lost, or the hold is of zero tokens.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when Redis gives no answer; the hold then
+    /// expires after the hold limit and settles as kept.
+    pub async fn keep(self) -> Result<bool, Error> {
+        Ok(self.resolve(true, None).await? == Refunded::Restored)
+    }
+
+    /// Refunds the hold: its tokens come back exactly, whatever happened to
+    /// the key since ([`Refunded::Restored`]); a hold that expired, or whose
+    /// key was lost, returns nothing ([`Refunded::Expired`]); a hold of zero
+    /// tokens answers [`Refunded::Nothing`]. A hold of the local fallback
+    /// answers as the core's [`pace::Hold::refund`].
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when Redis gives no answer; the hold then
+    /// expires after the hold limit and settles as kept (fewer admissions,
+    /// never more).
+    pub async fn refund(self) -> Result<Refunded, Error> {
+        self.resolve(false, None).await
+    }
+
+    /// [`keep`](Hold::keep) at `now_ns` (tests; needs
+    /// [`Builder::time_injection`]).
+    ///
+    /// # Errors
+    /// As `keep`, and [`Error::TimeInjectionDisabled`].
+    pub async fn keep_at(self, now_ns: u64) -> Result<bool, Error> {
+        Ok(self.resolve(true, Some(now_ns)).await? == Refunded::Restored)
+    }
+
+    /// [`refund`](Hold::refund) at `now_ns` (tests; needs
+    /// [`Builder::time_injection`]).
+    ///
+    /// # Errors
+    /// As `refund`, and [`Error::TimeInjectionDisabled`].
+    pub async fn refund_at(self, now_ns: u64) -> Result<Refunded, Error> {
+        self.resolve(false, Some(now_ns)).await
+    }
+
+    /// Keeps (`keep`) or refunds the hold: `Restored` when it was resolved
+    /// now, `Expired` when there was nothing to resolve, `Nothing` for zero
+    /// tokens; a local refund answers the core's outcome.
+    async fn resolve(mut self, keep: bool, now: Option<u64>) -> Result<Refunded, Error> {
+        if now.is_some()
+            && !self
+                .limiter
+                .as_ref()
+                .is_some_and(|l| l.inner.time_injection)
+        {
+            return Err(Error::TimeInjectionDisabled);
+        }
+        let Some(limiter) = self.limiter.take() else {
+            return Ok(Refunded::Nothing);
+        };
+        let key = std::mem::take(&mut self.key);
+        match self.source {
+            Source::Server => {
+                let found = limiter.resolve_hold(&key, self.id, keep, now).await?;
+                Ok(if found {
+                    Refunded::Restored
+                } else {
+                    Refunded::Expired
+                })
+            }
+            Source::Local => Ok(limiter.resolve_local(&key, self.local.take(), keep)),
+            _ => Ok(Refunded::Nothing),
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let Some(limiter) = self.limiter.take() else {
+            return;
+        };
+        match self.source {
+            Source::Server => {}
+            Source::Local => {
+                // The local fallback's hold: kept there, at once.
+                limiter.resolve_local(&self.key, self.local.take(), true);
+                return;
+            }
+            _ => return,
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // it expires after the hold limit and settles as kept
+        };
+        let key = std::mem::take(&mut self.key);
+        let id = self.id;
+        runtime.spawn(async move {
+            let _ = limiter.resolve_hold(&key, id, true, None).await;
+        });
+    }
+}
+
+/// A hold's id: 64 random bits (std's per-instance SipHash keys over a
+/// process-wide counter). The script refuses an id already held on the key.
+fn hold_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(SEQ.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
 
 /// A turn being waited for ([`RedisPace::acquire`]): refunded, in a task
 /// of its own, if dropped before the turn comes.
@@ -516,6 +750,7 @@ pub struct Builder {
     max_key_bytes: usize,
     time_injection: bool,
     eviction: EvictionCheck,
+    hold_limit: Duration,
     #[cfg(feature = "tls")]
     tls: Tls,
 }
@@ -577,6 +812,17 @@ impl Builder {
     /// (tests only: keys then get no expiry).
     pub fn time_injection(mut self, on: bool) -> Self {
         self.time_injection = on;
+        self
+    }
+
+    /// How long a [`Hold`] may stay unresolved (default 10 s): after it, on
+    /// the server's clock, the hold is settled as kept from its expiry by
+    /// the next call on its key, and a late keep or refund answers
+    /// [`Refunded::Expired`] (a keep, false). A replica that dies holding tokens locks them
+    /// for at most this long; they then refill at the normal rate. At most
+    /// [`MAX_TAU_NS`]; zero is rejected.
+    pub fn hold_limit(mut self, limit: Duration) -> Self {
+        self.hold_limit = limit;
         self
     }
 
@@ -796,6 +1042,12 @@ impl Builder {
         if self.timeout.is_zero() {
             return Err(ConnectError::Config(ConfigError::ZeroTimeout));
         }
+        let hold_limit = u64::try_from(self.hold_limit.as_nanos()).unwrap_or(u64::MAX);
+        if hold_limit == 0 || hold_limit > MAX_TAU_NS {
+            return Err(ConnectError::Config(ConfigError::HoldLimit {
+                ns: hold_limit,
+            }));
+        }
         if self.prefix.len() >= self.max_key_bytes {
             return Err(ConnectError::Config(ConfigError::PrefixTooLong));
         }
@@ -821,6 +1073,7 @@ impl Builder {
                 Some(
                     Pace::builder(rate)
                         .capacity(cap)
+                        .hold_limit(self.hold_limit)
                         .build()
                         .map_err(|e| ConnectError::Config(ConfigError::Pace(e)))?,
                 )
@@ -877,6 +1130,7 @@ impl Builder {
                 cache_entries: self.deny_cache_entries.max(1),
                 max_key_bytes: self.max_key_bytes,
                 time_injection: self.time_injection,
+                hold_limit,
                 origin: Instant::now(),
                 down_until: AtomicU64::new(0),
                 counters: Counters::default(),
@@ -1131,6 +1385,8 @@ struct Inner {
     cache_entries: usize,
     max_key_bytes: usize,
     time_injection: bool,
+    /// [`Builder::hold_limit`], ns.
+    hold_limit: u64,
     origin: Instant,
     /// ns since `origin` before which Redis is not tried (circuit open).
     down_until: AtomicU64,
@@ -1231,6 +1487,7 @@ impl RedisPace {
             max_key_bytes: 1_024,
             time_injection: false,
             eviction: EvictionCheck::Warn,
+            hold_limit: DEFAULT_HOLD_LIMIT,
             #[cfg(feature = "tls")]
             tls: Tls::default(),
         }
@@ -1562,6 +1819,234 @@ impl RedisPace {
         out
     }
 
+    /// Holds one token of `key` exactly (README: "Holds"): decided like
+    /// [`reserve`](RedisPace::reserve), counting every hold already on the
+    /// key as spent, but kept apart from the key's settled debt until
+    /// [`Hold::keep`] or [`Hold::refund`] (a second script call), so that
+    /// a refund returns exactly its tokens in any order. A hold left
+    /// unresolved for the hold limit ([`Builder::hold_limit`], default 10 s)
+    /// settles as kept.
+    ///
+    /// # Errors
+    /// As [`reserve_n`](RedisPace::reserve_n).
+    pub async fn hold(&self, key: &str) -> Result<Hold, Error> {
+        self.hold_n(key, 1).await
+    }
+
+    /// [`hold`](RedisPace::hold) of `n` tokens at once. `n == 0` is
+    /// admitted and touches nothing.
+    ///
+    /// # Errors
+    /// As [`reserve_n`](RedisPace::reserve_n).
+    pub async fn hold_n(&self, key: &str, n: u64) -> Result<Hold, Error> {
+        let call = self.quota_call(n, None, None)?;
+        self.hold_inner(key, call, None).await
+    }
+
+    /// [`hold`](RedisPace::hold) under the call's own `quota` (see
+    /// [`reserve_with`](RedisPace::reserve_with)).
+    ///
+    /// # Errors
+    /// As [`reserve_n_with`](RedisPace::reserve_n_with).
+    pub async fn hold_with(&self, key: &str, quota: Quota) -> Result<Hold, Error> {
+        self.hold_n_with(key, 1, quota).await
+    }
+
+    /// [`hold_n`](RedisPace::hold_n) under the call's own `quota`.
+    ///
+    /// # Errors
+    /// As [`reserve_n_with`](RedisPace::reserve_n_with).
+    pub async fn hold_n_with(&self, key: &str, n: u64, quota: Quota) -> Result<Hold, Error> {
+        let call = self.quota_call(n, Some(quota), None)?;
+        self.hold_inner(key, call, None).await
+    }
+
+    /// [`hold_n_with`](RedisPace::hold_n_with) at `now_ns` (`quota`
+    /// `None`: the configuration's); tests, needs
+    /// [`Builder::time_injection`].
+    ///
+    /// # Errors
+    /// As `hold_n_with`, and [`Error::TimeInjectionDisabled`].
+    pub async fn hold_n_at(
+        &self,
+        key: &str,
+        n: u64,
+        quota: Option<Quota>,
+        now_ns: u64,
+    ) -> Result<Hold, Error> {
+        if !self.inner.time_injection {
+            return Err(Error::TimeInjectionDisabled);
+        }
+        let call = self.quota_call(n, quota, None)?;
+        self.hold_inner(key, call, Some(now_ns)).await
+    }
+
+    /// The hold limit, ns ([`Builder::hold_limit`]).
+    pub fn hold_limit(&self) -> Duration {
+        Duration::from_nanos(self.inner.hold_limit)
+    }
+
+    async fn hold_inner(&self, key: &str, call: Call, now: Option<u64>) -> Result<Hold, Error> {
+        let sent_at = Instant::now();
+        let (key, call) = match self.prepare(key, call, sent_at) {
+            Prepared::Done(r) => return r.map(|r| self.hold_of(r)),
+            Prepared::Send { key, call } => (key, call),
+        };
+        let inner = &*self.inner;
+        let id = hold_id();
+        let mut cmd = self.script_cmd(&key);
+        cmd.arg("h")
+            .arg(format!("{id:x}"))
+            .arg(call.n)
+            .arg(call.limits.interval)
+            .arg(call.limits.capacity)
+            .arg(inner.hold_limit);
+        if let Some(now) = now {
+            cmd.arg(now);
+        }
+        let limits = call.limits;
+        let reply = self.eval(&cmd).await.and_then(|v| parse_hold(&v));
+        match reply {
+            Ok(HoldReply::Admitted { debt, held, now }) => {
+                bump(&inner.counters.server_decisions, 1);
+                let debt = debt.saturating_add(held);
+                Ok(Hold {
+                    limiter: Some(self.clone()),
+                    key,
+                    id,
+                    n: call.n,
+                    server_now_ns: Some(now),
+                    expires_ns: Some(now.saturating_add(inner.hold_limit)),
+                    source: Source::Server,
+                    local: None,
+                    remaining: Some(limits.tokens_at_debt(debt)),
+                    reset_ns: Some(debt),
+                })
+            }
+            Ok(HoldReply::Denied { wait, now }) => {
+                bump(&inner.counters.server_decisions, 1);
+                let debt = wait
+                    .saturating_add(limits.tau())
+                    .saturating_sub(call.n.saturating_mul(limits.interval));
+                self.remember_denial(&key, sent_at, debt);
+                Err(Error::Denied(Denied {
+                    reason: DenyReason::Exhausted,
+                    wait_ns: wait,
+                    server_now_ns: Some(now),
+                    source: Source::Server,
+                    remaining: Some(limits.tokens_at_debt(debt)),
+                    reset_ns: Some(debt),
+                }))
+            }
+            Ok(HoldReply::Never { now }) => {
+                bump(&inner.counters.server_decisions, 1);
+                Err(Error::Denied(Denied {
+                    reason: DenyReason::ExceedsCapacity,
+                    wait_ns: u64::MAX,
+                    server_now_ns: Some(now),
+                    source: Source::Server,
+                    remaining: None,
+                    reset_ns: None,
+                }))
+            }
+            // The local fallback (if any) holds on the local `pace::Pace`.
+            Err(e) => {
+                bump(&inner.counters.unavailable, 1);
+                let Some(local) = &inner.fallback else {
+                    return Err(Error::Unavailable(e));
+                };
+                bump(&inner.counters.local_decisions, 1);
+                let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
+                let decided = match call.quota {
+                    None => local.hold_n(local_key, call.n),
+                    Some(q) => match self.local_quota(q) {
+                        Some(q) => local.hold_n_with(local_key, call.n, q),
+                        None => return Err(Error::Unavailable(e)),
+                    },
+                }
+                .map(pace::Hold::detach);
+                self.local_answer(key, call.n, decided)
+                    .map(|r| self.hold_of(r))
+            }
+        }
+    }
+
+    /// A hold answered without the script (`n == 0`, the local fallback).
+    fn hold_of(&self, r: Reservation) -> Hold {
+        let Reservation {
+            ref key,
+            n,
+            source,
+            local,
+            remaining,
+            ..
+        } = r;
+        Hold {
+            limiter: Some(self.clone()),
+            key: key.clone(),
+            id: 0,
+            n,
+            server_now_ns: None,
+            expires_ns: None,
+            source,
+            local,
+            remaining,
+            reset_ns: None,
+        }
+    }
+
+    /// Keeps or refunds the server's hold `id` of `key`: true when the key
+    /// had it, false when not (expired, lost).
+    async fn resolve_hold(
+        &self,
+        key: &str,
+        id: u64,
+        keep: bool,
+        now: Option<u64>,
+    ) -> Result<bool, Error> {
+        let inner = &*self.inner;
+        let mut cmd = self.script_cmd(key);
+        cmd.arg(if keep { "k" } else { "x" }).arg(format!("{id:x}"));
+        if let Some(now) = now {
+            cmd.arg(now);
+        }
+        match self.eval(&cmd).await.and_then(|v| parse_resolve(&v)) {
+            Ok(found) => {
+                bump(&inner.counters.server_decisions, 1);
+                if found && !keep {
+                    if let Some(cache) = &inner.cache {
+                        let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
+                        map.remove(key);
+                        inner.cached.store(map.len(), Ordering::Relaxed);
+                    }
+                }
+                Ok(found)
+            }
+            Err(e) => {
+                bump(&inner.counters.unavailable, 1);
+                Err(Error::Unavailable(e))
+            }
+        }
+    }
+
+    /// Keeps or refunds a hold of the local fallback (`debit`, detached):
+    /// as [`Hold::resolve`] answers.
+    fn resolve_local(&self, key: &str, debit: Option<pace::Debit>, keep: bool) -> Refunded {
+        let inner = &*self.inner;
+        let (Some(debit), Some(local)) = (debit, &inner.fallback) else {
+            return Refunded::Nothing;
+        };
+        let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(key);
+        if !keep {
+            return local.refund(local_key, debit);
+        }
+        if local.keep(local_key, debit) {
+            Refunded::Restored
+        } else {
+            Refunded::Expired
+        }
+    }
+
     /// Returns a reservation: if nothing was debited from its key since, the
     /// key goes back to its state before the debit (a full bucket: no key);
     /// otherwise nothing is returned. A refund therefore never makes a bucket
@@ -1652,11 +2137,13 @@ impl RedisPace {
             cmd.arg(now);
         }
         let err = match self.eval(&cmd).await.and_then(|v| parse_peek(&v)) {
-            Ok((tat, now)) => {
+            Ok((tat, now, held)) => {
                 let debt = tat.saturating_sub(now);
                 if debt > MAX_AHEAD_NS {
                     BackendError::ClockOutOfRange
                 } else {
+                    // What is held counts as debt (as if every hold is kept).
+                    let debt = debt.saturating_add(held);
                     return Ok(Peek {
                         remaining: limits.tokens_at_debt(debt),
                         reset_ns: Some(debt),
@@ -1776,6 +2263,7 @@ impl RedisPace {
                 local: None,
                 remaining: None,
                 wait: 0,
+                held: 0,
             }));
         }
         if n > call.limits.capacity {
@@ -1891,9 +2379,15 @@ impl RedisPace {
             Err(e) => return Err((key, e)),
         };
         match decided {
-            ReserveReply::Admitted { prev, tat, now } => {
+            ReserveReply::Admitted {
+                prev,
+                tat,
+                now,
+                held,
+            } => {
                 bump(&inner.counters.server_decisions, 1);
-                let debt = tat.saturating_sub(now);
+                // The key's holds count as debt.
+                let debt = tat.saturating_sub(now).saturating_add(held);
                 Ok(Ok(Reservation {
                     key,
                     n,
@@ -1904,6 +2398,7 @@ impl RedisPace {
                     local: None,
                     remaining: Some(limits.tokens_at_debt(debt)),
                     wait: debt.saturating_sub(limits.tau()),
+                    held,
                 }))
             }
             ReserveReply::Denied { wait, now } => {
@@ -1990,6 +2485,7 @@ impl RedisPace {
                 local: Some(debit),
                 remaining,
                 wait: 0,
+                held: 0,
             }),
             Err(d) => Err(Error::Denied(Denied {
                 reason: d.reason(),
@@ -2322,9 +2818,19 @@ fn is_noscript(v: &Value) -> bool {
 }
 
 enum ReserveReply {
-    Admitted { prev: u64, tat: u64, now: u64 },
-    Denied { wait: u64, now: u64 },
-    Never { now: u64 },
+    Admitted {
+        prev: u64,
+        tat: u64,
+        now: u64,
+        held: u64,
+    },
+    Denied {
+        wait: u64,
+        now: u64,
+    },
+    Never {
+        now: u64,
+    },
 }
 
 fn num(v: &Value) -> Option<u64> {
@@ -2377,18 +2883,25 @@ fn parse_reserve(v: &Value, n: u64, interval: u64) -> Result<ReserveReply, Backe
     };
     // An admission: the stored tat, and the debt before unless it was 0;
     // the debit itself is n x interval.
-    let admitted = |debt: u64, tat: u64| -> Result<ReserveReply, BackendError> {
+    let admitted = |debt: u64, tat: u64, held: u64| -> Result<ReserveReply, BackendError> {
         let cost = n.checked_mul(interval).ok_or_else(|| bad(v))?;
         let now = tat
             .checked_sub(cost)
             .and_then(|t| t.checked_sub(debt))
             .ok_or_else(|| bad(v))?;
         let prev = if debt == 0 { 0 } else { tat - cost };
-        Ok(ReserveReply::Admitted { prev, tat, now })
+        Ok(ReserveReply::Admitted {
+            prev,
+            tat,
+            now,
+            held,
+        })
     };
     match (count, fields[0]) {
-        (1, tat) => admitted(0, tat),
-        (3, 1) if fields[1] > 0 => admitted(fields[1], fields[2]),
+        (1, tat) => admitted(0, tat, 0),
+        (3, 1) if fields[1] > 0 => admitted(fields[1], fields[2], 0),
+        // A key with holds: the debt before (may be 0) and what is held.
+        (4, 4) if fields[2] > 0 => admitted(fields[1], fields[3], fields[2]),
         (_, 0) => Ok(ReserveReply::Denied {
             wait: fields[1],
             now: time(2)?,
@@ -2409,12 +2922,84 @@ fn time_at(items: &[Value], i: usize) -> Option<u64> {
     s.checked_mul(1_000_000_000)?.checked_add(ns)
 }
 
-fn parse_peek(v: &Value) -> Result<(u64, u64), BackendError> {
+/// A peek's reply: the settled `tat`, the time, and what is held.
+fn parse_peek(v: &Value) -> Result<(u64, u64, u64), BackendError> {
     let Value::Array(items) = v else {
         return Err(bad(v));
     };
     let tat = items.first().and_then(num).ok_or_else(|| bad(v))?;
-    Ok((tat, time_at(items, 1).ok_or_else(|| bad(v))?))
+    let now = time_at(items, 1).ok_or_else(|| bad(v))?;
+    let held = match items.get(3) {
+        None => 0,
+        Some(h) => num(h).ok_or_else(|| bad(v))?,
+    };
+    Ok((tat, now, held))
+}
+
+/// A hold's reply.
+enum HoldReply {
+    Admitted { debt: u64, held: u64, now: u64 },
+    Denied { wait: u64, now: u64 },
+    Never { now: u64 },
+}
+
+fn parse_hold(v: &Value) -> Result<HoldReply, BackendError> {
+    if let Value::ServerError(_) = v {
+        return Err(BackendError::Redis(
+            v.clone()
+                .extract_error()
+                .err()
+                .unwrap_or_else(|| RedisError::from((ErrorKind::ResponseError, "server error"))),
+        ));
+    }
+    let Value::BulkString(text) = v else {
+        return Err(bad(v));
+    };
+    let mut fields = [0u64; 5];
+    let mut count = 0;
+    for part in text.split(|&b| b == b' ') {
+        let n = std::str::from_utf8(part)
+            .ok()
+            .and_then(|p| p.parse::<u64>().ok())
+            .ok_or_else(|| bad(v))?;
+        *fields.get_mut(count).ok_or_else(|| bad(v))? = n;
+        count += 1;
+    }
+    let time = |i: usize| -> Result<u64, BackendError> {
+        if i + 2 != count || fields[i + 1] >= 1_000_000_000 {
+            return Err(bad(v));
+        }
+        fields[i]
+            .checked_mul(1_000_000_000)
+            .and_then(|s| s.checked_add(fields[i + 1]))
+            .ok_or_else(|| bad(v))
+    };
+    match fields[0] {
+        1 => Ok(HoldReply::Admitted {
+            debt: fields[1],
+            held: fields[2],
+            now: time(3)?,
+        }),
+        0 => Ok(HoldReply::Denied {
+            wait: fields[1],
+            now: time(2)?,
+        }),
+        2 => Ok(HoldReply::Never { now: time(2)? }),
+        3 => Err(BackendError::ClockOutOfRange),
+        _ => Err(bad(v)),
+    }
+}
+
+/// A keep's or release's reply: true when the hold was found.
+fn parse_resolve(v: &Value) -> Result<bool, BackendError> {
+    let Value::Array(items) = v else {
+        return Err(bad(v));
+    };
+    match items.first().and_then(num) {
+        Some(1) => Ok(true),
+        Some(0) => Ok(false),
+        _ => Err(bad(v)),
+    }
 }
 
 fn parse_refund(v: &Value) -> Result<Refunded, BackendError> {

@@ -14,6 +14,16 @@
 -- refund:  ARGV = {'f', prev, tat} or {'f', prev, tat, now} (prev and tat:
 --          the reservation's decimal ns strings)
 -- peek:    ARGV = {'p'} or {'p', now}; writes nothing
+-- hold:    ARGV = {'h', id, n, interval, capacity, limit} or {..., now}: an
+--          exact reservation (README: "Overlapping refunds and holds"):
+--          admitted like a reserve of
+--          n under the quota (interval ns, capacity), but its cost
+--          n x interval is added to the key's held amount, tat untouched;
+--          id (hexadecimal, chosen by the client) names it, and it expires
+--          `limit` ns after the decision (the client checks limit <= 2^50)
+-- keep:    ARGV = {'k', id} or {'k', id, now}: settles hold id from its own
+--          reading: tat = max(tat, decided) + cost, held -= cost
+-- release: ARGV = {'x', id} or {'x', id, now}: refunds hold id: held -= cost
 -- now      the time in ns, injected (tests only, and then no expiry is set:
 --          the key's TTL would follow the real clock); otherwise the
 --          server's TIME
@@ -26,6 +36,9 @@
 -- 0 <= tat_s - now_s <= MAX_AHEAD_S, so < 2e15 + 1e9), the debt after a
 -- debit (adds n * interval <= tau <= 2^50: < 3.2e15) and expiry
 -- milliseconds (< 2^45). The client rejects tau > 2^50 (README: "Precision").
+-- With holds: held <= 2^50 (an admitted hold keeps d + held <= tau of its
+-- quota), so a decision's d + held + n * interval < 4.3e15; a hold limit is
+-- at most 2^50 (the client checks it), an expiry is a time like any other.
 --
 -- Replies (one bulk string: fewer bytes, and cheaper to make, than an
 -- array; numbers formatted with %d, never Lua's %.14g):
@@ -47,7 +60,28 @@
 -- refund:  {1, s, ns} restored prev; {2, s, ns} the bucket is full: key
 --          deleted; {0, s, ns} someone debited since; {3, s, ns} the key
 --          is gone (expired: the bucket is full already).
--- peek:    {tat, s, ns}, tat '0' for no key (the client computes the debt).
+-- peek:    {tat, s, ns, held}, tat '0' for no key (the client computes the
+--          debt).
+-- A reserve on a key with holds answers an admission as '4 d held tat'
+-- (held > 0: the sum of the costs still held, which the decision counted as
+-- debt: d + held + n x interval <= tau + wait); a denial's wait counts it.
+-- hold:    '1 d held s ns' admitted (d the debt before, held the sum after,
+--          this hold included); otherwise as a reserve ('0 wait s ns',
+--          '2 0 s ns', '3 0 s ns').
+-- keep, release: {1, s, ns} done; {0, s, ns} no such hold (it expired and
+--          settled as kept, or the key was lost): nothing changed.
+--
+-- A key with holds stores 'tat|held|first expiry|last expiry' followed by
+-- '|id,cost,decided,expiry' for each hold (decimal ns; tat '0' for a full
+-- settled part), in order of expiry. Every call first
+-- settles the holds whose expiry has passed, in that order, as kept from
+-- their expiry: tat = max(tat, expiry) + cost (a reading after their own:
+-- conservative); a call that writes nothing else leaves them stored, and
+-- the next call settles them the same way. A key without holds stays one
+-- decimal tat, and a reserve, peek or refund on it runs the first branches
+-- below, unchanged. The key's expiry covers its holds: max(tat, latest
+-- expiry) + held, a time by which settling them all, each from its expiry,
+-- leaves a full bucket.
 
 local E9 = 1000000000
 local MAX_AHEAD_S = 2000000 -- 2e6 s * 1e9 = 2e15 < 2^51
@@ -55,6 +89,7 @@ local key = KEYS[1]
 local op = ARGV[1]
 local inj
 local n, interval, cap, wait
+local hid, limit
 if op == 'f' then
   inj = ARGV[4]
 elseif op == 'p' then
@@ -65,6 +100,16 @@ elseif op == 'q' then
   wait = tonumber(ARGV[5])
   inj = ARGV[6]
   op = 'r'
+elseif op == 'h' then
+  hid = ARGV[2]
+  n = tonumber(ARGV[3])
+  interval, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+  limit = tonumber(ARGV[6])
+  wait = 0
+  inj = ARGV[7]
+elseif op == 'k' or op == 'x' then
+  hid = ARGV[2]
+  inj = ARGV[3]
 else
   n = tonumber(op) or 1
   interval, cap, wait = INTERVAL, CAP, 0
@@ -82,15 +127,23 @@ else
   now_n = tonumber(t[2]) * 1000
 end
 
-if op == 'r' then
-  local tau = cap * interval
+local cur
+local fast = op == 'r'
+if fast then
   if n > cap then
     return string.format('2 0 %d %d', now_s, now_n)
   end
-  local cur = redis.call('GET', key)
+  cur = redis.call('GET', key)
+  if cur and string.find(cur, '%D') then
+    -- A key with holds (or something else): the general branch below.
+    fast = false
+  end
+end
+if fast then
+  local tau = cap * interval
   local d = 0
   if cur then
-    if #cur == 0 or #cur > 20 or string.find(cur, '%D') then
+    if #cur == 0 or #cur > 20 then
       return redis.error_reply('pace: the key holds something other than a tat')
     end
     local ds = (tonumber(string.sub(cur, 1, -10)) or 0) - now_s
@@ -144,48 +197,306 @@ if op == 'r' then
     return v
   end
   return string.format('1 %d %s', d, v)
-elseif op == 'p' then
-  local cur = redis.call('GET', key)
+end
+
+-- A peek or a reserve's refund on a key without holds (or no key): as
+-- before holds existed.
+if op == 'p' or op == 'f' then
+  cur = redis.call('GET', key)
   if not cur then
-    return {'0', now_s, now_n}
+    if op == 'p' then
+      return {'0', now_s, now_n}
+    end
+    return {3, now_s, now_n}
   end
-  if #cur == 0 or #cur > 20 or string.find(cur, '%D') then
+  if not string.find(cur, '%D') then
+    if #cur == 0 or #cur > 20 then
+      return redis.error_reply('pace: the key holds something other than a tat')
+    end
+    if op == 'p' then
+      return {cur, now_s, now_n}
+    end
+    local prev = ARGV[2]
+    local mine = ARGV[3]
+    if cur ~= mine then
+      return {0, now_s, now_n}
+    end
+    if prev ~= '0' then
+      local ps = tonumber(string.sub(prev, 1, -10)) or 0
+      local pn = tonumber(string.sub(prev, -9))
+      if ps > now_s or (ps == now_s and pn > now_n) then
+        local v
+        if ps == 0 then
+          v = string.format('%d', pn)
+        else
+          v = string.format('%d%09d', ps, pn)
+        end
+        if inj then
+          redis.call('SET', key, v)
+        else
+          redis.call('SET', key, v, 'PXAT', string.format('%d', ps * 1000 + math.ceil(pn / 1000000)))
+        end
+        return {1, now_s, now_n}
+      end
+    end
+    redis.call('DEL', key)
+    return {2, now_s, now_n}
+  end
+end
+
+-- The general branch: every other call (a key with holds, a hold, a keep or
+-- a hold's refund).
+-- Times are (seconds, nanoseconds) pairs, as above.
+local function split(v)
+  return tonumber(string.sub(v, 1, -10)) or 0, tonumber(string.sub(v, -9))
+end
+-- a > b
+local function later(as, an, bs, bn)
+  return as > bs or (as == bs and an > bn)
+end
+-- (s, ns) + d, d an integer with |d| < 2^52
+local function add(s, ns, d)
+  local total = ns + d
+  local q = math.floor(total / E9)
+  local r = total - q * E9
+  if r < 0 then
+    q = q - 1
+    r = r + E9
+  elseif r >= E9 then
+    q = q + 1
+    r = r - E9
+  end
+  return s + q, r
+end
+local function fmt(s, ns)
+  if s == 0 then
+    return string.format('%d', ns)
+  end
+  return string.format('%d%09d', s, ns)
+end
+
+if (op == 'r' or op == 'h') and n > cap then
+  return string.format('2 0 %d %d', now_s, now_n)
+end
+if not cur then
+  -- (a reserve, a peek or a refund read it already)
+  cur = redis.call('GET', key)
+end
+
+-- The key's state: its settled tat, what it holds (held, the sum of the
+-- live holds' costs) and the live holds themselves, `tail`: one
+-- '|id,cost,decided,expiry' each, in order of expiry, whose first and last
+-- expiries are (min_s, min_n) and (max_s, max_n). The holds past their
+-- expiry are settled first, as kept from their expiry. Only the expired
+-- ones and the one a keep or refund names are parsed: string searches and
+-- splices do the rest, so a call costs little more with many holds.
+local tat_s, tat_n = 0, 0
+local held = 0
+local tail = ''
+local min_s, min_n, max_s, max_n
+local changed = false
+if cur then
+  local t, hs, mins, maxs, at = string.match(cur, '^(%d+)|(%d+)|(%d+)|(%d+)()')
+  if t then
+    tail = string.sub(cur, at)
+    held = tonumber(hs)
+    min_s, min_n = split(mins)
+    max_s, max_n = split(maxs)
+  else
+    t = cur
+  end
+  if #t == 0 or #t > 20 or string.find(t, '%D') or (tail == '' and t ~= cur) then
     return redis.error_reply('pace: the key holds something other than a tat')
   end
-  return {cur, now_s, now_n}
-else
-  -- Stores a tat (s, n) as its decimal string, expiring as in reserve.
-  local function store(s, n)
-    local v
-    if s == 0 then
-      v = string.format('%d', n)
-    else
-      v = string.format('%d%09d', s, n)
+  tat_s, tat_n = split(t)
+  if tail ~= '' and not later(min_s, min_n, now_s, now_n) then
+    -- Expired holds: settled as kept from their expiry, in that order.
+    local pos = 1
+    while true do
+      local cs, e, nxt = string.match(tail, '^|%x+,(%d+),%d+,(%d+)()', pos)
+      if not cs then
+        if pos <= #tail then
+          return redis.error_reply('pace: the key holds something other than a tat')
+        end
+        break
+      end
+      local es, en = split(e)
+      if later(es, en, now_s, now_n) then
+        min_s, min_n = es, en
+        break
+      end
+      local c = tonumber(cs)
+      if later(es, en, tat_s, tat_n) then
+        tat_s, tat_n = es, en
+      end
+      tat_s, tat_n = add(tat_s, tat_n, c)
+      held = held - c
+      pos = nxt
+      changed = true
     end
+    tail = string.sub(tail, pos)
+  end
+end
+
+-- Writes the state: no key for a full bucket without holds; the key
+-- expires when settling every hold from its expiry would leave it full.
+local function put()
+  if tail == '' then
+    if not later(tat_s, tat_n, now_s, now_n) then
+      redis.call('DEL', key)
+      return
+    end
+    local v = fmt(tat_s, tat_n)
     if inj then
       redis.call('SET', key, v)
     else
-      redis.call('SET', key, v, 'PXAT', string.format('%d', s * 1000 + math.ceil(n / 1000000)))
+      redis.call('SET', key, v, 'PXAT', string.format('%d', tat_s * 1000 + math.ceil(tat_n / 1000000)))
     end
-    return v
+    return
   end
-  local prev = ARGV[2]
-  local mine = ARGV[3]
-  local cur = redis.call('GET', key)
+  local v = fmt(tat_s, tat_n) .. '|' .. string.format('%d', held) .. '|' .. fmt(min_s, min_n) .. '|'
+    .. fmt(max_s, max_n) .. tail
+  if inj then
+    redis.call('SET', key, v)
+  else
+    local xs, xn = tat_s, tat_n
+    if later(max_s, max_n, xs, xn) then
+      xs, xn = max_s, max_n
+    end
+    xs, xn = add(xs, xn, held)
+    redis.call('SET', key, v, 'PXAT', string.format('%d', xs * 1000 + math.ceil(xn / 1000000)))
+  end
+end
+
+if op == 'r' or op == 'h' then
+  local d = 0
+  local ds = tat_s - now_s
+  if ds > MAX_AHEAD_S then
+    return string.format('3 0 %d %d', now_s, now_n)
+  end
+  if ds >= 0 then
+    d = ds * E9 + (tat_n - now_n)
+    if d < 0 then
+      d = 0
+    end
+  end
+  if n < 1 then
+    return redis.error_reply('pace: n must be at least 1')
+  end
+  local tau = cap * interval
+  local c = n * interval
+  local nd = d + c
+  -- The decision counts what is held: max(tat, now) + held + c <= now + tau.
+  if nd + held > tau + wait then
+    return string.format('0 %d %d %d', nd + held - tau, now_s, now_n)
+  end
+  if op == 'r' then
+    tat_s, tat_n = add(now_s, now_n, nd)
+    put()
+    local v = fmt(tat_s, tat_n)
+    if held > 0 then
+      return string.format('4 %d %d %s', d, held, v)
+    end
+    if d == 0 then
+      return v
+    end
+    return string.format('1 %d %s', d, v)
+  end
+  if #hid > 32 or not string.match(hid, '^%x+$') then
+    return redis.error_reply('pace: a hold id is hexadecimal')
+  end
+  if string.find(tail, '|' .. hid .. ',', 1, true) then
+    return redis.error_reply('pace: duplicate hold id')
+  end
+  local es, en = add(now_s, now_n, limit)
+  local entry = '|' .. hid .. ',' .. string.format('%d', c) .. ',' .. fmt(now_s, now_n) .. ','
+    .. fmt(es, en)
+  if tail == '' then
+    tail = entry
+    min_s, min_n, max_s, max_n = es, en, es, en
+  elseif not later(max_s, max_n, es, en) then
+    tail = tail .. entry
+    max_s, max_n = es, en
+  else
+    -- Expiring before the last (a clock that stepped back, or a shorter
+    -- hold limit): in order of expiry, after those expiring no later.
+    local pos = 1
+    while true do
+      local e, nxt = string.match(tail, '^|%x+,%d+,%d+,(%d+)()', pos)
+      local ps, pn = split(e)
+      if later(ps, pn, es, en) then
+        break
+      end
+      pos = nxt
+    end
+    tail = string.sub(tail, 1, pos - 1) .. entry .. string.sub(tail, pos)
+    if pos == 1 then
+      min_s, min_n = es, en
+    end
+  end
+  held = held + c
+  put()
+  return string.format('1 %d %d %d %d', d, held, now_s, now_n)
+elseif op == 'p' then
+  if not cur then
+    return {'0', now_s, now_n, 0}
+  end
+  return {fmt(tat_s, tat_n), now_s, now_n, held}
+elseif op == 'f' then
+  -- A reserve's refund: back to prev if the settled tat is still its own.
   if not cur then
     return {3, now_s, now_n}
   end
-  if cur ~= mine then
+  local prev = ARGV[2]
+  local mine = ARGV[3]
+  if fmt(tat_s, tat_n) ~= mine then
     return {0, now_s, now_n}
   end
+  local ps, pn = 0, 0
   if prev ~= '0' then
-    local ps = tonumber(string.sub(prev, 1, -10)) or 0
-    local pn = tonumber(string.sub(prev, -9))
-    if ps > now_s or (ps == now_s and pn > now_n) then
-      store(ps, pn)
-      return {1, now_s, now_n}
-    end
+    ps, pn = split(prev)
   end
-  redis.call('DEL', key)
+  if later(ps, pn, now_s, now_n) then
+    tat_s, tat_n = ps, pn
+    put()
+    return {1, now_s, now_n}
+  end
+  tat_s, tat_n = 0, 0
+  put()
   return {2, now_s, now_n}
 end
+
+-- keep ('k') or release ('x') of hold hid.
+local at = string.find(tail, '|' .. hid .. ',', 1, true)
+if not at then
+  if changed then
+    put()
+  end
+  return {0, now_s, now_n}
+end
+local hcs, td, nxt = string.match(tail, '^|%x+,(%d+),(%d+),%d+()', at)
+if not hcs then
+  return redis.error_reply('pace: the key holds something other than a tat')
+end
+local hc = tonumber(hcs)
+local last = nxt > #tail
+tail = string.sub(tail, 1, at - 1) .. string.sub(tail, nxt)
+if tail ~= '' then
+  if at == 1 then
+    min_s, min_n = split(string.match(tail, '^|%x+,%d+,%d+,(%d+)'))
+  end
+  if last then
+    max_s, max_n = split(string.match(tail, '(%d+)$'))
+  end
+end
+held = held - hc
+if op == 'k' then
+  -- Settled from its own reading.
+  local ts, tn = split(td)
+  if later(ts, tn, tat_s, tat_n) then
+    tat_s, tat_n = ts, tn
+  end
+  tat_s, tat_n = add(tat_s, tat_n, hc)
+end
+put()
+return {1, now_s, now_n}

@@ -137,4 +137,18 @@ async fn three_hundred_keys_on_a_three_primary_cluster() {
     }
     let slots: std::collections::HashSet<u16> = keys.iter().map(|k| p.slot(k)).collect();
     assert_eq!(p.stats().round_trips - trips_before, slots.len() as u64);
+
+    // Holds keep their state in the key itself: one key, one slot, on every
+    // primary; refunds out of order are exact there.
+    for i in 0..30 {
+        let key = format!("hold-{i}");
+        let a = p.hold(&key).await.unwrap();
+        let b = p.hold(&key).await.unwrap();
+        assert!(matches!(p.hold(&key).await, Err(Error::Denied(_))));
+        assert_eq!(a.refund().await.unwrap(), pace_redis::Refunded::Restored);
+        assert_eq!(b.refund().await.unwrap(), pace_redis::Refunded::Restored);
+        let c = p.hold(&key).await.unwrap();
+        assert!(c.keep().await.unwrap());
+        assert_eq!(p.peek(&key).await.unwrap().remaining(), 1);
+    }
 }

@@ -1,9 +1,11 @@
 //! What a flood of overlapping reserve → check → refund cycles costs a key
-//! (README: "Overlapping refunds"): a refund restores the key only if
-//! nothing was debited since, so cycles that overlap lose tokens until the
-//! bucket refills. 1 token per 10 s, capacity 3; N tasks on one limiter
-//! loop `reserve` → 50 µs of checking (a spin) → `refund` on one key for
-//! 300 ms; then the key's tokens are read on the server.
+//! (README: "Overlapping refunds"): a reserve's refund restores the key only
+//! if nothing was debited since, so cycles that overlap lose tokens until
+//! the bucket refills; a hold's refund is exact, so the same flood with
+//! `hold` → check → `Hold::refund` leaves the key full. 1 token per 10 s,
+//! capacity 3; N tasks on one limiter loop reserve (or hold) → 50 µs of
+//! checking (a spin) → refund on one key for 300 ms; then the key's tokens
+//! are read on the server.
 //!
 //! `cargo test -p pace-redis --test flood -- --nocapture` prints the table.
 
@@ -12,15 +14,15 @@ mod common;
 use std::time::{Duration, Instant};
 
 use pace::Rate;
-use pace_redis::{Error, RedisPace};
+use pace_redis::{Error, RedisPace, Refunded};
 
 const CAPACITY: u64 = 3;
 const RUNS: usize = 5;
 
-async fn flood(url: &str, tasks: usize, run: usize) -> (u64, u64) {
+async fn flood(url: &str, tasks: usize, run: usize, holds: bool) -> (u64, u64) {
     let p = RedisPace::builder(Rate::new(1, Duration::from_secs(10)).unwrap())
         .capacity(CAPACITY)
-        .prefix(format!("flood{tasks}-{run}:"))
+        .prefix(format!("flood{tasks}-{run}-{holds}:"))
         .timeout(Duration::from_secs(2))
         .connect(url)
         .await
@@ -32,6 +34,21 @@ async fn flood(url: &str, tasks: usize, run: usize) -> (u64, u64) {
         handles.push(tokio::spawn(async move {
             let mut cycles = 0u64;
             while Instant::now() < end {
+                if holds {
+                    match p.hold("victim").await {
+                        Ok(h) => {
+                            let t = Instant::now();
+                            while t.elapsed() < Duration::from_micros(50) {
+                                std::hint::spin_loop();
+                            }
+                            assert_eq!(h.refund().await.unwrap(), Refunded::Restored);
+                            cycles += 1;
+                        }
+                        Err(Error::Denied(_)) => tokio::task::yield_now().await,
+                        Err(e) => panic!("{e}"),
+                    }
+                    continue;
+                }
                 match p.reserve("victim").await {
                     Ok(r) => {
                         let t = Instant::now();
@@ -63,7 +80,7 @@ async fn overlapping_refunds_lose_tokens_until_the_bucket_refills() {
         let mut left = Vec::new();
         let mut cycles = Vec::new();
         for run in 0..RUNS {
-            let (l, c) = flood(&server.url(), tasks, run).await;
+            let (l, c) = flood(&server.url(), tasks, run, false).await;
             left.push(l);
             cycles.push(c);
         }
@@ -82,5 +99,28 @@ async fn overlapping_refunds_lose_tokens_until_the_bucket_refills() {
                 "{tasks} tasks kept the whole capacity in some run: {left:?}"
             );
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_hold_refunds_are_exact() {
+    let server = common::RedisServer::start();
+    println!("holds: tasks  tokens left after each of {RUNS} floods (of {CAPACITY})  cycles");
+    for tasks in [1usize, 2, 4, 8, 16] {
+        let mut left = Vec::new();
+        let mut cycles = Vec::new();
+        for run in 0..RUNS {
+            let (l, c) = flood(&server.url(), tasks, run, true).await;
+            left.push(l);
+            cycles.push(c);
+        }
+        println!("holds: {tasks:>5}  {left:?}  {cycles:?}");
+        // Every hold's refund returns exactly its token, in any order.
+        assert_eq!(
+            left,
+            vec![CAPACITY; RUNS],
+            "{tasks} tasks lost tokens with holds"
+        );
+        assert!(cycles.iter().all(|&c| c > 0));
     }
 }

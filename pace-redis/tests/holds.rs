@@ -1,0 +1,770 @@
+//! Holds (`RedisPace::hold`, README: "Holds"): exact refunds in any order,
+//! the over-admission bound kept, and holds of a dead client settled as
+//! kept after the hold limit.
+//!
+//! - `holds_agree_with_the_integer_model`: random histories of reserves,
+//!   holds (by two limiters with different hold limits), keeps, hold
+//!   refunds, reserve refunds and clock advances on one key, through the script with the time injected and through an integer
+//!   model written here; every decision, wait, remaining token count, reset
+//!   time, refund outcome and peek must agree, and the admissions that were
+//!   not returned (holds counted at their decision, kept, expired or never
+//!   resolved) must cost at most `b − a + τ` in every window `[a, b]`.
+//!   `random_hold_histories_never_exceed_the_bound`: the bound alone, over
+//!   the script's own answers (a known-wrong script fails it too, not only
+//!   the comparison with the model).
+//! - `an_unresolved_hold_settles_as_kept_after_the_hold_limit` (injected
+//!   time) and `a_dead_clients_hold_expires_on_the_servers_clock` (the
+//!   server's clock, with the key's expiry): a hold never resolved locks its
+//!   token until the hold limit, is then settled as kept from its expiry,
+//!   and a stale keep or refund of it returns nothing and mints nothing.
+
+mod common;
+
+use std::time::Duration;
+
+use pace::{DenyReason, Rate};
+use pace_redis::{Error, Hold, OnUnavailable, RedisPace, Refunded, Reservation, Source};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+/// A realistic Unix time in ns (not a round number).
+const BASE: u64 = 1_764_000_000_123_456_789;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Reserve {
+        n: u64,
+    },
+    /// `other`: by a second limiter on the same key with another hold limit
+    /// (holds then expire out of the order of their decisions).
+    Hold {
+        n: u64,
+        other: bool,
+    },
+    Keep {
+        pick: usize,
+    },
+    Release {
+        pick: usize,
+    },
+    /// A reserve's refund.
+    Refund {
+        pick: usize,
+    },
+    /// Advance by `quarters / 4` of tau plus `ns`.
+    Advance {
+        quarters: u64,
+        ns: u64,
+    },
+}
+
+fn op(cap: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..=cap + 1).prop_map(|n| Op::Reserve { n }),
+        5 => (0..=cap + 1, any::<bool>()).prop_map(|(n, other)| Op::Hold { n, other }),
+        3 => any::<usize>().prop_map(|pick| Op::Keep { pick }),
+        3 => any::<usize>().prop_map(|pick| Op::Release { pick }),
+        2 => any::<usize>().prop_map(|pick| Op::Refund { pick }),
+        4 => (0u64..6, prop_oneof![Just(0u64), Just(1), 0u64..2_000_000_000])
+            .prop_map(|(quarters, ns)| Op::Advance { quarters, ns }),
+    ]
+}
+
+fn interval() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(1u64),
+        Just(7),
+        Just(1_000),
+        Just(333_333_334),
+        Just(1_000_000_007),
+        1u64..5_000_000_000
+    ]
+}
+
+/// (interval, capacity, the two limiters' hold limits as (quarters of tau,
+/// ns)), operations.
+type Case = (u64, u64, [(u64, u64); 2], Vec<Op>);
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        interval(),
+        1u64..=6,
+        proptest::array::uniform2((0u64..10, 0u64..1_000_000_000)),
+    )
+        .prop_flat_map(|(i, cap, limits)| {
+            (
+                Just(i),
+                Just(cap),
+                Just(limits),
+                proptest::collection::vec(op(cap), 1..70),
+            )
+        })
+}
+
+#[derive(Clone, Debug)]
+struct MHold {
+    id: u64,
+    cost: u64,
+    decided: u64,
+    expiry: u64,
+}
+
+/// The key as stored: its settled `tat` and its holds in order of expiry.
+#[derive(Clone, Debug)]
+struct Stored {
+    tat: u64,
+    holds: Vec<MHold>,
+}
+
+/// The rule with holds, in plain integers.
+struct Model {
+    interval: u64,
+    cap: u64,
+    stored: Option<Stored>,
+}
+
+impl Model {
+    fn tau(&self) -> u64 {
+        self.interval * self.cap
+    }
+
+    /// The key at `now`: the settled tat after settling the expired holds
+    /// as kept from their expiry (in order of expiry), the live holds, and
+    /// whether any expired.
+    fn view(&self, now: u64) -> (u64, Vec<MHold>, bool) {
+        let Some(s) = &self.stored else {
+            return (0, Vec::new(), false);
+        };
+        let mut tat = s.tat;
+        let mut live = Vec::new();
+        let mut changed = false;
+        for h in &s.holds {
+            if h.expiry > now {
+                live.push(h.clone());
+            } else {
+                tat = tat.max(h.expiry) + h.cost;
+                changed = true;
+            }
+        }
+        (tat, live, changed)
+    }
+
+    fn put(&mut self, tat: u64, holds: Vec<MHold>, now: u64) {
+        self.stored = if holds.is_empty() && tat <= now {
+            None
+        } else {
+            Some(Stored { tat, holds })
+        };
+    }
+
+    fn tokens(&self, debt: u64) -> u64 {
+        if debt >= self.tau() {
+            0
+        } else {
+            (self.tau() - debt) / self.interval
+        }
+    }
+
+    /// (debt of the settled tat, held) at `now`.
+    fn debt(&self, now: u64) -> (u64, u64) {
+        let (tat, live, _) = self.view(now);
+        (
+            tat.saturating_sub(now),
+            live.iter().map(|h| h.cost).sum::<u64>(),
+        )
+    }
+
+    /// A reserve (`hold` None) or a hold (model id, hold limit): Ok((prev,
+    /// tat, debt after counting what is held)) or Err((reason, wait, debt
+    /// before counting what is held)).
+    #[allow(clippy::type_complexity)]
+    fn decide(
+        &mut self,
+        n: u64,
+        hold: Option<(u64, u64)>,
+        now: u64,
+    ) -> Result<(u64, u64, u64), (DenyReason, u64, u64)> {
+        if n > self.cap {
+            return Err((DenyReason::ExceedsCapacity, u64::MAX, 0));
+        }
+        let (tat, mut live, _) = self.view(now);
+        let d = tat.saturating_sub(now);
+        let held: u64 = live.iter().map(|h| h.cost).sum();
+        let c = n * self.interval;
+        if d + c + held > self.tau() {
+            return Err((DenyReason::Exhausted, d + c + held - self.tau(), d + held));
+        }
+        match hold {
+            None => {
+                let new = tat.max(now) + c;
+                self.put(new, live, now);
+                Ok((if tat > now { tat } else { 0 }, new, new - now + held))
+            }
+            Some((id, limit)) => {
+                let expiry = now + limit;
+                let at = live.iter().take_while(|h| h.expiry <= expiry).count();
+                live.insert(
+                    at,
+                    MHold {
+                        id,
+                        cost: c,
+                        decided: now,
+                        expiry,
+                    },
+                );
+                self.put(tat, live, now);
+                Ok((0, tat, d + held + c))
+            }
+        }
+    }
+
+    /// Keep or release of model hold `id`: `Restored` when resolved now,
+    /// `Expired` when the key no longer has it.
+    fn resolve(&mut self, id: u64, keep: bool, now: u64) -> Refunded {
+        let (mut tat, mut live, changed) = self.view(now);
+        let Some(i) = live.iter().position(|h| h.id == id) else {
+            if changed {
+                self.put(tat, live, now);
+            }
+            return Refunded::Expired;
+        };
+        let h = live.remove(i);
+        if keep {
+            tat = tat.max(h.decided) + h.cost;
+        }
+        self.put(tat, live, now);
+        Refunded::Restored
+    }
+
+    fn refund(&mut self, prev: u64, mine: u64, now: u64) -> Refunded {
+        if self.stored.is_none() {
+            return Refunded::Refilled;
+        }
+        let (tat, live, _) = self.view(now);
+        if tat != mine {
+            return Refunded::Superseded;
+        }
+        if prev > now {
+            self.put(prev, live, now);
+            Refunded::Restored
+        } else {
+            self.put(0, live, now);
+            Refunded::Removed
+        }
+    }
+}
+
+/// The admissions not returned cost at most `b − a + tau` over every window
+/// `[a, b]` between two of them: `(time, cost)`.
+fn check_bound(admissions: &[(u64, u64)], tau: u64) -> Result<(), String> {
+    let mut a = admissions.to_vec();
+    a.sort_unstable();
+    for i in 0..a.len() {
+        let mut cost: u128 = 0;
+        for j in i..a.len() {
+            cost += u128::from(a[j].1);
+            let allowed = u128::from(a[j].0 - a[i].0) + u128::from(tau);
+            if cost > allowed {
+                return Err(format!(
+                    "admissions in [{}, {}] cost {cost} ns of tokens: exceeds the bound by {}",
+                    a[i].0,
+                    a[j].0,
+                    cost - allowed
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn holds_agree_with_the_integer_model() {
+    run_histories(true, 200);
+}
+
+/// The same random histories with the model's answers unchecked: only the
+/// bound over the script's own admissions.
+#[test]
+fn random_hold_histories_never_exceed_the_bound() {
+    run_histories(false, 300);
+}
+
+/// Runs random histories through the script (and the model); `compare`:
+/// every answer must be the model's. The bound is checked either way.
+fn run_histories(compare: bool, cases: u32) {
+    let server = common::RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases,
+        ..Config::default()
+    });
+    let case_no = std::cell::Cell::new(0u64);
+    let result = runner.run(&case(), |(interval, cap, limits, ops)| {
+        case_no.set(case_no.get() + 1);
+        let tau = interval * cap;
+        let limits = limits.map(|(lq, lns)| (lq * tau / 4 + lns).max(1));
+        // Two limiters on the same key with different hold limits.
+        let limiters: Vec<RedisPace> = limits
+            .iter()
+            .map(|&limit| {
+                rt.block_on(
+                    RedisPace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
+                        .capacity(cap)
+                        .prefix(format!("holds{compare}{}:", case_no.get()))
+                        .deny_cache(false)
+                        .time_injection(true)
+                        .hold_limit(Duration::from_nanos(limit))
+                        .timeout(Duration::from_secs(5))
+                        .connect(&server.url()),
+                )
+                .unwrap()
+            })
+            .collect();
+        let limiter = &limiters[0];
+        let mut model = Model {
+            interval,
+            cap,
+            stored: None,
+        };
+        let mut now = BASE;
+        let mut next_id = 0u64;
+        // Outstanding holds (model id, admission index, hold) and
+        // reservations (admission index, reservation).
+        let mut holds: Vec<(u64, Option<usize>, Hold)> = Vec::new();
+        let mut reservations: Vec<(Option<usize>, Reservation)> = Vec::new();
+        // (time, cost) of every admission; None once returned.
+        let mut admissions: Vec<Option<(u64, u64)>> = Vec::new();
+        for (step, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Advance { quarters, ns } => now += quarters * tau / 4 + ns,
+                Op::Reserve { n } => {
+                    let got = rt.block_on(limiter.reserve_n_at("k", n, now));
+                    let expect = if n == 0 {
+                        Ok((0, 0, 0))
+                    } else {
+                        model.decide(n, None, now)
+                    };
+                    if compare {
+                        match (&expect, &got) {
+                            (Ok((prev, tat, debt)), Ok(r)) => {
+                                prop_assert_eq!(r.tokens(), n);
+                                if n > 0 {
+                                    prop_assert_eq!(r.prev_ns(), *prev, "prev, step {}", step);
+                                    prop_assert_eq!(r.tat_ns(), *tat, "tat, step {}", step);
+                                    prop_assert_eq!(
+                                        r.remaining(),
+                                        Some(model.tokens(*debt)),
+                                        "remaining, step {}",
+                                        step
+                                    );
+                                    prop_assert_eq!(
+                                        r.reset_after(),
+                                        Some(Duration::from_nanos(*debt)),
+                                        "reset, step {}",
+                                        step
+                                    );
+                                    prop_assert_eq!(r.wait(), Duration::ZERO);
+                                }
+                            }
+                            (Err((reason, wait, debt)), Err(Error::Denied(d))) => {
+                                prop_assert_eq!(d.reason(), *reason, "reason, step {}", step);
+                                if *reason == DenyReason::Exhausted {
+                                    prop_assert_eq!(
+                                        d.retry_after(),
+                                        Duration::from_nanos(*wait),
+                                        "wait, step {}",
+                                        step
+                                    );
+                                    prop_assert_eq!(d.remaining(), Some(model.tokens(*debt)));
+                                    prop_assert_eq!(
+                                        d.reset_after(),
+                                        Some(Duration::from_nanos(*debt))
+                                    );
+                                }
+                            }
+                            (e, g) => prop_assert!(
+                                false,
+                                "reserve, step {}: model {:?}, script {:?}",
+                                step,
+                                e,
+                                g
+                            ),
+                        }
+                    }
+                    match got {
+                        Ok(r) => {
+                            let index = (n > 0).then(|| {
+                                admissions.push(Some((now, n * interval)));
+                                admissions.len() - 1
+                            });
+                            reservations.push((index, r));
+                        }
+                        Err(Error::Denied(_)) => {}
+                        Err(e) => prop_assert!(false, "reserve, step {}: {}", step, e),
+                    }
+                }
+                Op::Hold { n, other } => {
+                    let which = usize::from(other);
+                    let limit = limits[which];
+                    let got = rt.block_on(limiters[which].hold_n_at("k", n, None, now));
+                    let id = next_id;
+                    next_id += 1;
+                    let expect = if n == 0 {
+                        Ok((0, 0, 0))
+                    } else {
+                        model.decide(n, Some((id, limit)), now)
+                    };
+                    if compare {
+                        match (&expect, &got) {
+                            (Ok((_, _, debt)), Ok(h)) => {
+                                prop_assert_eq!(h.tokens(), n);
+                                if n > 0 {
+                                    prop_assert_eq!(h.source(), Source::Server);
+                                    prop_assert_eq!(h.server_now_ns(), Some(now));
+                                    prop_assert_eq!(h.expires_at_ns(), Some(now + limit));
+                                    prop_assert_eq!(
+                                        h.remaining(),
+                                        Some(model.tokens(*debt)),
+                                        "hold remaining, step {}",
+                                        step
+                                    );
+                                    prop_assert_eq!(
+                                        h.reset_after(),
+                                        Some(Duration::from_nanos(*debt)),
+                                        "hold reset, step {}",
+                                        step
+                                    );
+                                } else {
+                                    prop_assert_eq!(h.source(), Source::Request);
+                                }
+                            }
+                            (Err((reason, wait, debt)), Err(Error::Denied(d))) => {
+                                prop_assert_eq!(d.reason(), *reason, "hold reason, step {}", step);
+                                if *reason == DenyReason::Exhausted {
+                                    prop_assert_eq!(
+                                        d.retry_after(),
+                                        Duration::from_nanos(*wait),
+                                        "hold wait, step {}",
+                                        step
+                                    );
+                                    prop_assert_eq!(d.remaining(), Some(model.tokens(*debt)));
+                                    prop_assert_eq!(
+                                        d.reset_after(),
+                                        Some(Duration::from_nanos(*debt))
+                                    );
+                                }
+                            }
+                            (e, g) => prop_assert!(
+                                false,
+                                "hold, step {}: model {:?}, script {:?}",
+                                step,
+                                e,
+                                g
+                            ),
+                        }
+                    }
+                    match got {
+                        Ok(h) => {
+                            let index = (n > 0).then(|| {
+                                admissions.push(Some((now, n * interval)));
+                                admissions.len() - 1
+                            });
+                            holds.push((id, index, h));
+                        }
+                        Err(Error::Denied(_)) => {}
+                        Err(e) => prop_assert!(false, "hold, step {}: {}", step, e),
+                    }
+                }
+                Op::Keep { pick } | Op::Release { pick } => {
+                    if holds.is_empty() {
+                        continue;
+                    }
+                    let keep = matches!(op, Op::Keep { .. });
+                    let (id, index, h) = holds.swap_remove(pick % holds.len());
+                    let expect = match (index, keep) {
+                        (None, false) => Refunded::Nothing,
+                        // A keep of zero tokens: nothing to settle.
+                        (None, true) => Refunded::Expired,
+                        (Some(_), _) => model.resolve(id, keep, now),
+                    };
+                    // A keep answers true when it settled the hold.
+                    let got = if keep {
+                        rt.block_on(h.keep_at(now)).map(|kept| {
+                            if kept {
+                                Refunded::Restored
+                            } else {
+                                Refunded::Expired
+                            }
+                        })
+                    } else {
+                        rt.block_on(h.refund_at(now))
+                    };
+                    let got = match got {
+                        Ok(got) => got,
+                        Err(e) => {
+                            return Err(TestCaseError::fail(format!(
+                                "keep {keep}, step {step}: {e}"
+                            )))
+                        }
+                    };
+                    if compare {
+                        prop_assert_eq!(got, expect, "keep {}, step {}", keep, step);
+                    }
+                    if !keep && got == Refunded::Restored {
+                        if let Some(i) = index {
+                            admissions[i] = None;
+                        }
+                    }
+                }
+                Op::Refund { pick } => {
+                    if reservations.is_empty() {
+                        continue;
+                    }
+                    let (index, r) = reservations.swap_remove(pick % reservations.len());
+                    let expect = match index {
+                        None => Refunded::Nothing,
+                        Some(_) => model.refund(r.prev_ns(), r.tat_ns(), now),
+                    };
+                    let got = match rt.block_on(limiter.refund_at(r, now)) {
+                        Ok(got) => got,
+                        Err(e) => {
+                            return Err(TestCaseError::fail(format!("refund, step {step}: {e}")))
+                        }
+                    };
+                    if compare {
+                        prop_assert_eq!(got, expect, "refund, step {}", step);
+                    }
+                    if got.returned() {
+                        if let Some(i) = index {
+                            admissions[i] = None;
+                        }
+                    }
+                }
+            }
+            if compare {
+                // The key as peek reads it: what is held counts as debt.
+                let (d, held) = model.debt(now);
+                let peek = match rt.block_on(limiter.peek_at("k", now)) {
+                    Ok(peek) => peek,
+                    Err(e) => return Err(TestCaseError::fail(format!("peek, step {step}: {e}"))),
+                };
+                prop_assert_eq!(
+                    peek.remaining(),
+                    model.tokens(d + held),
+                    "peek, step {}",
+                    step
+                );
+                prop_assert_eq!(
+                    peek.reset_after(),
+                    Some(Duration::from_nanos(d + held)),
+                    "peek reset, step {}",
+                    step
+                );
+            }
+        }
+        // Holds never resolved count as admissions (they settle as kept).
+        for (_, _, h) in holds {
+            std::mem::forget(h);
+        }
+        let live: Vec<(u64, u64)> = admissions.into_iter().flatten().collect();
+        if let Err(e) = check_bound(&live, tau) {
+            prop_assert!(false, "{}", e);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[tokio::test]
+async fn an_unresolved_hold_settles_as_kept_after_the_hold_limit() {
+    let server = common::RedisServer::start();
+    // 1 token per 10 s, capacity 3, holds expire after 1 s.
+    let interval = 10_000_000_000u64;
+    let limit = 1_000_000_000u64;
+    let p = RedisPace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
+        .capacity(3)
+        .prefix("leak:")
+        .deny_cache(false)
+        .time_injection(true)
+        .hold_limit(Duration::from_nanos(limit))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let t0 = BASE;
+    let dead = p.hold_n_at("k", 1, None, t0).await.unwrap();
+    let stale_keep = p.hold_n_at("k", 1, None, t0 + 1).await.unwrap();
+    let live = p.hold_n_at("k", 1, None, t0 + 2).await.unwrap();
+    assert_eq!(live.remaining(), Some(0));
+    // `live` returns its token: 1 of 3 while the two others are held.
+    assert_eq!(live.refund_at(t0 + 3).await.unwrap(), Refunded::Restored);
+    assert_eq!(p.peek_at("k", t0 + 3).await.unwrap().remaining(), 1);
+    // Just before the limit the two are still held.
+    let before = p.peek_at("k", t0 + limit - 1).await.unwrap();
+    assert_eq!(
+        before.remaining(),
+        1,
+        "a hold expired before the hold limit"
+    );
+    // After it both are settled as kept from their expiry, in order of
+    // expiry: tat = t0 + limit + interval, then max(that, t0 + 1 + limit) +
+    // interval.
+    let after = t0 + limit + 2;
+    let peek = p.peek_at("k", after).await.unwrap();
+    assert_eq!(peek.remaining(), 1, "an expired hold was returned");
+    assert_eq!(
+        peek.reset_after(),
+        Some(Duration::from_nanos(t0 + limit + 2 * interval - after)),
+        "the expired holds were not settled as kept from their expiry"
+    );
+    // The client that held `dead` died; a late refund (its id replayed by
+    // a stale client) returns nothing and mints nothing.
+    assert_eq!(dead.refund_at(after).await.unwrap(), Refunded::Expired);
+    assert!(
+        !stale_keep.keep_at(after).await.unwrap(),
+        "an expired hold was kept again"
+    );
+    let peek = p.peek_at("k", after).await.unwrap();
+    assert_eq!(peek.remaining(), 1, "a stale refund minted tokens");
+    // They refill at the normal rate: all 3 back two intervals after.
+    let full = t0 + limit + 2 * interval;
+    assert_eq!(p.peek_at("k", full - 1).await.unwrap().remaining(), 2);
+    assert_eq!(p.peek_at("k", full).await.unwrap().remaining(), 3);
+    // A hold and a reserve at that time see a full bucket.
+    let h = p.hold_n_at("k", 3, None, full).await.unwrap();
+    assert_eq!(h.remaining(), Some(0));
+    assert_eq!(h.refund_at(full).await.unwrap(), Refunded::Restored);
+    assert_eq!(
+        p.reserve_n_at("k", 3, full).await.unwrap().remaining(),
+        Some(0)
+    );
+}
+
+#[tokio::test]
+async fn a_dead_clients_hold_expires_on_the_servers_clock() {
+    let server = common::RedisServer::start();
+    let mut admin = server.admin();
+    // 1 token per second, capacity 2, holds expire after 700 ms.
+    let p = RedisPace::builder(Rate::per_second(1).unwrap())
+        .capacity(2)
+        .prefix("dead:")
+        .deny_cache(false)
+        .hold_limit(Duration::from_millis(700))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let key = p.redis_key("k");
+    let h = p.hold("k").await.unwrap();
+    let t0 = h.server_now_ns().unwrap();
+    let expiry = h.expires_at_ns().unwrap();
+    assert_eq!(expiry, t0 + 700_000_000);
+    // A client that dies holding: nothing resolves the hold.
+    std::mem::forget(h);
+    // The key outlives the hold: it expires when settling it leaves the
+    // bucket full (expiry + 1 s), not when its settled tat does (now).
+    let pexpire: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&key)
+        .query(&mut admin)
+        .unwrap();
+    let settled_full_ms = (expiry + 1_000_000_000).div_ceil(1_000_000);
+    assert_eq!(
+        pexpire, settled_full_ms as i64,
+        "the key's expiry does not cover its hold"
+    );
+    let peek = p.peek("k").await.unwrap();
+    assert_eq!(peek.remaining(), 1, "the hold is not counted");
+    // After the limit, on the server's clock: settled as kept from its
+    // expiry, the token comes back 1 s after it.
+    tokio::time::sleep(Duration::from_millis(850)).await;
+    let peek = p.peek("k").await.unwrap();
+    let now = peek.server_now_ns().unwrap();
+    assert!(now > expiry);
+    let debt = (expiry + 1_000_000_000).saturating_sub(now);
+    if debt > 0 {
+        // (unless this peek came a whole interval after the expiry)
+        assert_eq!(peek.remaining(), 1, "an expired hold was returned");
+    }
+    assert_eq!(peek.remaining(), (2_000_000_000 - debt) / 1_000_000_000);
+    assert_eq!(peek.reset_after(), Some(Duration::from_nanos(debt)));
+    // The key then expires as a full bucket.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let exists: i64 = redis::cmd("EXISTS").arg(&key).query(&mut admin).unwrap();
+    assert_eq!(exists, 0, "the key outlived its full bucket");
+    assert_eq!(p.peek("k").await.unwrap().remaining(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_resolve_exactly_and_a_dropped_hold_is_kept() {
+    let server = common::RedisServer::start();
+    let p = RedisPace::builder(Rate::new(1, Duration::from_secs(100)).unwrap())
+        .capacity(3)
+        .prefix("drop:")
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let a = p.hold("k").await.unwrap();
+    let b = p.hold("k").await.unwrap();
+    let c = p.hold("k").await.unwrap();
+    assert_eq!(c.remaining(), Some(0));
+    assert!(matches!(p.hold("k").await, Err(Error::Denied(_))));
+    assert!(matches!(p.reserve("k").await, Err(Error::Denied(_))));
+    // Out of order, with a reserve in between: each refund is exact.
+    assert_eq!(b.refund().await.unwrap(), Refunded::Restored);
+    let r = p.reserve("k").await.unwrap();
+    assert_eq!(r.remaining(), Some(0));
+    assert_eq!(a.refund().await.unwrap(), Refunded::Restored);
+    // The reserve found the settled part full (holds leave tat alone).
+    assert_eq!(p.refund(r).await.unwrap(), Refunded::Removed);
+    assert_eq!(p.peek("k").await.unwrap().remaining(), 2);
+    // A dropped hold is kept by a spawned call: the key then holds no
+    // hold, and still counts its token.
+    drop(c);
+    let mut admin = server.admin();
+    for _ in 0..200 {
+        let stored: String = redis::cmd("GET")
+            .arg(p.redis_key("k"))
+            .query(&mut admin)
+            .unwrap();
+        if !stored.contains('|') {
+            assert_eq!(p.peek("k").await.unwrap().remaining(), 2);
+            let d = p.hold("k").await.unwrap();
+            assert!(d.keep().await.unwrap());
+            assert_eq!(p.peek("k").await.unwrap().remaining(), 1);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the dropped hold was not kept");
+}
+
+#[tokio::test]
+async fn holds_of_the_local_fallback_are_exact_too() {
+    let mut server = common::RedisServer::start();
+    let p = RedisPace::builder(Rate::new(1, Duration::from_secs(100)).unwrap())
+        .capacity(3)
+        .prefix("local:")
+        .on_unavailable(OnUnavailable::LocalFallback { replicas: 1 })
+        .timeout(Duration::from_millis(300))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    server.stop();
+    let a = p.hold("k").await.unwrap();
+    assert_eq!(a.source(), Source::Local);
+    let b = p.hold("k").await.unwrap();
+    let c = p.hold("k").await.unwrap();
+    assert!(matches!(p.hold("k").await, Err(Error::Denied(_))));
+    // Out of order: each refund returns its own token (the core's holds).
+    assert!(a.refund().await.unwrap().returned());
+    assert!(b.refund().await.unwrap().returned());
+    assert_eq!(p.peek("k").await.unwrap().remaining(), 2);
+    assert!(c.keep().await.unwrap());
+    assert_eq!(p.peek("k").await.unwrap().remaining(), 2);
+    // Dropping a local hold keeps it.
+    drop(p.hold("k").await.unwrap());
+    assert_eq!(p.peek("k").await.unwrap().remaining(), 1);
+}
