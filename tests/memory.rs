@@ -83,6 +83,23 @@ fn memory_is_bounded_by_recent_exchanges() {
     let after = held();
     assert!(after - base <= SLACK, "flood left {} bytes", after - base);
 
+    // 1b. The same flood with holds, and overlapping holds of one id kept
+    //    and refunded: every record a hold or a resolution made is freed.
+    let base = held();
+    for i in 0..FLOOD {
+        let claimed = format!("client-{i:012}");
+        ids.hold(claimed.as_str()).unwrap().refund();
+    }
+    for _ in 0..FLOOD / 4 {
+        let a = ids.hold("victim").unwrap();
+        let b = ids.hold("victim").unwrap();
+        b.refund();
+        a.refund();
+    }
+    assert_eq!(ids.len(), 0);
+    let after = held();
+    assert!(after - base <= SLACK, "holds left {} bytes", after - base);
+
     // 2. A flood of keys that each really exchanged once, in each table.
     let cells = flood("cells", rate, &clock);
     let entries = flood("entries", rate, &clock);

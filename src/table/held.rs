@@ -290,12 +290,27 @@ impl Held {
 /// reader can reach (never published, or replaced and past every guard
 /// that could read it), freed once.
 pub(crate) unsafe fn free(field: u64) {
-    if field >= HELD {
-        let p = std::ptr::with_exposed_provenance_mut::<Held>((field - HELD) as usize);
-        // SAFETY: the caller's contract; `publish` made it with
-        // `Box::into_raw`.
-        drop(unsafe { Box::from_raw(p) });
+    if let Some(addr) = address(field) {
+        // SAFETY: the caller's contract.
+        unsafe { free_at(addr) };
     }
+}
+
+/// The address of the record a `tat` field names, if it names one: what a
+/// retirement keeps (a plain address, which a conservative leak checker
+/// scanning the collector's garbage recognises).
+pub(crate) fn address(field: u64) -> Option<u64> {
+    (field >= HELD).then(|| field - HELD)
+}
+
+/// Frees the record at `addr` ([`address`] of a published field).
+///
+/// # Safety
+/// As for [`free`].
+pub(crate) unsafe fn free_at(addr: u64) {
+    let p = std::ptr::with_exposed_provenance_mut::<Held>(addr as usize);
+    // SAFETY: the caller's contract; `publish` made it with `Box::into_raw`.
+    drop(unsafe { Box::from_raw(p) });
 }
 
 #[cfg(test)]

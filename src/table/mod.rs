@@ -406,14 +406,14 @@ impl Table {
     /// that cell alone named among the cells a reader pinning from now on
     /// can reach; called once per replacement.
     unsafe fn drop_record(&self, arr: &Array, field: u64, guard: &Guard) {
-        if field < HELD {
+        let Some(addr) = held::address(field) else {
             return;
-        }
+        };
         match self.source_of(arr, guard) {
-            Some(Some(source)) => source.adopt(field, held::free),
+            Some(Some(source)) => source.adopt(addr, held::free_at),
             // SAFETY: the caller's contract; the closure frees it once,
             // after every guard that could have read `field` is gone.
-            _ => unsafe { guard.defer_unchecked(move || held::free(field)) },
+            _ => unsafe { guard.defer_unchecked(move || held::free_at(addr)) },
         }
     }
 
