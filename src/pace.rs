@@ -348,7 +348,8 @@ impl Debit {
 /// While held, the tokens count against the key as debited at every
 /// decision. A hold neither kept nor refunded within
 /// [`Builder::hold_limit`] may expire: it then counts as kept, and its
-/// refund returns nothing ([`Refunded::Expired`]).
+/// refund returns nothing ([`Refunded::Expired`]). A hold dropped while its
+/// thread unwinds from a panic is left to expire so.
 #[must_use = "dropping a Hold keeps it; refund() it if the exchange did not happen"]
 pub struct Hold<'a, K, Q, S = RandomState, C = DefaultClock>
 where
@@ -437,6 +438,11 @@ where
 {
     fn drop(&mut self) {
         if let Some(r) = self.inner.take() {
+            // While unwinding, a key's `Eq` that panics again would abort:
+            // the hold is left to expire, and then counts as kept.
+            if std::thread::panicking() {
+                return;
+            }
             let now = r.pace.clock.now_ns();
             r.pace.resolve_hashed(r.key, r.debit, true, now);
         }
