@@ -354,3 +354,19 @@ fn holds_survive_migrations() {
     run(|k| k);
     run(|k| format!("key-{k}"));
 }
+
+/// A hold dropped while its thread unwinds is not kept then (a key's `Eq`
+/// that panicked once may panic again, which would abort): its tokens stay
+/// held until its lot expires, then count as kept.
+#[test]
+fn a_hold_dropped_by_a_panic_expires_as_kept() {
+    let p: P<u8> = limiter(3, 10 * S, Duration::from_secs(1));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _h = p.hold_n_at(&0, 1, None, 0).unwrap();
+        panic!("the check panicked");
+    }));
+    assert!(r.is_err());
+    assert_eq!(p.row_held(&0), Some(10 * S), "still held");
+    assert_eq!(p.peek_at(&0, 2 * S), 2, "expired as kept from its reading");
+    assert_eq!(p.peek_at(&0, 10 * S), 3);
+}
