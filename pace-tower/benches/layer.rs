@@ -26,7 +26,13 @@
 //! * `pace/1/plain` vs `governor/1/plain`: no fields on admitted responses;
 //! * `pace/2/..` vs `governor/2/..`: per peer IP and per client id (a
 //!   `String` from `x-client-id`), one `PaceLayer` against two
-//!   `GovernorLayer`s.
+//!   `GovernorLayer`s;
+//! * `pace/2/refund/..` vs `governor/2/..`: the same two limits, the
+//!   client id's refunded when the answer is 401 (`refund_if`; every answer
+//!   here is 200, so every request keeps it): the token endpoint's layer.
+//!   tower_governor has no refunds: the pair measures what the refund path
+//!   (the state kept until the response, the holds and their keeps) costs
+//!   over the same two limits.
 //!
 //! On a shared machine the figures move between runs: run it several times
 //! and compare ranges (`uptime` before and after).
@@ -252,6 +258,18 @@ fn layers(c: &mut Criterion) {
             .unwrap()
     };
 
+    let pace2_refund = |fields: bool| {
+        PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(Limit::new("source", per_source(), PeerIp::new()))
+            .limit(
+                Limit::new("client", per_client(), from_fn(|h| client_id(h.headers)))
+                    .refund_if(|r| r.status == StatusCode::UNAUTHORIZED),
+            )
+            .build()
+            .unwrap()
+    };
+
     let mut g = c.benchmark_group("layer");
     g.warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
@@ -277,6 +295,18 @@ fn layers(c: &mut Criterion) {
         &mut g,
         "2/plain",
         pace2(false).layer(inner()),
+        GovernorLayer::new(gov_source()).layer(GovernorLayer::new(gov_client()).layer(inner())),
+    );
+    pair(
+        &mut g,
+        "2/refund/fields",
+        pace2_refund(true).layer(inner()),
+        GovernorLayer::new(gov_source_h()).layer(GovernorLayer::new(gov_client_h()).layer(inner())),
+    );
+    pair(
+        &mut g,
+        "2/refund/plain",
+        pace2_refund(false).layer(inner()),
         GovernorLayer::new(gov_source()).layer(GovernorLayer::new(gov_client()).layer(inner())),
     );
     // Churn: 1e6/s per source, burst 2e6 (examples/loadgen.rs's numbers):
