@@ -32,7 +32,11 @@
 //!   here is 200, so every request keeps it): the token endpoint's layer.
 //!   tower_governor has no refunds: the pair measures what the refund path
 //!   (the state kept until the response, the holds and their keeps) costs
-//!   over the same two limits.
+//!   over the same two limits;
+//! * `pace/../exact-client` vs `governor/2/..`: as `2/plain` and
+//!   `2/refund/fields` with the source limit's exact refunds given up
+//!   (`Limit::exact_refunds(false)`: reserved plainly, not held): what the
+//!   holds of a limit that is not last cost.
 //!
 //! On a shared machine the figures move between runs: run it several times
 //! and compare ranges (`uptime` before and after).
@@ -258,10 +262,10 @@ fn layers(c: &mut Criterion) {
             .unwrap()
     };
 
-    let pace2_refund = |fields: bool| {
+    let pace2_refund = |fields: bool, exact_source: bool| {
         PaceLayer::builder()
             .rate_limit_headers(fields)
-            .limit(Limit::new("source", per_source(), PeerIp::new()))
+            .limit(Limit::new("source", per_source(), PeerIp::new()).exact_refunds(exact_source))
             .limit(
                 Limit::new("client", per_client(), from_fn(|h| client_id(h.headers)))
                     .refund_if(|r| r.status == StatusCode::UNAUTHORIZED),
@@ -300,14 +304,36 @@ fn layers(c: &mut Criterion) {
     pair(
         &mut g,
         "2/refund/fields",
-        pace2_refund(true).layer(inner()),
+        pace2_refund(true, true).layer(inner()),
         GovernorLayer::new(gov_source_h()).layer(GovernorLayer::new(gov_client_h()).layer(inner())),
     );
     pair(
         &mut g,
         "2/refund/plain",
-        pace2_refund(false).layer(inner()),
+        pace2_refund(false, true).layer(inner()),
         GovernorLayer::new(gov_source()).layer(GovernorLayer::new(gov_client()).layer(inner())),
+    );
+    pair(
+        &mut g,
+        "2/plain/exact-client",
+        PaceLayer::builder()
+            .rate_limit_headers(false)
+            .limit(Limit::new("source", per_source(), PeerIp::new()).exact_refunds(false))
+            .limit(Limit::new(
+                "client",
+                per_client(),
+                from_fn(|h| client_id(h.headers)),
+            ))
+            .build()
+            .unwrap()
+            .layer(inner()),
+        GovernorLayer::new(gov_source()).layer(GovernorLayer::new(gov_client()).layer(inner())),
+    );
+    pair(
+        &mut g,
+        "2/refund/fields/exact-client",
+        pace2_refund(true, false).layer(inner()),
+        GovernorLayer::new(gov_source_h()).layer(GovernorLayer::new(gov_client_h()).layer(inner())),
     );
     // Churn: 1e6/s per source, burst 2e6 (examples/loadgen.rs's numbers):
     // a peer's bucket is full again long before its next visit, so pace

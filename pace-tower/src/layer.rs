@@ -60,10 +60,14 @@ pub struct Limit<E: KeyExtractor, A> {
     /// Its index in the layer (set when the layer is built).
     index: usize,
     /// Whether the layer may refund its reservation (it has a refund
-    /// predicate, or a limit after it may refuse): it is then held
-    /// ([`AsyncLimit::hold`]) and kept ([`AsyncLimit::keep`]) when not
-    /// refunded. Set when the layer is built.
+    /// predicate, or a limit after it may refuse) and the limit has holds
+    /// ([`AsyncLimit::holds`]): it is then held ([`AsyncLimit::hold`]) and
+    /// kept ([`AsyncLimit::keep`]) when not refunded. Set when the layer is
+    /// built.
     hold: bool,
+    /// False after [`exact_refunds(false)`](Limit::exact_refunds): never
+    /// held.
+    exact: bool,
     /// Its admission counter and row gauge (set when the layer is built),
     /// kept with it for the admitted path.
     admitted: Counter,
@@ -92,6 +96,7 @@ where
             wait: None,
             index: 0,
             hold: false,
+            exact: true,
             admitted: Counter::noop(),
             rows: Gauge::noop(),
         }
@@ -134,6 +139,21 @@ where
         f: impl Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
     ) -> Self {
         self.refund = Some(Box::new(f));
+        self
+    }
+
+    /// Whether the layer holds this limit when it may refund it (true by
+    /// default; see [`PaceLayerBuilder::limit`]), so that the refund is
+    /// exact whatever else happens on the key. `false` reserves it plainly
+    /// whatever the layer does with it: one CAS and no held record per
+    /// request, but a refund (a refund predicate, or a later limit's
+    /// denial) returns nothing once another request's debit of the key
+    /// landed after it. Only for a limit whose traces hurt nobody but the
+    /// key itself (per source, before a limit per claimed id: a flood
+    /// from one source then spends that source's own budget a little
+    /// faster), never for a key someone else can name.
+    pub fn exact_refunds(mut self, exact: bool) -> Self {
+        self.exact = exact;
         self
     }
 
@@ -453,7 +473,8 @@ mod sealed {
         /// request without its key) stops the chain, and each limit before
         /// it refunds its reservation as the stop passes it back (newest
         /// first). Keeps nothing: when `then` passes, each admission is
-        /// counted and its debit kept ([`AsyncLimit::keep`] for a held one). With `fields`, each limit adds
+        /// counted and its debit kept ([`AsyncLimit::keep`] for a held
+        /// one). With `fields`, each limit adds
         /// its `RateLimit` item right after its reservation. Only for
         /// limits that are [`at_once`](Self::at_once).
         fn light<F>(
@@ -478,6 +499,11 @@ mod sealed {
         /// with [`AsyncLimit::keep`]): every admitted request's state ends
         /// here or in [`undo`](Self::undo).
         fn keep(&self, st: &mut Self::State);
+        /// At admission, when the state goes on to the response: keeps the
+        /// debits no refund predicate can return (held only while a later
+        /// limit could refuse), so that their rows hold no hold while the
+        /// inner service works.
+        fn keep_unrefunded(&self, st: &mut Self::State);
         /// Marks the limits the layer may refund (a refund predicate, or a
         /// limit after it: `later`), which then hold.
         fn mark_holds(&mut self, later: bool);
@@ -580,6 +606,8 @@ impl LimitsImpl for () {
     fn undo(&self, _: &mut ()) {}
     #[inline]
     fn keep(&self, _: &mut ()) {}
+    #[inline]
+    fn keep_unrefunded(&self, _: &mut ()) {}
     fn mark_holds(&mut self, _: bool) {}
     #[inline]
     fn admitted(&self, _: &()) {}
@@ -816,9 +844,14 @@ where
         acc.same &= acc.built.get(self.index) == Some(&(cap, rate));
     }
 
-    /// Keeps what `step` holds (not refunded).
+    /// Keeps what `step` holds (not refunded). A limit that does not hold
+    /// keeps its debit in the step (for its `RateLimit` item): dropping it
+    /// keeps it.
     #[inline]
     fn keep_one(&self, step: &mut StepOf<E, A>) {
+        if !self.hold {
+            return;
+        }
         if let Step::Held { key, debit, .. } = step {
             if let Some(d) = debit.take() {
                 self.keep_debit(key, d);
@@ -959,8 +992,16 @@ where
         self.1.keep_one(&mut st.1);
     }
 
+    #[inline]
+    fn keep_unrefunded(&self, st: &mut Self::State) {
+        self.0.keep_unrefunded(&mut st.0);
+        if self.1.refund.is_none() {
+            self.1.keep_one(&mut st.1);
+        }
+    }
+
     fn mark_holds(&mut self, later: bool) {
-        self.1.hold = later || self.1.refund.is_some();
+        self.1.hold = (later || self.1.refund.is_some()) && self.1.exact && self.1.limiter.holds();
         // Known-wrong variant for mutation tests: every limit reserved
         // with the plain kind, as before holds (refunds by the old rule).
         #[cfg(pace_mutant = "tower_plain_reserve")]
@@ -1069,7 +1110,11 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// The last limit, without a refund predicate, is never refunded and
     /// keeps the plain one-CAS reservation: a layer of one such limit costs
     /// what it did before holds; in a layer of several, put the busiest
-    /// limit that is never refunded last.
+    /// limit that is never refunded last, or give up the exact refunds of a
+    /// limit whose traces hurt only its own key
+    /// ([`Limit::exact_refunds`]`(false)`). A limit without holds
+    /// ([`AsyncLimit::holds`] false, as a shared Redis limit) and a
+    /// queueing one ([`Limit::wait_up_to`]) are reserved plainly.
     pub fn limit<E, A>(self, limit: Limit<E, A>) -> PaceLayerBuilder<(L, Limit<E, A>), H>
     where
         E: KeyExtractor,
@@ -1642,7 +1687,11 @@ where
         shared: &Arc<Shared<L, H>>,
     ) -> Self {
         shared.limits.admitted(&st);
+        let mut st = st;
         if shared.refunds {
+            // Admitted: only the refund predicates can return something
+            // now; the other limits' holds are kept before the inner call.
+            shared.limits.keep_unrefunded(&mut st);
             let future = svc.call(req);
             return ResponseFuture {
                 kind: Kind::Settle {
@@ -1654,7 +1703,6 @@ where
                 },
             };
         }
-        let mut st = st;
         if shared.headers {
             // Written now, while the rows are in cache: nothing of the layer
             // waits for the response.

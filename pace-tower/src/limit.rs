@@ -65,10 +65,10 @@ impl From<pace::Denied> for Refusal {
 /// reservation only once every limit before it admitted; when one refuses,
 /// the ones before it are refunded (newest first). A request whose
 /// response future is dropped while a reservation is in flight keeps what
-/// was admitted. A limit the layer may refund is reserved with
-/// [`hold`](Self::hold) (or its variants) and, when not refunded, settled
-/// with [`keep`](Self::keep); a limit without holds keeps the defaults
-/// (the plain reservation, and a `keep` that drops it).
+/// was admitted. A limit the layer may refund that [`holds`](Self::holds)
+/// is reserved with [`hold`](Self::hold) (or its variants) and, when not
+/// refunded, settled with [`keep`](Self::keep); a limit without holds is
+/// reserved plainly whatever the layer does with it.
 pub trait AsyncLimit<K>: Send + Sync + 'static {
     /// What an admission holds until the response, to refund it.
     type Debit: Send + 'static;
@@ -152,6 +152,15 @@ pub trait AsyncLimit<K>: Send + Sync + 'static {
         None
     }
 
+    /// Whether the limit has holds: [`hold`](Self::hold) (and its variants)
+    /// and [`keep`](Self::keep) implemented, refunds of held debits exact.
+    /// False by default: the layer then reserves the limit plainly and
+    /// never calls `keep`.
+    #[inline]
+    fn holds(&self) -> bool {
+        false
+    }
+
     /// Starts *holding* `n` tokens of `key`: admitted or refused as
     /// [`reserve`](Self::reserve) decides, but a debit whose
     /// [`refund`](Self::refund) returns its tokens exactly in any order,
@@ -189,8 +198,8 @@ pub trait AsyncLimit<K>: Send + Sync + 'static {
     }
 
     /// Keeps `debit`: settles a held debit ([`hold`](Self::hold)) as spent.
-    /// The layer calls it for every debit of a holding limit it does not
-    /// refund (the response passed, the inner service failed, the response
+    /// The layer calls it (on a limit that [`holds`](Self::holds)) for
+    /// every debit of a held limit it does not refund (the response passed, the inner service failed, the response
     /// future was dropped after admission). By default it drops the debit,
     /// which keeps a plain reservation.
     #[inline]
@@ -313,6 +322,11 @@ where
         }))
     }
 
+    #[inline]
+    fn holds(&self) -> bool {
+        true
+    }
+
     /// `Pace::hold_n`, detached: refunded exactly in any order
     /// (`Pace::refund`), kept with `Pace::keep` (a second CAS on the row).
     #[inline]
@@ -410,8 +424,9 @@ mod redis_impl {
     /// current tokio runtime (without one, the debit is kept). The
     /// `RateLimit` item comes from the admission's own answer (the server's
     /// clock and the key's new state), without another round trip; after a
-    /// refund it is left out. It has no holds: the layer's holds are its
-    /// plain reservations (the defaults), refunded by its own rule.
+    /// refund it is left out. It has no holds ([`AsyncLimit::holds`]
+    /// false): the layer reserves it plainly, and refunds it by its own
+    /// rule.
     impl<K> AsyncLimit<K> for RedisPace
     where
         K: fmt::Display + Send + Sync + 'static,

@@ -346,6 +346,10 @@ impl AsyncLimit<String> for Remote {
         }
     }
 
+    fn holds(&self) -> bool {
+        true
+    }
+
     fn keep(&self, key: &String, debit: pace::Debit) {
         self.0.keep(key, debit);
     }

@@ -141,8 +141,9 @@ fn an_admitted_request_allocates_nothing_in_the_layer() {
 /// The same without a refund predicate: nothing of a request is kept after
 /// its admission (no state in the response future). The first limit holds
 /// (the second may refuse, which refunds it): one held record; a single
-/// limit without a refund predicate is reserved plain and allocates
-/// nothing.
+/// limit without a refund predicate is reserved plainly and allocates
+/// nothing, as does a first limit whose exact refunds are given up
+/// (`Limit::exact_refunds(false)`).
 #[test]
 fn an_admitted_request_without_refunds_allocates_nothing_in_the_layer() {
     let source: Arc<Pace<IpAddr>> = Arc::new(Pace::new(Rate::per_second(1000).unwrap()));
@@ -173,6 +174,34 @@ fn an_admitted_request_without_refunds_allocates_nothing_in_the_layer() {
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers().len(), 2);
         assert_eq!(n, 4, "fields on: the value, the map and the held record");
+    }
+    // The first limit's exact refunds given up: reserved plainly, nothing
+    // allocated.
+    let inexact = |fields: bool| {
+        PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(Limit::new("source", source.clone(), PeerIp::new()).exact_refunds(false))
+            .limit(Limit::new(
+                "client",
+                client.clone(),
+                Header(HeaderName::from_static("x-client-id")),
+            ))
+            .build()
+            .unwrap()
+    };
+    let mut plain = inexact(false).layer(inner());
+    let mut fields = inexact(true).layer(inner());
+    for _ in 0..3 {
+        let (n, r) = allocs(&mut plain, request());
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(n, 0, "exact_refunds(false), fields off: no allocation");
+
+        let (n, r) = allocs(&mut fields, request());
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            n, 3,
+            "exact_refunds(false), fields on: the value and the map"
+        );
     }
     let one = |fields: bool| {
         PaceLayer::builder()
