@@ -26,7 +26,17 @@
 //! * `pace/1/plain` vs `governor/1/plain`: no fields on admitted responses;
 //! * `pace/2/..` vs `governor/2/..`: per peer IP and per client id (a
 //!   `String` from `x-client-id`), one `PaceLayer` against two
-//!   `GovernorLayer`s.
+//!   `GovernorLayer`s;
+//! * `pace/2/refund/..` vs `governor/2/..`: the same two limits, the
+//!   client id's refunded when the answer is 401 (`refund_if`; every answer
+//!   here is 200, so every request keeps it): the token endpoint's layer.
+//!   tower_governor has no refunds: the pair measures what the refund path
+//!   (the state kept until the response, the holds and their keeps) costs
+//!   over the same two limits;
+//! * `pace/../exact-client` vs `governor/2/..`: as `2/plain` and
+//!   `2/refund/fields` with the source limit's exact refunds given up
+//!   (`Limit::exact_refunds(false)`: reserved plainly, not held): what the
+//!   holds of a limit that is not last cost.
 //!
 //! On a shared machine the figures move between runs: run it several times
 //! and compare ranges (`uptime` before and after).
@@ -252,6 +262,18 @@ fn layers(c: &mut Criterion) {
             .unwrap()
     };
 
+    let pace2_refund = |fields: bool, exact_source: bool| {
+        PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(Limit::new("source", per_source(), PeerIp::new()).exact_refunds(exact_source))
+            .limit(
+                Limit::new("client", per_client(), from_fn(|h| client_id(h.headers)))
+                    .refund_if(|r| r.status == StatusCode::UNAUTHORIZED),
+            )
+            .build()
+            .unwrap()
+    };
+
     let mut g = c.benchmark_group("layer");
     g.warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
@@ -278,6 +300,40 @@ fn layers(c: &mut Criterion) {
         "2/plain",
         pace2(false).layer(inner()),
         GovernorLayer::new(gov_source()).layer(GovernorLayer::new(gov_client()).layer(inner())),
+    );
+    pair(
+        &mut g,
+        "2/refund/fields",
+        pace2_refund(true, true).layer(inner()),
+        GovernorLayer::new(gov_source_h()).layer(GovernorLayer::new(gov_client_h()).layer(inner())),
+    );
+    pair(
+        &mut g,
+        "2/refund/plain",
+        pace2_refund(false, true).layer(inner()),
+        GovernorLayer::new(gov_source()).layer(GovernorLayer::new(gov_client()).layer(inner())),
+    );
+    pair(
+        &mut g,
+        "2/plain/exact-client",
+        PaceLayer::builder()
+            .rate_limit_headers(false)
+            .limit(Limit::new("source", per_source(), PeerIp::new()).exact_refunds(false))
+            .limit(Limit::new(
+                "client",
+                per_client(),
+                from_fn(|h| client_id(h.headers)),
+            ))
+            .build()
+            .unwrap()
+            .layer(inner()),
+        GovernorLayer::new(gov_source()).layer(GovernorLayer::new(gov_client()).layer(inner())),
+    );
+    pair(
+        &mut g,
+        "2/refund/fields/exact-client",
+        pace2_refund(true, false).layer(inner()),
+        GovernorLayer::new(gov_source_h()).layer(GovernorLayer::new(gov_client_h()).layer(inner())),
     );
     // Churn: 1e6/s per source, burst 2e6 (examples/loadgen.rs's numbers):
     // a peer's bucket is full again long before its next visit, so pace

@@ -5,10 +5,14 @@
 //! `client-999`, secret `secret-<n>`.
 //!
 //! * per source address (`PeerIp`, IPv6 /56): 200/s, burst 400, never
-//!   refunded: every presentation spends the source's pace.
+//!   refunded on the answer: every presentation spends the source's pace
+//!   (a request the per-id limit denies is refunded, exactly: the source
+//!   is held while the id is decided).
 //! * per claimed client id: 5/s, burst 10, refunded when the answer is
 //!   `401 invalid_client`: only accepted presentations spend a client's
-//!   pace, so a flood of made-up or wrong-secret ids leaves no rows behind.
+//!   pace (exactly, however many presentations of the id overlap: the id
+//!   is held until the answer), so a flood of made-up or wrong-secret ids
+//!   leaves no rows behind and no trace on a real client's pace.
 //! * no `Authorization`: the per-client limit is skipped (the source's is
 //!   spent) and the endpoint answers its own `400 invalid_request`.
 //!
@@ -125,9 +129,9 @@ impl Limiters {
         }
     }
 
-    /// The layer: per source first (never refunded), then per claimed id
-    /// (refunded on invalid_client; skipped without credentials, so that
-    /// the endpoint answers `invalid_request` itself).
+    /// The layer: per source first (never refunded on the answer), then
+    /// per claimed id (refunded on invalid_client; skipped without
+    /// credentials, so that the endpoint answers `invalid_request` itself).
     pub fn layer(&self) -> PaceLayer<impl Limits> {
         self.layer_with_fields(true)
     }

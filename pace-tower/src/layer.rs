@@ -59,6 +59,15 @@ pub struct Limit<E: KeyExtractor, A> {
     wait: Option<Duration>,
     /// Its index in the layer (set when the layer is built).
     index: usize,
+    /// Whether the layer may refund its reservation (it has a refund
+    /// predicate, or a limit after it may refuse) and the limit has holds
+    /// ([`AsyncLimit::holds`]): it is then held ([`AsyncLimit::hold`]) and
+    /// kept ([`AsyncLimit::keep`]) when not refunded. Set when the layer is
+    /// built.
+    hold: bool,
+    /// False after [`exact_refunds(false)`](Limit::exact_refunds): never
+    /// held.
+    exact: bool,
     /// Its admission counter and row gauge (set when the layer is built),
     /// kept with it for the admitted path.
     admitted: Counter,
@@ -86,6 +95,8 @@ where
             quota: None,
             wait: None,
             index: 0,
+            hold: false,
+            exact: true,
             admitted: Counter::noop(),
             rows: Gauge::noop(),
         }
@@ -110,13 +121,39 @@ where
 
     /// Refunds this limit's reservation when `f` is true of the response
     /// (for example the claimed client id when the answer is
-    /// `401 invalid_client`). What a refund returns follows the core rule:
-    /// everything if nothing else debited the key since, nothing otherwise.
+    /// `401 invalid_client`). The limit is then *held*
+    /// ([`AsyncLimit::hold`]; for a `pace::Pace`, `Pace::hold_n`): a refund
+    /// returns the request's tokens exactly, in any order, however many
+    /// other requests of the key overlap it, so a flood of wrong
+    /// presentations of a key leaves no trace on it; an answer the
+    /// predicate does not refund keeps them ([`AsyncLimit::keep`], a second
+    /// CAS on the key's row). A hold the response does not resolve within
+    /// twice the limiter's hold limit (`pace::Builder::hold_limit`, 10 s
+    /// by default: a handler slower than 20 s) counts as kept, and its
+    /// refund then returns nothing. A limit without holds (the defaults of
+    /// [`AsyncLimit`], as `pace_redis::RedisPace`) is refunded by its own
+    /// rule (for a plain reservation: everything if nothing else debited
+    /// the key since, nothing otherwise).
     pub fn refund_if(
         mut self,
         f: impl Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
     ) -> Self {
         self.refund = Some(Box::new(f));
+        self
+    }
+
+    /// Whether the layer holds this limit when it may refund it (true by
+    /// default; see [`PaceLayerBuilder::limit`]), so that the refund is
+    /// exact whatever else happens on the key. `false` reserves it plainly
+    /// whatever the layer does with it: one CAS and no held record per
+    /// request, but a refund (a refund predicate, or a later limit's
+    /// denial) returns nothing once another request's debit of the key
+    /// landed after it. Only for a limit whose traces hurt nobody but the
+    /// key itself (per source, before a limit per claimed id: a flood
+    /// from one source then spends that source's own budget a little
+    /// faster), never for a key someone else can name.
+    pub fn exact_refunds(mut self, exact: bool) -> Self {
+        self.exact = exact;
         self
     }
 
@@ -154,8 +191,13 @@ where
     /// A request dropped before its turn (the client went away) gives the
     /// turn back by the refund rule: its tokens return when nothing was
     /// debited from the key since, and are otherwise lost (fewer
-    /// admissions, never more). The limits before this one stay debited
-    /// while it waits. Each request to a queueing limit allocates its wait
+    /// admissions, never more). A queueing limit reserves its turn with the
+    /// plain kind, also when the layer may refund it (a refund predicate, a
+    /// limit after it): those refunds follow the same rule, not the exact
+    /// one of holds. The limits before this one stay debited (held) while
+    /// it waits; a wait longer than twice their hold limit lets their holds
+    /// expire as kept, and a refusal after it then returns nothing of
+    /// them. Each request to a queueing limit allocates its wait
     /// (also when its turn is now), and the wait needs a tokio runtime. A
     /// limit that cannot wait ([`AsyncLimit::acquire`] `None`) reserves as
     /// without queueing.
@@ -182,6 +224,8 @@ where
         }
     }
 
+    /// Reserves now: a hold when the layer may refund this limit, the
+    /// plain reservation otherwise.
     #[inline(always)]
     fn reserve_now(
         &self,
@@ -189,9 +233,38 @@ where
         n: u64,
         q: Option<Quota>,
     ) -> Option<Result<A::Debit, Refusal>> {
-        match q {
-            Some(q) => self.limiter.reserve_now_with(key, n, q),
-            None => self.limiter.reserve_now(key, n),
+        match (q, self.hold) {
+            (Some(q), false) => self.limiter.reserve_now_with(key, n, q),
+            (None, false) => self.limiter.reserve_now(key, n),
+            (Some(q), true) => self.limiter.hold_now_with(key, n, q),
+            (None, true) => self.limiter.hold_now(key, n),
+        }
+    }
+
+    /// Starts reserving (a limit that answers later), held as
+    /// [`reserve_now`](Self::reserve_now) is.
+    #[inline]
+    fn reserve_later(&self, key: &E::Key, n: u64, q: Option<Quota>) -> A::Reserve {
+        match (q, self.hold) {
+            (Some(q), false) => self.limiter.reserve_with(key, n, q),
+            (None, false) => self.limiter.reserve(key, n),
+            (Some(q), true) => self.limiter.hold_with(key, n, q),
+            (None, true) => self.limiter.hold(key, n),
+        }
+    }
+
+    /// Settles an admitted `debit` that is not refunded: kept with
+    /// [`AsyncLimit::keep`] when this limit holds, dropped (kept already)
+    /// otherwise.
+    #[inline(always)]
+    fn keep_debit(&self, key: &E::Key, debit: A::Debit) {
+        // Known-wrong variant for mutation tests: a held debit is dropped
+        // (held until it expires) instead of kept.
+        #[cfg(pace_mutant = "tower_no_keep")]
+        let _ = (key, debit);
+        #[cfg(not(pace_mutant = "tower_no_keep"))]
+        if self.hold {
+            self.limiter.keep(key, debit);
         }
     }
 }
@@ -400,7 +473,8 @@ mod sealed {
         /// request without its key) stops the chain, and each limit before
         /// it refunds its reservation as the stop passes it back (newest
         /// first). Keeps nothing: when `then` passes, each admission is
-        /// counted and its debit dropped. With `fields`, each limit adds
+        /// counted and its debit kept ([`AsyncLimit::keep`] for a held
+        /// one). With `fields`, each limit adds
         /// its `RateLimit` item right after its reservation. Only for
         /// limits that are [`at_once`](Self::at_once).
         fn light<F>(
@@ -421,6 +495,18 @@ mod sealed {
         ) -> Poll<Result<(), Stop>>;
         /// Refunds everything `st` holds, newest first.
         fn undo(&self, st: &mut Self::State);
+        /// Keeps everything `st` holds that was not refunded (a held debit
+        /// with [`AsyncLimit::keep`]): every admitted request's state ends
+        /// here or in [`undo`](Self::undo).
+        fn keep(&self, st: &mut Self::State);
+        /// At admission, when the state goes on to the response: keeps the
+        /// debits no refund predicate can return (held only while a later
+        /// limit could refuse), so that their rows hold no hold while the
+        /// inner service works.
+        fn keep_unrefunded(&self, st: &mut Self::State);
+        /// Marks the limits the layer may refund (a refund predicate, or a
+        /// limit after it: `later`), which then hold.
+        fn mark_holds(&mut self, later: bool);
         /// Counts the admission.
         fn admitted(&self, st: &Self::State);
         /// Applies the refund predicates to the response, newest first.
@@ -518,6 +604,11 @@ impl LimitsImpl for () {
     }
     #[inline]
     fn undo(&self, _: &mut ()) {}
+    #[inline]
+    fn keep(&self, _: &mut ()) {}
+    #[inline]
+    fn keep_unrefunded(&self, _: &mut ()) {}
+    fn mark_holds(&mut self, _: bool) {}
     #[inline]
     fn admitted(&self, _: &()) {}
     #[inline]
@@ -624,10 +715,7 @@ where
                         }
                         Some(Err(refusal)) => return Poll::Ready(Err(refusal)),
                         None => {
-                            let fut = match q {
-                                Some(q) => self.limiter.reserve_with(&key, n, q),
-                                None => self.limiter.reserve(&key, n),
-                            };
+                            let fut = self.reserve_later(&key, n, q);
                             *step = Step::Waiting { key, q, fut };
                         }
                     }
@@ -695,7 +783,7 @@ where
             return then(fields);
         };
         let n = self.cost.as_ref().map_or(1, |f| f(head));
-        let debit = match self.limiter.reserve_now(&key, n) {
+        let debit = match self.reserve_now(&key, n, None) {
             Some(Ok(d)) => d,
             Some(Err(refusal)) => {
                 return Err(Stop::Refused {
@@ -717,6 +805,7 @@ where
         }
         match then(fields) {
             Ok(()) => {
+                self.keep_debit(&key, debit);
                 self.count_admitted();
                 Ok(())
             }
@@ -753,6 +842,21 @@ where
             acc.w.item(&acc.metas[self.index].sf_name, r, t);
         }
         acc.same &= acc.built.get(self.index) == Some(&(cap, rate));
+    }
+
+    /// Keeps what `step` holds (not refunded). A limit that does not hold
+    /// keeps its debit in the step (for its `RateLimit` item): dropping it
+    /// keeps it.
+    #[inline]
+    fn keep_one(&self, step: &mut StepOf<E, A>) {
+        if !self.hold {
+            return;
+        }
+        if let Step::Held { key, debit, .. } = step {
+            if let Some(d) = debit.take() {
+                self.keep_debit(key, d);
+            }
+        }
     }
 
     #[inline]
@@ -882,6 +986,31 @@ where
         self.0.undo(&mut st.0);
     }
 
+    #[inline]
+    fn keep(&self, st: &mut Self::State) {
+        self.0.keep(&mut st.0);
+        self.1.keep_one(&mut st.1);
+    }
+
+    #[inline]
+    fn keep_unrefunded(&self, st: &mut Self::State) {
+        self.0.keep_unrefunded(&mut st.0);
+        if self.1.refund.is_none() {
+            self.1.keep_one(&mut st.1);
+        }
+    }
+
+    fn mark_holds(&mut self, later: bool) {
+        self.1.hold = (later || self.1.refund.is_some()) && self.1.exact && self.1.limiter.holds();
+        // Known-wrong variant for mutation tests: every limit reserved
+        // with the plain kind, as before holds (refunds by the old rule).
+        #[cfg(pace_mutant = "tower_plain_reserve")]
+        {
+            self.1.hold = false;
+        }
+        self.0.mark_holds(true);
+    }
+
     #[inline(always)]
     fn admitted(&self, st: &Self::State) {
         self.0.admitted(&st.0);
@@ -970,6 +1099,22 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// before the ones refunded on outcome (per claimed id) only if you want
     /// a denial of the later one to refund the earlier; either order admits
     /// exactly the same requests.
+    ///
+    /// The layer *holds* every limit it may refund
+    /// ([`AsyncLimit::hold`]), so that the refund is exact whatever else
+    /// happens on the key: a limit with a [`refund_if`](Limit::refund_if),
+    /// and every limit but the last (a limit after it may refuse the
+    /// request, which refunds it). A held limit the layer does not refund
+    /// is kept ([`AsyncLimit::keep`]: for a `pace::Pace`, a second CAS on
+    /// the key's row, and the core's held record allocated per request).
+    /// The last limit, without a refund predicate, is never refunded and
+    /// keeps the plain one-CAS reservation: a layer of one such limit costs
+    /// what it did before holds; in a layer of several, put the busiest
+    /// limit that is never refunded last, or give up the exact refunds of a
+    /// limit whose traces hurt only its own key
+    /// ([`Limit::exact_refunds`]`(false)`). A limit without holds
+    /// ([`AsyncLimit::holds`] false, as a shared Redis limit) and a
+    /// queueing one ([`Limit::wait_up_to`]) are reserved plainly.
     pub fn limit<E, A>(self, limit: Limit<E, A>) -> PaceLayerBuilder<(L, Limit<E, A>), H>
     where
         E: KeyExtractor,
@@ -1044,6 +1189,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
         let policy_terms = items.iter().map(|&(_, q, rate)| (q, rate)).collect();
         // Static: cloned per response without a reference count.
         let policy = policy_value(items).and_then(|v| headers::interned(&v));
+        self.limits.mark_holds(false);
         let refunds = self.limits.refunds_on_response();
         let light = !refunds && self.limits.at_once();
         Ok(PaceLayer {
@@ -1083,8 +1229,9 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
 /// An admitted request allocates nothing in the layer except, with the
 /// fields on, the `RateLimit` value (and the `RateLimit-Policy` value when
 /// a limit's quota for the request differs from the one the layer was built
-/// with), and a request to a queueing limit ([`Limit::wait_up_to`]) its
-/// wait. Reservations are kept when the inner
+/// with), a request to a queueing limit ([`Limit::wait_up_to`]) its
+/// wait, and, in the core, each held limit's record (see
+/// [`PaceLayerBuilder::limit`]). Reservations are kept when the inner
 /// service fails or the response future is dropped. The layer is `Clone`
 /// and cheap to clone (one `Arc`).
 pub struct PaceLayer<L = (), H = DefaultRespond> {
@@ -1363,10 +1510,19 @@ where
 }
 
 /// What an admitted request does once its response is known: refunds and
-/// the `RateLimit` fields.
+/// the `RateLimit` fields. Whatever it holds that is not refunded is kept
+/// when it is dropped: after the fields are written, or without a
+/// response (the inner service failed, or the response future was
+/// dropped).
 struct Settle<L: Limits, H> {
     st: L::State,
     shared: Arc<Shared<L, H>>,
+}
+
+impl<L: Limits, H> Drop for Settle<L, H> {
+    fn drop(&mut self) {
+        self.shared.limits.keep(&mut self.st);
+    }
 }
 
 impl<L: Limits, H> Settle<L, H> {
@@ -1482,12 +1638,21 @@ pin_project! {
     }
 }
 
-/// A request waiting for a limit that answers later.
+/// A request waiting for a limit that answers later. Dropped while it
+/// waits, it keeps what the limits before it admitted.
 struct Reserving<S, ReqBody, L: Limits, H> {
     st: Option<L::State>,
     req: Option<Request<ReqBody>>,
     svc: Option<S>,
     shared: Arc<Shared<L, H>>,
+}
+
+impl<S, ReqBody, L: Limits, H> Drop for Reserving<S, ReqBody, L, H> {
+    fn drop(&mut self) {
+        if let Some(st) = &mut self.st {
+            self.shared.limits.keep(st);
+        }
+    }
 }
 
 impl<S, ReqBody, L, H> fmt::Debug for ResponseFuture<S, ReqBody, L, H>
@@ -1522,7 +1687,11 @@ where
         shared: &Arc<Shared<L, H>>,
     ) -> Self {
         shared.limits.admitted(&st);
+        let mut st = st;
         if shared.refunds {
+            // Admitted: only the refund predicates can return something
+            // now; the other limits' holds are kept before the inner call.
+            shared.limits.keep_unrefunded(&mut st);
             let future = svc.call(req);
             return ResponseFuture {
                 kind: Kind::Settle {
@@ -1538,7 +1707,7 @@ where
             // Written now, while the rows are in cache: nothing of the layer
             // waits for the response.
             let fields = Fields::of(shared, &st);
-            drop(st);
+            shared.limits.keep(&mut st);
             let future = svc.call(req);
             return ResponseFuture {
                 kind: Kind::Fields {
@@ -1547,7 +1716,7 @@ where
                 },
             };
         }
-        drop(st);
+        shared.limits.keep(&mut st);
         ResponseFuture {
             kind: Kind::Passthrough {
                 future: svc.call(req),
@@ -1585,8 +1754,11 @@ where
                 }
                 KindProj::Settle { future, settle } => {
                     let out = std::task::ready!(future.poll(cx));
+                    // Without a response (the inner service failed), the
+                    // holds are kept now, as the settle's drop does.
+                    let settle = settle.take();
                     return Poll::Ready(out.map(|mut resp| {
-                        if let Some(settle) = settle.take() {
+                        if let Some(settle) = settle {
                             let status = resp.status();
                             let (mut parts, body) = resp.into_parts();
                             settle.settle(status, &mut parts.headers, &parts.extensions);

@@ -65,7 +65,10 @@ impl From<pace::Denied> for Refusal {
 /// reservation only once every limit before it admitted; when one refuses,
 /// the ones before it are refunded (newest first). A request whose
 /// response future is dropped while a reservation is in flight keeps what
-/// was admitted.
+/// was admitted. A limit the layer may refund that [`holds`](Self::holds)
+/// is reserved with [`hold`](Self::hold) (or its variants) and, when not
+/// refunded, settled with [`keep`](Self::keep); a limit without holds is
+/// reserved plainly whatever the layer does with it.
 pub trait AsyncLimit<K>: Send + Sync + 'static {
     /// What an admission holds until the response, to refund it.
     type Debit: Send + 'static;
@@ -149,8 +152,63 @@ pub trait AsyncLimit<K>: Send + Sync + 'static {
         None
     }
 
-    /// Returns `debit` (by the limit's refund rule). A shared limit may
-    /// finish it in the background.
+    /// Whether the limit has holds: [`hold`](Self::hold) (and its variants)
+    /// and [`keep`](Self::keep) implemented, refunds of held debits exact.
+    /// False by default: the layer then reserves the limit plainly and
+    /// never calls `keep`.
+    #[inline]
+    fn holds(&self) -> bool {
+        false
+    }
+
+    /// Starts *holding* `n` tokens of `key`: admitted or refused as
+    /// [`reserve`](Self::reserve) decides, but a debit whose
+    /// [`refund`](Self::refund) returns its tokens exactly in any order,
+    /// whatever else happened on the key, and which the layer settles with
+    /// [`keep`](Self::keep) when it is not refunded. The layer holds the
+    /// limits whose reservation it may refund (see
+    /// [`PaceLayerBuilder::limit`](crate::PaceLayerBuilder::limit)). By
+    /// default (a limit without holds), the plain
+    /// [`reserve`](Self::reserve).
+    #[inline]
+    fn hold(&self, key: &K, n: u64) -> Self::Reserve {
+        self.reserve(key, n)
+    }
+
+    /// [`hold`](Self::hold) under `quota`. By default, the plain
+    /// [`reserve_with`](Self::reserve_with).
+    #[inline]
+    fn hold_with(&self, key: &K, n: u64, quota: Quota) -> Self::Reserve {
+        self.reserve_with(key, n, quota)
+    }
+
+    /// [`hold`](Self::hold) decided now (see
+    /// [`reserve_now`](Self::reserve_now)). By default, the plain
+    /// [`reserve_now`](Self::reserve_now).
+    #[inline]
+    fn hold_now(&self, key: &K, n: u64) -> Option<Result<Self::Debit, Refusal>> {
+        self.reserve_now(key, n)
+    }
+
+    /// [`hold_now`](Self::hold_now) under `quota`. By default, the plain
+    /// [`reserve_now_with`](Self::reserve_now_with).
+    #[inline]
+    fn hold_now_with(&self, key: &K, n: u64, quota: Quota) -> Option<Result<Self::Debit, Refusal>> {
+        self.reserve_now_with(key, n, quota)
+    }
+
+    /// Keeps `debit`: settles a held debit ([`hold`](Self::hold)) as spent.
+    /// The layer calls it (on a limit that [`holds`](Self::holds)) for
+    /// every debit of a held limit it does not refund (the response passed, the inner service failed, the response
+    /// future was dropped after admission). By default it drops the debit,
+    /// which keeps a plain reservation.
+    #[inline]
+    fn keep(&self, key: &K, debit: Self::Debit) {
+        let _ = (key, debit);
+    }
+
+    /// Returns `debit` (by the limit's refund rule; a held debit exactly).
+    /// A shared limit may finish it in the background.
     fn refund(&self, key: &K, debit: Self::Debit);
 
     /// Whole tokens `key` holds now, for the `RateLimit` field; `debit` is
@@ -265,6 +323,56 @@ where
     }
 
     #[inline]
+    fn holds(&self) -> bool {
+        true
+    }
+
+    /// `Pace::hold_n`, detached: refunded exactly in any order
+    /// (`Pace::refund`), kept with `Pace::keep` (a second CAS on the row).
+    #[inline]
+    fn hold(&self, key: &K, n: u64) -> Self::Reserve {
+        ready(
+            self.hold_n(key, n)
+                .map(pace::Hold::detach)
+                .map_err(Refusal::from),
+        )
+    }
+
+    #[inline]
+    fn hold_with(&self, key: &K, n: u64, quota: Quota) -> Self::Reserve {
+        ready(
+            self.hold_n_with(key, n, quota)
+                .map(pace::Hold::detach)
+                .map_err(Refusal::from),
+        )
+    }
+
+    #[inline]
+    fn hold_now(&self, key: &K, n: u64) -> Option<Result<pace::Debit, Refusal>> {
+        Some(
+            self.hold_n(key, n)
+                .map(pace::Hold::detach)
+                .map_err(Refusal::from),
+        )
+    }
+
+    #[inline]
+    fn hold_now_with(&self, key: &K, n: u64, quota: Quota) -> Option<Result<pace::Debit, Refusal>> {
+        Some(
+            self.hold_n_with(key, n, quota)
+                .map(pace::Hold::detach)
+                .map_err(Refusal::from),
+        )
+    }
+
+    /// `Pace::keep`: a held debit is settled as spent (a plain one is kept
+    /// already, and this does nothing).
+    #[inline]
+    fn keep(&self, key: &K, debit: pace::Debit) {
+        Pace::keep(self, key, debit);
+    }
+
+    #[inline]
     fn refund(&self, key: &K, debit: pace::Debit) {
         Pace::refund(self, key, debit);
     }
@@ -316,7 +424,9 @@ mod redis_impl {
     /// current tokio runtime (without one, the debit is kept). The
     /// `RateLimit` item comes from the admission's own answer (the server's
     /// clock and the key's new state), without another round trip; after a
-    /// refund it is left out.
+    /// refund it is left out. It has no holds ([`AsyncLimit::holds`]
+    /// false): the layer reserves it plainly, and refunds it by its own
+    /// rule.
     impl<K> AsyncLimit<K> for RedisPace
     where
         K: fmt::Display + Send + Sync + 'static,

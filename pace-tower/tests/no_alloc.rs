@@ -1,6 +1,11 @@
 //! What `PaceLayer` allocates per admitted request, counted by a global
 //! allocator: nothing with the fields off; with them on, the `RateLimit`
 //! value and the response's header map (empty until the layer writes it).
+//! A limit the layer may refund (a refund predicate, or a limit after it)
+//! is held (`pace::Pace::hold_n`), and a hold allocates the core's held
+//! record of the row (one per hold when no other hold of the key
+//! overlaps it; keeping it makes the row plain again and allocates
+//! nothing): one more allocation per holding limit.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -117,23 +122,28 @@ fn an_admitted_request_allocates_nothing_in_the_layer() {
     // per new row of a key that is not word-sized).
     allocs(&mut plain, request());
     allocs(&mut fields, request());
+    // Both limits hold (the second has a refund predicate, the first is
+    // followed by a limit that may refuse): one held record each.
     for _ in 0..3 {
         let (n, r) = allocs(&mut plain, request());
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers().len(), 0);
-        assert_eq!(n, 0, "fields off: no allocation");
+        assert_eq!(n, 2, "fields off: the two held records");
 
         let (n, r) = allocs(&mut fields, request());
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers().len(), 2);
         // The RateLimit value's bytes; the header map's indices and entries.
-        assert_eq!(n, 3, "fields on: the value and the map");
+        assert_eq!(n, 5, "fields on: the value, the map and the held records");
     }
 }
 
 /// The same without a refund predicate: nothing of a request is kept after
-/// its admission (no state in the response future), and it allocates the
-/// same.
+/// its admission (no state in the response future). The first limit holds
+/// (the second may refuse, which refunds it): one held record; a single
+/// limit without a refund predicate is reserved plainly and allocates
+/// nothing, as does a first limit whose exact refunds are given up
+/// (`Limit::exact_refunds(false)`).
 #[test]
 fn an_admitted_request_without_refunds_allocates_nothing_in_the_layer() {
     let source: Arc<Pace<IpAddr>> = Arc::new(Pace::new(Rate::per_second(1000).unwrap()));
@@ -158,12 +168,59 @@ fn an_admitted_request_without_refunds_allocates_nothing_in_the_layer() {
         let (n, r) = allocs(&mut plain, request());
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers().len(), 0);
-        assert_eq!(n, 0, "fields off: no allocation");
+        assert_eq!(n, 1, "fields off: the first limit's held record");
 
         let (n, r) = allocs(&mut fields, request());
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers().len(), 2);
-        assert_eq!(n, 3, "fields on: the value and the map");
+        assert_eq!(n, 4, "fields on: the value, the map and the held record");
+    }
+    // The first limit's exact refunds given up: reserved plainly, nothing
+    // allocated.
+    let inexact = |fields: bool| {
+        PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(Limit::new("source", source.clone(), PeerIp::new()).exact_refunds(false))
+            .limit(Limit::new(
+                "client",
+                client.clone(),
+                Header(HeaderName::from_static("x-client-id")),
+            ))
+            .build()
+            .unwrap()
+    };
+    let mut plain = inexact(false).layer(inner());
+    let mut fields = inexact(true).layer(inner());
+    for _ in 0..3 {
+        let (n, r) = allocs(&mut plain, request());
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(n, 0, "exact_refunds(false), fields off: no allocation");
+
+        let (n, r) = allocs(&mut fields, request());
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            n, 3,
+            "exact_refunds(false), fields on: the value and the map"
+        );
+    }
+    let one = |fields: bool| {
+        PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(Limit::new("source", source.clone(), PeerIp::new()))
+            .build()
+            .unwrap()
+    };
+    let mut plain = one(false).layer(inner());
+    let mut fields = one(true).layer(inner());
+    for _ in 0..3 {
+        let (n, r) = allocs(&mut plain, request());
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(n, 0, "one plain limit, fields off: no allocation");
+
+        let (n, r) = allocs(&mut fields, request());
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers().len(), 2);
+        assert_eq!(n, 3, "one plain limit, fields on: the value and the map");
     }
 }
 
