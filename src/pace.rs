@@ -266,7 +266,9 @@ pub struct Reservation<'a, K, Q: ?Sized, S = RandomState, C = DefaultClock> {
 ///
 /// A `Debit` knows where it came from: the limiter that made it and its
 /// key's hash. Refunded to another limiter, or to a key whose hash differs,
-/// it returns nothing ([`Refunded::Misdirected`]). (Two keys whose 64-bit
+/// it returns nothing ([`Refunded::Misdirected`]; a hold's debit handed to
+/// another key of its limiter finds no lot there: [`Refunded::Expired`]).
+/// (Two keys whose 64-bit
 /// hashes are equal are not told apart; with the default hasher, keyed per
 /// limiter, nobody outside the process can choose such a pair.)
 #[must_use = "dropping a Debit keeps it; refund it with Pace::refund if the exchange did not happen"]
@@ -1444,6 +1446,11 @@ where
         if debit.n == 0 {
             return Refunded::Nothing;
         }
+        // A hold's lot is in one row of this limiter's table only (see
+        // `keep`): handed to another key, it finds nothing.
+        if debit.is_hold() && debit.limiter == self.id {
+            return self.refund_hashed(key, debit.hash, debit, now);
+        }
         match self.origin(&debit, key) {
             Some(hash) => self.refund_hashed(key, hash, debit, now),
             None => Refunded::Misdirected,
@@ -1480,7 +1487,10 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        if debit.n == 0 || !debit.is_hold() || self.origin(&debit, key).is_none() {
+        // A hold's lot is in one row of this limiter's table only: handed to
+        // another key it finds no lot, so only the limiter is checked here
+        // (no second hash of the key).
+        if debit.n == 0 || !debit.is_hold() || debit.limiter != self.id {
             return false;
         }
         self.resolve_hashed(key, debit, true, self.clock.now_ns())

@@ -370,3 +370,23 @@ fn a_hold_dropped_by_a_panic_expires_as_kept() {
     assert_eq!(p.peek_at(&0, 2 * S), 2, "expired as kept from its reading");
     assert_eq!(p.peek_at(&0, 10 * S), 3);
 }
+
+/// A hold's debit handed to another key or another limiter finds nothing
+/// there: nothing is returned or settled, and its own key is untouched.
+#[test]
+fn a_misdirected_hold_resolves_nothing() {
+    let p: P<u8> = limiter(3, S, Duration::from_secs(10));
+    let other: P<u8> = limiter(3, S, Duration::from_secs(10));
+    let _o = other.hold_n_at(&0, 1, None, 0).unwrap().detach();
+    let _x = p.hold_n_at(&1, 1, None, 0).unwrap().detach();
+    let d = p.hold_n_at(&0, 1, None, 0).unwrap().detach();
+    let again = p.hold_n_at(&0, 1, None, 0).unwrap().detach();
+    // Another key of the same limiter, which holds a lot of its own.
+    assert_eq!(p.refund_at(&1, d, 0), Refunded::Expired);
+    assert_eq!(p.peek_at(&1, 0), 2, "key 1's own hold stays");
+    assert_eq!(p.peek_at(&0, 0), 1, "key 0's holds stay");
+    // Another limiter, whose lot numbers start from 1 too.
+    assert_eq!(other.refund_at(&0, again, 0), Refunded::Misdirected);
+    assert_eq!(other.peek_at(&0, 0), 2);
+    assert_eq!(p.peek_at(&0, 0), 1);
+}
