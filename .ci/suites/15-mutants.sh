@@ -210,3 +210,19 @@ done
 expect_caught redis_expiry_refunds holds "an expired hold was returned" "-p pace-redis" \
     an_unresolved_hold_settles_as_kept_after_the_hold_limit \
     a_dead_clients_hold_expires_on_the_servers_clock
+
+# pace-tower's known-wrong variants (PACE_MUTANT, read by pace-tower/build.rs):
+# each must make its test file fail (tests, not the build).
+for entry in xff_leftmost=server v6_full_address=server retry_after_truncated=server \
+    tower_plain_reserve=holds tower_no_keep=holds; do
+    m=${entry%%=*}
+    f=${entry#*=}
+    status=0
+    out=$(PACE_MUTANT=$m cargo test -p pace-tower --all-features --test "$f" 2>&1) || status=$?
+    if [ "$status" -eq 0 ] || ! grep -q "test result: FAILED" <<<"$out"; then
+        echo "$out" | tail -30
+        echo "pace-tower mutant $m SURVIVED pace-tower/tests/$f.rs"
+        exit 1
+    fi
+    echo "pace-tower mutant $m caught by pace-tower/tests/$f.rs: $(grep -E '^test .* FAILED' <<<"$out" | head -3 | tr '\n' ' ')"
+done

@@ -1,8 +1,8 @@
 //! `PaceLayer` against a real server on 127.0.0.1: every status, header,
 //! extractor and refund rule, on a hand-moved clock.
 //!
-//! Known-wrong variants these tests catch (build with
-//! `RUSTFLAGS='--cfg pace_mutant="NAME"' cargo test -p pace-tower --test server`):
+//! Known-wrong variants these tests catch (`PACE_MUTANT=NAME cargo test -p
+//! pace-tower --test server`, as `.ci/suites/15-mutants.sh` runs them):
 //! `xff_leftmost` (the forwarding header walked from the left, trusting the
 //! client's entries), `v6_full_address` (IPv6 keys not masked to the
 //! prefix), `retry_after_truncated` (Retry-After rounded down, 0 for

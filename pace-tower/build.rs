@@ -1,0 +1,12 @@
+//! Known-wrong variants for the verification suites (`.ci/suites/`), as the
+//! core crate's build script: `PACE_MUTANT="a,b"` builds this crate with
+//! `cfg(pace_mutant = "a")` and `cfg(pace_mutant = "b")`; unset or empty
+//! (every normal build), no cfg at all. Only this crate, the core and the
+//! tests rebuild when the mutant changes, not every dependency.
+fn main() {
+    println!("cargo::rerun-if-env-changed=PACE_MUTANT");
+    let mutants = std::env::var("PACE_MUTANT").unwrap_or_default();
+    for name in mutants.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        println!("cargo::rustc-cfg=pace_mutant=\"{name}\"");
+    }
+}
