@@ -13,8 +13,8 @@
 //!   after admission or while a later limit is in flight): a held debit
 //!   only dropped would count as spent for twice the hold limit.
 //!
-//! Known-wrong variants these tests catch (build with
-//! `RUSTFLAGS='--cfg pace_mutant="NAME"' cargo test -p pace-tower --test holds`):
+//! Known-wrong variants these tests catch (`PACE_MUTANT=NAME cargo test -p
+//! pace-tower --test holds`, as `.ci/suites/15-mutants.sh` runs them):
 //! `tower_plain_reserve` (every limit reserved with the plain one-CAS
 //! kind, as before holds: the floods leave traces), `tower_no_keep` (held
 //! debits dropped instead of kept).
