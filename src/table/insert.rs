@@ -540,16 +540,8 @@ impl Table {
                 Ok(c) => c,
                 Err(denied) => return Some(Err(denied)),
             };
-            let field = next.publish();
-            let new = CellState::Live {
-                key: bits,
-                tat: field,
-            }
-            .encode();
-            match arr.cells[idx].cas(v, new) {
-                Ok(_) => {
-                    // SAFETY: our CAS replaced `tat` in a cell of `arr`.
-                    unsafe { self.drop_record(arr, tat, guard) };
+            match self.replace_row(arr, idx, v, next, guard) {
+                Ok(()) => {
                     return Some(Ok(match ticket {
                         Some(t) => Admitted::of_hold(t, false),
                         None => Admitted {
@@ -560,18 +552,14 @@ impl Table {
                         },
                     }));
                 }
-                Err(actual) => {
-                    // SAFETY: the record (if any) was never published.
-                    unsafe { held::free(field) };
-                    match cell::live_tat(actual, bits) {
-                        Some(t) => {
-                            v = actual;
-                            tat = t;
-                            cas_retry(&backoff);
-                        }
-                        None => return None,
+                Err(actual) => match cell::live_tat(actual, bits) {
+                    Some(t) => {
+                        v = actual;
+                        tat = t;
+                        cas_retry(&backoff);
                     }
-                }
+                    None => return None,
+                },
             }
         }
     }

@@ -417,6 +417,39 @@ impl Table {
         }
     }
 
+    /// Replaces the live row that cell `idx` of `arr` held as `v` with the
+    /// state `next`, in one CAS: the record `v` named (if any) goes to the
+    /// collector ([`drop_record`](Table::drop_record)), and a record made
+    /// for `next` that does not land is freed. The cell's value on failure.
+    fn replace_row(
+        &self,
+        arr: &Array,
+        idx: usize,
+        v: u128,
+        next: Held,
+        guard: &Guard,
+    ) -> Result<(), u128> {
+        let (bits, old) = cell::live(v).expect("a live row's value");
+        let field = next.publish();
+        let new = CellState::Live {
+            key: bits,
+            tat: field,
+        }
+        .encode();
+        match arr.cells[idx].cas(v, new) {
+            Ok(_) => {
+                // SAFETY: our CAS replaced `old`, the field of that cell.
+                unsafe { self.drop_record(arr, old, guard) };
+                Ok(())
+            }
+            Err(actual) => {
+                // SAFETY: the record (if any) was never published.
+                unsafe { held::free(field) };
+                Err(actual)
+            }
+        }
+    }
+
     /// A lot identity no lot of this table had before.
     fn new_lot(&self) -> u64 {
         self.lots.fetch_add(1, Ordering::Relaxed) + 1
@@ -544,34 +577,20 @@ impl Table {
                     if was.tat != own_tat {
                         return Refunded::Superseded;
                     }
-                    let field = Held { tat: prev, ..was }.publish();
-                    let next = CellState::Live {
-                        key: bits,
-                        tat: field,
-                    }
-                    .encode();
-                    match arr.cells[idx].cas(v, next) {
-                        Ok(_) => {
-                            // SAFETY: our CAS replaced `tat` in `arr`.
-                            unsafe { self.drop_record(arr, tat, guard) };
-                            return Refunded::Restored;
-                        }
-                        Err(actual) => {
-                            // SAFETY: never published.
-                            unsafe { held::free(field) };
-                            match CellState::decode(actual) {
-                                CellState::Live { key: k, tat: t } if k == bits => {
-                                    v = actual;
-                                    tat = t;
-                                    cas_retry(&backoff);
-                                    continue;
-                                }
-                                CellState::FrozenLive { .. } | CellState::Moved { .. } => {
-                                    continue 'find
-                                }
-                                _ => return Refunded::Refilled,
+                    match self.replace_row(arr, idx, v, Held { tat: prev, ..was }, guard) {
+                        Ok(()) => return Refunded::Restored,
+                        Err(actual) => match CellState::decode(actual) {
+                            CellState::Live { key: k, tat: t } if k == bits => {
+                                v = actual;
+                                tat = t;
+                                cas_retry(&backoff);
+                                continue;
                             }
-                        }
+                            CellState::FrozenLive { .. } | CellState::Moved { .. } => {
+                                continue 'find
+                            }
+                            _ => return Refunded::Refilled,
+                        },
                     }
                 }
                 let (next, full) = match limits.refund(tat, now, n, own_tat, prev) {
@@ -724,42 +743,30 @@ impl Table {
                 // target, whose cells are frozen anyway).
                 let full =
                     next.is_plain() && next.tat <= now && self.source_of(arr, guard).is_some();
-                let field = if full { 0 } else { next.publish() };
-                let new = if full {
+                let replaced = if full {
                     self.floors.raise(hash, next.tat);
-                    CellState::Tomb.encode()
+                    arr.cells[idx].cas(v, CellState::Tomb.encode()).map(|_| {
+                        // SAFETY: our CAS replaced `tat` in a cell of
+                        // `arr` and made that cell a tombstone.
+                        unsafe {
+                            self.drop_record(arr, tat, guard);
+                            self.row_removed(arr, idx, bits, hash_of, guard);
+                        }
+                    })
                 } else {
-                    CellState::Live {
-                        key: bits,
-                        tat: field,
-                    }
-                    .encode()
+                    self.replace_row(arr, idx, v, next, guard)
                 };
-                match arr.cells[idx].cas(v, new) {
-                    Ok(_) => {
-                        // SAFETY: our CAS replaced `tat` in a cell of `arr`.
-                        unsafe { self.drop_record(arr, tat, guard) };
-                        if full {
-                            // SAFETY: as for a refund to full (`refund`).
-                            unsafe { self.row_removed(arr, idx, bits, hash_of, guard) };
+                match replaced {
+                    Ok(()) => return true,
+                    Err(actual) => match CellState::decode(actual) {
+                        CellState::Live { key: k, tat: t } if k == bits => {
+                            v = actual;
+                            tat = t;
+                            cas_retry(&backoff);
                         }
-                        return true;
-                    }
-                    Err(actual) => {
-                        // SAFETY: the record (if any) was never published.
-                        unsafe { held::free(field) };
-                        match CellState::decode(actual) {
-                            CellState::Live { key: k, tat: t } if k == bits => {
-                                v = actual;
-                                tat = t;
-                                cas_retry(&backoff);
-                            }
-                            CellState::FrozenLive { .. } | CellState::Moved { .. } => {
-                                continue 'find
-                            }
-                            _ => return false,
-                        }
-                    }
+                        CellState::FrozenLive { .. } | CellState::Moved { .. } => continue 'find,
+                        _ => return false,
+                    },
                 }
             }
         }

@@ -6,7 +6,7 @@
 
 use super::array::Array;
 use super::cell::CellState;
-use super::held::{self, Held, HELD};
+use super::held::{Held, HELD};
 use super::{is_migrating, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE};
 use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
@@ -104,7 +104,7 @@ impl Table {
                     // `guard`.
                     unsafe { Held::of(tat, guard) }.tat
                 } else {
-                    self.settle_expired(arr, idx, v, key, tat, now, guard);
+                    self.settle_expired(arr, idx, v, tat, now, guard);
                     continue;
                 };
                 if tat <= now {
@@ -147,16 +147,14 @@ impl Table {
     }
 
     /// Settles the lots of the held row in cell `idx` of `arr` (value `v`,
-    /// key half `key`, record field `field`) that expired by `now`, so that
+    /// record field `field`) that expired by `now`, so that
     /// a hold nobody resolves does not keep its row for good. A row that
     /// changed first is left to the next pass.
-    #[allow(clippy::too_many_arguments)]
     fn settle_expired(
         &self,
         arr: &Array,
         idx: usize,
         v: u128,
-        key: u64,
         field: u64,
         now: u64,
         guard: &Guard,
@@ -167,19 +165,8 @@ impl Table {
         if next == was {
             return;
         }
-        let new_field = next.publish();
-        let new = CellState::Live {
-            key,
-            tat: new_field,
-        }
-        .encode();
-        if arr.cells[idx].cas(v, new).is_ok() {
-            // SAFETY: our CAS replaced `field` in a cell of `arr`.
-            unsafe { self.drop_record(arr, field, guard) };
-        } else {
-            // SAFETY: never published.
-            unsafe { held::free(new_field) };
-        }
+        // A row that changed first is left to the next pass.
+        let _ = self.replace_row(arr, idx, v, next, guard);
     }
 
     /// Starts a sweep pass on the current array: at once if it has at most
