@@ -421,6 +421,7 @@ impl Table {
     /// state `next`, in one CAS: the record `v` named (if any) goes to the
     /// collector ([`drop_record`](Table::drop_record)), and a record made
     /// for `next` that does not land is freed. The cell's value on failure.
+    #[inline(always)]
     fn replace_row(
         &self,
         arr: &Array,
@@ -429,7 +430,8 @@ impl Table {
         next: Held,
         guard: &Guard,
     ) -> Result<(), u128> {
-        let (bits, old) = cell::live(v).expect("a live row's value");
+        debug_assert!(cell::live(v).is_some(), "a live row's value");
+        let (bits, old) = cell::live(v).unwrap_or_default();
         let field = next.publish();
         let new = CellState::Live {
             key: bits,
