@@ -2846,10 +2846,9 @@ fn bad(v: &Value) -> BackendError {
     BackendError::BadReply(format!("{v:?}"))
 }
 
-/// A reserve's reply, for a request of `n` tokens decided with `interval`
-/// ns per token (what the script used: the client sent it or the script
-/// holds it as a constant).
-fn parse_reserve(v: &Value, n: u64, interval: u64) -> Result<ReserveReply, BackendError> {
+/// The decimal integers of a script's reply (at most `N`, separated by
+/// spaces) and how many there are; a server error as such.
+fn reply_numbers<const N: usize>(v: &Value) -> Result<([u64; N], usize), BackendError> {
     if let Value::ServerError(_) = v {
         return Err(BackendError::Redis(
             v.clone()
@@ -2861,8 +2860,7 @@ fn parse_reserve(v: &Value, n: u64, interval: u64) -> Result<ReserveReply, Backe
     let Value::BulkString(text) = v else {
         return Err(bad(v));
     };
-    // Up to four decimal integers separated by spaces.
-    let mut fields = [0u64; 4];
+    let mut fields = [0u64; N];
     let mut count = 0;
     for part in text.split(|&b| b == b' ') {
         let n = std::str::from_utf8(part)
@@ -2872,15 +2870,28 @@ fn parse_reserve(v: &Value, n: u64, interval: u64) -> Result<ReserveReply, Backe
         *fields.get_mut(count).ok_or_else(|| bad(v))? = n;
         count += 1;
     }
-    let time = |i: usize| -> Result<u64, BackendError> {
-        if i + 2 != count || fields[i + 1] >= 1_000_000_000 {
-            return Err(bad(v));
-        }
-        fields[i]
-            .checked_mul(1_000_000_000)
-            .and_then(|s| s.checked_add(fields[i + 1]))
-            .ok_or_else(|| bad(v))
-    };
+    Ok((fields, count))
+}
+
+/// The server time (ns) in `fields[i]` (seconds) and `fields[i + 1]`
+/// (nanoseconds), which must end the reply.
+fn reply_time(v: &Value, fields: &[u64], i: usize) -> Result<u64, BackendError> {
+    if i + 2 != fields.len() || fields[i + 1] >= 1_000_000_000 {
+        return Err(bad(v));
+    }
+    fields[i]
+        .checked_mul(1_000_000_000)
+        .and_then(|s| s.checked_add(fields[i + 1]))
+        .ok_or_else(|| bad(v))
+}
+
+/// A reserve's reply, for a request of `n` tokens decided with `interval`
+/// ns per token (what the script used: the client sent it or the script
+/// holds it as a constant).
+fn parse_reserve(v: &Value, n: u64, interval: u64) -> Result<ReserveReply, BackendError> {
+    // Up to four decimal integers separated by spaces.
+    let (fields, count) = reply_numbers::<4>(v)?;
+    let time = |i: usize| reply_time(v, &fields[..count], i);
     // An admission: the stored tat, and the debt before unless it was 0;
     // the debit itself is n x interval.
     let admitted = |debt: u64, tat: u64, held: u64| -> Result<ReserveReply, BackendError> {
@@ -2944,36 +2955,8 @@ enum HoldReply {
 }
 
 fn parse_hold(v: &Value) -> Result<HoldReply, BackendError> {
-    if let Value::ServerError(_) = v {
-        return Err(BackendError::Redis(
-            v.clone()
-                .extract_error()
-                .err()
-                .unwrap_or_else(|| RedisError::from((ErrorKind::ResponseError, "server error"))),
-        ));
-    }
-    let Value::BulkString(text) = v else {
-        return Err(bad(v));
-    };
-    let mut fields = [0u64; 5];
-    let mut count = 0;
-    for part in text.split(|&b| b == b' ') {
-        let n = std::str::from_utf8(part)
-            .ok()
-            .and_then(|p| p.parse::<u64>().ok())
-            .ok_or_else(|| bad(v))?;
-        *fields.get_mut(count).ok_or_else(|| bad(v))? = n;
-        count += 1;
-    }
-    let time = |i: usize| -> Result<u64, BackendError> {
-        if i + 2 != count || fields[i + 1] >= 1_000_000_000 {
-            return Err(bad(v));
-        }
-        fields[i]
-            .checked_mul(1_000_000_000)
-            .and_then(|s| s.checked_add(fields[i + 1]))
-            .ok_or_else(|| bad(v))
-    };
+    let (fields, count) = reply_numbers::<5>(v)?;
+    let time = |i: usize| reply_time(v, &fields[..count], i);
     match fields[0] {
         1 => Ok(HoldReply::Admitted {
             debt: fields[1],
