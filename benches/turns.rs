@@ -54,9 +54,13 @@ const RUN: Duration = Duration::from_secs(3);
 const PER_SECOND: u64 = 10;
 
 thread_local! {
-    /// The number of the first clock reading of the governor poll running
-    /// on this thread.
+    /// The number of the first governor clock reading on this thread since
+    /// it was reset.
     static FIRST_READING: Cell<Option<u64>> = const { Cell::new(None) };
+    /// governor clock readings on this thread.
+    static READINGS_HERE: Cell<u64> = const { Cell::new(0) };
+    /// Sleeps of the waits written here, on this thread.
+    static EXP_SLEEPS_HERE: Cell<u64> = const { Cell::new(0) };
 }
 
 /// governor's quanta clock, counting its readings.
@@ -75,59 +79,87 @@ impl governor::clock::Clock for Counting {
                 f.set(Some(n));
             }
         });
+        READINGS_HERE.with(|r| r.set(r.get() + 1));
         governor::clock::Clock::now(&self.inner)
     }
 }
 
 impl ReasonablyRealtime for Counting {}
 
-/// A governor wait, noting the clock reading of its first check (made in
-/// its first poll, on one thread).
-struct FirstCheck<F> {
+/// A call's future, counting what each of its polls did on the thread
+/// running it: turn sleeps (pace's and the waits written here), governor
+/// clock readings, and the number of the first reading (a governor call's
+/// first check, made in its first poll).
+struct Counted<F> {
     inner: Pin<Box<F>>,
+    polled: bool,
     first: Option<u64>,
+    sleeps: u64,
+    readings: u64,
 }
 
-impl<F: Future<Output = ()>> Future for FirstCheck<F> {
-    type Output = u64;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<u64> {
-        let first_poll = self.first.is_none();
+/// What a counted call did.
+struct Counts {
+    first: Option<u64>,
+    sleeps: u64,
+    readings: u64,
+}
+
+fn counted<F: Future>(f: F) -> Counted<F> {
+    Counted {
+        inner: Box::pin(f),
+        polled: false,
+        first: None,
+        sleeps: 0,
+        readings: 0,
+    }
+}
+
+fn sleeps_here() -> u64 {
+    pace::internals::turn_sleeps_here() + EXP_SLEEPS_HERE.with(Cell::get)
+}
+
+impl<F: Future> Future for Counted<F> {
+    type Output = (F::Output, Counts);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let first_poll = !this.polled;
+        this.polled = true;
         if first_poll {
             FIRST_READING.with(|f| f.set(None));
         }
-        let r = self.inner.as_mut().poll(cx);
+        let (sleeps, readings) = (sleeps_here(), READINGS_HERE.with(Cell::get));
+        let r = this.inner.as_mut().poll(cx);
+        this.sleeps += sleeps_here() - sleeps;
+        this.readings += READINGS_HERE.with(Cell::get) - readings;
         if first_poll {
-            self.first = Some(
-                FIRST_READING
-                    .with(|f| f.get())
-                    .expect("a check reads the clock"),
-            );
+            this.first = FIRST_READING.with(Cell::get);
         }
-        r.map(|()| self.first.expect("set at the first poll"))
+        r.map(|out| {
+            let counts = Counts {
+                first: this.first,
+                sleeps: this.sleeps,
+                readings: this.readings,
+            };
+            (out, counts)
+        })
     }
 }
 
 /// One call: when it arrived (its place in the limiter's order), when it
-/// was let through, how long it took.
+/// was let through, how long it took, how many times it slept.
 #[derive(Clone, Copy)]
 struct Call {
     arrived: u64,
     through: Instant,
     took: Duration,
-}
-
-struct Report {
-    calls: Vec<Call>,
     sleeps: u64,
 }
 
-fn summarise(name: &str, start: Instant, r: Report) {
-    let mut calls = r.calls;
+fn summarise(name: &str, start: Instant, mut calls: Vec<Call>) {
     calls.sort_by_key(|c| c.through);
-    let waited = calls
-        .iter()
-        .filter(|c| c.took > Duration::from_micros(500))
-        .count() as u64;
+    let waited = calls.iter().filter(|c| c.sleeps > 0).count() as u64;
+    let sleeps: u64 = calls.iter().map(|c| c.sleeps).sum();
     let mut inversions = 0u64;
     for (i, a) in calls.iter().enumerate() {
         inversions += calls[i + 1..]
@@ -148,8 +180,8 @@ fn summarise(name: &str, start: Instant, r: Report) {
          lateness p50 {:6} µs p99 {:6} µs max {:6} µs  longest wait {:7.1} ms",
         calls.len(),
         waited,
-        r.sleeps,
-        r.sleeps.saturating_sub(waited),
+        sleeps,
+        sleeps - waited,
         inversions,
         late.value_at_quantile(0.5),
         late.value_at_quantile(0.99),
@@ -172,8 +204,10 @@ enum How {
     Thread,
 }
 
-/// Sleeps of the waits written here.
-static EXP_SLEEPS: AtomicU64 = AtomicU64::new(0);
+/// Notes a sleep of a wait written here, on this thread.
+fn note_exp_sleep() {
+    EXP_SLEEPS_HERE.with(|c| c.set(c.get() + 1));
+}
 
 /// The timer thread's deadlines and wakers.
 struct TimerShared {
@@ -224,7 +258,7 @@ impl Future for ThreadSleep {
             return Poll::Ready(());
         }
         if self.registered {
-            EXP_SLEEPS.fetch_add(1, Ordering::Relaxed);
+            note_exp_sleep();
         }
         self.registered = true;
         let t = timer();
@@ -265,7 +299,7 @@ async fn turn(p: &Pace<u64>, how: How) -> u64 {
                     }
                     break;
                 }
-                EXP_SLEEPS.fetch_add(1, Ordering::Relaxed);
+                note_exp_sleep();
                 tokio::time::sleep(Duration::from_nanos(rem.saturating_sub(lead_us * 1000))).await;
             }
             r.debit_end_ns()
@@ -280,7 +314,7 @@ async fn turn(p: &Pace<u64>, how: How) -> u64 {
                 if now >= slot {
                     break;
                 }
-                EXP_SLEEPS.fetch_add(1, Ordering::Relaxed);
+                note_exp_sleep();
                 ThreadSleep {
                     deadline: Instant::now() + Duration::from_nanos(slot - now),
                     registered: false,
@@ -292,21 +326,21 @@ async fn turn(p: &Pace<u64>, how: How) -> u64 {
     }
 }
 
-async fn run_pace(p: Arc<Pace<u64>>, start: Instant, how: How) -> Report {
+async fn run_pace(p: Arc<Pace<u64>>, start: Instant, how: How) -> Vec<Call> {
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let sleeps0 = pace::internals::turn_sleeps() + EXP_SLEEPS.load(Ordering::Relaxed);
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
         let (p, calls) = (p.clone(), calls.clone());
         tasks.push(tokio::spawn(async move {
             while start.elapsed() < RUN {
                 let t = Instant::now();
-                let arrived = turn(&p, how).await;
+                let (arrived, counts) = counted(turn(&p, how)).await;
                 let through = Instant::now();
                 calls.lock().unwrap().push(Call {
                     arrived,
                     through,
                     took: through - t,
+                    sleeps: counts.sleeps,
                 });
             }
         }));
@@ -315,17 +349,13 @@ async fn run_pace(p: Arc<Pace<u64>>, start: Instant, how: How) -> Report {
         t.await.unwrap();
     }
     let calls = calls.lock().unwrap().clone();
-    Report {
-        calls,
-        sleeps: pace::internals::turn_sleeps() + EXP_SLEEPS.load(Ordering::Relaxed) - sleeps0,
-    }
+    calls
 }
 
 type Governor =
     governor::RateLimiter<u64, governor::state::keyed::DefaultKeyedStateStore<u64>, Counting>;
 
-async fn run_governor(g: Arc<Governor>, clock: Counting, start: Instant) -> Report {
-    let readings0 = clock.readings.load(Ordering::Relaxed);
+async fn run_governor(g: Arc<Governor>, start: Instant) -> Vec<Call> {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
@@ -333,16 +363,13 @@ async fn run_governor(g: Arc<Governor>, clock: Counting, start: Instant) -> Repo
         tasks.push(tokio::spawn(async move {
             while start.elapsed() < RUN {
                 let t = Instant::now();
-                let arrived = FirstCheck {
-                    inner: Box::pin(g.until_key_ready(&7u64)),
-                    first: None,
-                }
-                .await;
+                let ((), counts) = counted(g.until_key_ready(&7u64)).await;
                 let through = Instant::now();
                 calls.lock().unwrap().push(Call {
-                    arrived,
+                    arrived: counts.first.expect("a check reads the clock"),
                     through,
                     took: through - t,
+                    sleeps: counts.readings.saturating_sub(1) / 2,
                 });
             }
         }));
@@ -351,9 +378,7 @@ async fn run_governor(g: Arc<Governor>, clock: Counting, start: Instant) -> Repo
         t.await.unwrap();
     }
     let calls = calls.lock().unwrap().clone();
-    let readings = clock.readings.load(Ordering::Relaxed) - readings0;
-    let sleeps = readings.saturating_sub(calls.len() as u64) / 2;
-    Report { calls, sleeps }
+    calls
 }
 
 fn main() {
@@ -400,7 +425,7 @@ fn main() {
                 let g = Arc::new(governor::RateLimiter::dashmap_with_clock(q, clock.clone()));
                 let _ = g.check_key(&8);
                 let start = Instant::now();
-                let r = rt.block_on(run_governor(g, clock, start));
+                let r = rt.block_on(run_governor(g, start));
                 summarise(name, start, r);
             }
         }
