@@ -6,13 +6,16 @@
 //! ```
 //!
 //! Workload: 8 tasks on one key at 10 per second (capacity 10, one second),
-//! each calling the limiter in a loop for 3 s (a tokio runtime with 2
-//! workers). For each limiter it reports:
-//! * calls let through, and calls that had to wait (took over 0.5 ms);
-//! * sleeps, and wasted wake-ups: sleeps beyond one per waiting call. pace
-//!   counts its sleeps (`pace::internals::turn_sleeps`); governor's are
-//!   counted through its clock: each check reads it once, each denied check
-//!   once more before it sleeps, so sleeps = (readings − calls) / 2;
+//! each calling the limiter in a loop for 3 s, on a tokio runtime built as
+//! `#[tokio::main]` builds one (multi-thread, timer and IO drivers), with 2
+//! workers. For each limiter it reports:
+//! * calls let through, and calls that slept (waited);
+//! * sleeps, and wasted wake-ups: sleeps beyond one per call that slept.
+//!   Each call's sleeps are counted around each poll of its future, on the
+//!   thread running that poll: pace's with
+//!   `pace::internals::turn_sleeps_here`, governor's through its clock
+//!   (each check reads it once, each denied check once more before it
+//!   sleeps, so a call's sleeps = (its clock readings − 1) / 2);
 //! * order: pairs of calls let through in the other order than they
 //!   arrived (inversions; 0 is first come, first served). A call arrives
 //!   when the limiter first decides on it: pace's when its debit lands (the
@@ -384,7 +387,7 @@ async fn run_governor(g: Arc<Governor>, start: Instant) -> Vec<Call> {
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .enable_time()
+        .enable_all()
         .build()
         .unwrap();
     let rounds: usize = std::env::var("PACE_TURN_ROUNDS")
