@@ -1266,7 +1266,10 @@ where
     }
 
     /// [`acquire_blocking`](Pace::acquire_blocking) for async code (feature
-    /// `tokio`): the task sleeps on tokio's timer until its turn.
+    /// `tokio`): the task sleeps on tokio's timer until its turn. Never
+    /// before its slot, and 0 to 2 ms after it plus the scheduler's delay:
+    /// tokio's timer rounds a deadline up to its next 1 ms tick and parks
+    /// for whole milliseconds.
     ///
     /// Dropping the future before its turn refunds the reservation by the
     /// refund rule: the slot comes back when nothing was debited from the key
