@@ -553,14 +553,27 @@ where
 /// fairness benchmark: one per waiter means no wasted wake-up).
 static TURN_SLEEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+std::thread_local! {
+    /// Sleeps taken by callers waiting for a turn on this thread (counted
+    /// where the sleep starts: in an async turn, the poll that starts it).
+    static TURN_SLEEPS_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 fn note_turn_sleep() {
     TURN_SLEEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    TURN_SLEEPS_HERE.with(|c| c.set(c.get() + 1));
 }
 
 /// Sleeps taken by callers waiting for a turn in this process so far.
 #[cfg(feature = "internals")]
 pub(crate) fn turn_sleeps() -> u64 {
     TURN_SLEEPS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sleeps taken by callers waiting for a turn on this thread so far.
+#[cfg(feature = "internals")]
+pub(crate) fn turn_sleeps_here() -> u64 {
+    TURN_SLEEPS_HERE.with(std::cell::Cell::get)
 }
 
 impl<K> Pace<K> {
@@ -1253,7 +1266,10 @@ where
     }
 
     /// [`acquire_blocking`](Pace::acquire_blocking) for async code (feature
-    /// `tokio`): the task sleeps on tokio's timer until its turn.
+    /// `tokio`): the task sleeps on tokio's timer until its turn. Never
+    /// before its slot, and 0 to 2 ms after it plus the scheduler's delay:
+    /// tokio's timer rounds a deadline up to its next 1 ms tick and parks
+    /// for whole milliseconds.
     ///
     /// Dropping the future before its turn refunds the reservation by the
     /// refund rule: the slot comes back when nothing was debited from the key

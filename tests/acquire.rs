@@ -199,3 +199,42 @@ fn a_turn_waits_on_the_limiters_own_clock() {
     let slot = r.debit_end_ns() - horizon;
     assert!(now >= slot, "let through {} ns before its slot", slot - now);
 }
+
+/// A turn's sleeps are counted on the thread that slept them
+/// (`internals::turn_sleeps_here`, read around each poll of a turn by the
+/// turns benchmark to count each call's sleeps): a turn 1 ms ahead on a
+/// frozen clock sleeps at least once on its own thread, and the thread that
+/// advances the clock counts none.
+#[test]
+fn a_turns_sleeps_are_counted_on_its_own_thread() {
+    let (p, clock) = limiter(ms(1), 1);
+    clock.set(Duration::from_secs(10));
+    drop(p.reserve(&1).unwrap());
+    let before = pace::internals::turn_sleeps_here();
+    let advancer = {
+        let clock = clock.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(ms(20));
+            clock.advance(ms(1));
+            pace::internals::turn_sleeps_here()
+        })
+    };
+    drop(p.acquire_blocking(&1, ms(10)).unwrap());
+    assert!(
+        pace::internals::turn_sleeps_here() > before,
+        "a turn 1 ms ahead on a frozen clock sleeps"
+    );
+    assert_eq!(advancer.join().unwrap(), 0, "counted on another thread");
+    #[cfg(feature = "tokio")]
+    {
+        let before = pace::internals::turn_sleeps_here();
+        let rt = runtime();
+        let waited =
+            rt.block_on(async { tokio::time::timeout(ms(5), p.acquire(&1, ms(10))).await });
+        assert!(waited.is_err(), "the turn is 1 ms away on a frozen clock");
+        assert!(
+            pace::internals::turn_sleeps_here() > before,
+            "an async turn's sleep is counted on the thread that polled it"
+        );
+    }
+}
