@@ -28,16 +28,16 @@
 //!   call. With under a hundred admissions a round, p99 is the largest
 //!   admission's lateness.
 //!
-//! With `PACE_TURN_EXP=1` two more ways of waiting for the same turns
-//! (`PaceInternals::reserve_turn_at`, then a wait written here) run too,
-//! to show where `acquire`'s lateness comes from:
+//! `acquire` sleeps on `futures-timer` (a timer thread with nanosecond
+//! deadlines, as governor's `until_key_ready` does). With `PACE_TURN_EXP=1`
+//! the same turns (`PaceInternals::reserve_turn_at`) also wait on tokio's
+//! timer, to show what a runtime's millisecond timer costs:
+//! * `tokio-timer`: tokio's timer aimed at the slot: tokio rounds a
+//!   deadline up to its next 1 ms tick and parks in whole milliseconds, so
+//!   a wake lands anywhere in the 2 ms after the slot;
 //! * `tokio-early`: tokio's timer aimed 1 ms before the slot, the last
-//!   ≤ 100 µs spun, a wake-up further off sleeps again (counted): tokio
-//!   rounds a deadline up to its next 1 ms tick and parks in whole
-//!   milliseconds, so a wake lands anywhere in the 2 ms after its deadline
-//!   and aiming early trades lateness for wasted wake-ups;
-//! * `timer-thread`: a timer thread of its own parked until the slot
-//!   (nanosecond deadlines, as governor's `futures-timer`), waking the task.
+//!   ≤ 100 µs spun, a wake-up further off sleeps again (counted): aiming
+//!   early trades lateness for wasted wake-ups.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -203,75 +203,13 @@ enum How {
         lead_us: u64,
         spin_us: u64,
     },
-    /// A timer thread with nanosecond deadlines.
-    Thread,
+    /// tokio's timer aimed at the slot.
+    Tokio,
 }
 
 /// Notes a sleep of a wait written here, on this thread.
 fn note_exp_sleep() {
     EXP_SLEEPS_HERE.with(|c| c.set(c.get() + 1));
-}
-
-/// The timer thread's deadlines and wakers.
-struct TimerShared {
-    heap: Mutex<Vec<(Instant, std::task::Waker)>>,
-    cv: std::sync::Condvar,
-}
-
-fn timer() -> &'static TimerShared {
-    static T: std::sync::OnceLock<&'static TimerShared> = std::sync::OnceLock::new();
-    T.get_or_init(|| {
-        let t: &'static TimerShared = Box::leak(Box::new(TimerShared {
-            heap: Mutex::new(Vec::new()),
-            cv: std::sync::Condvar::new(),
-        }));
-        std::thread::spawn(move || {
-            let mut h = t.heap.lock().unwrap();
-            loop {
-                let now = Instant::now();
-                let mut i = 0;
-                while i < h.len() {
-                    if h[i].0 <= now {
-                        let (_, w) = h.swap_remove(i);
-                        w.wake();
-                    } else {
-                        i += 1;
-                    }
-                }
-                match h.iter().map(|e| e.0).min() {
-                    None => h = t.cv.wait(h).unwrap(),
-                    Some(d) => h = t.cv.wait_timeout(h, d - now).unwrap().0,
-                }
-            }
-        });
-        t
-    })
-}
-
-/// A sleep on the timer thread until `deadline`.
-struct ThreadSleep {
-    deadline: Instant,
-    registered: bool,
-}
-
-impl Future for ThreadSleep {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if Instant::now() >= self.deadline {
-            return Poll::Ready(());
-        }
-        if self.registered {
-            note_exp_sleep();
-        }
-        self.registered = true;
-        let t = timer();
-        t.heap
-            .lock()
-            .unwrap()
-            .push((self.deadline, cx.waker().clone()));
-        t.cv.notify_one();
-        Poll::Pending
-    }
 }
 
 async fn turn(p: &Pace<u64>, how: How) -> u64 {
@@ -307,7 +245,7 @@ async fn turn(p: &Pace<u64>, how: How) -> u64 {
             }
             r.debit_end_ns()
         }
-        How::Thread => {
+        How::Tokio => {
             let now = p.clock().now_ns();
             let (r, slot) = p
                 .reserve_turn_at(&7, 1, None, 10_000_000_000, now)
@@ -318,11 +256,7 @@ async fn turn(p: &Pace<u64>, how: How) -> u64 {
                     break;
                 }
                 note_exp_sleep();
-                ThreadSleep {
-                    deadline: Instant::now() + Duration::from_nanos(slot - now),
-                    registered: false,
-                }
-                .await;
+                tokio::time::sleep(Duration::from_nanos(slot - now)).await;
             }
             r.debit_end_ns()
         }
@@ -405,7 +339,7 @@ fn main() {
                 spin_us: 100,
             }),
         ));
-        hows.push(("timer-thread", Some(How::Thread)));
+        hows.push(("tokio-timer", Some(How::Tokio)));
     }
     for round in 0..rounds {
         println!("round {}", round + 1);

@@ -131,7 +131,11 @@ fn plain_pairs_named_twice_are_refunded_newest_first() {
     // Newest first, each plain refund finds its own debit last and restores
     // the state before it; oldest first, the 3-token refund finds the
     // 2-token debit after it and returns nothing.
-    assert_eq!(src.peek(&7), 10, "a plain refund in the wrong order kept tokens");
+    assert_eq!(
+        src.peek(&7),
+        10,
+        "a plain refund in the wrong order kept tokens"
+    );
     assert_eq!(src.len(), 0);
 }
 
