@@ -303,7 +303,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_slot::<Q, _, false, false>(key, n, None, 0, &mut 0, || self.clock.now_ns())
+        self.reserve_slot::<Q, _, false, false>(key, n, None, (0, &mut 0), || self.clock.now_ns())
     }
 
     /// Debits one token from `key`'s bucket under `quota` instead of the
@@ -350,7 +350,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = Some(quota.limits_ref());
-        self.reserve_slot::<Q, _, false, false>(key, n, limits, 0, &mut 0, || self.clock.now_ns())
+        self.reserve_slot::<Q, _, false, false>(key, n, limits, (0, &mut 0), || self.clock.now_ns())
     }
 
     /// Holds a token of `key` while a presentation is checked: admitted or
@@ -408,7 +408,7 @@ where
     {
         let limits = quota.as_ref().map(Quota::limits_ref);
         let clock = || now.unwrap_or_else(|| self.clock.now_ns());
-        let r = self.reserve_slot::<Q, _, false, true>(key, n, limits, 0, &mut 0, clock)?;
+        let r = self.reserve_slot::<Q, _, false, true>(key, n, limits, (0, &mut 0), clock)?;
         Ok(Hold { inner: Some(r) })
     }
 
@@ -428,23 +428,22 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = quota.as_ref().map(Quota::limits_ref);
-        self.reserve_slot::<Q, _, false, false>(key, n, limits, 0, &mut 0, || now)
+        self.reserve_slot::<Q, _, false, false>(key, n, limits, (0, &mut 0), || now)
     }
 
     /// The reserve: `limits` is the call's quota, `None` for the default.
     /// With `TURN` it admits a debit that fits the bucket up to `wait_ns`
     /// after `now` and writes to `slot` the instant its debit fits the
-    /// bucket (`tat − τ`, or earlier when it fits at once); a plain reserve
-    /// (`TURN` false) does neither, and the compiler drops both.
+    /// bucket (`tat − τ`, or earlier when it fits at once), `turn` being
+    /// `(wait_ns, slot)`; a plain reserve (`TURN` false) does neither, and
+    /// the compiler drops both.
     #[inline]
-    #[allow(clippy::too_many_arguments)] // a plain reserve passes five
     fn reserve_slot<'a, Q, F, const TURN: bool, const HOLD: bool>(
         &'a self,
         key: &'a Q,
         n: u64,
         limits: Option<&Limits>,
-        wait_ns: u64,
-        slot: &mut u64,
+        turn: (u64, &mut u64),
         clock: F,
     ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
     where
@@ -452,6 +451,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
         F: Fn() -> u64,
     {
+        let (wait_ns, slot) = turn;
         if n == 0 {
             let r = Reservation {
                 pace: self,

@@ -282,7 +282,7 @@ where
         let mut slot = 0;
         let limits = quota.as_ref().map(Quota::limits_ref);
         let r =
-            self.reserve_slot::<Q, _, true, false>(key, n, limits, wait_ns, &mut slot, clock)?;
+            self.reserve_slot::<Q, _, true, false>(key, n, limits, (wait_ns, &mut slot), clock)?;
         Ok((r, slot))
     }
 
