@@ -254,10 +254,14 @@ expect_caught redis_fallback_full_rate faults "panicked" "-p pace-redis" \
 #                          its own reading (max(tat, decided) + cost)
 #   redis_expiry_refunds:  an expired hold is dropped as if refunded, not
 #                          settled as kept (also the hold-limit tests)
-for m in redis_hold_ignored redis_release_rewinds redis_keep_unclamped redis_expiry_refunds; do
+for m in redis_hold_ignored redis_release_rewinds redis_keep_unclamped; do
     expect_caught "$m" holds "exceeds the bound by" "-p pace-redis" \
         holds_agree_with_the_integer_model random_hold_histories_never_exceed_the_bound
 done
+# An expiry is reached only by histories that wait out the hold limit: the
+# model catches it in every run, the bound over random histories in some.
+expect_caught redis_expiry_refunds holds "panicked" "-p pace-redis" \
+    holds_agree_with_the_integer_model
 expect_caught redis_expiry_refunds holds "an expired hold was returned" "-p pace-redis" \
     an_unresolved_hold_settles_as_kept_after_the_hold_limit \
     a_dead_clients_hold_expires_on_the_servers_clock
