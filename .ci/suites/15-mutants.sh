@@ -245,8 +245,8 @@ expect_caught redis_cache_forever requests "panicked" "-p pace-redis" \
 expect_caught redis_fallback_full_rate faults "panicked" "-p pace-redis" \
     restart_local_fallback_admits_at_rate_over_replicas
 # Holds (tests/holds.rs): exact refunds in any order and the over-admission
-# bound, against four variants, each caught by the model and by the bound
-# alone over the script's answers:
+# bound, against four variants, each caught by the model (the first three
+# also by the bound alone over the script's answers):
 #   redis_hold_ignored:    a decision does not count what is held
 #   redis_release_rewinds: a hold's refund also rewinds the settled tat (when
 #                          that still lies ahead of now)
