@@ -1781,6 +1781,9 @@ pub trait PaceInternals<K, S, C> {
     fn slots(&self) -> usize;
     /// Cells of the chunks migrations have copied since the limiter was made.
     fn copied_slots(&self) -> usize;
+    /// Full rows migrations have removed instead of copying them, since
+    /// the limiter was made.
+    fn copy_removed(&self) -> usize;
     /// Whether cells hold the keys' own bits (word-sized keys), not boxed keys.
     fn inline_keys(&self) -> bool;
 }
@@ -1903,6 +1906,10 @@ where
 
     fn copied_slots(&self) -> usize {
         self.rows.table.copied_cells()
+    }
+
+    fn copy_removed(&self) -> usize {
+        self.rows.table.copy_removed()
     }
 
     fn inline_keys(&self) -> bool {

@@ -122,6 +122,12 @@ expect_caught inline_any_hasher hashers "the flood finished" --release \
 expect_caught no_churn_resize churn "slots for 4000 rows a horizon" --release \
     a_churning_cell_array_is_resized_for_churn
 
+# A migration removes the rows already full instead of copying them, raising
+# each key's floor first, against `copy_drops_without_floor`: a stale reserve
+# then admits one more (src/table/tests.rs).
+expect_caught copy_drops_without_floor lib "from the floor the copier raised" --release \
+    table::tests::a_migration_removes_full_rows_and_raises_their_floor
+
 # A refund that fills a row raises its key's floor before it removes the row
 # (src/table/tests.rs), against `refund_keeps_floor`: a stale reserve then
 # starts a fresh row from the older floor and admits one more.
