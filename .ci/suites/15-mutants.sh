@@ -128,6 +128,13 @@ expect_caught no_churn_resize churn "slots for 4000 rows a horizon" --release \
 expect_caught copy_drops_without_floor lib "from the floor the copier raised" --release \
     table::tests::a_migration_removes_full_rows_and_raises_their_floor
 
+# A pass that comes due while a small array migrates copies the migration's
+# rest and sweeps the target at once, against `pass_waits_for_migration`,
+# which leaves it to later calls (src/table/tests.rs; the debt model's
+# fuzz targets then find rows it keeps).
+expect_caught pass_waits_for_migration lib "the pass copied the migration's rest" --release \
+    table::tests::a_pass_due_during_a_migration_sweeps_at_once
+
 # A refund that fills a row raises its key's floor before it removes the row
 # (src/table/tests.rs), against `refund_keeps_floor`: a stale reserve then
 # starts a fresh row from the older floor and admits one more.

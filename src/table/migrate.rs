@@ -5,20 +5,22 @@
 //!   from the row count, allocate it zeroed (no pass over it), publish it.
 //!   An array with no rows and no insert in flight (`len == 0` after the
 //!   seal) has nothing to copy: the target becomes current at once.
-//! * Every reserve and refund that finds a migration running copies one
-//!   chunk of [`CHUNK`] cells, and more while they held fewer than
-//!   [`SPARSE_ROWS`] rows, up to [`CALL_CELLS`] cells, then proceeds: nobody
-//!   waits for the copy, and no call copies more than a constant amount.
+//! * Every reserve, hold, refund and resolution that finds a migration
+//!   running copies one chunk of [`CHUNK`] cells after its own row, and
+//!   more while they held fewer than [`SPARSE_ROWS`] rows, up to
+//!   [`CALL_CELLS`] cells: nobody waits for the copy, and no call copies
+//!   more than a constant amount.
 //! * While it runs, lookups read through: a key is looked for in the current
 //!   array first and followed to the target when its probe sequence there
 //!   ends (an empty cell, which an inserting lookup seals, or a sealed one)
 //!   or names it moved. New rows go to the target only.
 //! * Copying a chunk freezes each of its cells (one CAS sets FROZEN: a
 //!   frozen cell takes no debit, claim or removal), then writes each frozen
-//!   row live into the target and marks its old cell `Moved`, except a row
-//!   whose bucket is full at the copier's reading: that one is removed as a
-//!   sweep removes it (floor raised to its `tat`, cell closed), so a
-//!   migration carries only rows that still owe something. A debit that
+//!   row live into the target and marks its old cell `Moved`, except a
+//!   plain row whose bucket is full at the copier's reading: that one is
+//!   removed as a sweep removes it (floor raised to its `tat`, cell closed),
+//!   so a migration carries only rows that still owe something. A held row
+//!   is never full: it is copied as it is. A debit that
 //!   meets a frozen row of its key waits for that one cell, then finds the
 //!   row in the target. The key half moves with the row: a key box is
 //!   never copied, and the target's row owns it from then on.

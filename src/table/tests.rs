@@ -528,3 +528,36 @@ fn a_migration_removes_full_rows_and_raises_their_floor() {
         );
     }
 }
+
+/// A pass that comes due while a small array migrates does not wait for
+/// the migration: its call copies the chunks left (removing the rows full
+/// at its reading) and sweeps the target at once, so a lone caller's pass
+/// removes every row full at its reading, as the sequential models expect.
+/// Known-wrong variant `pass_waits_for_migration` leaves the pass to later
+/// calls, chunk by chunk in the target.
+#[test]
+fn a_pass_due_during_a_migration_sweeps_at_once() {
+    for boxed in [false, true] {
+        let limits = Limits::new(10, 1).unwrap();
+        // As above: 104 rows, full from 10, fill 128 cells.
+        let t = T::new(128, boxed);
+        let g = epoch::pin();
+        let id = |k: u64| k;
+        for k in 0..104u64 {
+            t.reserve(&limits, k, k, 1, 0, &id, &g).unwrap();
+        }
+        // Key 200 at 25 starts a migration and copies chunk 0 (keeping
+        // every row, before its own); chunk 1 is left.
+        t.reserve(&limits, 200, 200, 1, 25, &id, &g).unwrap();
+        assert_eq!(t.migrations(), 1);
+        let migrating = |g: &Guard| {
+            super::is_migrating(t.array(g).next.load(crate::sync::Ordering::Acquire, g))
+        };
+        assert!(migrating(&g));
+        // A pass at 30: every row but key 200's (full at 35) is full.
+        t.start_sweep(30, &id, &g);
+        assert!(!migrating(&g), "the pass copied the migration's rest");
+        assert_eq!(t.live_keys(&g), vec![200], "the pass swept the target");
+        assert_eq!(t.len(), 1);
+    }
+}
