@@ -122,7 +122,7 @@ expect_caught holds "${holds_mutants[@]}"
 # Every table mutant in src/table is run here, or by the unit and
 # integration tests (.ci/suites/15-mutants.sh).
 for m in $(grep -rhoE 'pace_mutant = "[a-z_]+"' src/table | sort -u | sed -E 's/.*"(.*)"/\1/'); do
-    case " ${cells_mutants[*]} ${holds_mutants[*]} ${mutants[*]} settle_unclamped holds_never_expire sweep_removes_held no_clean no_churn_resize refund_keeps_floor inline_any_hasher no_room_for_new_rows arrays_wait_for_a_full_bag sweep_cursor_stuck passes_die_with_their_array claimed_left_on_panic copy_drops_without_floor pass_waits_for_migration " in
+    case " ${cells_mutants[*]} ${holds_mutants[*]} ${mutants[*]} settle_unclamped holds_never_expire sweep_removes_held no_clean no_churn_resize refund_keeps_floor inline_any_hasher no_room_for_new_rows arrays_wait_for_a_full_bag sweep_cursor_stuck passes_die_with_their_array claimed_left_on_panic copy_drops_without_floor pass_waits_for_migration copy_removes_held " in
     *" $m="* | *" $m "* | *" $m:"*) ;;
     *)
         echo "table mutant $m is in src/table but run nowhere"

@@ -72,6 +72,7 @@ expect_caught settle_unclamped holds "" "" \
 expect_caught sweep_removes_held holds "" "" \
     a_leaked_hold_expires_as_kept random_hold_histories_follow_the_rule_exactly
 expect_caught holds_never_expire holds "" "" a_leaked_hold_expires_as_kept
+expect_caught copy_removes_held holds "the held token stays held" "" migrations_copy_held_rows
 # ... and the real-clock test, whose hot keys are a quarter holds.
 expect_caught decision_ignores_held exactness "exceed the bound by" "" \
     kept_admissions_fit_the_bucket_on_a_real_clock

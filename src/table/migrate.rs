@@ -33,7 +33,7 @@ use crossbeam_utils::Backoff;
 
 use super::array::{retire_array, Array};
 use super::cell::{self, CellState};
-use super::held::HELD;
+use super::held::{Held, HELD};
 use super::sweep::prefetch;
 use super::{
     is_migrating, probe_seq, Cx, Table, CALL_CELLS, CHUNK, CHURN_FACTOR, PENDING, SPARSE_ROWS,
@@ -234,14 +234,23 @@ impl Table {
                 // frozen).
                 let hash = unsafe { self.row_hash(key, cx.hash_of, guard) };
                 // A held row (`tat` at least `HELD`, a record) is never
-                // full: copied as it is, with its record.
-                if tat < HELD && tat <= cx.now {
+                // full: copied as it is, with its record. (Known-wrong
+                // variant `copy_removes_held`: removed when its settled
+                // `tat` is full, losing the held tokens.)
+                let last = if tat >= HELD && cfg!(pace_mutant = "copy_removes_held") {
+                    // SAFETY: `tat` is the field of a live cell this copier
+                    // froze, read under `guard`.
+                    unsafe { Held::of(tat, guard) }.tat
+                } else {
+                    tat
+                };
+                if last < HELD && last <= cx.now {
                     // Full: removed here, not copied. The floor first, then
                     // the cell closed (Release): whoever finds the key gone
-                    // reads a floor at least `tat`. (Known-wrong variant
+                    // reads a floor at least `last`. (Known-wrong variant
                     // `copy_drops_without_floor`: no floor raised.)
                     if !cfg!(pace_mutant = "copy_drops_without_floor") {
-                        self.floors.raise(hash, tat);
+                        self.floors.raise(hash, last);
                     }
                     cell.store(CellState::Closed.encode());
                     removed += 1;
