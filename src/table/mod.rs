@@ -76,7 +76,7 @@ pub(crate) const CHUNK: usize = 2;
 /// (a shrink) migrates in `cells / CALL_CELLS` calls while a dense one
 /// (growth) copies one chunk per call. Loom models copy one chunk per call.
 #[cfg(not(loom))]
-pub(crate) const CALL_CELLS: usize = 1024;
+pub(crate) const CALL_CELLS: usize = 256;
 #[cfg(loom)]
 pub(crate) const CALL_CELLS: usize = CHUNK;
 
