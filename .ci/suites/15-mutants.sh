@@ -131,10 +131,12 @@ expect_caught copy_drops_without_floor lib "from the floor the copier raised" --
 
 # A pass that comes due while a small array migrates copies the migration's
 # rest and sweeps the target at once, against `pass_waits_for_migration`,
-# which leaves it to later calls (src/table/tests.rs; the debt model's
-# fuzz targets then find rows it keeps).
+# which leaves it to later calls (src/table/tests.rs; tests/model.rs's
+# growing tables then keep rows the debt model swept).
 expect_caught pass_waits_for_migration lib "the pass copied the migration's rest" --release \
     table::tests::a_pass_due_during_a_migration_sweeps_at_once
+expect_caught pass_waits_for_migration model "the table disagrees with the debt model" --release \
+    growing_tables_agree_with_the_debt_model
 
 # A refund that fills a row raises its key's floor before it removes the row
 # (src/table/tests.rs), against `refund_keeps_floor`: a stale reserve then
