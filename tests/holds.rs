@@ -408,10 +408,11 @@ fn migrations_copy_held_rows() {
     let held = p.hold_n_at(&0, 1, None, 0).unwrap().detach();
     // New keys at 5 µs (before the first time-driven pass, at 1 ms) grow
     // the table through many migrations, each copying key 0's row.
-    for k in 1..2_000u64 {
+    let keys = if cfg!(miri) { 300 } else { 2_000 };
+    for k in 1..keys {
         drop(p.reserve_n_at(&k, 1, 5_000).unwrap());
     }
-    assert!(p.migrations() >= 8, "the table migrated");
+    assert!(p.migrations() >= 5, "the table migrated");
     assert_eq!(p.row_held(&0), Some(1_000), "the held token stays held");
     assert_eq!(p.peek_at(&0, 5_000), 1);
     assert!(p.refund_at(&0, held, 5_000).returned());
