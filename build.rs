@@ -5,10 +5,29 @@
 //! cfg at all. Taking the names from an environment variable rather than from
 //! RUSTFLAGS rebuilds only this crate when the mutant changes, not every
 //! dependency. loom-tests uses this same script.
+//!
+//! The names are those of the registry, `src/mutants.rs`: they are declared
+//! as the only values of `cfg(pace_mutant)`, so a variant in the sources that
+//! the registry does not list is an unexpected cfg, and a name in
+//! `PACE_MUTANT` that it does not list (another crate's) sets nothing here.
+include!("src/mutants.rs");
+
 fn main() {
     println!("cargo::rerun-if-env-changed=PACE_MUTANT");
+    println!("cargo::rerun-if-changed=src/mutants.rs");
+    let names: Vec<&str> = MUTANTS.iter().map(|(name, _, _)| *name).collect();
+    // `none()`: a bare `cfg(not(pace_mutant))` (any mutant at all) too.
+    let values: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+    println!(
+        "cargo::rustc-check-cfg=cfg(pace_mutant, values(none(), {}))",
+        values.join(", ")
+    );
     let mutants = std::env::var("PACE_MUTANT").unwrap_or_default();
-    for name in mutants.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+    for name in mutants
+        .split(',')
+        .map(str::trim)
+        .filter(|m| names.contains(m))
+    {
         println!("cargo::rustc-cfg=pace_mutant=\"{name}\"");
     }
 }

@@ -6,31 +6,65 @@
 //! ```
 //!
 //! Workload: 8 tasks on one key at 10 per second (capacity 10, one second),
-//! each calling the limiter in a loop for 3 s (a tokio runtime with 2
-//! workers). For each limiter it reports:
-//! * calls let through, and calls that had to wait (took over 0.5 ms);
-//! * sleeps, and wasted wake-ups: sleeps beyond one per waiting call. pace
-//!   counts its sleeps (`pace::internals::turn_sleeps`); governor's are
-//!   counted through its clock: each check reads it once, each denied check
-//!   once more before it sleeps, so sleeps = (readings − calls) / 2;
+//! each calling the limiter in a loop for 3 s, on a tokio runtime built as
+//! `#[tokio::main]` builds one (multi-thread, timer and IO drivers), with 2
+//! workers. For each limiter it reports:
+//! * calls let through, and calls that slept (waited);
+//! * sleeps, and wasted wake-ups: sleeps beyond one per call that slept.
+//!   Each call's sleeps are counted around each poll of its future, on the
+//!   thread running that poll: pace's with
+//!   `pace::internals::turn_sleeps_here`, governor's through its clock
+//!   (each check reads it once, each denied check once more before it
+//!   sleeps, so a call's sleeps = (its clock readings − 1) / 2);
 //! * order: pairs of calls let through in the other order than they
-//!   arrived (inversions; 0 is first come, first served);
+//!   arrived (inversions; 0 is first come, first served). A call arrives
+//!   when the limiter first decides on it: pace's when its debit lands (the
+//!   order of the debits' ends), governor's at its first check (the order of
+//!   that check's clock reading). A number taken before the call would also
+//!   count two calls swapping between taking it and reaching the limiter;
 //! * lateness: each admission's time against the ideal schedule of the
 //!   bucket (the k-th admission of the run is due at `start + max(0, k −
 //!   capacity + 1) × interval`), p50 / p99 / max; and the longest wait of a
-//!   call.
+//!   call. With under a hundred admissions a round, p99 is the largest
+//!   admission's lateness.
+//!
+//! `acquire` sleeps on `futures-timer` (a timer thread with nanosecond
+//! deadlines, as governor's `until_key_ready` does). With `PACE_TURN_EXP=1`
+//! the same turns (`PaceInternals::reserve_turn_at`) also wait on tokio's
+//! timer, to show what a runtime's millisecond timer costs:
+//! * `tokio-timer`: tokio's timer aimed at the slot: tokio rounds a
+//!   deadline up to its next 1 ms tick and parks in whole milliseconds, so
+//!   a wake lands anywhere in the 2 ms after the slot;
+//! * `tokio-early`: tokio's timer aimed 1 ms before the slot, the last
+//!   ≤ 100 µs spun, a wake-up further off sleeps again (counted): aiming
+//!   early trades lateness for wasted wake-ups.
 
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use governor::clock::{QuantaClock as GClock, ReasonablyRealtime};
 use hdrhistogram::Histogram;
+use pace::internals::ReservationInternals;
 use pace::{Pace, Rate};
 
 const TASKS: usize = 8;
 const RUN: Duration = Duration::from_secs(3);
 const PER_SECOND: u64 = 10;
+
+thread_local! {
+    /// The number of the first governor clock reading on this thread since
+    /// it was reset.
+    static FIRST_READING: Cell<Option<u64>> = const { Cell::new(None) };
+    /// governor clock readings on this thread.
+    static READINGS_HERE: Cell<u64> = const { Cell::new(0) };
+    /// Sleeps of the waits written here, on this thread.
+    static EXP_SLEEPS_HERE: Cell<u64> = const { Cell::new(0) };
+}
 
 /// governor's quanta clock, counting its readings.
 #[derive(Clone, Default)]
@@ -42,34 +76,93 @@ struct Counting {
 impl governor::clock::Clock for Counting {
     type Instant = <GClock as governor::clock::Clock>::Instant;
     fn now(&self) -> Self::Instant {
-        self.readings.fetch_add(1, Ordering::Relaxed);
+        let n = self.readings.fetch_add(1, Ordering::SeqCst);
+        FIRST_READING.with(|f| {
+            if f.get().is_none() {
+                f.set(Some(n));
+            }
+        });
+        READINGS_HERE.with(|r| r.set(r.get() + 1));
         governor::clock::Clock::now(&self.inner)
     }
 }
 
 impl ReasonablyRealtime for Counting {}
 
-/// One call: when it arrived (sequence), when it was let through, how long
-/// it took.
+/// A call's future, counting what each of its polls did on the thread
+/// running it: turn sleeps (pace's and the waits written here), governor
+/// clock readings, and the number of the first reading (a governor call's
+/// first check, made in its first poll).
+struct Counted<F> {
+    inner: Pin<Box<F>>,
+    polled: bool,
+    first: Option<u64>,
+    sleeps: u64,
+    readings: u64,
+}
+
+/// What a counted call did.
+struct Counts {
+    first: Option<u64>,
+    sleeps: u64,
+    readings: u64,
+}
+
+fn counted<F: Future>(f: F) -> Counted<F> {
+    Counted {
+        inner: Box::pin(f),
+        polled: false,
+        first: None,
+        sleeps: 0,
+        readings: 0,
+    }
+}
+
+fn sleeps_here() -> u64 {
+    pace::internals::turn_sleeps_here() + EXP_SLEEPS_HERE.with(Cell::get)
+}
+
+impl<F: Future> Future for Counted<F> {
+    type Output = (F::Output, Counts);
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let first_poll = !this.polled;
+        this.polled = true;
+        if first_poll {
+            FIRST_READING.with(|f| f.set(None));
+        }
+        let (sleeps, readings) = (sleeps_here(), READINGS_HERE.with(Cell::get));
+        let r = this.inner.as_mut().poll(cx);
+        this.sleeps += sleeps_here() - sleeps;
+        this.readings += READINGS_HERE.with(Cell::get) - readings;
+        if first_poll {
+            this.first = FIRST_READING.with(Cell::get);
+        }
+        r.map(|out| {
+            let counts = Counts {
+                first: this.first,
+                sleeps: this.sleeps,
+                readings: this.readings,
+            };
+            (out, counts)
+        })
+    }
+}
+
+/// One call: when it arrived (its place in the limiter's order), when it
+/// was let through, how long it took, how many times it slept.
 #[derive(Clone, Copy)]
 struct Call {
     arrived: u64,
     through: Instant,
     took: Duration,
-}
-
-struct Report {
-    calls: Vec<Call>,
     sleeps: u64,
 }
 
-fn summarise(name: &str, start: Instant, r: Report) {
-    let mut calls = r.calls;
+fn summarise(name: &str, start: Instant, mut calls: Vec<Call>) {
     calls.sort_by_key(|c| c.through);
-    let waited = calls
-        .iter()
-        .filter(|c| c.took > Duration::from_micros(500))
-        .count() as u64;
+    let waited = calls.iter().filter(|c| c.sleeps > 0).count() as u64;
+    let sleeps: u64 = calls.iter().map(|c| c.sleeps).sum();
     let mut inversions = 0u64;
     for (i, a) in calls.iter().enumerate() {
         inversions += calls[i + 1..]
@@ -86,12 +179,12 @@ fn summarise(name: &str, start: Instant, r: Report) {
     }
     let longest = calls.iter().map(|c| c.took).max().unwrap_or_default();
     println!(
-        "{name:9} through {:3}  waited {:3}  sleeps {:4}  wasted wake-ups {:4}  inversions {:4}  \
+        "{name:12} through {:3}  waited {:3}  sleeps {:4}  wasted wake-ups {:4}  inversions {:4}  \
          lateness p50 {:6} µs p99 {:6} µs max {:6} µs  longest wait {:7.1} ms",
         calls.len(),
         waited,
-        r.sleeps,
-        r.sleeps.saturating_sub(waited),
+        sleeps,
+        sleeps - waited,
         inversions,
         late.value_at_quantile(0.5),
         late.value_at_quantile(0.99),
@@ -100,27 +193,91 @@ fn summarise(name: &str, start: Instant, r: Report) {
     );
 }
 
-async fn run_pace(p: Arc<Pace<u64>>, start: Instant) -> Report {
-    let seq = Arc::new(AtomicU64::new(0));
+/// How a turn waits for its slot.
+#[derive(Clone, Copy, PartialEq)]
+enum How {
+    Acquire,
+    /// tokio's timer aimed `lead_us` before the slot, then a spin if at
+    /// most `spin_us` is left, else another sleep.
+    Early {
+        lead_us: u64,
+        spin_us: u64,
+    },
+    /// tokio's timer aimed at the slot.
+    Tokio,
+}
+
+/// Notes a sleep of a wait written here, on this thread.
+fn note_exp_sleep() {
+    EXP_SLEEPS_HERE.with(|c| c.set(c.get() + 1));
+}
+
+async fn turn(p: &Pace<u64>, how: How) -> u64 {
+    use pace::clock::Clock;
+    use pace::internals::PaceInternals;
+    match how {
+        How::Acquire => {
+            let r = p
+                .acquire(&7, Duration::from_secs(10))
+                .await
+                .expect("within 10 s");
+            r.debit_end_ns()
+        }
+        How::Early { lead_us, spin_us } => {
+            let now = p.clock().now_ns();
+            let (r, slot) = p
+                .reserve_turn_at(&7, 1, None, 10_000_000_000, now)
+                .expect("within 10 s");
+            loop {
+                let now = p.clock().now_ns();
+                if now >= slot {
+                    break;
+                }
+                let rem = slot - now;
+                if rem <= spin_us * 1000 {
+                    while p.clock().now_ns() < slot {
+                        std::hint::spin_loop();
+                    }
+                    break;
+                }
+                note_exp_sleep();
+                tokio::time::sleep(Duration::from_nanos(rem.saturating_sub(lead_us * 1000))).await;
+            }
+            r.debit_end_ns()
+        }
+        How::Tokio => {
+            let now = p.clock().now_ns();
+            let (r, slot) = p
+                .reserve_turn_at(&7, 1, None, 10_000_000_000, now)
+                .expect("within 10 s");
+            loop {
+                let now = p.clock().now_ns();
+                if now >= slot {
+                    break;
+                }
+                note_exp_sleep();
+                tokio::time::sleep(Duration::from_nanos(slot - now)).await;
+            }
+            r.debit_end_ns()
+        }
+    }
+}
+
+async fn run_pace(p: Arc<Pace<u64>>, start: Instant, how: How) -> Vec<Call> {
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let sleeps0 = pace::internals::turn_sleeps();
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
-        let (p, seq, calls) = (p.clone(), seq.clone(), calls.clone());
+        let (p, calls) = (p.clone(), calls.clone());
         tasks.push(tokio::spawn(async move {
             while start.elapsed() < RUN {
-                let arrived = seq.fetch_add(1, Ordering::SeqCst);
                 let t = Instant::now();
-                let r = p
-                    .acquire(&7, Duration::from_secs(10))
-                    .await
-                    .expect("within 10 s");
+                let (arrived, counts) = counted(turn(&p, how)).await;
                 let through = Instant::now();
-                drop(r);
                 calls.lock().unwrap().push(Call {
                     arrived,
                     through,
                     took: through - t,
+                    sleeps: counts.sleeps,
                 });
             }
         }));
@@ -129,32 +286,27 @@ async fn run_pace(p: Arc<Pace<u64>>, start: Instant) -> Report {
         t.await.unwrap();
     }
     let calls = calls.lock().unwrap().clone();
-    Report {
-        calls,
-        sleeps: pace::internals::turn_sleeps() - sleeps0,
-    }
+    calls
 }
 
 type Governor =
     governor::RateLimiter<u64, governor::state::keyed::DefaultKeyedStateStore<u64>, Counting>;
 
-async fn run_governor(g: Arc<Governor>, clock: Counting, start: Instant) -> Report {
-    let readings0 = clock.readings.load(Ordering::Relaxed);
-    let seq = Arc::new(AtomicU64::new(0));
+async fn run_governor(g: Arc<Governor>, start: Instant) -> Vec<Call> {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
-        let (g, seq, calls) = (g.clone(), seq.clone(), calls.clone());
+        let (g, calls) = (g.clone(), calls.clone());
         tasks.push(tokio::spawn(async move {
             while start.elapsed() < RUN {
-                let arrived = seq.fetch_add(1, Ordering::SeqCst);
                 let t = Instant::now();
-                g.until_key_ready(&7u64).await;
+                let ((), counts) = counted(g.until_key_ready(&7u64)).await;
                 let through = Instant::now();
                 calls.lock().unwrap().push(Call {
-                    arrived,
+                    arrived: counts.first.expect("a check reads the clock"),
                     through,
                     took: through - t,
+                    sleeps: counts.readings.saturating_sub(1) / 2,
                 });
             }
         }));
@@ -163,33 +315,46 @@ async fn run_governor(g: Arc<Governor>, clock: Counting, start: Instant) -> Repo
         t.await.unwrap();
     }
     let calls = calls.lock().unwrap().clone();
-    let readings = clock.readings.load(Ordering::Relaxed) - readings0;
-    let sleeps = readings.saturating_sub(calls.len() as u64) / 2;
-    Report { calls, sleeps }
+    calls
 }
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .enable_time()
+        .enable_all()
         .build()
         .unwrap();
     let rounds: usize = std::env::var("PACE_TURN_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    let exp = std::env::var("PACE_TURN_EXP").is_ok();
     println!("{TASKS} tasks on one key at {PER_SECOND}/s (capacity {PER_SECOND}) for {RUN:?}, {rounds} rounds");
+    let mut hows = vec![("pace", Some(How::Acquire)), ("governor", None)];
+    if exp {
+        hows.push((
+            "tokio-early",
+            Some(How::Early {
+                lead_us: 1000,
+                spin_us: 100,
+            }),
+        ));
+        hows.push(("tokio-timer", Some(How::Tokio)));
+    }
     for round in 0..rounds {
         println!("round {}", round + 1);
-        for which in [round % 2, 1 - round % 2] {
+        let mut order: Vec<usize> = (0..hows.len()).collect();
+        order.rotate_left(round % hows.len());
+        for which in order {
+            let (name, how) = hows[which];
             // Each limiter is built (and its clock calibrated) before its
             // run starts.
-            if which == 0 {
+            if let Some(how) = how {
                 let p = Arc::new(Pace::new(Rate::per_second(PER_SECOND).unwrap()));
                 p.peek(&7);
                 let start = Instant::now();
-                let r = rt.block_on(run_pace(p, start));
-                summarise("pace", start, r);
+                let r = rt.block_on(run_pace(p, start, how));
+                summarise(name, start, r);
             } else {
                 let clock = Counting::default();
                 let per = std::num::NonZeroU32::new(PER_SECOND as u32).unwrap();
@@ -197,8 +362,8 @@ fn main() {
                 let g = Arc::new(governor::RateLimiter::dashmap_with_clock(q, clock.clone()));
                 let _ = g.check_key(&8);
                 let start = Instant::now();
-                let r = rt.block_on(run_governor(g, clock, start));
-                summarise("governor", start, r);
+                let r = rt.block_on(run_governor(g, start));
+                summarise(name, start, r);
             }
         }
     }

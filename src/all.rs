@@ -209,29 +209,57 @@ impl<'a> All<'a> {
         for (index, (axis, n)) in self.axes.into_iter().enumerate() {
             match axis.hold_n(n) {
                 Ok(debit) => held.push((axis, Some(debit))),
-                #[cfg(pace_mutant = "all_first_only")]
-                Err(_) if index > 0 => held.push((axis, None)),
+                Err(_) if denial_ignored(index) => held.push((axis, None)),
                 Err(denied) => {
-                    #[cfg(not(pace_mutant = "all_no_refund"))]
-                    {
-                        #[cfg(not(pace_mutant = "all_refund_oldest_first"))]
-                        let order = held.into_iter().rev();
-                        #[cfg(pace_mutant = "all_refund_oldest_first")]
-                        let order = held.into_iter();
-                        for (axis, debit) in order {
-                            if let Some(debit) = debit {
-                                axis.refund(debit);
-                            }
-                        }
-                    }
-                    #[cfg(pace_mutant = "all_no_refund")]
-                    drop(held);
+                    give_back(held);
                     return Err(AllDenied { index, denied });
                 }
             }
         }
         Ok(AllReservation { held })
     }
+}
+
+/// Whether a denial by pair `index` is passed over: never.
+#[cfg(not(pace_mutant = "all_first_only"))]
+#[inline]
+fn denial_ignored(_index: usize) -> bool {
+    false
+}
+
+/// Known-wrong variant `all_first_only`: only the first pair's denial
+/// counts.
+#[cfg(pace_mutant = "all_first_only")]
+fn denial_ignored(index: usize) -> bool {
+    index > 0
+}
+
+/// Refunds the pairs held before a denial, newest first.
+#[cfg(not(any(pace_mutant = "all_no_refund", pace_mutant = "all_refund_oldest_first")))]
+fn give_back(held: Vec<(BoxAxis<'_>, Option<Debit>)>) {
+    for (axis, debit) in held.into_iter().rev() {
+        if let Some(debit) = debit {
+            axis.refund(debit);
+        }
+    }
+}
+
+/// Known-wrong variant `all_refund_oldest_first`: the pairs are refunded
+/// oldest first.
+#[cfg(pace_mutant = "all_refund_oldest_first")]
+fn give_back(held: Vec<(BoxAxis<'_>, Option<Debit>)>) {
+    for (axis, debit) in held {
+        if let Some(debit) = debit {
+            axis.refund(debit);
+        }
+    }
+}
+
+/// Known-wrong variant `all_no_refund`: the pairs before a denial keep
+/// their debits.
+#[cfg(pace_mutant = "all_no_refund")]
+fn give_back(held: Vec<(BoxAxis<'_>, Option<Debit>)>) {
+    drop(held);
 }
 
 impl fmt::Debug for All<'_> {

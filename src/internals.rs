@@ -38,6 +38,12 @@ pub fn turn_sleeps() -> u64 {
     crate::pace::turn_sleeps()
 }
 
+/// Sleeps taken by callers waiting for a turn on this thread so far: read
+/// around each poll of a turn's future, the sleeps of that one turn.
+pub fn turn_sleeps_here() -> u64 {
+    crate::pace::turn_sleeps_here()
+}
+
 /// Pins and flushes the current thread's epoch handle until deferred
 /// frees have run, so memory tests can measure what is really held.
 #[cfg(not(loom))]

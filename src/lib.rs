@@ -54,7 +54,7 @@
 //! plan, a tenant's limit. [`Pace::set_quota`] replaces the default quota of
 //! [`Pace::reserve`] while the limiter runs. A row stores only a time, so a
 //! key keeps its debt across quotas. [`Pace::acquire_blocking`] (and
-//! `Pace::acquire`, feature `tokio`) waits for the key's next turn instead
+//! `Pace::acquire`, feature `timer`) waits for the key's next turn instead
 //! of being refused: one CAS takes a slot, one sleep waits for it.
 //!
 //! ```
@@ -77,8 +77,9 @@
 //!
 //! * `quanta` (default): [`QuantaClock`], the default clock, and
 //!   [`CoarseClock`].
-//! * `tokio`: `Pace::acquire`, `acquire_n` and `acquire_n_with`, waiting on
-//!   tokio's timer.
+//! * `timer`: `Pace::acquire`, `acquire_n` and `acquire_n_with` for async
+//!   code on any executor, waiting on `futures-timer` (one timer thread per
+//!   process, started by the first wait, with nanosecond deadlines).
 //! * `foldhash`: [`Builder::fast_hasher`].
 //! * `bytes`: [`Gate`] byte shares attached to `bytes::Bytes` owners.
 //! * `journal`: `gate::journal`, the intent journal and its recovery.

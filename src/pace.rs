@@ -526,7 +526,7 @@ fn slot_of(tat: u64, tau: u64, wait: u64) -> u64 {
 
 /// A turn being waited for (`Pace::acquire`): refunded if dropped before
 /// the turn comes.
-#[cfg(feature = "tokio")]
+#[cfg(feature = "timer")]
 struct Turn<'a, K, Q, S, C>(Option<Reservation<'a, K, Q, S, C>>)
 where
     K: Hash + Eq + Borrow<Q>,
@@ -534,7 +534,7 @@ where
     S: BuildHasher,
     C: Clock;
 
-#[cfg(feature = "tokio")]
+#[cfg(feature = "timer")]
 impl<K, Q, S, C> Drop for Turn<'_, K, Q, S, C>
 where
     K: Hash + Eq + Borrow<Q>,
@@ -553,14 +553,27 @@ where
 /// fairness benchmark: one per waiter means no wasted wake-up).
 static TURN_SLEEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+std::thread_local! {
+    /// Sleeps taken by callers waiting for a turn on this thread (counted
+    /// where the sleep starts: in an async turn, the poll that starts it).
+    static TURN_SLEEPS_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 fn note_turn_sleep() {
     TURN_SLEEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    TURN_SLEEPS_HERE.with(|c| c.set(c.get() + 1));
 }
 
 /// Sleeps taken by callers waiting for a turn in this process so far.
 #[cfg(feature = "internals")]
 pub(crate) fn turn_sleeps() -> u64 {
     TURN_SLEEPS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sleeps taken by callers waiting for a turn on this thread so far.
+#[cfg(feature = "internals")]
+pub(crate) fn turn_sleeps_here() -> u64 {
+    TURN_SLEEPS_HERE.with(std::cell::Cell::get)
 }
 
 impl<K> Pace<K> {
@@ -1252,8 +1265,12 @@ where
         Ok(r)
     }
 
-    /// [`acquire_blocking`](Pace::acquire_blocking) for async code (feature
-    /// `tokio`): the task sleeps on tokio's timer until its turn.
+    /// [`acquire_blocking`](Pace::acquire_blocking) for async code on any
+    /// executor (feature `timer`): the task sleeps until its turn on
+    /// `futures-timer`'s timer thread, whose deadlines are exact to the
+    /// nanosecond (a runtime's own timer may round up to its tick: tokio's
+    /// makes a turn 0 to 2 ms late). Never before its slot; after it by the
+    /// timer thread's wake-up and the scheduler's delay.
     ///
     /// Dropping the future before its turn refunds the reservation by the
     /// refund rule: the slot comes back when nothing was debited from the key
@@ -1262,7 +1279,7 @@ where
     ///
     /// # Errors
     /// As [`acquire_blocking`](Pace::acquire_blocking).
-    #[cfg(feature = "tokio")]
+    #[cfg(feature = "timer")]
     pub async fn acquire<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -1279,7 +1296,7 @@ where
     ///
     /// # Errors
     /// As [`acquire_blocking`](Pace::acquire_blocking).
-    #[cfg(feature = "tokio")]
+    #[cfg(feature = "timer")]
     pub async fn acquire_n<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -1298,7 +1315,7 @@ where
     ///
     /// # Errors
     /// As [`acquire_blocking`](Pace::acquire_blocking).
-    #[cfg(feature = "tokio")]
+    #[cfg(feature = "timer")]
     pub async fn acquire_n_with<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -1313,7 +1330,7 @@ where
         self.acquire_inner(key, n, Some(quota), max_wait).await
     }
 
-    #[cfg(feature = "tokio")]
+    #[cfg(feature = "timer")]
     async fn acquire_inner<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -1329,7 +1346,7 @@ where
         let mut turn = Turn(Some(r));
         while let Some(wait) = self.until(slot) {
             note_turn_sleep();
-            tokio::time::sleep(wait).await;
+            futures_timer::Delay::new(wait).await;
         }
         Ok(turn.0.take().expect("taken only here"))
     }

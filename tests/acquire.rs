@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pace::internals::{PaceInternals, ReservationInternals};
-#[cfg(feature = "tokio")]
+#[cfg(feature = "timer")]
 use pace::Refunded;
 use pace::{Clock, DenyReason, ManualClock, Pace, Quota, Rate};
 
@@ -134,7 +134,7 @@ fn a_turn_under_its_own_quota() {
     );
 }
 
-#[cfg(feature = "tokio")]
+#[cfg(feature = "timer")]
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -145,7 +145,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// A turn dropped while it waits is refunded: it comes back when it is the
 /// newest debit, and is lost (never returned twice) when a later turn was
 /// debited after it.
-#[cfg(feature = "tokio")]
+#[cfg(feature = "timer")]
 #[test]
 fn a_cancelled_turn_follows_the_refund_rule() {
     let (p, clock) = limiter(ms(100), 3);
@@ -186,7 +186,7 @@ fn a_turn_waits_on_the_limiters_own_clock() {
         .unwrap();
     let horizon = 20 * MS;
     drop(p.reserve(&1).unwrap());
-    #[cfg(feature = "tokio")]
+    #[cfg(feature = "timer")]
     {
         let rt = runtime();
         let r = rt.block_on(p.acquire(&1, ms(100))).unwrap();
@@ -198,4 +198,43 @@ fn a_turn_waits_on_the_limiters_own_clock() {
     let now = p.clock().now_ns();
     let slot = r.debit_end_ns() - horizon;
     assert!(now >= slot, "let through {} ns before its slot", slot - now);
+}
+
+/// A turn's sleeps are counted on the thread that slept them
+/// (`internals::turn_sleeps_here`, read around each poll of a turn by the
+/// turns benchmark to count each call's sleeps): a turn 1 ms ahead on a
+/// frozen clock sleeps at least once on its own thread, and the thread that
+/// advances the clock counts none.
+#[test]
+fn a_turns_sleeps_are_counted_on_its_own_thread() {
+    let (p, clock) = limiter(ms(1), 1);
+    clock.set(Duration::from_secs(10));
+    drop(p.reserve(&1).unwrap());
+    let before = pace::internals::turn_sleeps_here();
+    let advancer = {
+        let clock = clock.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(ms(20));
+            clock.advance(ms(1));
+            pace::internals::turn_sleeps_here()
+        })
+    };
+    drop(p.acquire_blocking(&1, ms(10)).unwrap());
+    assert!(
+        pace::internals::turn_sleeps_here() > before,
+        "a turn 1 ms ahead on a frozen clock sleeps"
+    );
+    assert_eq!(advancer.join().unwrap(), 0, "counted on another thread");
+    #[cfg(feature = "timer")]
+    {
+        let before = pace::internals::turn_sleeps_here();
+        let rt = runtime();
+        let waited =
+            rt.block_on(async { tokio::time::timeout(ms(5), p.acquire(&1, ms(10))).await });
+        assert!(waited.is_err(), "the turn is 1 ms away on a frozen clock");
+        assert!(
+            pace::internals::turn_sleeps_here() > before,
+            "an async turn's sleep is counted on the thread that polled it"
+        );
+    }
 }

@@ -5,7 +5,7 @@
 //! `RUSTFLAGS='--cfg pace_mutant="NAME"' cargo test --test all`):
 //! `all_no_refund` (a later denial keeps the earlier debits),
 //! `all_refund_oldest_first` (earlier debits refunded oldest first, so a
-//! pair named twice keeps a debit), `all_first_only` (denials after the
+//! plain pair named twice keeps a debit), `all_first_only` (denials after the
 //! first pair are ignored: over-admission).
 
 use std::collections::hash_map::RandomState;
@@ -77,7 +77,7 @@ fn a_later_denial_refunds_the_earlier_pairs_and_leaves_later_ones_untouched() {
 }
 
 #[test]
-fn a_pair_named_twice_is_refunded_newest_first() {
+fn a_pair_named_twice_is_refunded_whole() {
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(5));
     let src: P<u32> = pace(&clock, 10, 10);
@@ -90,8 +90,52 @@ fn a_pair_named_twice_is_refunded_newest_first() {
         .reserve()
         .unwrap_err();
     assert_eq!(denied.index, 2);
-    // Newest first: the 2-token debit is undone, then the 3-token one.
+    // Both are holds, returned exactly whatever the order.
     assert_eq!(src.peek(&7), 10);
+    assert_eq!(src.len(), 0);
+}
+
+/// A pair whose holds are plain debits ([`Axis`]'s default `hold_n`), as a
+/// caller's own limit may be: refunds follow the refund rule, so their
+/// order matters.
+struct Plain<'a>(&'a P<u32>, u32);
+
+impl Axis for Plain<'_> {
+    fn reserve_n(&self, n: u64) -> Result<Debit, Denied> {
+        self.0.reserve_n(&self.1, n).map(|r| r.detach())
+    }
+
+    fn refund(&self, debit: Debit) -> Refunded {
+        self.0.refund(&self.1, debit)
+    }
+
+    fn peek(&self) -> u64 {
+        self.0.peek(&self.1)
+    }
+}
+
+#[test]
+fn plain_pairs_named_twice_are_refunded_newest_first() {
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(5));
+    let src: P<u32> = pace(&clock, 10, 10);
+    let ids: P<String> = pace(&clock, 1, 1);
+    let _spent = ids.reserve("a").unwrap().detach();
+    let denied = pace::all()
+        .axis(Box::new(Plain(&src, 7)), 3)
+        .axis(Box::new(Plain(&src, 7)), 2)
+        .with(&ids, "a")
+        .reserve()
+        .unwrap_err();
+    assert_eq!(denied.index, 2);
+    // Newest first, each plain refund finds its own debit last and restores
+    // the state before it; oldest first, the 3-token refund finds the
+    // 2-token debit after it and returns nothing.
+    assert_eq!(
+        src.peek(&7),
+        10,
+        "a plain refund in the wrong order kept tokens"
+    );
     assert_eq!(src.len(), 0);
 }
 

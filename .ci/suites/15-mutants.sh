@@ -9,6 +9,26 @@
 #   claimed_left_on_panic: a key `Eq` that panics in the check after linking
 #                        leaves the claimed row linked (and counted)
 set -euo pipefail
+
+# The registry (src/mutants.rs) lists every known-wrong variant of the core
+# once; build.rs declares exactly its names as the values of
+# `cfg(pace_mutant)` (clippy denies any other). Each name must still be in
+# the sources and run by a suite (here or .ci/suites/10-loom.sh), outside
+# comments.
+names=$(grep -oE '^ +\("[a-z_0-9]+"' src/mutants.rs | grep -oE '[a-z_0-9]+')
+[ "$(wc -w <<<"$names")" -gt 30 ] || { echo "registry not read: $names"; exit 1; }
+suites=$(grep -hvE '^\s*#' .ci/suites/10-loom.sh .ci/suites/15-mutants.sh)
+for m in $names; do
+    if ! grep -rqF "pace_mutant = \"$m\"" src; then
+        echo "the registry lists $m, which no source file has"
+        exit 1
+    fi
+    if ! grep -qw "$m" <<<"$suites"; then
+        echo "the registry's $m is run by no suite"
+        exit 1
+    fi
+done
+echo "registry: $(wc -w <<<"$names") variants, each in src and run below or by 10-loom.sh"
 # Mutants are chosen with PACE_MUTANT (build.rs): only pace and the test
 # rebuild, in the same target directory as the README's tests.
 status=0
@@ -105,6 +125,37 @@ expect_caught quota_cost_of_default model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
 expect_caught turn_before_its_slot model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
+
+# All-or-nothing reservations (tests/all.rs) against three variants:
+#   all_first_only:          denials after the first pair are ignored
+#   all_no_refund:           a denial keeps the debits of the pairs before it
+#   all_refund_oldest_first: they are refunded oldest first, so a plain pair
+#                            named twice keeps a debit
+expect_caught all_first_only all "panicked" "" \
+    threaded_no_limit_over_admits \
+    a_later_denial_refunds_the_earlier_pairs_and_leaves_later_ones_untouched
+expect_caught all_no_refund all "panicked" "" \
+    threaded_a_denial_leaves_no_debit_behind \
+    a_later_denial_refunds_the_earlier_pairs_and_leaves_later_ones_untouched
+expect_caught all_refund_oldest_first all "a plain refund in the wrong order kept tokens" "" \
+    plain_pairs_named_twice_are_refunded_newest_first
+
+# The intent journal (feature `journal`; tests/gate_journal.rs and
+# tests/gate_journal_faults.rs) against five variants: no file lock, no
+# resync after damage, no rollback of a failed append, an open that cuts a
+# damaged file, a foreign file truncated as a torn tail.
+expect_caught journal_no_lock gate_journal "panicked" "--features journal" \
+    second_open_is_refused_while_the_first_journal_lives \
+    journal_of_a_live_worker_process_cannot_be_opened
+expect_caught journal_no_resync gate_journal "panicked" "--features journal" \
+    flipped_bit_in_a_middle_record_is_never_a_silent_truncation
+expect_caught journal_open_truncates_damage gate_journal "panicked" "--features journal" \
+    flipped_bit_in_a_middle_record_is_never_a_silent_truncation
+expect_caught journal_truncates_foreign gate_journal_faults "panicked" "--features journal" \
+    a_file_that_is_not_a_journal_is_refused_untouched
+expect_caught journal_no_rollback gate_journal_faults "panicked" "--features journal" \
+    failed_record_at_every_byte_leaves_the_journal_as_it_was \
+    failed_record_that_cannot_be_undone_poisons_the_handle
 
 # Churn without migrations (tests/churn.rs), with keys held either way:
 # against `no_clean` no tombstone is ever cleaned, so the churn tests must

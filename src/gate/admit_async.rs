@@ -158,18 +158,27 @@ fn leave(w: &mut super::queue::Waiters, id: u64) -> bool {
     was_head && !w.queue.is_empty()
 }
 
+/// A dropped `Admit` leaves the queue: [`leave`], whose answer says whether
+/// the next in line must be woken (it was first and others wait).
+#[cfg(not(pace_mutant = "gate_async_drop_keeps_turn"))]
+fn leave_on_drop(w: &mut super::queue::Waiters, id: u64) -> bool {
+    leave(w, id)
+}
+
+/// Known-wrong variant `gate_async_drop_keeps_turn`: a dropped first waiter
+/// wakes nobody, so the next in line sleeps on.
+#[cfg(pace_mutant = "gate_async_drop_keeps_turn")]
+fn leave_on_drop(w: &mut super::queue::Waiters, id: u64) -> bool {
+    leave(w, id);
+    false
+}
+
 impl Drop for Admit {
     fn drop(&mut self) {
         let Some(id) = self.id.take() else { return };
         let inner = &*self.gate.inner;
         let mut w = inner.lock();
-        #[cfg(not(pace_mutant = "gate_async_drop_keeps_turn"))]
-        let more = leave(&mut w, id);
-        #[cfg(pace_mutant = "gate_async_drop_keeps_turn")]
-        let more = {
-            leave(&mut w, id);
-            false
-        };
+        let more = leave_on_drop(&mut w, id);
         inner.queued.fetch_sub(1, Ordering::SeqCst);
         drop(w);
         if more {

@@ -359,14 +359,7 @@ fn open_locked(path: &Path) -> Result<File, JournalError> {
         .create(true)
         .truncate(false)
         .open(path)?;
-    #[cfg(not(pace_mutant = "journal_no_lock"))]
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => return Err(JournalError::Locked),
-        Err(TryLockError::Error(e)) => return Err(JournalError::Io(e)),
-    }
-    #[cfg(pace_mutant = "journal_no_lock")]
-    let _ = TryLockError::WouldBlock;
+    lock(&file)?;
     // A journal with nothing in it may have just been created: make its
     // directory entry durable before any record relies on it.
     #[cfg(unix)]
@@ -378,6 +371,24 @@ fn open_locked(path: &Path) -> Result<File, JournalError> {
         File::open(parent)?.sync_all()?;
     }
     Ok(file)
+}
+
+/// Takes the journal's exclusive lock: one writer per file.
+#[cfg(not(pace_mutant = "journal_no_lock"))]
+fn lock(file: &File) -> Result<(), JournalError> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(TryLockError::WouldBlock) => Err(JournalError::Locked),
+        Err(TryLockError::Error(e)) => Err(JournalError::Io(e)),
+    }
+}
+
+/// Known-wrong variant `journal_no_lock`: no lock, so two writers
+/// interleave their records.
+#[cfg(pace_mutant = "journal_no_lock")]
+fn lock(_: &File) -> Result<(), JournalError> {
+    let _ = TryLockError::WouldBlock;
+    Ok(())
 }
 
 impl<S: Storage> Journal<S> {
@@ -410,28 +421,8 @@ impl<S: Storage> Journal<S> {
             .copied()
             .filter(|d| !d.acknowledged)
             .collect();
-        #[cfg(not(pace_mutant = "journal_open_truncates_damage"))]
         if let (Some(d), false) = (damaged.first(), repair) {
-            return Err(JournalError::Corrupt {
-                offset: d.offset,
-                len: d.len,
-            });
-        }
-        #[cfg(pace_mutant = "journal_open_truncates_damage")]
-        if let (Some(d), false) = (damaged.first(), repair) {
-            // The old behaviour: cut the file at the first bad byte.
-            store.truncate(d.offset)?;
-            store.sync()?;
-            let recovery = parse(&store.read_all()?);
-            let len = recovery.valid_len;
-            return Ok((
-                Journal {
-                    store,
-                    len,
-                    poisoned: false,
-                },
-                recovery,
-            ));
+            return Journal::open_damaged(store, d);
         }
         if recovery.torn_tail.is_some() {
             store.truncate(recovery.valid_len)?;
@@ -450,6 +441,34 @@ impl<S: Storage> Journal<S> {
         }
         let recovery = parse(&journal.store.read_all()?);
         Ok((journal, recovery))
+    }
+
+    /// Opening (not repairing) a journal with damage `d` that no record
+    /// acknowledges: refused, the file untouched.
+    #[cfg(not(pace_mutant = "journal_open_truncates_damage"))]
+    fn open_damaged(_: S, d: &Damage) -> Result<(Journal<S>, Recovery), JournalError> {
+        Err(JournalError::Corrupt {
+            offset: d.offset,
+            len: d.len,
+        })
+    }
+
+    /// Known-wrong variant `journal_open_truncates_damage`: the file is cut
+    /// at the first bad byte, losing the valid records after it.
+    #[cfg(pace_mutant = "journal_open_truncates_damage")]
+    fn open_damaged(mut store: S, d: &Damage) -> Result<(Journal<S>, Recovery), JournalError> {
+        store.truncate(d.offset)?;
+        store.sync()?;
+        let recovery = parse(&store.read_all()?);
+        let len = recovery.valid_len;
+        Ok((
+            Journal {
+                store,
+                len,
+                poisoned: false,
+            },
+            recovery,
+        ))
     }
 
     /// Append one record and wait until it is on disk. Call it *before*
@@ -493,19 +512,28 @@ impl<S: Storage> Journal<S> {
                 Ok(())
             }
             Err(e) => {
-                #[cfg(not(pace_mutant = "journal_no_rollback"))]
-                let undone = self
-                    .store
-                    .truncate(self.len)
-                    .and_then(|()| self.store.sync());
-                #[cfg(pace_mutant = "journal_no_rollback")]
-                let undone: io::Result<()> = Ok(());
-                if undone.is_err() {
+                if self.roll_back().is_err() {
                     self.poisoned = true;
                 }
                 Err(JournalError::Io(e))
             }
         }
+    }
+
+    /// Cuts what a failed append may have written: the file back at its
+    /// length before the append.
+    #[cfg(not(pace_mutant = "journal_no_rollback"))]
+    fn roll_back(&mut self) -> io::Result<()> {
+        self.store
+            .truncate(self.len)
+            .and_then(|()| self.store.sync())
+    }
+
+    /// Known-wrong variant `journal_no_rollback`: a failed append's bytes
+    /// stay in the file.
+    #[cfg(pace_mutant = "journal_no_rollback")]
+    fn roll_back(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -561,11 +589,16 @@ pub fn recover(path: impl AsRef<Path>) -> Result<Recovery, JournalError> {
 /// Bytes with no valid record that do not start like one: truncating them
 /// as a torn tail would destroy a file that was never a journal. (A torn
 /// first append is a prefix of a record, so it starts with the marker.)
+#[cfg(not(pace_mutant = "journal_truncates_foreign"))]
 fn foreign(data: &[u8], recovery: &Recovery) -> bool {
-    if cfg!(pace_mutant = "journal_truncates_foreign") {
-        return false;
-    }
     recovery.records == 0 && !data.is_empty() && !MARKER.starts_with(&data[..data.len().min(4)])
+}
+
+/// Known-wrong variant `journal_truncates_foreign`: no file is foreign, so
+/// opening one that was never a journal truncates it as a torn tail.
+#[cfg(pace_mutant = "journal_truncates_foreign")]
+fn foreign(_: &[u8], _: &Recovery) -> bool {
+    false
 }
 
 /// A valid record found in the bytes.

@@ -145,16 +145,27 @@ pub(super) unsafe fn retire_array(guard: &Guard, arr: Shared<'_, Array>) {
             free_cells(cells);
         })
     };
-    // Not under loom: when garbage is collected is not what the models
-    // check, and the extra collector steps would multiply their executions.
-    // (Known-wrong variant `arrays_wait_for_a_full_bag`: no flush, so a
-    // growing table, which retires little else, holds its old arrays until
-    // its thread's bag fills.)
-    #[cfg(not(loom))]
-    if !cfg!(pace_mutant = "arrays_wait_for_a_full_bag") {
-        guard.flush();
-    }
+    flush_retired(guard);
 }
+
+/// Hands a retired array to the collector at once, so that a growing table,
+/// which retires little else, does not hold its old arrays until its
+/// thread's garbage bag fills. Not under loom: when garbage is collected is
+/// not what the models check, and the extra collector steps would multiply
+/// their executions.
+#[cfg(not(pace_mutant = "arrays_wait_for_a_full_bag"))]
+#[inline]
+fn flush_retired(guard: &Guard) {
+    #[cfg(not(loom))]
+    guard.flush();
+    #[cfg(loom)]
+    let _ = guard;
+}
+
+/// Known-wrong variant `arrays_wait_for_a_full_bag`: no flush after
+/// retiring an array.
+#[cfg(pace_mutant = "arrays_wait_for_a_full_bag")]
+fn flush_retired(_: &Guard) {}
 
 /// Frees a retired array's cells (atomics: nothing to drop): at once if
 /// small, else on a new thread (or at once if no thread can be started).

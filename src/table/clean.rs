@@ -18,7 +18,7 @@
 //! that its claim still lies on its key's sequence (`Table::verify`).
 
 use super::array::Array;
-use super::cell::CellState;
+use super::cell::{Cell, CellState};
 use super::{is_migrating, Table};
 use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
@@ -47,22 +47,9 @@ impl Table {
                 continue;
             }
             let next = &arr.cells[(i + 1) & mask];
-            // Known-wrong variant: empty on a read of the next cell, so a
-            // row claimed there meanwhile ends up behind an empty cell.
-            if cfg!(pace_mutant = "clean_without_fence") {
-                if next.load() == 0 && cell.cas(v, 0).is_ok() {
-                    emptied += 1;
-                }
-                continue;
-            }
-            if next.cas(0, fence).is_err() {
-                continue;
-            }
-            if cell.cas(v, 0).is_ok() {
+            if empty_behind_fence(cell, v, next, fence) {
                 emptied += 1;
             }
-            let lifted = next.cas(fence, 0);
-            debug_assert!(lifted.is_ok(), "only its cleaner changes a fence");
         }
         if emptied > 0 {
             arr.used.fetch_sub(emptied, Ordering::Relaxed);
@@ -73,11 +60,8 @@ impl Table {
     /// Cell `idx` of `arr` just became a tombstone: if `arr` is current and
     /// not migrating, empty it and the tombstones before it while each ends
     /// a run (at most [`CLEAN_CHUNK`] cells).
+    #[cfg(not(pace_mutant = "no_clean"))]
     pub(super) fn clean_after(&self, arr: &Array, idx: usize, guard: &Guard) {
-        // Known-wrong variant: never clean (tombstones only reused).
-        if cfg!(pace_mutant = "no_clean") {
-            return;
-        }
         let cur = self.array(guard);
         if !std::ptr::eq(cur, arr) || is_migrating(arr.next.load(Ordering::Acquire, guard)) {
             return;
@@ -93,10 +77,8 @@ impl Table {
 
     /// The current array is at its limit: if tombstones hold a quarter of
     /// its cells, clean chunks of it until one frees a cell. False: migrate.
+    #[cfg(not(pace_mutant = "no_clean"))]
     pub(super) fn clean_some(&self, arr: &Array, guard: &Guard) -> bool {
-        if cfg!(pace_mutant = "no_clean") {
-            return false;
-        }
         let n = arr.cells.len();
         let tombs = arr.used.load(Ordering::Relaxed).saturating_sub(self.len());
         if tombs < n / 4
@@ -114,4 +96,37 @@ impl Table {
         }
         false
     }
+
+    /// Known-wrong variant `no_clean`: tombstones are never cleaned (only
+    /// reused), here and when a target is sized (`migrate.rs`).
+    #[cfg(pace_mutant = "no_clean")]
+    pub(super) fn clean_after(&self, _: &Array, _: usize, _: &Guard) {}
+
+    /// Known-wrong variant `no_clean`, as above.
+    #[cfg(pace_mutant = "no_clean")]
+    pub(super) fn clean_some(&self, _: &Array, _: &Guard) -> bool {
+        false
+    }
+}
+
+/// Empties tombstone `cell` (read as `v`) when the cell after it, `next`,
+/// is empty: a fence in `next` for the moment, so that no row is claimed
+/// there behind an emptied cell. True if it emptied the cell.
+#[cfg(not(pace_mutant = "clean_without_fence"))]
+#[inline]
+fn empty_behind_fence(cell: &Cell, v: u128, next: &Cell, fence: u128) -> bool {
+    if next.cas(0, fence).is_err() {
+        return false;
+    }
+    let emptied = cell.cas(v, 0).is_ok();
+    let lifted = next.cas(fence, 0);
+    debug_assert!(lifted.is_ok(), "only its cleaner changes a fence");
+    emptied
+}
+
+/// Known-wrong variant `clean_without_fence`: empties on a read of the next
+/// cell, so a row claimed there meanwhile ends up behind an empty cell.
+#[cfg(pace_mutant = "clean_without_fence")]
+fn empty_behind_fence(cell: &Cell, v: u128, next: &Cell, _: u128) -> bool {
+    next.load() == 0 && cell.cas(v, 0).is_ok()
 }

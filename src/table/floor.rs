@@ -51,12 +51,26 @@ impl Floors {
         self.stripes[Floors::stripe(hash)].load(Ordering::Acquire)
     }
 
-    /// Known-wrong: a fresh row forgets every removed row's debt.
+    /// Known-wrong variant `fresh_row_from_zero`: a fresh row forgets every
+    /// removed row's debt.
     #[cfg(pace_mutant = "fresh_row_from_zero")]
     #[inline]
     pub(crate) fn get(&self, _hash: u64) -> u64 {
         0
     }
+
+    /// Raises the floor of a row that a refund fills before it removes the
+    /// row, so that a stale reserve starts a fresh row from it.
+    #[cfg(not(pace_mutant = "refund_keeps_floor"))]
+    #[inline]
+    pub(crate) fn raise_refunded(&self, hash: u64, tat: u64) {
+        self.raise(hash, tat);
+    }
+
+    /// Known-wrong variant `refund_keeps_floor`: a refund that fills a row
+    /// removes it without raising its floor.
+    #[cfg(pace_mutant = "refund_keeps_floor")]
+    pub(crate) fn raise_refunded(&self, _: u64, _: u64) {}
 
     /// Raises the floor of `hash`'s stripe to `tat`. Called before the row is
     /// removed, so whoever finds the row gone also finds the floor.

@@ -74,12 +74,27 @@ fn settle(tat: u64, at: u64, cost: u64) -> u64 {
     tat.max(at).saturating_add(cost).min(MAX_TIME)
 }
 
-/// Known-wrong variant for mutation tests: a kept hold is added to the
+/// Known-wrong variant `settle_unclamped`: a kept hold is added to the
 /// settled `tat` without the clamp at its own reading, so a hold kept
 /// after its bucket refilled is settled in the past.
 #[cfg(pace_mutant = "settle_unclamped")]
 fn settle(tat: u64, _at: u64, cost: u64) -> u64 {
     (tat + cost).min(MAX_TIME)
+}
+
+/// The settled `tat` after a refund of `cost` held: unchanged (a refund
+/// only takes its tokens off their lot).
+#[cfg(not(pace_mutant = "refund_rewinds_tat"))]
+#[inline]
+fn refunded(tat: u64, _cost: u64) -> u64 {
+    tat
+}
+
+/// Known-wrong variant `refund_rewinds_tat`: a refund also takes its cost
+/// off the settled `tat`, returning tokens that other debits settled.
+#[cfg(pace_mutant = "refund_rewinds_tat")]
+fn refunded(tat: u64, cost: u64) -> u64 {
+    tat.saturating_sub(cost)
 }
 
 /// What a hold took: its lot, its cost and its reading. A resolution
@@ -130,6 +145,20 @@ impl Held {
         self.cur.cost + self.prev.cost
     }
 
+    /// The held tokens a decision counts: all of them.
+    #[cfg(not(pace_mutant = "decision_ignores_held"))]
+    #[inline]
+    fn held_in_decision(&self) -> u64 {
+        self.held()
+    }
+
+    /// Known-wrong variant `decision_ignores_held`: a decision counts no
+    /// held token.
+    #[cfg(pace_mutant = "decision_ignores_held")]
+    fn held_in_decision(&self) -> u64 {
+        0
+    }
+
     pub(crate) fn is_plain(&self) -> bool {
         self.cur.is_empty() && self.prev.is_empty()
     }
@@ -169,11 +198,9 @@ impl Held {
     /// lot older than `limit` becomes the previous one (a previous lot that
     /// is still there is settled first: it can only be younger than `2·limit`
     /// when readings went backwards).
+    #[cfg(not(pace_mutant = "holds_never_expire"))]
     pub(crate) fn at(mut self, now: u64, limit: u64) -> Held {
         let expired = |l: &Lot| !l.is_empty() && now >= l.since.saturating_add(2 * limit);
-        if cfg!(pace_mutant = "holds_never_expire") {
-            return self;
-        }
         if expired(&self.prev) {
             self.tat = self.prev.settle(self.tat);
             self.prev = Lot::EMPTY;
@@ -192,15 +219,18 @@ impl Held {
         self
     }
 
+    /// Known-wrong variant `holds_never_expire`: no lot ever expires, so a
+    /// leaked hold keeps its tokens and its row for good.
+    #[cfg(pace_mutant = "holds_never_expire")]
+    pub(crate) fn at(self, _: u64, _: u64) -> Held {
+        self
+    }
+
     /// The decision on `n` more tokens at `now`: admitted iff
     /// `max(tat, now) + held + n·T ≤ now + τ`. `Ok` carries the `tat` a
     /// debit of them would settle at.
     pub(crate) fn decide(&self, limits: &Limits, now: u64, n: u64) -> Result<u64, Decision> {
-        let held = if cfg!(pace_mutant = "decision_ignores_held") {
-            0
-        } else {
-            self.held()
-        };
+        let held = self.held_in_decision();
         // A reading may be anything: saturate (past MAX_TIME every decision
         // is `TimeExhausted`).
         let base = self.tat.max(now).saturating_add(held);
@@ -262,13 +292,11 @@ impl Held {
         if lot.cost == 0 {
             *lot = Lot::EMPTY;
         }
-        if keep {
-            next.tat = settle(next.tat, ticket.at, ticket.cost);
-        } else if cfg!(pace_mutant = "refund_rewinds_tat") {
-            // Known-wrong variant: a refund also takes its cost off the
-            // settled `tat`, returning tokens that other debits settled.
-            next.tat = next.tat.saturating_sub(ticket.cost);
-        }
+        next.tat = if keep {
+            settle(next.tat, ticket.at, ticket.cost)
+        } else {
+            refunded(next.tat, ticket.cost)
+        };
         Resolution::Done(next)
     }
 

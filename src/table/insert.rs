@@ -5,7 +5,7 @@
 use crossbeam_utils::Backoff;
 
 use super::array::Array;
-use super::cell::{self, CellState};
+use super::cell::{self, Cell, CellState};
 use super::held::{self, Held, Ticket, HELD};
 use super::keys::{NewRow, Probe};
 use super::{is_migrating, probe_seq, Admitted, Cx, Found, Table};
@@ -41,14 +41,21 @@ struct Claim<'t, 'g> {
 }
 
 impl Drop for Claim<'_, '_> {
+    #[cfg(not(pace_mutant = "claimed_left_on_panic"))]
     fn drop(&mut self) {
-        // Known-wrong variant: a claim whose check panicked stays claimed
-        // (its cell is lost to the array, `len` counts it for good).
-        if cfg!(pace_mutant = "claimed_left_on_panic") && std::thread::panicking() {
-            return;
-        }
         self.table
             .withdraw(self.arr, self.at, self.bits, self.guard);
+    }
+
+    /// Known-wrong variant `claimed_left_on_panic`: a claim whose check
+    /// panicked stays claimed (its cell is lost to the array, `len` counts
+    /// it for good).
+    #[cfg(pace_mutant = "claimed_left_on_panic")]
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.table
+                .withdraw(self.arr, self.at, self.bits, self.guard);
+        }
     }
 }
 
@@ -389,6 +396,7 @@ impl Table {
     /// Whether our claim in cell `at` of `my_arr` may become `key`'s row: no
     /// live row of the key on its sequence in any array, no claim of it
     /// earlier in ours, and our array still the newest.
+    #[cfg(not(pace_mutant = "verify_off"))]
     fn verify<P: Probe>(
         &self,
         hash: u64,
@@ -397,10 +405,6 @@ impl Table {
         at: usize,
         guard: &Guard,
     ) -> Verdict {
-        // Known-wrong variant: keep every claim unchecked.
-        if cfg!(pace_mutant = "verify_off") {
-            return Verdict::Keep;
-        }
         let still_newest = || !is_migrating(my_arr.next.load(Ordering::SeqCst, guard));
         let keep_if = |keep: bool| {
             if keep {
@@ -474,6 +478,12 @@ impl Table {
         }
     }
 
+    /// Known-wrong variant `verify_off`: every claim is kept unchecked.
+    #[cfg(pace_mutant = "verify_off")]
+    fn verify<P: Probe>(&self, _: u64, _: &P, _: &Array, _: usize, _: &Guard) -> Verdict {
+        Verdict::Keep
+    }
+
     /// The CAS loop that debits the plain row in cell `idx` of `arr`, which
     /// held `v` (live at `tat`, key half `bits`). `None` if the row was
     /// removed, frozen or held first (look again).
@@ -499,18 +509,7 @@ impl Table {
                         tat: new,
                     }
                     .encode();
-                    // Known-wrong variant: decide on the value read, then
-                    // write, so two debits that read one state both land.
-                    if cfg!(pace_mutant = "check_then_debit") {
-                        arr.cells[idx].store(next);
-                        return Some(Ok(Admitted {
-                            tat: new,
-                            prev: tat,
-                            created: false,
-                            lot: 0,
-                        }));
-                    }
-                    match arr.cells[idx].cas(v, next) {
+                    match write_debit(&arr.cells[idx], v, next) {
                         Ok(_) => {
                             return Some(Ok(Admitted {
                                 tat: new,
@@ -589,4 +588,20 @@ impl Table {
             }
         }
     }
+}
+
+/// Writes a debit decided on the cell's value `v`: a CAS from `v`, so a
+/// debit lands only on the state it was decided on (`Err`: the value found).
+#[cfg(not(pace_mutant = "check_then_debit"))]
+#[inline(always)]
+fn write_debit(cell: &Cell, v: u128, next: u128) -> Result<u128, u128> {
+    cell.cas(v, next)
+}
+
+/// Known-wrong variant `check_then_debit`: decide on the value read, then
+/// store, so two debits that read one state both land.
+#[cfg(pace_mutant = "check_then_debit")]
+fn write_debit(cell: &Cell, v: u128, next: u128) -> Result<u128, u128> {
+    cell.store(next);
+    Ok(v)
 }

@@ -32,8 +32,8 @@
 use crossbeam_utils::Backoff;
 
 use super::array::{retire_array, Array};
-use super::cell::{self, CellState};
-use super::held::{Held, HELD};
+use super::cell::{self, Cell, CellState};
+use super::held::HELD;
 use super::sweep::prefetch;
 use super::{
     is_migrating, probe_seq, Cx, Table, CALL_CELLS, CHUNK, CHURN_FACTOR, PENDING, SPARSE_ROWS,
@@ -47,29 +47,58 @@ use crate::sync::{fence, snooze, Ordering};
 /// linear-probing runs) is churning: its target gives rows at most
 /// `1 / CHURN_FACTOR` of it, where
 /// runs stay short enough for reuse and cleaning to keep up, so churn at a
-/// steady number of live rows stops migrating (known-wrong variant
-/// `no_clean`, which stops cleaning, turns this off too).
-/// And, if there is anything to copy, room for one new row per
-/// chunk beyond the copies (3/4 of an array is claimable at least): a
-/// thread copies a chunk in each call, so one thread never finds the target
-/// full before the copy ends (which would make its insert copy every chunk
-/// left). (Known-wrong variant `no_room_for_new_rows`: size from the rows
-/// alone.) `used` counts the old array's claimed entries (rows, tombstones,
-/// claims), `len` its size, `chunks` its copy chunks.
+/// steady number of live rows stops migrating.
+/// And room for the copies ([`room_for_copies`]). `used` counts the old
+/// array's claimed entries (rows, tombstones, claims), `len` its size,
+/// `chunks` its copy chunks.
 fn target_size(rows: usize, used: usize, len: usize, chunks: usize, min: usize) -> usize {
-    let churning = !cfg!(pace_mutant = "no_clean") && used.saturating_sub(rows) >= len / 4;
-    let room = if rows == 0 || cfg!(pace_mutant = "no_room_for_new_rows") {
-        0
+    let factor = if churning(rows, used, len) {
+        CHURN_FACTOR
     } else {
-        rows.saturating_add(chunks + 1)
-            .saturating_mul(4)
-            .div_ceil(3)
+        2
     };
-    rows.saturating_mul(if churning { CHURN_FACTOR } else { 2 })
+    rows.saturating_mul(factor)
         .saturating_add(2)
-        .max(room)
+        .max(room_for_copies(rows, chunks))
         .max(min)
         .next_power_of_two()
+}
+
+/// Whether tombstones hold a quarter of an array of `len` cells with `used`
+/// claimed and `rows` live.
+#[cfg(not(pace_mutant = "no_clean"))]
+#[inline]
+fn churning(rows: usize, used: usize, len: usize) -> bool {
+    used.saturating_sub(rows) >= len / 4
+}
+
+/// Known-wrong variant `no_clean` (which also stops cleaning): no array is
+/// sized for churn.
+#[cfg(pace_mutant = "no_clean")]
+fn churning(_: usize, _: usize, _: usize) -> bool {
+    false
+}
+
+/// The cells a target needs so that, if there is anything to copy, it has
+/// room for one new row per chunk beyond the copies (3/4 of an array is
+/// claimable at least): a thread copies a chunk in each call, so one thread
+/// never finds the target full before the copy ends (which would make its
+/// insert copy every chunk left).
+#[cfg(not(pace_mutant = "no_room_for_new_rows"))]
+fn room_for_copies(rows: usize, chunks: usize) -> usize {
+    if rows == 0 {
+        return 0;
+    }
+    rows.saturating_add(chunks + 1)
+        .saturating_mul(4)
+        .div_ceil(3)
+}
+
+/// Known-wrong variant `no_room_for_new_rows`: a target is sized from its
+/// rows alone.
+#[cfg(pace_mutant = "no_room_for_new_rows")]
+fn room_for_copies(_: usize, _: usize) -> usize {
+    0
 }
 
 impl Table {
@@ -215,14 +244,8 @@ impl Table {
                     | CellState::FrozenClaimed { .. }
                     | CellState::FrozenLive { .. }
                     | CellState::Moved { .. } => break v,
-                    // Known-wrong variant: copy a row without freezing it,
-                    // so a debit between the read and `Moved` is lost.
-                    CellState::Live { .. } if cfg!(pace_mutant = "copy_unfrozen") => {
-                        break cell::freeze(v);
-                    }
                     _ => {
-                        let f = cell::freeze(v);
-                        if cell.cas(v, f).is_ok() {
+                        if let Some(f) = freeze_for_copy(cell, v) {
                             break f;
                         }
                     }
@@ -234,24 +257,15 @@ impl Table {
                 // frozen).
                 let hash = unsafe { self.row_hash(key, cx.hash_of, guard) };
                 // A held row (`tat` at least `HELD`, a record) is never
-                // full: copied as it is, with its record. (Known-wrong
-                // variant `copy_removes_held`: removed when its settled
-                // `tat` is full, losing the held tokens.)
-                let last = if tat >= HELD && cfg!(pace_mutant = "copy_removes_held") {
-                    // SAFETY: `tat` is the field of a live cell this copier
-                    // froze, read under `guard`.
-                    unsafe { Held::of(tat, guard) }.tat
-                } else {
-                    tat
-                };
+                // full: copied as it is, with its record.
+                // SAFETY: `tat` is the field of a live cell this copier
+                // froze, read under `guard`.
+                let last = unsafe { full_from(tat, guard) };
                 if last < HELD && last <= cx.now {
                     // Full: removed here, not copied. The floor first, then
                     // the cell closed (Release): whoever finds the key gone
-                    // reads a floor at least `last`. (Known-wrong variant
-                    // `copy_drops_without_floor`: no floor raised.)
-                    if !cfg!(pace_mutant = "copy_drops_without_floor") {
-                        self.floors.raise(hash, last);
-                    }
+                    // reads a floor at least `last`.
+                    self.raise_for_copy(hash, last);
                     cell.store(CellState::Closed.encode());
                     removed += 1;
                     if self.boxed.is_some() {
@@ -316,13 +330,7 @@ impl Table {
                 self.hint.0.store(n.cells.as_ptr() as usize, relaxed);
                 self.hint.1.store(n.mask(), relaxed);
             }
-            // (Known-wrong variant `passes_die_with_their_array`: the pass
-            // is not started again on the new array.)
-            if o.sweep_next.load(Ordering::Relaxed) < o.cells.len()
-                && !cfg!(pace_mutant = "passes_die_with_their_array")
-            {
-                n.sweep_next.store(0, Ordering::Relaxed);
-            }
+            carry_pass(o, n);
             // SAFETY: `old` is unreachable from `current` now; readers that
             // still hold it pinned before this, and the epoch frees it
             // after them. It owns no heap per row; it is retired once (only
@@ -331,3 +339,78 @@ impl Table {
         }
     }
 }
+
+/// When a frozen row whose `tat` field is `tat` is full: at `tat` for a
+/// plain row; a held row's field (at least `HELD`) is never full.
+///
+/// # Safety
+/// `tat` is the field of a live cell read under `guard`.
+#[cfg(not(pace_mutant = "copy_removes_held"))]
+#[inline]
+unsafe fn full_from(tat: u64, _guard: &Guard) -> u64 {
+    tat
+}
+
+/// Known-wrong variant `copy_removes_held`: a held row is judged by its
+/// settled `tat` alone, so a copy removes it, losing the held tokens.
+///
+/// # Safety
+/// As for the right variant.
+#[cfg(pace_mutant = "copy_removes_held")]
+unsafe fn full_from(tat: u64, guard: &Guard) -> u64 {
+    if tat < HELD {
+        return tat;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { super::held::Held::of(tat, guard) }.tat
+}
+
+impl Table {
+    /// A copier removing a full row raises its key's floor to the row's
+    /// `tat` first, as a sweep does.
+    #[cfg(not(pace_mutant = "copy_drops_without_floor"))]
+    #[inline]
+    fn raise_for_copy(&self, hash: u64, tat: u64) {
+        self.floors.raise(hash, tat);
+    }
+
+    /// Known-wrong variant `copy_drops_without_floor`: the row is removed
+    /// without raising the floor, so a stale reserve of its key starts from
+    /// an older one.
+    #[cfg(pace_mutant = "copy_drops_without_floor")]
+    fn raise_for_copy(&self, _: u64, _: u64) {}
+}
+
+/// Freezes a copier's cell, read as `v`: `None` when it changed first.
+#[cfg(not(pace_mutant = "copy_unfrozen"))]
+#[inline]
+fn freeze_for_copy(cell: &Cell, v: u128) -> Option<u128> {
+    let f = cell::freeze(v);
+    cell.cas(v, f).is_ok().then_some(f)
+}
+
+/// Known-wrong variant `copy_unfrozen`: a live row is copied without
+/// freezing its cell, so a debit between the read and `Moved` is lost.
+#[cfg(pace_mutant = "copy_unfrozen")]
+fn freeze_for_copy(cell: &Cell, v: u128) -> Option<u128> {
+    let f = cell::freeze(v);
+    if matches!(CellState::decode(v), CellState::Live { .. }) {
+        return Some(f);
+    }
+    cell.cas(v, f).is_ok().then_some(f)
+}
+
+/// A sweep pass that was running on the old array `o` of a finished
+/// migration goes on in the new one `n`.
+#[cfg(not(pace_mutant = "passes_die_with_their_array"))]
+#[inline]
+fn carry_pass(o: &Array, n: &Array) {
+    if o.sweep_next.load(Ordering::Relaxed) < o.cells.len() {
+        n.sweep_next.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Known-wrong variant `passes_die_with_their_array`: the pass is not
+/// started again on the new array.
+#[cfg(pace_mutant = "passes_die_with_their_array")]
+fn carry_pass(_: &Array, _: &Array) {}

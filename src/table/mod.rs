@@ -708,9 +708,7 @@ impl Table {
                         false,
                     ),
                     Refund::Full => {
-                        if !cfg!(pace_mutant = "refund_keeps_floor") {
-                            self.floors.raise(hash, prev);
-                        }
+                        self.floors.raise_refunded(hash, prev);
                         (CellState::Tomb.encode(), true)
                     }
                 };
@@ -731,9 +729,8 @@ impl Table {
                             cas_retry(&backoff);
                         }
                         // Frozen by a copier: find it in the target.
-                        // (Known-wrong variant: give up, losing the refund.)
                         CellState::FrozenLive { .. } | CellState::Moved { .. }
-                            if !cfg!(pace_mutant = "refund_gives_up_on_frozen") =>
+                            if refund_follows_copies() =>
                         {
                             continue 'find
                         }
@@ -947,6 +944,21 @@ impl Drop for Table {
             }
         }
     }
+}
+
+/// Whether a refund that finds its row frozen or moved by a copier looks
+/// for it in the target: always.
+#[cfg(not(pace_mutant = "refund_gives_up_on_frozen"))]
+#[inline]
+const fn refund_follows_copies() -> bool {
+    true
+}
+
+/// Known-wrong variant `refund_gives_up_on_frozen`: such a refund gives up,
+/// losing the tokens.
+#[cfg(pace_mutant = "refund_gives_up_on_frozen")]
+const fn refund_follows_copies() -> bool {
+    false
 }
 
 #[cfg(all(test, not(loom)))]

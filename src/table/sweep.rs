@@ -95,27 +95,21 @@ impl Table {
             let cell = &arr.cells[idx];
             let v = cell.load();
             if let CellState::Live { key, tat } = CellState::decode(v) {
-                // A held row is not full, whatever its settled `tat`: its
-                // expired lots are settled. (Known-wrong variant
-                // `sweep_removes_held`: removed when its settled `tat` is
-                // full, losing the held tokens.)
+                // A held row is not full, whatever its settled `tat`.
                 let tat = if tat < HELD {
                     tat
-                } else if cfg!(pace_mutant = "sweep_removes_held") {
-                    // SAFETY: `tat` is the field of a live cell read under
-                    // `guard`.
-                    unsafe { Held::of(tat, guard) }.tat
                 } else {
-                    self.settle_expired(arr, idx, v, tat, now, guard);
-                    continue;
+                    // SAFETY: `tat` is the field of a live cell read
+                    // under `guard`.
+                    let Some(tat) = (unsafe { self.sweep_held(arr, idx, v, tat, now, guard) })
+                    else {
+                        continue;
+                    };
+                    tat
                 };
                 if tat <= now {
-                    if !cfg!(pace_mutant = "sweep_keeps_floor") {
-                        // SAFETY: `key` was read under `guard` from a live
-                        // cell.
-                        let hash = unsafe { self.row_hash(key, hash_of, guard) };
-                        self.floors.raise(hash, tat);
-                    }
+                    // SAFETY: `key` was read under `guard` from a live cell.
+                    unsafe { self.raise_swept_floor(key, tat, hash_of, guard) };
                     if cell.cas(v, CellState::Tomb.encode()).is_ok() {
                         removed += 1;
                         if self.boxed.is_some() {
@@ -137,11 +131,17 @@ impl Table {
         removed
     }
 
-    /// Settles the lots of the held row in cell `idx` of `arr` (value `v`,
-    /// record field `field`) that expired by `now`, so that
-    /// a hold nobody resolves does not keep its row for good. A row that
+    /// A sweep meets the held row in cell `idx` of `arr` (value `v`, record
+    /// field `field`, read under `guard` from a live cell): it settles the
+    /// lots that expired by `now`, so that a hold nobody resolves does not
+    /// keep its row for good, and keeps the row (held tokens are not full).
+    /// `Some(tat)` would judge the row by that settled `tat`. A row that
     /// changed first is left to the next pass.
-    fn settle_expired(
+    ///
+    /// # Safety
+    /// `field` is the `tat` field of a live cell read under `guard`.
+    #[cfg(not(pace_mutant = "sweep_removes_held"))]
+    unsafe fn sweep_held(
         &self,
         arr: &Array,
         idx: usize,
@@ -149,16 +149,56 @@ impl Table {
         field: u64,
         now: u64,
         guard: &Guard,
-    ) {
-        // SAFETY: `field` is the field of a live cell read under `guard`.
+    ) -> Option<u64> {
+        // SAFETY: `field` is the field of a live cell read under `guard`
+        // (this function's contract).
         let was = unsafe { Held::of(field, guard) };
         let next = was.at(now, self.hold_limit);
-        if next == was {
-            return;
+        if next != was {
+            // A row that changed first is left to the next pass.
+            let _ = self.replace_row(arr, idx, v, next, guard);
         }
-        // A row that changed first is left to the next pass.
-        let _ = self.replace_row(arr, idx, v, next, guard);
+        None
     }
+
+    /// Known-wrong variant `sweep_removes_held`: a held row is judged by its
+    /// settled `tat` alone, so a sweep removes it with its held tokens.
+    #[cfg(pace_mutant = "sweep_removes_held")]
+    unsafe fn sweep_held(
+        &self,
+        _: &Array,
+        _: usize,
+        _: u128,
+        field: u64,
+        _: u64,
+        guard: &Guard,
+    ) -> Option<u64> {
+        // SAFETY: this function's contract.
+        Some(unsafe { Held::of(field, guard) }.tat)
+    }
+
+    /// Raises the floor of the row of `key` (read under `guard` from a live
+    /// cell) to its `tat` before a sweep removes it.
+    ///
+    /// # Safety
+    /// `key` is the key half of a live cell read under `guard`.
+    #[cfg(not(pace_mutant = "sweep_keeps_floor"))]
+    unsafe fn raise_swept_floor(
+        &self,
+        key: u64,
+        tat: u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) {
+        // SAFETY: this function's contract.
+        let hash = unsafe { self.row_hash(key, hash_of, guard) };
+        self.floors.raise(hash, tat);
+    }
+
+    /// Known-wrong variant `sweep_keeps_floor`: a swept row's debt is
+    /// forgotten (its key's floor is not raised).
+    #[cfg(pace_mutant = "sweep_keeps_floor")]
+    unsafe fn raise_swept_floor(&self, _: u64, _: u64, _: &dyn Fn(u64) -> u64, _: &Guard) {}
 
     /// Starts a sweep pass on the current array: at once if it has at most
     /// [`SWEEP_AT_ONCE`] cells and is not migrating, else a chunk per call
@@ -167,12 +207,7 @@ impl Table {
     pub(crate) fn start_sweep(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
         let mut arr = self.array(guard);
         let mut migrating = is_migrating(arr.next.load(Ordering::Acquire, guard));
-        // (Known-wrong variant `pass_waits_for_migration`: the pass is left
-        // to later calls, chunk by chunk in the target.)
-        if migrating
-            && arr.cells.len() <= SWEEP_AT_ONCE
-            && !cfg!(pace_mutant = "pass_waits_for_migration")
-        {
+        if migrating && arr.cells.len() <= SWEEP_AT_ONCE {
             // A small array's pass does not wait for its migration: it
             // copies what is left of it (at most `SWEEP_AT_ONCE` cells, the
             // rows full at `now` removed, not copied), and sweeps the
@@ -189,14 +224,8 @@ impl Table {
         }
         // Any cursor at or past the end means no pass runs (`SWEEP_IDLE`,
         // plus the chunks callers claimed late).
-        // (Known-wrong variant `sweep_cursor_stuck`: restart only from
-        // exactly `SWEEP_IDLE`, so a late claim stops every later pass.)
         let at = arr.sweep_next.load(Ordering::Relaxed);
-        let idle = if cfg!(pace_mutant = "sweep_cursor_stuck") {
-            SWEEP_IDLE
-        } else {
-            at
-        };
+        let idle = restart_from(at);
         if at >= arr.cells.len() {
             let _ = arr
                 .sweep_next
@@ -246,6 +275,7 @@ impl Table {
     /// Copies the chunks of `arr`'s migration that are left to claim, while
     /// `arr` is current and its target allocated: never waits for another
     /// caller.
+    #[cfg(not(pace_mutant = "pass_waits_for_migration"))]
     fn copy_rest(&self, arr: &Array, cx: &Cx<'_>, guard: &Guard) {
         while std::ptr::eq(self.array(guard), arr)
             && self.target(arr, guard).is_some()
@@ -254,6 +284,12 @@ impl Table {
             self.help(cx, guard);
         }
     }
+
+    /// Known-wrong variant `pass_waits_for_migration`: a pass due on a
+    /// small migrating array copies nothing, and is left to later calls,
+    /// chunk by chunk in the target.
+    #[cfg(pace_mutant = "pass_waits_for_migration")]
+    fn copy_rest(&self, _: &Array, _: &Cx<'_>, _: &Guard) {}
 
     /// After a sweep pass: shrinks a sparse array, or resizes a churning
     /// one.
@@ -270,11 +306,8 @@ impl Table {
     /// grew before any row was swept, for rows alone). Once the rows take at
     /// most 1/8 the condition no longer holds, so a steady flood resizes at
     /// most once; a shrink (rows under 1/16) sizes its target for churn too.
-    /// (Known-wrong variant `no_churn_resize`: never.)
+    #[cfg(not(pace_mutant = "no_churn_resize"))]
     fn resize_if_churning(&self, cx: &Cx<'_>, guard: &Guard) {
-        if cfg!(pace_mutant = "no_churn_resize") {
-            return;
-        }
         let arr = self.array(guard);
         let n = arr.cells.len();
         let rows = self.len();
@@ -287,6 +320,11 @@ impl Table {
             self.start_migration(arr, cx, guard);
         }
     }
+
+    /// Known-wrong variant `no_churn_resize`: a churning array is never
+    /// resized for churn.
+    #[cfg(pace_mutant = "no_churn_resize")]
+    fn resize_if_churning(&self, _: &Cx<'_>, _: &Guard) {}
 
     /// Migrates the current array to a smaller one when rows fill less than
     /// 1/16 of its cells (and it is above the table's minimum). An empty
@@ -333,4 +371,19 @@ impl Table {
         let arr = self.array(guard);
         arr.sweep_next.load(Ordering::Relaxed) < arr.cells.len()
     }
+}
+
+/// The cursor value a new pass may start from: any at or past the end of
+/// the array (`SWEEP_IDLE`, plus the chunks callers claimed late).
+#[cfg(not(pace_mutant = "sweep_cursor_stuck"))]
+#[inline]
+fn restart_from(at: usize) -> usize {
+    at
+}
+
+/// Known-wrong variant `sweep_cursor_stuck`: a pass restarts only from
+/// exactly `SWEEP_IDLE`, so a late chunk claim stops every later pass.
+#[cfg(pace_mutant = "sweep_cursor_stuck")]
+fn restart_from(_: usize) -> usize {
+    SWEEP_IDLE
 }

@@ -16,11 +16,8 @@ use std::net::Ipv4Addr;
 /// target fills, would wait for good) or a sweep's removals uncounted. A
 /// limiter with any other hasher boxes its keys with their hash
 /// (`keys.rs`), so its hasher runs only before anything changes.
-/// (Known-wrong variant `inline_any_hasher`: trust every hasher.)
+#[cfg(not(pace_mutant = "inline_any_hasher"))]
 pub(crate) fn hasher_cannot_panic<S: ?Sized>() -> bool {
-    if cfg!(pace_mutant = "inline_any_hasher") {
-        return true;
-    }
     let id = typeid::of::<S>();
     #[cfg(feature = "foldhash")]
     if id == TypeId::of::<crate::pace::FastHasher>() {
@@ -30,6 +27,12 @@ pub(crate) fn hasher_cannot_panic<S: ?Sized>() -> bool {
         || id
             == TypeId::of::<std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>>(
             )
+}
+
+/// Known-wrong variant `inline_any_hasher`: every hasher is trusted.
+#[cfg(pace_mutant = "inline_any_hasher")]
+pub(crate) fn hasher_cannot_panic<S: ?Sized>() -> bool {
+    true
 }
 
 /// A word-sized key type.

@@ -1,0 +1,64 @@
+// The crate's known-wrong variants ("mutants"), one line each: the name
+// that builds it (`PACE_MUTANT=name`, see build.rs), where its pair of
+// functions lives, and what the wrong one does. Each is a pair of functions
+// of one signature, the right one under `cfg(not(pace_mutant = "name"))`
+// and the wrong one beside it under `cfg(pace_mutant = "name")`; no
+// protocol function branches on a mutant.
+//
+// This list is the registry: build.rs includes this file and declares
+// exactly these names as the values of `cfg(pace_mutant)`, so a variant
+// not listed here is an unexpected cfg (a warning, an error under CI's
+// clippy), and `.ci/suites/15-mutants.sh` fails when a name here is not
+// in the sources or is run by no suite. The suites (`10-loom.sh`,
+// `15-mutants.sh`) build each one and check that its test or model fails
+// with its own message.
+//
+// (A plain file, not a module: build.rs includes it with `include!`.)
+
+/// `(name, where, what the wrong variant does)`.
+pub const MUTANTS: &[(&str, &str, &str)] = &[
+    ("all_first_only", "all.rs", "only the first pair's denial counts"),
+    ("all_no_refund", "all.rs", "pairs held before a denial keep their debits"),
+    ("all_refund_oldest_first", "all.rs", "pairs held before a denial are refunded oldest first"),
+    ("arrays_wait_for_a_full_bag", "table/array.rs", "a retired array waits for its thread's garbage bag to fill"),
+    ("check_then_debit", "table/insert.rs", "a debit is stored after a load, not by a CAS from it"),
+    ("claimed_left_on_panic", "table/insert.rs", "a claim whose key check panicked stays claimed"),
+    ("clean_without_fence", "table/clean.rs", "a tombstone is emptied on a read of the next cell, without a fence"),
+    ("copy_drops_without_floor", "table/migrate.rs", "a copier removes a full row without raising its floor"),
+    ("copy_removes_held", "table/migrate.rs", "a copier judges a held row by its settled tat alone"),
+    ("copy_unfrozen", "table/migrate.rs", "a live row is copied without freezing its cell"),
+    ("decision_ignores_held", "table/held.rs", "a decision counts no held token"),
+    ("fresh_row_from_zero", "table/floor.rs", "a fresh row starts from zero, not its key's floor"),
+    ("gate_async_drop_keeps_turn", "gate/admit_async.rs", "a dropped first waiter wakes nobody"),
+    ("gate_cancel_no_notify", "gate/queue.rs", "a cancel sets its flag and wakes nobody"),
+    ("gate_no_fence", "gate/state.rs", "no fence between a release and a new waiter"),
+    ("gate_no_wake_on_rollback", "gate/state.rs", "a slot rolled back for lack of bytes wakes nobody"),
+    ("gate_shrink_keeps_excess", "gate/permit.rs", "a shrunk permit's excess bytes never return"),
+    ("gate_unchecked_bytes", "gate/state.rs", "bytes are checked against a stale reading, then added blindly"),
+    ("holds_never_expire", "table/held.rs", "no held lot ever expires"),
+    ("inline_any_hasher", "table/words.rs", "any hasher is trusted with keys held as their own bits"),
+    ("journal_no_lock", "gate/journal.rs", "a journal takes no file lock"),
+    ("journal_no_resync", "gate/journal.rs", "everything after the first bad bytes is taken as the tail"),
+    ("journal_no_rollback", "gate/journal.rs", "a failed append's bytes stay in the file"),
+    ("journal_open_truncates_damage", "gate/journal.rs", "opening a damaged journal cuts it at the first bad byte"),
+    ("journal_truncates_foreign", "gate/journal.rs", "a file that never was a journal is truncated as a torn tail"),
+    ("no_churn_resize", "table/sweep.rs", "a churning array is never resized for churn"),
+    ("no_clean", "table/clean.rs, table/migrate.rs", "tombstones are never cleaned, and no target is sized for churn"),
+    ("no_room_for_new_rows", "table/migrate.rs", "a target is sized from its rows alone"),
+    ("pass_waits_for_migration", "table/sweep.rs", "a pass due on a small migrating array is left to later calls"),
+    ("passes_die_with_their_array", "table/migrate.rs", "a sweep pass is not carried to the new array"),
+    ("quota_cost_of_default", "pace.rs", "a call's quota gives the horizon, the default's interval the cost"),
+    ("quota_read_twice", "pace.rs", "the default quota is read twice, mixing two quotas"),
+    ("refund_gives_up_on_frozen", "table/mod.rs", "a refund that finds its row frozen by a copier gives up"),
+    ("refund_ignores_origin", "pace.rs", "a debit is refunded to any limiter and key"),
+    ("refund_keeps_floor", "table/floor.rs", "a refund that fills a row removes it without raising its floor"),
+    ("refund_rewinds_tat", "table/held.rs", "a hold's refund also takes its cost off the settled tat"),
+    ("refund_undrained", "bucket.rs", "a refund subtracts its undrained part from whatever the bucket holds"),
+    ("settle_unclamped", "table/held.rs", "a kept hold settles without the clamp at its own reading"),
+    ("sweep_at_default_cadence", "pace.rs", "passes keep the default quota's cadence"),
+    ("sweep_cursor_stuck", "table/sweep.rs", "a pass restarts only from exactly SWEEP_IDLE"),
+    ("sweep_keeps_floor", "table/sweep.rs", "a swept row's floor is not raised"),
+    ("sweep_removes_held", "table/sweep.rs", "a held row is judged by its settled tat alone"),
+    ("turn_before_its_slot", "pace.rs", "a turn is let through when decided, before its slot"),
+    ("verify_off", "table/insert.rs", "every claim is kept unchecked"),
+];
