@@ -214,12 +214,12 @@ expect_caught arrays_wait_for_a_full_bag memory "retired arrays are not freed" "
 #   passes_die_with_their_array: a pass that meets a migration is not started
 #     again on the new array (tests/growth.rs)
 #   sweep_cursor_stuck: a chunk claimed after its pass ended leaves a cursor
-#     from which no later pass starts (src/pace.rs, a unit test)
+#     from which no later pass starts (src/pace/tests.rs, a unit test)
 expect_caught passes_die_with_their_array growth "did not run on the new array" --release \
     cells::a_pass_due_during_a_migration_runs_on_the_new_array \
     entries::a_pass_due_during_a_migration_runs_on_the_new_array
 expect_caught sweep_cursor_stuck lib "no pass ran after a late claim" --release \
-    pace::sweep_cursor::a_late_chunk_claim_does_not_stop_later_passes
+    pace::tests::sweep_cursor::a_late_chunk_claim_does_not_stop_later_passes
 
 # pace-redis (its tests start their own redis-server on loopback): the
 # script's quota per call and turns (tests/equivalence.rs, tests/acquire.rs)

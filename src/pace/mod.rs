@@ -1,0 +1,773 @@
+//! The keyed limiter: the table, the bucket rule and the sweep policy.
+
+use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use crate::bucket::{Decision, Limits};
+use crate::clock::{Clock, DefaultClock};
+use crate::rate::{ConfigError, Quota, Rate};
+use crate::sync::epoch::Guard;
+use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
+use crate::table::held::Ticket;
+use crate::table::keys::{self, Bits, Boxed};
+use crate::table::quota::QuotaCell;
+use crate::table::words::{self, Borrowed, WordKey};
+use crate::table::Table;
+
+/// Default smallest slot array: the table shrinks back to this.
+const DEFAULT_MIN_SLOTS: usize = 64;
+/// Below this many rows, growth alone does not trigger a sweep.
+const SWEEP_FLOOR: usize = 64;
+/// The shortest time between two time-driven sweeps.
+const MIN_HORIZON_NS: u64 = 1_000_000;
+
+/// A lock-free keyed pace limiter: one token bucket per key.
+///
+/// Each key gets a bucket holding (by default) one second of the declared
+/// rate, refilled continuously. [`reserve`](Pace::reserve) debits and decides
+/// in one atomic step; the caller [`refund`](Reservation::refund)s a
+/// reservation when the exchange did not happen. A full bucket is the same as
+/// no bucket, so rows that refilled are removed and memory follows the keys
+/// that exchanged within the last horizon, not the keys anyone named.
+///
+/// The limit is per process: N replicas behind a balancer give a client up
+/// to N times the rate.
+///
+/// ```
+/// use pace::{Pace, Rate};
+///
+/// let pace: Pace<String> = Pace::new(Rate::per_second(2)?);
+/// let _first = pace.reserve("client-7").expect("a fresh key is full");
+/// let second = pace.reserve("client-7").expect("capacity is 2");
+/// let denied = pace.reserve("client-7").unwrap_err();
+/// assert!(denied.retry_after() > std::time::Duration::ZERO);
+/// second.refund(); // that exchange did not happen after all: undone
+/// assert!(pace.reserve("client-7").is_ok());
+/// # Ok::<(), pace::ConfigError>(())
+/// ```
+pub struct Pace<K, S = RandomState, C = DefaultClock> {
+    rows: Rows<K>,
+    /// The default quota: what `reserve` decides with.
+    quota: QuotaCell,
+    hasher: S,
+    clock: C,
+    /// The time between time-driven sweep passes: the default quota's
+    /// horizon (at least `MIN_HORIZON_NS`).
+    horizon: AtomicU64,
+    /// When the next time-driven sweep is due (ns on the clock).
+    next_sweep: CachePadded<AtomicU64>,
+    /// Rows left by the last sweep; a sweep also runs when `len` doubles it.
+    sweep_mark: AtomicUsize,
+    epochs: Epochs,
+    /// This limiter's identity, carried by every [`Debit`] it hands out so
+    /// that a debit refunded to another limiter returns nothing.
+    id: u64,
+}
+
+/// The identities of limiters: each `build` takes the next one. (A plain std
+/// atomic: it orders nothing, so loom need not model it.)
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A limiter's rows: one table of 16-byte cells for every key type
+/// (DESIGN.md §2). A cell's key half holds a word-sized key's (`u64`, `i32`,
+/// `char`, `Ipv4Addr`, …) own bits when the hasher is std's `RandomState`
+/// (the default), `BuildHasherDefault<DefaultHasher>` or `FastHasher`; any
+/// other key, or any other hasher, is boxed with its hash.
+struct Rows<K> {
+    table: Table,
+    /// `Some` when cells hold the keys' own bits, `None` when keys are
+    /// boxed.
+    word: Option<WordKey<K>>,
+    _owns: keys::Owns<K>,
+}
+
+/// How a builder stores word-sized keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Only `ByType` is built without the `internals` feature.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
+enum RowsPick {
+    /// Their own bits when the hasher is one whose hash of an integer
+    /// cannot panic (`words::hasher_cannot_panic`), else boxed.
+    ByType,
+    /// Boxed (`Builder::boxed_keys`).
+    Boxed,
+    /// Their own bits whatever the hasher (`Builder::inline_keys_any_hasher`).
+    InlineAnyHasher,
+}
+
+/// Runs `$body` with `$p` bound to the probe of `$key` (hash `$hash`) in
+/// `$rows` under `$guard`: its own bits, a borrowed form of a word key, or
+/// a boxed key. (A macro: each arm's probe is a different type.)
+macro_rules! with_probe {
+    ($rows:expr, $key:expr, $hash:expr, $guard:expr, |$p:ident| $body:expr) => {
+        match $rows.word {
+            Some(word) => match word.bits_of($key) {
+                Some(bits) => {
+                    let $p = &Bits(bits);
+                    $body
+                }
+                None => {
+                    let $p = &Borrowed { word, key: $key };
+                    $body
+                }
+            },
+            None => {
+                let $p = &Boxed::<K, _>::new($key, $hash, $guard);
+                $body
+            }
+        }
+    };
+}
+
+/// What a limiter's table holds, from [`Pace::memory`]. Bytes are those
+/// requested from the allocator (its own per-allocation overhead excluded),
+/// not counting what keys own on the heap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// Cells (16 bytes each) of the array new rows go to.
+    pub slots: usize,
+    /// Bytes of the cell arrays in use: the current one and, while a
+    /// migration runs, its target.
+    pub array_bytes: usize,
+    /// Bytes of the rows' key boxes: `rows` x the bytes of one box when
+    /// keys are boxed, 0 when cells hold the keys' own bits (DESIGN.md §2).
+    pub entry_bytes: usize,
+    /// Bytes of the floors (a fixed array per limiter).
+    pub floor_bytes: usize,
+    /// Rows held.
+    pub rows: usize,
+}
+
+impl<K, S, C> Pace<K, S, C> {
+    /// The default quota: what [`reserve`](Pace::reserve) decides with.
+    pub fn quota(&self) -> Quota {
+        *self.quota.load(&self.pin())
+    }
+
+    /// Replaces the default quota while the limiter runs, without a lock:
+    /// each reserve decides with the quota it loaded, the old or the new one,
+    /// never a mix. No key's debt is lost or reset: a row stores only the
+    /// time its bucket is full again, whichever quota debited it. Sweep
+    /// passes follow the new quota's horizon.
+    pub fn set_quota(&self, quota: Quota) {
+        self.horizon
+            .store(quota.limits().tau().max(MIN_HORIZON_NS), Ordering::Relaxed);
+        self.quota.store(quota, &self.pin());
+    }
+
+    /// The default quota's rate.
+    pub fn rate(&self) -> Rate {
+        self.quota().rate()
+    }
+
+    /// Tokens a bucket holds when full, under the default quota.
+    pub fn capacity(&self) -> u64 {
+        self.quota().capacity()
+    }
+
+    /// The time an empty bucket takes to refill under the default quota
+    /// (`capacity x interval`): after this long without exchanges every row
+    /// debited under it is full, hence removable.
+    pub fn horizon(&self) -> Duration {
+        self.quota().horizon()
+    }
+
+    /// Rows held now: keys whose bucket is not known to be full.
+    pub fn len(&self) -> usize {
+        self.rows.table.len()
+    }
+
+    /// True when no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The hasher this limiter hashes keys with.
+    pub fn hasher(&self) -> &S {
+        &self.hasher
+    }
+
+    /// What the table holds now (see [`MemoryStats`]).
+    pub fn memory(&self) -> MemoryStats {
+        let guard = self.pin();
+        let rows = self.len();
+        let t = &self.rows.table;
+        MemoryStats {
+            slots: t.cells(&guard),
+            array_bytes: t.array_bytes(&guard),
+            entry_bytes: rows * self.entry_bytes_of(),
+            floor_bytes: t.floor_bytes(),
+            rows,
+        }
+    }
+
+    /// Slots of the array new rows go to: [`MemoryStats::slots`]. Feature
+    /// `internals`: not a stable API, for models, fuzz targets and
+    /// benchmarks.
+    #[cfg(feature = "internals")]
+    pub fn table_slots(&self) -> usize {
+        self.memory().slots
+    }
+
+    /// Bytes of the table's slot arrays (both while a migration runs) and
+    /// floors. Each row adds one entry allocation of
+    /// [`entry_bytes`](Pace::entry_bytes) plus what its key owns. Feature
+    /// `internals`: not a stable API, for models, fuzz targets and
+    /// benchmarks.
+    #[cfg(feature = "internals")]
+    pub fn table_bytes(&self) -> usize {
+        let m = self.memory();
+        m.array_bytes + m.floor_bytes
+    }
+
+    /// Bytes of one row's key box (hash and key, not what the key owns on
+    /// the heap) when keys are boxed; 0 when cells hold the keys' own bits.
+    /// Feature `internals`: not a stable API, for models, fuzz targets and
+    /// benchmarks.
+    #[cfg(feature = "internals")]
+    pub fn entry_bytes(&self) -> usize {
+        self.entry_bytes_of()
+    }
+
+    fn entry_bytes_of(&self) -> usize {
+        if self.rows.word.is_some() {
+            0
+        } else {
+            keys::box_bytes::<K>()
+        }
+    }
+
+    /// The hash of a word-sized key's own bits, for the table's copies and
+    /// sweeps (boxed keys keep theirs: never called for them).
+    #[inline]
+    fn hash_of(&self, bits: u64) -> u64
+    where
+        S: BuildHasher,
+        K: Hash,
+    {
+        match self.rows.word {
+            Some(word) => self.hasher.hash_one(word.key(bits)),
+            None => 0,
+        }
+    }
+
+    #[inline]
+    fn pin(&self) -> Guard {
+        self.epochs.pin()
+    }
+}
+
+impl<K, S, C> Pace<K, S, C>
+where
+    K: Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    /// Debits one token from `key`'s bucket, or says when it could succeed.
+    ///
+    /// # Errors
+    /// [`Denied`] when the bucket lacks the tokens; nothing is written then.
+    #[inline]
+    pub fn reserve<'a, Q>(&'a self, key: &'a Q) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.reserve_n(key, 1)
+    }
+
+    /// Debits `n` tokens at once, or none. `n == 0` is always admitted and
+    /// touches nothing; `n > capacity` is denied permanently.
+    ///
+    /// # Errors
+    /// [`Denied`] as for [`reserve`](Pace::reserve).
+    #[inline]
+    pub fn reserve_n<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.reserve_slot::<Q, _, false, false>(key, n, None, (0, &mut 0), || self.clock.now_ns())
+    }
+
+    /// Debits one token from `key`'s bucket under `quota` instead of the
+    /// limiter's default: a key's plan or tenant limit, chosen per call.
+    ///
+    /// A row stores only the time its bucket is full again, so a key may be
+    /// debited under different quotas: each decision admits when the key's
+    /// debt after it is at most `quota`'s horizon, and each token costs
+    /// `quota`'s interval. The kept admissions of a key read in any window
+    /// `[t1, t2]` then cost at most `(t2 − t1) +` the largest horizon among
+    /// the quotas they were decided with (DESIGN.md §3); with one quota that
+    /// is `capacity + span / interval` tokens.
+    ///
+    /// # Errors
+    /// [`Denied`] as for [`reserve`](Pace::reserve).
+    #[inline]
+    pub fn reserve_with<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        quota: Quota,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.reserve_n_with(key, 1, quota)
+    }
+
+    /// Debits `n` tokens at once, or none, under `quota` (see
+    /// [`reserve_with`](Pace::reserve_with)). `n > quota.capacity()` is
+    /// denied permanently.
+    ///
+    /// # Errors
+    /// [`Denied`] as for [`reserve`](Pace::reserve).
+    #[inline]
+    pub fn reserve_n_with<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Quota,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let limits = Some(quota.limits_ref());
+        self.reserve_slot::<Q, _, false, false>(key, n, limits, (0, &mut 0), || self.clock.now_ns())
+    }
+
+    /// Holds a token of `key` while a presentation is checked: admitted or
+    /// denied as [`reserve`](Pace::reserve) decides, but the token is kept
+    /// apart from the key's settled debt, so that [`Hold::refund`] returns
+    /// it exactly in any order, however many other presentations of the key
+    /// overlap it. Someone who names a key without its credential then
+    /// holds that key's pace only while being checked, also under a flood.
+    /// Keep the hold ([`Hold::keep`], or drop it) when the exchange
+    /// happened. Never admits more than `reserve` would: held tokens count
+    /// as debited at every decision (DESIGN.md §3, "Holds").
+    pub fn hold<'a, Q>(&'a self, key: &'a Q) -> Result<Hold<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.hold_n_with_inner(key, 1, None, None)
+    }
+
+    /// Holds `n` tokens of `key` (see [`hold`](Pace::hold)).
+    pub fn hold_n<'a, Q>(&'a self, key: &'a Q, n: u64) -> Result<Hold<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.hold_n_with_inner(key, n, None, None)
+    }
+
+    /// Holds `n` tokens of `key` under the call's own quota (see
+    /// [`hold`](Pace::hold) and [`reserve_n_with`](Pace::reserve_n_with)).
+    pub fn hold_n_with<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Quota,
+    ) -> Result<Hold<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.hold_n_with_inner(key, n, Some(quota), None)
+    }
+
+    /// A hold, at the clock's time or at `now` (for models).
+    pub(crate) fn hold_n_with_inner<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        now: Option<u64>,
+    ) -> Result<Hold<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let limits = quota.as_ref().map(Quota::limits_ref);
+        let clock = || now.unwrap_or_else(|| self.clock.now_ns());
+        let r = self.reserve_slot::<Q, _, false, true>(key, n, limits, (0, &mut 0), clock)?;
+        Ok(Hold { inner: Some(r) })
+    }
+
+    /// [`reserve_n`](Pace::reserve_n) (or, with a quota,
+    /// [`reserve_n_with`](Pace::reserve_n_with)) at an explicit time (for
+    /// models).
+    #[cfg(feature = "internals")]
+    pub(crate) fn reserve_n_at_inner<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        now: u64,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let limits = quota.as_ref().map(Quota::limits_ref);
+        self.reserve_slot::<Q, _, false, false>(key, n, limits, (0, &mut 0), || now)
+    }
+
+    /// The reserve: `limits` is the call's quota, `None` for the default.
+    /// With `TURN` it admits a debit that fits the bucket up to `wait_ns`
+    /// after `now` and writes to `slot` the instant its debit fits the
+    /// bucket (`tat − τ`, or earlier when it fits at once), `turn` being
+    /// `(wait_ns, slot)`; a plain reserve (`TURN` false) does neither, and
+    /// the compiler drops both.
+    #[inline]
+    fn reserve_slot<'a, Q, F, const TURN: bool, const HOLD: bool>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        limits: Option<&Limits>,
+        turn: (u64, &mut u64),
+        clock: F,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+        F: Fn() -> u64,
+    {
+        let (wait_ns, slot) = turn;
+        if n == 0 {
+            let r = Reservation {
+                pace: self,
+                key,
+                debit: Debit {
+                    n: 0,
+                    tat: 0,
+                    prev: 0,
+                    hash: 0,
+                    limiter: self.id,
+                    lot: 0,
+                },
+            };
+            return Ok(r);
+        }
+        let hash = self.hasher.hash_one(key);
+        // The key's cell is fetched while the epoch is pinned and the clock
+        // read, which is why the clock is read only now.
+        self.rows.table.prefetch(hash);
+        let now = clock();
+        let reread: &dyn Fn() -> u64 = &clock;
+        let guard = self.pin();
+        let call_quota = limits.is_some();
+        let limits = self.call_limits(limits, &guard);
+        if n > limits.capacity() {
+            return Err(Denied::from_decision(Decision::Never));
+        }
+        let tau = limits.tau();
+        let waiting;
+        let limits = if TURN {
+            waiting = limits.waiting(wait_ns);
+            &waiting
+        } else {
+            limits
+        };
+        let hash_of = |b| self.hash_of(b);
+        let result = with_probe!(self.rows, key, hash, &guard, |p| {
+            self.rows
+                .table
+                .reserve::<_, HOLD>(limits, hash, p, n, now, reread, &hash_of, &guard)
+        })
+        .map(|a| (a.tat, a.prev, a.created, a.lot));
+        let created = matches!(result, Ok((_, _, true, _)));
+        if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
+            self.sooner_sweep(now, tau);
+        }
+        self.maybe_sweep(now, created, &guard);
+        match result {
+            Ok((tat, prev, _, lot)) => {
+                if TURN {
+                    *slot = slot_of(tat, tau, wait_ns);
+                }
+                Ok(Reservation {
+                    pace: self,
+                    key,
+                    debit: Debit {
+                        n,
+                        tat,
+                        prev,
+                        hash,
+                        limiter: self.id,
+                        lot,
+                    },
+                })
+            }
+            // The wait beyond `wait_ns`, plus `wait_ns`: the whole wait.
+            Err(Decision::Wait(ns)) if TURN => Err(Denied::from_decision(Decision::Wait(
+                ns.saturating_add(wait_ns),
+            ))),
+            Err(d) => Err(Denied::from_decision(d)),
+        }
+    }
+
+    /// The quota a call decides with: its own, or the default in force
+    /// (loaded once: one whole quota).
+    #[cfg(not(any(
+        pace_mutant = "quota_cost_of_default",
+        pace_mutant = "quota_read_twice"
+    )))]
+    #[inline]
+    fn call_limits<'r>(&'r self, call: Option<&'r Limits>, guard: &'r Guard) -> &'r Limits {
+        match call {
+            Some(l) => l,
+            None => self.quota.load(guard).limits_ref(),
+        }
+    }
+
+    /// Known-wrong variant for mutation tests: a call's quota gives the
+    /// horizon, but its tokens cost the default quota's interval.
+    #[cfg(pace_mutant = "quota_cost_of_default")]
+    fn call_limits<'r>(&'r self, call: Option<&'r Limits>, guard: &'r Guard) -> &'r Limits {
+        let default = self.quota.load(guard).limits_ref();
+        match call {
+            // Leaked: a test-only variant, built only for its test.
+            Some(l) => Box::leak(Box::new(
+                Limits::new(default.interval(), (l.tau() / default.interval()).max(1))
+                    .unwrap_or(*l),
+            )),
+            None => default,
+        }
+    }
+
+    /// Known-wrong variant for mutation tests: the default quota is read
+    /// twice, its horizon from the first read and its capacity and cost
+    /// from the second, so a swap in between mixes two quotas.
+    #[cfg(pace_mutant = "quota_read_twice")]
+    fn call_limits<'r>(&'r self, call: Option<&'r Limits>, guard: &'r Guard) -> &'r Limits {
+        if let Some(l) = call {
+            return l;
+        }
+        let first = self.quota.load(guard).limits();
+        let second = self.quota.load(guard).limits();
+        // Leaked: a test-only variant, built only for its models.
+        Box::leak(Box::new(Limits::mixed(second, first.tau())))
+    }
+
+    /// Whole tokens `key` could reserve now. A pure load: it writes nothing
+    /// and creates no row. For observability only: deciding on it and then
+    /// reserving is exactly the check-then-act race `reserve` exists to avoid.
+    pub fn peek<Q>(&self, key: &Q) -> u64
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let now = self.clock.now_ns();
+        self.peek_at_inner(key, None, now)
+    }
+
+    /// Whole tokens `key` could reserve now under `quota` (see
+    /// [`peek`](Pace::peek) and [`reserve_with`](Pace::reserve_with)).
+    pub fn peek_with<Q>(&self, key: &Q, quota: Quota) -> u64
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let now = self.clock.now_ns();
+        self.peek_at_inner(key, Some(quota), now)
+    }
+
+    /// [`peek`](Pace::peek) or [`peek_with`](Pace::peek_with) at an explicit
+    /// time (for models).
+    pub(crate) fn peek_at_inner<Q>(&self, key: &Q, quota: Option<Quota>, now: u64) -> u64
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let hash = self.hasher.hash_one(key);
+        let guard = self.pin();
+        let limits = quota.unwrap_or_else(|| *self.quota.load(&guard)).limits();
+        // A row is never live before its first debit; an absent one starts
+        // from its floor.
+        let t = &self.rows.table;
+        let tat = with_probe!(self.rows, key, hash, &guard, |p| t.peek(
+            hash,
+            p,
+            Some(now),
+            &guard
+        ))
+        .map_or_else(|| t.floor(hash), |s| s.effective(now));
+        limits.tokens(tat, now)
+    }
+
+    /// The stripe of floors `key` shares with other keys (for models: a fresh
+    /// row starts from its stripe's floor, the largest `tat` removed there).
+    #[cfg(feature = "internals")]
+    pub(crate) fn floor_stripe_inner<Q>(&self, key: &Q) -> usize
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        Table::floor_stripe(self.hasher.hash_one(key))
+    }
+
+    /// The settled `tat` (ns) of `key`'s row, if any (for models).
+    #[cfg(feature = "internals")]
+    pub(crate) fn row_tat_inner<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let hash = self.hasher.hash_one(key);
+        let guard = self.pin();
+        with_probe!(self.rows, key, hash, &guard, |p| self
+            .rows
+            .table
+            .peek(hash, p, None, &guard)
+            .map(|s| s.tat))
+    }
+
+    /// Removes every row whose bucket has refilled, and shrinks the table if
+    /// it became sparse. Runs automatically (see DESIGN.md, "Sweeps"); call it
+    /// to reclaim memory at a moment of your choosing. Returns rows removed.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_ns();
+        self.sweep_at_inner(now)
+    }
+
+    /// [`sweep`](Pace::sweep) at an explicit time (for models).
+    pub(crate) fn sweep_at_inner(&self, now: u64) -> usize {
+        let guard = self.pin();
+        self.sweep_with(now, &guard)
+    }
+
+    fn sweep_with(&self, now: u64, guard: &Guard) -> usize {
+        let removed = self.rows.table.sweep(now, &|b| self.hash_of(b), guard);
+        self.sweep_mark.store(self.len(), Ordering::Relaxed);
+        removed
+    }
+
+    /// The sweep policy: a pass starts when the horizon has passed since the
+    /// last time-driven pass, or when the table has doubled since the last
+    /// pass. A pass over a large table runs a chunk per call (see
+    /// `Table::start_sweep`), so every call also advances a running pass.
+    /// (A call under a quota whose horizon is shorter than the default's
+    /// first brings the next pass forward: `sooner_sweep`.)
+    #[inline(always)]
+    fn maybe_sweep(&self, now: u64, created: bool, guard: &Guard) {
+        let due = self.next_sweep.load(Ordering::Relaxed);
+        // A due time more than a horizon ahead means the clock stepped back:
+        // treat it as due, so sweeps do not stall until the clock catches up.
+        let horizon = self.horizon.load(Ordering::Relaxed);
+        if now >= due || due - now > horizon {
+            let next = now.saturating_add(horizon);
+            if self
+                .next_sweep
+                .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.start_pass(now, guard);
+                return;
+            }
+        } else if created {
+            let mark = self.sweep_mark.load(Ordering::Relaxed);
+            let len = self.len();
+            if len >= mark.max(SWEEP_FLOOR).saturating_mul(2)
+                && self
+                    .sweep_mark
+                    .compare_exchange(mark, len, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.start_pass(now, guard);
+                return;
+            }
+        }
+        self.rows.table.sweep_step(now, &|b| self.hash_of(b), guard);
+    }
+
+    /// Known-wrong variant for mutation tests: passes keep the default
+    /// cadence whatever quotas the calls bring.
+    #[cfg(pace_mutant = "sweep_at_default_cadence")]
+    fn sooner_sweep(&self, _now: u64, _tau: u64) {}
+
+    /// A call under a quota whose horizon `tau` is shorter than the
+    /// default's brings the next time-driven pass forward to one such
+    /// horizon from now (at least the shortest horizon), so rows of short
+    /// quotas go soon after they refill; the pass after it is due a default
+    /// horizon later again.
+    #[cfg(not(pace_mutant = "sweep_at_default_cadence"))]
+    #[cold]
+    fn sooner_sweep(&self, now: u64, tau: u64) {
+        let soon = now.saturating_add(tau.max(MIN_HORIZON_NS));
+        if self.next_sweep.load(Ordering::Relaxed) > soon {
+            self.next_sweep.fetch_min(soon, Ordering::Relaxed);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn start_pass(&self, now: u64, guard: &Guard) {
+        self.rows
+            .table
+            .start_sweep(now, &|b| self.hash_of(b), guard);
+        self.sweep_mark.store(self.len(), Ordering::Relaxed);
+    }
+}
+
+impl<K: Clone, S, C> Pace<K, S, C> {
+    /// Keys of the rows held now, for invariant checks in tests: call it only
+    /// when no other operation is in flight.
+    #[cfg(feature = "internals")]
+    pub(crate) fn row_keys_inner(&self) -> Vec<K> {
+        let guard = self.pin();
+        let word = self.rows.word;
+        self.rows.table.live_keys(
+            &|b| word.expect("keys' own bits only in an inline table").key(b),
+            &guard,
+        )
+    }
+}
+
+impl<K, S, C: fmt::Debug> fmt::Debug for Pace<K, S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pace")
+            .field("quota", &self.quota())
+            .field("rows", &self.len())
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+mod builder;
+#[cfg(feature = "internals")]
+mod internals;
+mod refund;
+mod reservation;
+#[cfg(test)]
+mod tests;
+mod turn;
+
+pub use builder::Builder;
+#[cfg(feature = "foldhash")]
+pub use builder::FastHasher;
+#[cfg(feature = "internals")]
+pub use internals::{PaceInternals, ReservationInternals};
+pub(crate) use reservation::Turned;
+pub use reservation::{Debit, Denied, DenyReason, Hold, Refunded, Reservation};
+use turn::slot_of;
+#[cfg(feature = "internals")]
+pub(crate) use turn::{turn_sleeps, turn_sleeps_here};

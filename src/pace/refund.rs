@@ -1,0 +1,126 @@
+//! Refunds and the resolution of holds.
+
+use super::*;
+
+impl<K, S, C> Pace<K, S, C>
+where
+    K: Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    /// Refunds a detached [`Debit`] of `key` (see [`Reservation::refund`] for
+    /// what a refund returns). A debit made by another limiter, or for a key
+    /// whose hash differs from `key`'s, returns nothing
+    /// ([`Refunded::Misdirected`]).
+    pub fn refund<Q>(&self, key: &Q, debit: Debit) -> Refunded
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let now = self.clock.now_ns();
+        self.refund_at_inner(key, debit, now)
+    }
+
+    /// [`refund`](Pace::refund) at an explicit time (for models).
+    pub(crate) fn refund_at_inner<Q>(&self, key: &Q, debit: Debit, now: u64) -> Refunded
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        if debit.n == 0 {
+            return Refunded::Nothing;
+        }
+        // A hold's lot is in one row of this limiter's table only (see
+        // `keep`): handed to another key, it finds nothing.
+        if debit.is_hold() && debit.limiter == self.id {
+            return self.refund_hashed(key, debit.hash, debit, now);
+        }
+        match self.origin(&debit, key) {
+            Some(hash) => self.refund_hashed(key, hash, debit, now),
+            None => Refunded::Misdirected,
+        }
+    }
+
+    /// The hash to refund `debit` to `key` with: the debit's own, if this
+    /// limiter made it for a key hashed as `key`; `None` otherwise.
+    #[cfg(not(pace_mutant = "refund_ignores_origin"))]
+    pub(super) fn origin<Q>(&self, debit: &Debit, key: &Q) -> Option<u64>
+    where
+        Q: ?Sized + Hash,
+    {
+        (debit.limiter == self.id && debit.hash == self.hasher.hash_one(key)).then_some(debit.hash)
+    }
+
+    /// Known-wrong variant for mutation tests: a debit is refunded to
+    /// whatever limiter and key it is handed to, looked up by that key's
+    /// hash.
+    #[cfg(pace_mutant = "refund_ignores_origin")]
+    pub(super) fn origin<Q>(&self, _debit: &Debit, key: &Q) -> Option<u64>
+    where
+        Q: ?Sized + Hash,
+    {
+        Some(self.hasher.hash_one(key))
+    }
+
+    /// Keeps a detached hold ([`Hold::detach`]) of `key`: its tokens are
+    /// settled as a debit from the hold's reading. False when there was
+    /// nothing to settle: a plain debit (kept already), a hold that expired
+    /// (counted as kept), or a debit of another limiter or key.
+    pub fn keep<Q>(&self, key: &Q, debit: Debit) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        // A hold's lot is in one row of this limiter's table only: handed to
+        // another key it finds no lot, so only the limiter is checked here
+        // (no second hash of the key).
+        if debit.n == 0 || !debit.is_hold() || debit.limiter != self.id {
+            return false;
+        }
+        self.resolve_hashed(key, debit, true, self.clock.now_ns())
+    }
+
+    /// Resolves the hold `debit` of `key` (keeps or refunds it): false when
+    /// its lot is gone.
+    pub(super) fn resolve_hashed<Q>(&self, key: &Q, debit: Debit, keep: bool, now: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let Some(ticket) = debit.ticket() else {
+            return false;
+        };
+        let hash = debit.hash;
+        let guard = self.pin();
+        let hash_of = |b| self.hash_of(b);
+        let t = &self.rows.table;
+        with_probe!(self.rows, key, hash, &guard, |p| t
+            .resolve(hash, p, ticket, keep, now, &hash_of, &guard))
+    }
+
+    /// Refunds `debit` to `key`, whose hash is `hash`.
+    pub(super) fn refund_hashed<Q>(&self, key: &Q, hash: u64, debit: Debit, now: u64) -> Refunded
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        if debit.n == 0 {
+            return Refunded::Nothing;
+        }
+        if debit.is_hold() {
+            return if self.resolve_hashed(key, debit, false, now) {
+                Refunded::Restored
+            } else {
+                Refunded::Expired
+            };
+        }
+        let guard = self.pin();
+        // The refund rule looks at no quota; the table takes one for its
+        // known-wrong variants.
+        let limits = &self.quota.load(&guard).limits();
+        let hash_of = |b| self.hash_of(b);
+        with_probe!(self.rows, key, hash, &guard, |p| self.rows.table.refund(
+            limits, hash, p, debit.n, debit.tat, debit.prev, now, &hash_of, &guard,
+        ))
+    }
+}

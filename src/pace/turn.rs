@@ -1,0 +1,294 @@
+//! Waiting for a turn (`acquire`): a slot reserved ahead, then one sleep.
+
+use super::*;
+
+/// When a debit ending at `tat` fits a bucket of horizon `tau`: the instant
+/// a turn is let through (`Pace::acquire`).
+#[cfg(not(pace_mutant = "turn_before_its_slot"))]
+#[inline]
+pub(super) fn slot_of(tat: u64, tau: u64, _wait: u64) -> u64 {
+    tat.saturating_sub(tau)
+}
+
+/// Known-wrong variant for mutation tests: a turn is let through as soon as
+/// it was decided, up to its whole wait before its debit fits.
+#[cfg(pace_mutant = "turn_before_its_slot")]
+#[inline]
+pub(super) fn slot_of(tat: u64, tau: u64, wait: u64) -> u64 {
+    tat.saturating_sub(tau).saturating_sub(wait)
+}
+
+/// A turn being waited for (`Pace::acquire`): refunded if dropped before
+/// the turn comes.
+#[cfg(feature = "timer")]
+struct Turn<'a, K, Q, S, C>(Option<Reservation<'a, K, Q, S, C>>)
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq,
+    S: BuildHasher,
+    C: Clock;
+
+#[cfg(feature = "timer")]
+impl<K, Q, S, C> Drop for Turn<'_, K, Q, S, C>
+where
+    K: Hash + Eq + Borrow<Q>,
+    Q: ?Sized + Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.refund();
+        }
+    }
+}
+
+/// Sleeps taken by callers waiting for a turn, in this process (for the
+/// fairness benchmark: one per waiter means no wasted wake-up).
+static TURN_SLEEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+std::thread_local! {
+    /// Sleeps taken by callers waiting for a turn on this thread (counted
+    /// where the sleep starts: in an async turn, the poll that starts it).
+    static TURN_SLEEPS_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+pub(super) fn note_turn_sleep() {
+    TURN_SLEEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    TURN_SLEEPS_HERE.with(|c| c.set(c.get() + 1));
+}
+
+/// Sleeps taken by callers waiting for a turn in this process so far.
+#[cfg(feature = "internals")]
+pub(crate) fn turn_sleeps() -> u64 {
+    TURN_SLEEPS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sleeps taken by callers waiting for a turn on this thread so far.
+#[cfg(feature = "internals")]
+pub(crate) fn turn_sleeps_here() -> u64 {
+    TURN_SLEEPS_HERE.with(std::cell::Cell::get)
+}
+
+impl<K, S, C> Pace<K, S, C>
+where
+    K: Hash + Eq,
+    S: BuildHasher,
+    C: Clock,
+{
+    /// Waits for a turn instead of being refused: reserves a token of
+    /// `key` in a slot that may lie up to `max_wait` in the future (one CAS,
+    /// as [`reserve_n`](Pace::reserve_n)), then sleeps the thread until the
+    /// limiter's clock reaches the slot. Callers of one key are let through
+    /// in the order of their debits (first come, first served), each after
+    /// one exact sleep (re-checking the clock, since a sleep and the clock
+    /// may disagree), with no retries. `quota` is the call's quota, `None`
+    /// for the default.
+    ///
+    /// Over the instants callers are let through, the kept admissions of a
+    /// key obey the same bound as reserves (DESIGN.md §3, "Waiting for a
+    /// turn"). With a [`ManualClock`](crate::ManualClock) the thread sleeps
+    /// until another thread advances the clock past the slot.
+    ///
+    /// # Errors
+    /// [`Denied`] at once, having written nothing, when the turn lies more
+    /// than `max_wait` ahead (its [`retry_after`](Denied::retry_after) is the
+    /// whole wait the request would need now), or when the request can never
+    /// pass ([`Denied::is_permanent`]).
+    pub fn acquire_blocking<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_blocking_inner(key, 1, None, max_wait)
+    }
+
+    /// [`acquire_blocking`](Pace::acquire_blocking) of `n` tokens at once.
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Pace::acquire_blocking).
+    pub fn acquire_n_blocking<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_blocking_inner(key, n, None, max_wait)
+    }
+
+    /// [`acquire_n_blocking`](Pace::acquire_n_blocking) under the call's own
+    /// `quota` (see [`reserve_with`](Pace::reserve_with)).
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Pace::acquire_blocking).
+    pub fn acquire_n_with_blocking<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Quota,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_blocking_inner(key, n, Some(quota), max_wait)
+    }
+
+    pub(super) fn acquire_blocking_inner<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let (r, slot) = self.reserve_turn(key, n, quota, max_wait)?;
+        while let Some(wait) = self.until(slot) {
+            note_turn_sleep();
+            std::thread::sleep(wait);
+        }
+        Ok(r)
+    }
+
+    /// [`acquire_blocking`](Pace::acquire_blocking) for async code on any
+    /// executor (feature `timer`): the task sleeps until its turn on
+    /// `futures-timer`'s timer thread, whose deadlines are exact to the
+    /// nanosecond (a runtime's own timer may round up to its tick: tokio's
+    /// makes a turn 0 to 2 ms late). Never before its slot; after it by the
+    /// timer thread's wake-up and the scheduler's delay.
+    ///
+    /// Dropping the future before its turn refunds the reservation by the
+    /// refund rule: the slot comes back when nothing was debited from the key
+    /// since, and is otherwise lost (later callers keep their slots: fewer
+    /// admissions, never more).
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Pace::acquire_blocking).
+    #[cfg(feature = "timer")]
+    pub async fn acquire<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_inner(key, 1, None, max_wait).await
+    }
+
+    /// [`acquire`](Pace::acquire) of `n` tokens at once.
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Pace::acquire_blocking).
+    #[cfg(feature = "timer")]
+    pub async fn acquire_n<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_inner(key, n, None, max_wait).await
+    }
+
+    /// [`acquire_n`](Pace::acquire_n) under the call's own `quota` (see
+    /// [`reserve_with`](Pace::reserve_with)).
+    ///
+    /// # Errors
+    /// As [`acquire_blocking`](Pace::acquire_blocking).
+    #[cfg(feature = "timer")]
+    pub async fn acquire_n_with<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Quota,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.acquire_inner(key, n, Some(quota), max_wait).await
+    }
+
+    #[cfg(feature = "timer")]
+    pub(super) async fn acquire_inner<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait: Duration,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let (r, slot) = self.reserve_turn(key, n, quota, max_wait)?;
+        let mut turn = Turn(Some(r));
+        while let Some(wait) = self.until(slot) {
+            note_turn_sleep();
+            futures_timer::Delay::new(wait).await;
+        }
+        Ok(turn.0.take().expect("taken only here"))
+    }
+
+    /// The reservation of a turn and its slot (ns on the limiter's clock).
+    pub(super) fn reserve_turn<'a, Q>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        max_wait: Duration,
+    ) -> Result<Turned<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let wait_ns = u64::try_from(max_wait.as_nanos()).unwrap_or(u64::MAX);
+        self.reserve_turn_clocked(key, n, quota, wait_ns, || self.clock.now_ns())
+    }
+
+    /// A turn's reservation (a slot up to `wait_ns` ahead) and its slot, on
+    /// `clock`.
+    pub(super) fn reserve_turn_clocked<'a, Q, F>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        quota: Option<Quota>,
+        wait_ns: u64,
+        clock: F,
+    ) -> Result<Turned<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+        F: Fn() -> u64,
+    {
+        let mut slot = 0;
+        let limits = quota.as_ref().map(Quota::limits_ref);
+        let r =
+            self.reserve_slot::<Q, _, true, false>(key, n, limits, (wait_ns, &mut slot), clock)?;
+        Ok((r, slot))
+    }
+
+    /// How long until the limiter's clock reaches `slot`, if it has not.
+    pub(super) fn until(&self, slot: u64) -> Option<Duration> {
+        let now = self.clock.now_ns();
+        (now < slot).then(|| Duration::from_nanos(slot - now))
+    }
+}
