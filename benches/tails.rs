@@ -383,7 +383,8 @@ fn flood_row(name: &str, who: &str, o: &Flood) {
     } = o;
     let us = |v: u64| format!("{:.2}", v as f64 / 1000.0);
     println!(
-        "| {name} | {who} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {name} | {who} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        h.mean() / 1000.0,
         us(h.value_at_quantile(0.5)),
         us(h.value_at_quantile(0.99)),
         us(h.value_at_quantile(0.999)),
@@ -404,8 +405,8 @@ fn growth_control() {
         "\n## Growth control, {n} kept 24-byte allocations, each call timed (load {})\n",
         loadavg()
     );
-    println!("| workload | limiter | p50 | p99 | p99.9 | p99.99 | max | max < {split} | max ≥ {split} | rows at end |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| workload | limiter | mean | p50 | p99 | p99.9 | p99.99 | max | max < {split} | max ≥ {split} | rows at end |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let c = EntriesOnly(std::sync::Mutex::new(Vec::with_capacity(n as usize)));
     let f = timed_flood(&c, n, split);
     flood_row("growth control", "entries only", &f);
@@ -450,8 +451,8 @@ fn growth_and_churn() {
         "Times in µs (including two timer reads); \"max < {split}\" is the slowest call \
          while the table held fewer than {split} rows, \"max ≥ {split}\" the slowest after.\n"
     );
-    println!("| workload | limiter | p50 | p99 | p99.9 | p99.99 | max | max < {split} | max ≥ {split} | rows at end |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| workload | limiter | mean | p50 | p99 | p99.9 | p99.99 | max | max < {split} | max ≥ {split} | rows at end |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut slow = Vec::new();
     let mut row = |name: &'static str, who: &'static str, f: Flood| {
         flood_row(name, who, &f);

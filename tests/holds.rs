@@ -390,3 +390,31 @@ fn a_misdirected_hold_resolves_nothing() {
     assert_eq!(other.peek_at(&0, 0), 2);
     assert_eq!(p.peek_at(&0, 0), 1);
 }
+
+/// A migration's copy removes the rows full at its call's reading instead
+/// of copying them, but never a held row, however long ago its settled
+/// `tat` passed: the hold keeps its token through every migration.
+/// Known-wrong variant `copy_removes_held` removes a held row whose settled
+/// `tat` is full, losing the held token.
+#[test]
+fn migrations_copy_held_rows() {
+    let p: P<u64> = Pace::builder(Rate::new(1, Duration::from_nanos(1_000)).unwrap())
+        .capacity(2)
+        .clock(ManualClock::new())
+        .min_slots(4)
+        .build()
+        .unwrap();
+    // Key 0 holds one token from reading 0: its settled `tat` stays 0.
+    let held = p.hold_n_at(&0, 1, None, 0).unwrap().detach();
+    // New keys at 5 µs (before the first time-driven pass, at 1 ms) grow
+    // the table through many migrations, each copying key 0's row.
+    let keys = if cfg!(miri) { 300 } else { 2_000 };
+    for k in 1..keys {
+        drop(p.reserve_n_at(&k, 1, 5_000).unwrap());
+    }
+    assert!(p.migrations() >= 5, "the table migrated");
+    assert_eq!(p.row_held(&0), Some(1_000), "the held token stays held");
+    assert_eq!(p.peek_at(&0, 5_000), 1);
+    assert!(p.refund_at(&0, held, 5_000).returned());
+    assert_eq!(p.peek_at(&0, 5_000), 2);
+}

@@ -68,3 +68,42 @@ fn the_fuzz_decoder_yields_runnable_cases() {
         check(params, &ops).unwrap();
     }
 }
+
+/// The `table_model` fuzz target's cases (capacity 1, up to 2,000 keys),
+/// drawn so that runs of new keys grow the table over several calls of a
+/// migration and a pass comes due while it runs: a share of ops are
+/// reserves (a random fraction per case) and a few are short advances.
+/// Every decision, sweep count and `len()` must agree with the model.
+/// Under `pass_waits_for_migration` (a pass due during a migration left to
+/// later calls) the table keeps rows the model swept.
+#[test]
+fn growing_tables_agree_with_the_debt_model() {
+    let cases: u64 = if cfg!(debug_assertions) { 1_000 } else { 3_000 };
+    for case in 0..cases {
+        let mut x = (case.wrapping_mul(0xD1B54A32D192ED03) ^ 0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let len = 6 + (next() % 4_000) as usize;
+        let mut data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        let reserves = next() % 100;
+        for i in (6..len).step_by(4) {
+            if next() % 100 < reserves {
+                data[i] = (next() % 6) as u8; // reserve 1
+            }
+            if next() % 100 < 5 && i + 2 < len {
+                // A short advance: up to 40/256 of 2 tau.
+                data[i] = 11;
+                data[i + 1] = (next() % 40) as u8;
+                data[i + 2] = 0;
+            }
+        }
+        let (params, ops) = debt_model::decode(&data, true).unwrap();
+        if let Err(e) = check(params, &ops) {
+            panic!("the table disagrees with the debt model: case {case} {params:?}: {e}");
+        }
+    }
+}

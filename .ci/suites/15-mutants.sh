@@ -92,6 +92,7 @@ expect_caught settle_unclamped holds "" "" \
 expect_caught sweep_removes_held holds "" "" \
     a_leaked_hold_expires_as_kept random_hold_histories_follow_the_rule_exactly
 expect_caught holds_never_expire holds "" "" a_leaked_hold_expires_as_kept
+expect_caught copy_removes_held holds "the held token stays held" "" migrations_copy_held_rows
 # ... and the real-clock test, whose hot keys are a quarter holds.
 expect_caught decision_ignores_held exactness "exceed the bound by" "" \
     kept_admissions_fit_the_bucket_on_a_real_clock
@@ -172,6 +173,21 @@ expect_caught inline_any_hasher hashers "the flood finished" --release \
 # new keys runs in the array that grew for its first horizon's rows.
 expect_caught no_churn_resize churn "slots for 4000 rows a horizon" --release \
     a_churning_cell_array_is_resized_for_churn
+
+# A migration removes the rows already full instead of copying them, raising
+# each key's floor first, against `copy_drops_without_floor`: a stale reserve
+# then admits one more (src/table/tests.rs).
+expect_caught copy_drops_without_floor lib "from the floor the copier raised" --release \
+    table::tests::a_migration_removes_full_rows_and_raises_their_floor
+
+# A pass that comes due while a small array migrates copies the migration's
+# rest and sweeps the target at once, against `pass_waits_for_migration`,
+# which leaves it to later calls (src/table/tests.rs; tests/model.rs's
+# growing tables then keep rows the debt model swept).
+expect_caught pass_waits_for_migration lib "the pass copied the migration's rest" --release \
+    table::tests::a_pass_due_during_a_migration_sweeps_at_once
+expect_caught pass_waits_for_migration model "the table disagrees with the debt model" --release \
+    growing_tables_agree_with_the_debt_model
 
 # A refund that fills a row raises its key's floor before it removes the row
 # (src/table/tests.rs), against `refund_keeps_floor`: a stale reserve then

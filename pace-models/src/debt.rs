@@ -161,8 +161,11 @@ impl Model {
     }
 
     /// Returns the outcome and, when admitted, the end of this debit and the
-    /// state it replaced. `quota` is the call's `(interval, capacity)`, else
-    /// the default's; a debit is admitted when it fits within `wait` ns.
+    /// state it replaced, and whether it created the key's row (`None` when
+    /// the call never reaches the table). `quota` is
+    /// the call's `(interval, capacity)`, else the default's; a debit is
+    /// admitted when it fits within `wait` ns. The sweep policy that follows
+    /// the call is [`after_call`](Model::after_call).
     fn reserve(
         &mut self,
         key: u16,
@@ -170,17 +173,18 @@ impl Model {
         now: i128,
         quota: Option<(u64, u64)>,
         wait: u64,
-    ) -> (Outcome, i128, i128) {
+    ) -> (Outcome, i128, i128, Option<bool>) {
         let (interval, capacity) = match quota {
             Some((i, c)) => (i as i128, c as i128),
             None => (self.interval, self.capacity),
         };
         let n = n as i128;
+        // Neither reaches the table, nor runs the sweep policy.
         if n == 0 {
-            return (Outcome::Admitted, 0, 0);
+            return (Outcome::Admitted, 0, 0, None);
         }
         if n > capacity {
-            return (Outcome::Never, 0, 0);
+            return (Outcome::Never, 0, 0, None);
         }
         let room = interval * capacity - self.debt(key, now);
         let need = n * interval;
@@ -202,30 +206,88 @@ impl Model {
         if quota.is_some() && tau < self.horizon {
             self.due = self.due.min(now + tau.max(MIN_HORIZON));
         }
-        self.policy(now, created);
-        result
+        (result.0, result.1, result.2, Some(created))
     }
 
-    /// The sweep policy of the README: a pass when the horizon has passed (or
-    /// the clock went back by more than a horizon), or the row count doubled.
-    fn policy(&mut self, now: i128, created: bool) {
+    /// After a call that may copy a chunk of a migration: the rows its own
+    /// share's copies removed instead of copying (`removed` of them, each
+    /// full at `now`), then, for a reserve or a hold, the sweep policy,
+    /// which the limiter runs after that copy (`created`: whether it
+    /// created the key's row), on the rows left by it. Every row the table
+    /// lacks must be full at `now` with nothing held. Without a pass they
+    /// are exactly the `removed` rows the copies took; with one, the pass
+    /// removes every row full at `now`, theirs included, so the model
+    /// sweeps.
+    fn after_call(
+        &mut self,
+        pace: &Pace<u16, RandomState, ManualClock>,
+        now: i128,
+        removed: usize,
+        created: Option<bool>,
+    ) -> Result<(), String> {
+        // (Nothing removed: the `len()` check after the step finds a row
+        // the table lacks.)
+        let gone: Vec<(u16, i128)> = if removed > 0 {
+            let table: std::collections::HashSet<u16> = pace.row_keys().into_iter().collect();
+            self.full_at
+                .iter()
+                .filter(|(k, _)| !table.contains(k))
+                .map(|(&k, &f)| (k, f))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for &(key, last) in &gone {
+            if last > now || self.held_of(key) > 0 {
+                return Err(format!(
+                    "key {key}'s row is gone, full only at {last} (now {now}, held {})",
+                    self.held_of(key)
+                ));
+            }
+        }
+        let pass = match created {
+            Some(created) => self.pass_due(now, created, self.full_at.len() - removed),
+            None => false,
+        };
+        if pass {
+            self.sweep(now);
+            return Ok(());
+        }
+        if gone.len() != removed {
+            return Err(format!(
+                "a migration removed {removed} rows, the table lacks {gone:?}"
+            ));
+        }
+        for (key, last) in gone {
+            self.remove(key, last);
+        }
+        Ok(())
+    }
+
+    /// The sweep policy of the README, deciding whether a pass runs: when
+    /// the horizon has passed (or the clock went back by more than a
+    /// horizon; the next one is then due a horizon from now), or when a row
+    /// was created and the row count (`rows`) doubled since the last pass.
+    fn pass_due(&mut self, now: i128, created: bool, rows: usize) -> bool {
         if now >= self.due || self.due - now > self.horizon {
             self.due = now + self.horizon;
-            self.sweep(now);
-        } else if created && self.full_at.len() >= 2 * self.mark.max(SWEEP_FLOOR) {
-            self.sweep(now);
+            true
+        } else {
+            created && rows >= 2 * self.mark.max(SWEEP_FLOOR)
         }
     }
 
     /// A hold of `n` tokens under the default quota: the outcome and, when
-    /// admitted, its cost.
-    fn hold(&mut self, key: u16, n: u64, now: i128) -> (Outcome, i128) {
+    /// admitted, its cost, and whether it created the key's row (`None`
+    /// when the call never reaches the table). The sweep policy that
+    /// follows the call is [`after_call`](Model::after_call).
+    fn hold(&mut self, key: u16, n: u64, now: i128) -> (Outcome, i128, Option<bool>) {
         let n = n as i128;
         if n == 0 {
-            return (Outcome::Admitted, 0);
+            return (Outcome::Admitted, 0, None);
         }
         if n > self.capacity {
-            return (Outcome::Never, 0);
+            return (Outcome::Never, 0, None);
         }
         let room = self.tau() - self.debt(key, now);
         let need = n * self.interval;
@@ -239,8 +301,7 @@ impl Model {
             (Outcome::Wait((need - room) as u128), 0)
         };
         let created = created && result.0 == Outcome::Admitted;
-        self.policy(now, created);
-        result
+        (result.0, result.1, Some(created))
     }
 
     /// Resolves a hold of `cost` read at `at`: its tokens leave the held
@@ -372,10 +433,15 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
     let mut now: u64 = 0;
     for (step, op) in ops.iter().enumerate() {
         let fail = |what: String| Err(format!("step {step} ({op:?}): {what}"));
+        let removed_before = pace.copy_removed();
+        // For a reserve or a hold: whether it created the key's row (the
+        // sweep policy runs after the call's own copy, `Model::after_call`).
+        let mut created = None;
         match *op {
             Op::Reserve { key, n } => {
                 let key = key % p.keys;
-                let (expect, end, prev) = model.reserve(key, n, now as i128, None, 0);
+                let (expect, end, prev, made) = model.reserve(key, n, now as i128, None, 0);
+                created = made;
                 let got = pace.reserve_n(&names[key as usize], n);
                 if !agrees(&got, &expect) {
                     return fail(format!("got {got:?}, model {expect:?}"));
@@ -393,7 +459,8 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
             }
             Op::Hold { key, n } => {
                 let key = key % p.keys;
-                let (expect, cost) = model.hold(key, n, now as i128);
+                let (expect, cost, made) = model.hold(key, n, now as i128);
+                created = made;
                 let got = pace.hold_n(&names[key as usize], n);
                 if !agrees(&got, &expect) {
                     return fail(format!("got {got:?}, model {expect:?}"));
@@ -434,7 +501,9 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
             Op::ReserveWith { key, n, quota } => {
                 let key = key % p.keys;
                 let q = usize::from(quota) % quota_set.len();
-                let (expect, end, prev) = model.reserve(key, n, now as i128, Some(quota_set[q]), 0);
+                let (expect, end, prev, made) =
+                    model.reserve(key, n, now as i128, Some(quota_set[q]), 0);
+                created = made;
                 let got = pace.reserve_n_with(&names[key as usize], n, quota_values[q]);
                 if !agrees(&got, &expect) {
                     return fail(format!("got {got:?}, model {expect:?}"));
@@ -451,7 +520,8 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
             Op::Turn { key, n, wait } => {
                 let key = key % p.keys;
                 let tau = model.tau();
-                let (expect, end, prev) = model.reserve(key, n, now as i128, None, wait);
+                let (expect, end, prev, made) = model.reserve(key, n, now as i128, None, wait);
+                created = made;
                 let got = pace.reserve_turn_at(&names[key as usize], n, None, wait, now);
                 if !agrees(&got, &expect) {
                     return fail(format!("got {got:?}, model {expect:?}"));
@@ -475,6 +545,15 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                 if got != expect {
                     return fail(format!("peek {got}, model {expect}"));
                 }
+            }
+        }
+        // A sweep counts the rows its migration copies removed (all full,
+        // as the model's sweep removes them); after any other call, the
+        // rows its copy removed are taken from the model.
+        if !matches!(op, Op::Sweep) {
+            let removed = pace.copy_removed() - removed_before;
+            if let Err(e) = model.after_call(&pace, now as i128, removed, created) {
+                return fail(e);
             }
         }
         if pace.len() != model.full_at.len() {

@@ -105,6 +105,10 @@ pub trait PaceInternals<K, S, C> {
     fn slots(&self) -> usize;
     /// Cells of the chunks migrations have copied since the limiter was made.
     fn copied_slots(&self) -> usize;
+    /// Full rows that calls' shares of migrations have removed instead of
+    /// copying them, since the limiter was made (the copies a sweep pass
+    /// makes count as the pass's removals, not here).
+    fn copy_removed(&self) -> usize;
     /// Whether cells hold the keys' own bits (word-sized keys), not boxed keys.
     fn inline_keys(&self) -> bool;
 }
@@ -227,6 +231,10 @@ where
 
     fn copied_slots(&self) -> usize {
         self.rows.table.copied_cells()
+    }
+
+    fn copy_removed(&self) -> usize {
+        self.rows.table.copy_removed()
     }
 
     fn inline_keys(&self) -> bool {

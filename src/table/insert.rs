@@ -8,7 +8,7 @@ use super::array::Array;
 use super::cell::{self, Cell, CellState};
 use super::held::{self, Held, Ticket, HELD};
 use super::keys::{NewRow, Probe};
-use super::{is_migrating, probe_seq, Admitted, Found, Table};
+use super::{is_migrating, probe_seq, Admitted, Cx, Found, Table};
 use crate::bucket::{Decision, Limits};
 use crate::sync::epoch::Guard;
 use crate::sync::{cas_retry, fence, snooze, Ordering};
@@ -122,7 +122,12 @@ impl Table {
     }
 
     /// Everything but a row in the key's first cell: the walk, inserts,
-    /// migrations.
+    /// migrations. After its own row, a call starts a pending shrink and
+    /// copies one chunk of a running migration (a call that starts one or
+    /// finds its target full copies again only through `start_migration`,
+    /// so no call copies more than a constant). The copy comes after the
+    /// call's own debit, so a row of its key that is full is debited, not
+    /// removed under it first.
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn reserve_slow<P: NewRow, const HOLD: bool>(
@@ -131,17 +136,34 @@ impl Table {
         hash: u64,
         key: &P,
         n: u64,
-        mut now: u64,
+        now: u64,
         reread: &dyn Fn() -> u64,
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
     ) -> Result<Admitted, Decision> {
+        let cx = &Cx::new(hash_of, now);
+        let r = self.reserve_walk::<P, HOLD>(limits, hash, key, n, now, reread, cx, guard);
+        self.shrink_pending(cx, guard);
+        if !cx.copied.get() {
+            self.help(cx, guard);
+        }
+        r
+    }
+
+    /// [`reserve_slow`](Table::reserve_slow)'s walk, insert and retries.
+    #[allow(clippy::too_many_arguments)]
+    fn reserve_walk<P: NewRow, const HOLD: bool>(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: &P,
+        n: u64,
+        mut now: u64,
+        reread: &dyn Fn() -> u64,
+        cx: &Cx<'_>,
+        guard: &Guard,
+    ) -> Result<Admitted, Decision> {
         let backoff = Backoff::new();
-        // One chunk of a running migration per call: a call that starts one
-        // or finds its target full copies again only through
-        // `start_migration`, so no call copies more than a constant.
-        self.shrink_pending(hash_of, guard);
-        self.help(hash_of, guard);
         // The bits of the row this call would create: made once, when the
         // first claim is tried, and again only after a claim published
         // them and lost (its box is then retired). Bits never published
@@ -195,7 +217,11 @@ impl Table {
                     // Mostly tombstones: clean a chunk in place and claim
                     // again; else migrate.
                     if !self.clean_some(arr, guard) {
-                        self.start_migration(arr, hash_of, guard);
+                        // Before the call's own row: its copies remove
+                        // nothing (a removal would raise the floor this
+                        // insert starts from, after its decision).
+                        self.start_migration(arr, &cx.keeping_all(), guard);
+                        cx.copied.set(true);
                         // The full array may be a target whose copy other
                         // callers are finishing: let them.
                         snooze(&backoff);

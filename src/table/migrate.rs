@@ -5,17 +5,22 @@
 //!   from the row count, allocate it zeroed (no pass over it), publish it.
 //!   An array with no rows and no insert in flight (`len == 0` after the
 //!   seal) has nothing to copy: the target becomes current at once.
-//! * Every reserve and refund that finds a migration running copies one
-//!   chunk of [`CHUNK`] cells, and more while they held fewer than
-//!   [`SPARSE_ROWS`] rows, up to [`CALL_CELLS`] cells, then proceeds: nobody
-//!   waits for the copy, and no call copies more than a constant amount.
+//! * Every reserve, hold, refund and resolution that finds a migration
+//!   running copies one chunk of [`CHUNK`] cells after its own row, and
+//!   more while they held fewer than [`SPARSE_ROWS`] rows, up to
+//!   [`CALL_CELLS`] cells: nobody waits for the copy, and no call copies
+//!   more than a constant amount.
 //! * While it runs, lookups read through: a key is looked for in the current
 //!   array first and followed to the target when its probe sequence there
 //!   ends (an empty cell, which an inserting lookup seals, or a sealed one)
 //!   or names it moved. New rows go to the target only.
 //! * Copying a chunk freezes each of its cells (one CAS sets FROZEN: a
 //!   frozen cell takes no debit, claim or removal), then writes each frozen
-//!   row live into the target and marks its old cell `Moved`. A debit that
+//!   row live into the target and marks its old cell `Moved`, except a
+//!   plain row whose bucket is full at the copier's reading: that one is
+//!   removed as a sweep removes it (floor raised to its `tat`, cell closed),
+//!   so a migration carries only rows that still owe something. A held row
+//!   is never full: it is copied as it is. A debit that
 //!   meets a frozen row of its key waits for that one cell, then finds the
 //!   row in the target. The key half moves with the row: a key box is
 //!   never copied, and the target's row owns it from then on.
@@ -28,9 +33,10 @@ use crossbeam_utils::Backoff;
 
 use super::array::{retire_array, Array};
 use super::cell::{self, Cell, CellState};
+use super::held::HELD;
 use super::sweep::prefetch;
 use super::{
-    is_migrating, probe_seq, Table, CALL_CELLS, CHUNK, CHURN_FACTOR, PENDING, SPARSE_ROWS,
+    is_migrating, probe_seq, Cx, Table, CALL_CELLS, CHUNK, CHURN_FACTOR, PENDING, SPARSE_ROWS,
 };
 use crate::sync::epoch::{Guard, Owned, Shared};
 use crate::sync::{fence, snooze, Ordering};
@@ -98,10 +104,10 @@ fn room_for_copies(_: usize, _: usize) -> usize {
 impl Table {
     /// Starts a migration of `arr` if it is current and none runs: seal
     /// `next`, size the target from `len`, publish it, copy a chunk.
-    pub(super) fn start_migration(&self, arr: &Array, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+    /// Returns the full rows its copies removed.
+    pub(super) fn start_migration(&self, arr: &Array, cx: &Cx<'_>, guard: &Guard) -> usize {
         if !std::ptr::eq(self.array(guard), arr) {
-            self.help(hash_of, guard);
-            return; // a target cannot migrate before it is current
+            return self.help(cx, guard); // a target cannot migrate before it is current
         }
         let pending = Shared::null().with_tag(PENDING);
         if arr
@@ -115,8 +121,7 @@ impl Table {
             )
             .is_err()
         {
-            self.help(hash_of, guard);
-            return;
+            return self.help(cx, guard);
         }
         self.migrations.fetch_add(1, Ordering::Relaxed);
         // The other half of `count_row`'s Dekker: a claim that did not see
@@ -142,30 +147,33 @@ impl Table {
                 .store(Owned::new(Array::new(n, 0)), Ordering::Release);
             let next = self.next_of(arr, guard);
             self.finish(arr, next, guard);
-            return;
+            return 0;
         }
         arr.next
             .store(Owned::new(Array::new(n, rows)), Ordering::Release);
-        self.help(hash_of, guard);
+        self.help(cx, guard)
     }
 
     /// Copies one chunk of the running migration, if a chunk is left to
     /// claim; the copier of the last chunk makes the target current.
-    pub(super) fn help(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+    /// Returns the full rows its copies removed.
+    pub(super) fn help(&self, cx: &Cx<'_>, guard: &Guard) -> usize {
         let cur = self.array(guard);
         let Some(next) = self.target(cur, guard) else {
-            return;
+            return 0;
         };
         // One chunk, and more while the chunks copied so far held fewer
         // than `SPARSE_ROWS` rows, up to `CALL_CELLS` cells: a shrink of a
         // large, nearly empty array ends within cells / CALL_CELLS calls.
-        let (mut rows, mut cells) = (0, 0);
+        let (mut rows, mut cells, mut removed) = (0, 0, 0);
         loop {
             let c = cur.claim.fetch_add(1, Ordering::Relaxed);
             if c >= cur.chunks() {
                 break;
             }
-            rows += self.copy_chunk(cur, next, c, hash_of, guard);
+            let (copied, gone) = self.copy_chunk(cur, next, c, cx, guard);
+            rows += copied + gone;
+            removed += gone;
             cells += CHUNK.min(cur.cells.len() - c * CHUNK);
             if cur.copied.fetch_add(1, Ordering::AcqRel) + 1 == cur.chunks() {
                 self.finish(cur, next, guard);
@@ -176,37 +184,46 @@ impl Table {
             }
         }
         self.copied_cells.fetch_add(cells, Ordering::Relaxed);
+        if cells > 0 {
+            cx.copied.set(true);
+        }
+        removed
     }
 
     /// Copies every chunk left (for whole-table operations and tests).
-    pub(super) fn finish_migration(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+    /// Returns the full rows its copies removed.
+    pub(super) fn finish_migration(&self, cx: &Cx<'_>, guard: &Guard) -> usize {
         let backoff = Backoff::new();
+        let mut removed = 0;
         loop {
             let cur = self.array(guard);
             let next = cur.next.load(Ordering::Acquire, guard);
             if !is_migrating(next) {
-                return;
+                return removed;
             }
             if next.is_null() || cur.claim.load(Ordering::Relaxed) >= cur.chunks() {
                 // Its starter is allocating the target, or the last chunks
                 // are with other copiers.
                 snooze(&backoff);
             }
-            self.help(hash_of, guard);
+            removed += self.help(cx, guard);
         }
     }
 
-    /// Freezes every cell of chunk `c` of `old`, places its rows in `new`,
-    /// marks them moved.
-    /// Returns the rows it copied.
+    /// Freezes every cell of chunk `c` of `old` (the current array), places
+    /// its rows in `new` and marks them moved, except rows whose bucket is
+    /// full at the call's reading: those it removes, as a sweep does (the
+    /// floor raised to the row's own `tat` first, the cell closed), so a
+    /// migration copies only the rows still owing something. Returns the
+    /// rows it copied and the rows it removed.
     fn copy_chunk(
         &self,
         old: &Array,
         new: &Array,
         c: usize,
-        hash_of: &dyn Fn(u64) -> u64,
+        cx: &Cx<'_>,
         guard: &Guard,
-    ) -> usize {
+    ) -> (usize, usize) {
         let backoff = Backoff::new();
         let start = c * CHUNK;
         let end = ((c + 1) * CHUNK).min(old.cells.len());
@@ -215,6 +232,8 @@ impl Table {
         // target lines are fetched together rather than one after another.
         let mut rows = [(0usize, 0u64, 0u128, 0u64); CHUNK];
         let mut copies = 0;
+        let mut removed = 0;
+        let mut gone = Vec::new();
         for (i, cell) in old.cells[start..end].iter().enumerate() {
             let frozen = loop {
                 let v = cell.load();
@@ -236,7 +255,24 @@ impl Table {
                 // SAFETY: `key` was read under `guard` from the cell this
                 // copier froze (a live row's, which no one removes while
                 // frozen).
-                let hash = unsafe { self.row_hash(key, hash_of, guard) };
+                let hash = unsafe { self.row_hash(key, cx.hash_of, guard) };
+                // A held row (`tat` at least `HELD`, a record) is never
+                // full: copied as it is, with its record.
+                // SAFETY: `tat` is the field of a live cell this copier
+                // froze, read under `guard`.
+                let last = unsafe { full_from(tat, guard) };
+                if last < HELD && last <= cx.now {
+                    // Full: removed here, not copied. The floor first, then
+                    // the cell closed (Release): whoever finds the key gone
+                    // reads a floor at least `last`.
+                    self.raise_for_copy(hash, last);
+                    cell.store(CellState::Closed.encode());
+                    removed += 1;
+                    if self.boxed.is_some() {
+                        gone.push(super::keys::untagged(key));
+                    }
+                    continue;
+                }
                 prefetch(&new.cells[hash as usize & new.mask()]);
                 rows[copies] = (start + i, key, CellState::Live { key, tat }.encode(), hash);
                 copies += 1;
@@ -247,10 +283,24 @@ impl Table {
             old.cells[idx].store(CellState::Moved { key }.encode());
         }
         // Room for the copies: `used` first, then `limit` (claims read
-        // `limit` before they add to `used`).
+        // `limit` before they add to `used`); the room kept for the rows
+        // removed instead goes to new rows.
         new.used.fetch_add(copies, Ordering::Relaxed);
-        new.limit.fetch_add(copies, Ordering::Release);
-        copies
+        new.limit.fetch_add(copies + removed, Ordering::Release);
+        if removed > 0 {
+            self.len.fetch_sub(removed, Ordering::SeqCst);
+            if !cx.pass {
+                self.copy_removed.fetch_add(removed, Ordering::Relaxed);
+            }
+            // SAFETY: each removed row left `old`, the current array (its
+            // migration is not finished while this chunk is being copied),
+            // whose older arrays were unpublished before it became current;
+            // its cell is closed (no key half) and it was never placed in
+            // `new`: no cell a reader pinning from now on can reach names
+            // its box. Only this copier, which froze the row, removes it.
+            unsafe { self.retire_keys(gone, guard) };
+        }
+        (copies, removed)
     }
 
     /// Writes a copied row into the first empty cell of its sequence in
@@ -288,6 +338,47 @@ impl Table {
             unsafe { retire_array(guard, old) };
         }
     }
+}
+
+/// When a frozen row whose `tat` field is `tat` is full: at `tat` for a
+/// plain row; a held row's field (at least `HELD`) is never full.
+///
+/// # Safety
+/// `tat` is the field of a live cell read under `guard`.
+#[cfg(not(pace_mutant = "copy_removes_held"))]
+#[inline]
+unsafe fn full_from(tat: u64, _guard: &Guard) -> u64 {
+    tat
+}
+
+/// Known-wrong variant `copy_removes_held`: a held row is judged by its
+/// settled `tat` alone, so a copy removes it, losing the held tokens.
+///
+/// # Safety
+/// As for the right variant.
+#[cfg(pace_mutant = "copy_removes_held")]
+unsafe fn full_from(tat: u64, guard: &Guard) -> u64 {
+    if tat < HELD {
+        return tat;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { super::held::Held::of(tat, guard) }.tat
+}
+
+impl Table {
+    /// A copier removing a full row raises its key's floor to the row's
+    /// `tat` first, as a sweep does.
+    #[cfg(not(pace_mutant = "copy_drops_without_floor"))]
+    #[inline]
+    fn raise_for_copy(&self, hash: u64, tat: u64) {
+        self.floors.raise(hash, tat);
+    }
+
+    /// Known-wrong variant `copy_drops_without_floor`: the row is removed
+    /// without raising the floor, so a stale reserve of its key starts from
+    /// an older one.
+    #[cfg(pace_mutant = "copy_drops_without_floor")]
+    fn raise_for_copy(&self, _: u64, _: u64) {}
 }
 
 /// Freezes a copier's cell, read as `v`: `None` when it changed first.

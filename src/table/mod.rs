@@ -76,7 +76,7 @@ pub(crate) const CHUNK: usize = 2;
 /// (a shrink) migrates in `cells / CALL_CELLS` calls while a dense one
 /// (growth) copies one chunk per call. Loom models copy one chunk per call.
 #[cfg(not(loom))]
-pub(crate) const CALL_CELLS: usize = 1024;
+pub(crate) const CALL_CELLS: usize = 256;
 #[cfg(loom)]
 pub(crate) const CALL_CELLS: usize = CHUNK;
 
@@ -93,6 +93,48 @@ const SWEEP_IDLE: usize = usize::MAX / 2;
 fn probe_seq(hash: u64, mask: usize) -> impl Iterator<Item = usize> {
     let start = hash as usize & mask;
     (0..=mask).map(move |i| (start + i) & mask)
+}
+
+/// What the table's own work along a call (copies, sweeps, resizes) needs
+/// from it: the hash of a key's own bits (boxed keys keep theirs) and the
+/// call's clock reading.
+pub(crate) struct Cx<'a> {
+    hash_of: &'a dyn Fn(u64) -> u64,
+    now: u64,
+    /// Whether the copies are a sweep pass's (`Cx::pass`), not a call's
+    /// share: their removals are the pass's, not counted in
+    /// `copy_removed`.
+    pass: bool,
+    /// Whether the call has copied its share of a migration already.
+    copied: std::cell::Cell<bool>,
+}
+
+impl<'a> Cx<'a> {
+    /// A call's own work: its share of a migration after its own row.
+    fn new(hash_of: &'a dyn Fn(u64) -> u64, now: u64) -> Cx<'a> {
+        Cx {
+            hash_of,
+            now,
+            pass: false,
+            copied: std::cell::Cell::new(false),
+        }
+    }
+
+    /// A sweep pass at `now` (the rows its copies remove are full at
+    /// `now`, as the rows it removes are).
+    fn pass(hash_of: &'a dyn Fn(u64) -> u64, now: u64) -> Cx<'a> {
+        Cx {
+            pass: true,
+            ..Cx::new(hash_of, now)
+        }
+    }
+
+    /// The same call before its own row is done: its copies remove no row
+    /// (no row is full at reading 0: a debit ends at least one interval
+    /// past 0).
+    fn keeping_all(&self) -> Cx<'a> {
+        Cx::new(self.hash_of, 0)
+    }
 }
 
 /// What a reserve did.
@@ -209,6 +251,10 @@ pub(crate) struct Table {
     migrations: AtomicUsize,
     /// Cells of the chunks copied (for tests).
     copied_cells: AtomicUsize,
+    /// Full rows the copies of calls' shares of migrations removed instead
+    /// of copying them (for tests and models; a pass's copies are not
+    /// counted).
+    copy_removed: AtomicUsize,
     /// A sweep pass ended on a sparse array that still held rows: the next
     /// insert or removal starts the shrink (`shrink_pending`).
     shrink_wanted: AtomicBool,
@@ -252,6 +298,7 @@ impl Table {
             lots: AtomicU64::new(0),
             migrations: AtomicUsize::new(0),
             copied_cells: AtomicUsize::new(0),
+            copy_removed: AtomicUsize::new(0),
             shrink_wanted: AtomicBool::new(false),
         })
     }
@@ -295,6 +342,13 @@ impl Table {
     #[cfg(feature = "internals")]
     pub(crate) fn copied_cells(&self) -> usize {
         self.copied_cells.load(Ordering::Relaxed)
+    }
+
+    /// Full rows the copies of calls' shares of migrations have removed
+    /// instead of copying them (a pass's copies are not counted).
+    #[cfg(feature = "internals")]
+    pub(crate) fn copy_removed(&self) -> usize {
+        self.copy_removed.load(Ordering::Relaxed)
     }
 
     /// Whether a migration of the current array is running.
@@ -457,6 +511,28 @@ impl Table {
         self.lots.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    /// Hands the key boxes of rows that left the table to the collector as
+    /// one deferred free (nothing for keys' own bits), and flushes the
+    /// thread's garbage so that they come back soon.
+    ///
+    /// # Safety
+    /// As for [`retire_key`](Table::retire_key), for each of `gone`.
+    unsafe fn retire_keys(&self, gone: Vec<u64>, guard: &Guard) {
+        if let (false, Some(free)) = (gone.is_empty(), self.boxed) {
+            // SAFETY: the caller's contract; the closure frees each box
+            // once, after every guard that could have read it is gone.
+            unsafe {
+                guard.defer_unchecked(move || {
+                    for bits in gone {
+                        free(bits);
+                    }
+                })
+            };
+            #[cfg(not(loom))]
+            guard.flush();
+        }
+    }
+
     /// Where `arr` stands: `Some(None)` if it is the current array,
     /// `Some(Some(cur))` if it is the target of the current array `cur`'s
     /// migration, `None` if it is older (every cell frozen). A row's key box
@@ -545,6 +621,7 @@ impl Table {
     /// if the row still ends at `own_tat`. A refund that makes the bucket
     /// full raises the floor to `prev` and removes the row (from the
     /// current array; in a migration's target the row stays, full).
+    /// After its own row, the call copies one chunk of a running migration.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn refund<P: Probe>(
         &self,
@@ -558,7 +635,28 @@ impl Table {
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
     ) -> Refunded {
-        self.help(hash_of, guard);
+        let cx = &Cx::new(hash_of, now);
+        let r = self.refund_row(limits, hash, key, n, own_tat, prev, cx, guard);
+        if !cx.copied.get() {
+            self.help(cx, guard);
+        }
+        r
+    }
+
+    /// [`refund`](Table::refund)'s own row.
+    #[allow(clippy::too_many_arguments)]
+    fn refund_row<P: Probe>(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: &P,
+        n: u64,
+        own_tat: u64,
+        prev: u64,
+        cx: &Cx<'_>,
+        guard: &Guard,
+    ) -> Refunded {
+        let now = cx.now;
         let backoff = Backoff::new();
         'find: loop {
             let Found::Row {
@@ -619,7 +717,7 @@ impl Table {
                         if full {
                             // SAFETY: our CAS made the row's cell a
                             // tombstone.
-                            unsafe { self.row_removed(arr, idx, bits, hash_of, guard) };
+                            unsafe { self.row_removed(arr, idx, bits, cx, guard) };
                             return Refunded::Removed;
                         }
                         return Refunded::Restored;
@@ -651,14 +749,7 @@ impl Table {
     /// # Safety
     /// The caller's CAS just turned that live cell into a tombstone, in the
     /// current array or its migration's target.
-    unsafe fn row_removed(
-        &self,
-        arr: &Array,
-        idx: usize,
-        bits: u64,
-        hash_of: &dyn Fn(u64) -> u64,
-        guard: &Guard,
-    ) {
+    unsafe fn row_removed(&self, arr: &Array, idx: usize, bits: u64, cx: &Cx<'_>, guard: &Guard) {
         self.len.fetch_sub(1, Ordering::SeqCst);
         match self.source_of(arr, guard) {
             // A migration's target: its source may still name the box
@@ -676,7 +767,7 @@ impl Table {
             _ => unsafe { self.retire_key(bits, guard) },
         }
         self.clean_after(arr, idx, guard);
-        self.shrink_pending(hash_of, guard);
+        self.shrink_pending(cx, guard);
     }
 
     /// The state of `key`'s row, if it has one; at `now`, the lots expired
@@ -713,7 +804,25 @@ impl Table {
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
     ) -> bool {
-        self.help(hash_of, guard);
+        let cx = &Cx::new(hash_of, now);
+        let r = self.resolve_row(hash, key, ticket, keep, cx, guard);
+        if !cx.copied.get() {
+            self.help(cx, guard);
+        }
+        r
+    }
+
+    /// [`resolve`](Table::resolve)'s own row.
+    fn resolve_row<P: Probe>(
+        &self,
+        hash: u64,
+        key: &P,
+        ticket: Ticket,
+        keep: bool,
+        cx: &Cx<'_>,
+        guard: &Guard,
+    ) -> bool {
+        let now = cx.now;
         let backoff = Backoff::new();
         'find: loop {
             let Found::Row {
@@ -749,7 +858,7 @@ impl Table {
                         // `arr` and made that cell a tombstone.
                         unsafe {
                             self.drop_record(arr, tat, guard);
-                            self.row_removed(arr, idx, bits, hash_of, guard);
+                            self.row_removed(arr, idx, bits, cx, guard);
                         }
                     })
                 } else {

@@ -7,7 +7,7 @@
 use super::array::Array;
 use super::cell::CellState;
 use super::held::{Held, HELD};
-use super::{is_migrating, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE};
+use super::{is_migrating, Cx, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE};
 use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
 
@@ -50,22 +50,24 @@ pub(crate) fn prefetch<T>(p: *const T) {
 
 impl Table {
     /// Removes every row whose bucket is full at `now` (floor raised to its
-    /// own `tat` first), after finishing any migration, then shrinks a
-    /// sparse array (whole: an explicit call). `hash_of` gives a key's hash:
+    /// own `tat` first), after finishing any migration (whose copies remove
+    /// the full rows they meet: counted too), then shrinks a sparse array
+    /// (whole: an explicit call). `hash_of` gives a key's hash:
     /// cells do not keep it.
     pub(crate) fn sweep(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) -> usize {
+        let cx = &Cx::pass(hash_of, now);
         let mut removed = 0;
         loop {
-            self.finish_migration(hash_of, guard);
+            removed += self.finish_migration(cx, guard);
             let arr = self.array(guard);
             removed += self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
             if is_migrating(arr.next.load(Ordering::Acquire, guard)) {
                 continue; // a migration started under the pass: sweep its target
             }
             if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
-                self.start_migration(arr, hash_of, guard);
+                removed += self.start_migration(arr, cx, guard);
             }
-            self.finish_migration(hash_of, guard);
+            removed += self.finish_migration(cx, guard);
             return removed;
         }
     }
@@ -121,22 +123,11 @@ impl Table {
         if removed > 0 {
             self.len.fetch_sub(removed, Ordering::SeqCst);
         }
-        if let (false, Some(free)) = (gone.is_empty(), self.boxed) {
-            // SAFETY: each row left `arr`, which was current when loaded
-            // (the arrays before it were unpublished first), by this call's
-            // CAS, and its cell no longer names its box: only a row's
-            // remover retires its box, once. The closure frees them after
-            // every guard that could have read them is gone.
-            unsafe {
-                guard.defer_unchecked(move || {
-                    for bits in gone {
-                        free(bits);
-                    }
-                })
-            };
-            #[cfg(not(loom))]
-            guard.flush();
-        }
+        // SAFETY: each row left `arr`, which was current when loaded (the
+        // arrays before it were unpublished first), by this call's CAS, and
+        // its cell no longer names its box: only a row's remover retires its
+        // box, once.
+        unsafe { self.retire_keys(gone, guard) };
         removed
     }
 
@@ -214,11 +205,21 @@ impl Table {
     /// of [`sweep_step`](Table::sweep_step). A pass already running
     /// goes on.
     pub(crate) fn start_sweep(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
-        let arr = self.array(guard);
-        let migrating = is_migrating(arr.next.load(Ordering::Acquire, guard));
+        let mut arr = self.array(guard);
+        let mut migrating = is_migrating(arr.next.load(Ordering::Acquire, guard));
+        if migrating && arr.cells.len() <= SWEEP_AT_ONCE {
+            // A small array's pass does not wait for its migration: it
+            // copies what is left of it (at most `SWEEP_AT_ONCE` cells, the
+            // rows full at `now` removed, not copied), and sweeps the
+            // target at once if that made it current (every chunk left was
+            // this call's to copy, as it is for a lone caller).
+            self.copy_rest(arr, &Cx::pass(hash_of, now), guard);
+            arr = self.array(guard);
+            migrating = is_migrating(arr.next.load(Ordering::Acquire, guard));
+        }
         if arr.cells.len() <= SWEEP_AT_ONCE && !migrating {
             self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
-            self.resize_after_pass(hash_of, guard);
+            self.resize_after_pass(&Cx::pass(hash_of, now), guard);
             return;
         }
         // Any cursor at or past the end means no pass runs (`SWEEP_IDLE`,
@@ -267,15 +268,34 @@ impl Table {
         self.sweep_range(arr, start, end, now, hash_of, guard);
         if end == len {
             arr.sweep_next.store(SWEEP_IDLE, Ordering::Relaxed);
-            self.resize_after_pass(hash_of, guard);
+            self.resize_after_pass(&Cx::pass(hash_of, now), guard);
         }
     }
 
+    /// Copies the chunks of `arr`'s migration that are left to claim, while
+    /// `arr` is current and its target allocated: never waits for another
+    /// caller.
+    #[cfg(not(pace_mutant = "pass_waits_for_migration"))]
+    fn copy_rest(&self, arr: &Array, cx: &Cx<'_>, guard: &Guard) {
+        while std::ptr::eq(self.array(guard), arr)
+            && self.target(arr, guard).is_some()
+            && arr.claim.load(Ordering::Relaxed) < arr.chunks()
+        {
+            self.help(cx, guard);
+        }
+    }
+
+    /// Known-wrong variant `pass_waits_for_migration`: a pass due on a
+    /// small migrating array copies nothing, and is left to later calls,
+    /// chunk by chunk in the target.
+    #[cfg(pace_mutant = "pass_waits_for_migration")]
+    fn copy_rest(&self, _: &Array, _: &Cx<'_>, _: &Guard) {}
+
     /// After a sweep pass: shrinks a sparse array, or resizes a churning
     /// one.
-    fn resize_after_pass(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
-        self.shrink_if_sparse(hash_of, guard);
-        self.resize_if_churning(hash_of, guard);
+    fn resize_after_pass(&self, cx: &Cx<'_>, guard: &Guard) {
+        self.shrink_if_sparse(cx, guard);
+        self.resize_if_churning(cx, guard);
     }
 
     /// Migrates the current array to one sized for churn (rows at most
@@ -287,7 +307,7 @@ impl Table {
     /// most 1/8 the condition no longer holds, so a steady flood resizes at
     /// most once; a shrink (rows under 1/16) sizes its target for churn too.
     #[cfg(not(pace_mutant = "no_churn_resize"))]
-    fn resize_if_churning(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+    fn resize_if_churning(&self, cx: &Cx<'_>, guard: &Guard) {
         let arr = self.array(guard);
         let n = arr.cells.len();
         let rows = self.len();
@@ -297,14 +317,14 @@ impl Table {
             && rows.saturating_mul(CHURN_FACTOR) > n
             && !is_migrating(arr.next.load(Ordering::Acquire, guard))
         {
-            self.start_migration(arr, hash_of, guard);
+            self.start_migration(arr, cx, guard);
         }
     }
 
     /// Known-wrong variant `no_churn_resize`: a churning array is never
     /// resized for churn.
     #[cfg(pace_mutant = "no_churn_resize")]
-    fn resize_if_churning(&self, _: &dyn Fn(u64) -> u64, _: &Guard) {}
+    fn resize_if_churning(&self, _: &Cx<'_>, _: &Guard) {}
 
     /// Migrates the current array to a smaller one when rows fill less than
     /// 1/16 of its cells (and it is above the table's minimum). An empty
@@ -313,11 +333,11 @@ impl Table {
     /// pass ending under a reserve's own short-lived row does not start a
     /// copy (sized for the new rows of the whole copy) that the row's refund
     /// a moment later makes unnecessary.
-    pub(super) fn shrink_if_sparse(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+    pub(super) fn shrink_if_sparse(&self, cx: &Cx<'_>, guard: &Guard) {
         let arr = self.array(guard);
         if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
             if self.len() == 0 {
-                self.start_migration(arr, hash_of, guard);
+                self.start_migration(arr, cx, guard);
             } else {
                 self.shrink_wanted.store(true, Ordering::Relaxed);
             }
@@ -327,21 +347,21 @@ impl Table {
     /// Starts a shrink left pending by the last sweep pass, if the table is
     /// still sparse.
     #[inline]
-    pub(super) fn shrink_pending(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+    pub(super) fn shrink_pending(&self, cx: &Cx<'_>, guard: &Guard) {
         if self.shrink_wanted.load(Ordering::Relaxed) {
-            self.start_pending_shrink(hash_of, guard);
+            self.start_pending_shrink(cx, guard);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn start_pending_shrink(&self, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+    fn start_pending_shrink(&self, cx: &Cx<'_>, guard: &Guard) {
         if !self.shrink_wanted.swap(false, Ordering::Relaxed) {
             return;
         }
         let arr = self.array(guard);
         if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
-            self.start_migration(arr, hash_of, guard);
+            self.start_migration(arr, cx, guard);
         }
     }
 

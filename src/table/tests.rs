@@ -483,3 +483,81 @@ fn a_refund_to_full_raises_the_floor() {
         );
     }
 }
+
+/// A migration removes the rows full at its copier's reading instead of
+/// copying them, raising each key's floor to the row's own `tat` first, as a
+/// sweep does: a stale reserve of such a key (a reading taken before) starts
+/// from that floor. Known-wrong variant `copy_drops_without_floor` removes
+/// them without raising the floor, so the stale reserve admits a token the
+/// bucket never had.
+#[test]
+fn a_migration_removes_full_rows_and_raises_their_floor() {
+    for boxed in [false, true] {
+        let limits = Limits::new(10, 1).unwrap();
+        // 128 cells, two chunks of 64; key k's hash is k, so keys 0..64 lie
+        // in chunk 0 and 64..104 in chunk 1: 104 claims, the array's limit.
+        let t = T::new(128, boxed);
+        let g = epoch::pin();
+        let id = |k: u64| k;
+        for k in 0..104u64 {
+            t.reserve(&limits, k, k, 1, 0, &id, &g).unwrap();
+        }
+        // Key 100's second debit, at 10: its row ends at 20.
+        assert_eq!(
+            t.reserve(&limits, 100, 100, 1, 10, &id, &g).unwrap().tat,
+            20
+        );
+        assert_eq!(t.migrations(), 0);
+        // Key 200 at 25 finds no room and starts a migration; the chunk its
+        // call copies (chunk 0), before its own row, keeps every row.
+        t.reserve(&limits, 200, 200, 1, 25, &id, &g).unwrap();
+        assert_eq!(t.migrations(), 1);
+        // Key 201 at 25: after its own row, its call copies chunk 1, whose
+        // rows are all full at 25: removed, not copied.
+        t.reserve(&limits, 201, 201, 1, 25, &id, &g).unwrap();
+        let mut want: Vec<u64> = (0..64).collect();
+        want.extend([200, 201]);
+        assert_eq!(t.live_keys(&g), want, "chunk 1's full rows were not copied");
+        assert_eq!(t.len(), 66);
+        // A reserve of key 100 that read the clock at 15: the row's debit at
+        // 10 holds the only token until 20.
+        assert_eq!(
+            t.reserve(&limits, 100, 100, 1, 15, &id, &g),
+            Err(Decision::Wait(5)),
+            "a fresh row starts from the floor the copier raised"
+        );
+    }
+}
+
+/// A pass that comes due while a small array migrates does not wait for
+/// the migration: its call copies the chunks left (removing the rows full
+/// at its reading) and sweeps the target at once, so a lone caller's pass
+/// removes every row full at its reading, as the sequential models expect.
+/// Known-wrong variant `pass_waits_for_migration` leaves the pass to later
+/// calls, chunk by chunk in the target.
+#[test]
+fn a_pass_due_during_a_migration_sweeps_at_once() {
+    for boxed in [false, true] {
+        let limits = Limits::new(10, 1).unwrap();
+        // As above: 104 rows, full from 10, fill 128 cells.
+        let t = T::new(128, boxed);
+        let g = epoch::pin();
+        let id = |k: u64| k;
+        for k in 0..104u64 {
+            t.reserve(&limits, k, k, 1, 0, &id, &g).unwrap();
+        }
+        // Key 200 at 25 starts a migration and copies chunk 0 (keeping
+        // every row, before its own); chunk 1 is left.
+        t.reserve(&limits, 200, 200, 1, 25, &id, &g).unwrap();
+        assert_eq!(t.migrations(), 1);
+        let migrating = |g: &Guard| {
+            super::is_migrating(t.array(g).next.load(crate::sync::Ordering::Acquire, g))
+        };
+        assert!(migrating(&g));
+        // A pass at 30: every row but key 200's (full at 35) is full.
+        t.start_sweep(30, &id, &g);
+        assert!(!migrating(&g), "the pass copied the migration's rest");
+        assert_eq!(t.live_keys(&g), vec![200], "the pass swept the target");
+        assert_eq!(t.len(), 1);
+    }
+}
