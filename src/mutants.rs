@@ -49,7 +49,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("passes_die_with_their_array", "table/migrate.rs", "a sweep pass is not carried to the new array"),
     ("quota_cost_of_default", "pace/mod.rs", "a call's quota gives the horizon, the default's interval the cost"),
     ("quota_read_twice", "pace/mod.rs", "the default quota is read twice, mixing two quotas"),
-    ("refund_gives_up_on_frozen", "table/mod.rs", "a refund that finds its row frozen by a copier gives up"),
+    ("refund_gives_up_on_frozen", "table/refund.rs", "a refund that finds its row frozen by a copier gives up"),
     ("refund_ignores_origin", "pace/refund.rs", "a debit is refunded to any limiter and key"),
     ("refund_keeps_floor", "table/floor.rs", "a refund that fills a row removes it without raising its floor"),
     ("refund_rewinds_tat", "table/held.rs", "a hold's refund also takes its cost off the settled tat"),

@@ -1,0 +1,277 @@
+//! Refunds, the resolution of holds and peeks: a key's row found, then
+//! restored, settled or read.
+
+use super::*;
+
+impl Table {
+    /// Undoes a reservation that moved `key`'s row from `prev` to `own_tat`,
+    /// if the row still ends at `own_tat`. A refund that makes the bucket
+    /// full raises the floor to `prev` and removes the row (from the
+    /// current array; in a migration's target the row stays, full).
+    /// After its own row, the call copies one chunk of a running migration.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn refund<P: Probe>(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: &P,
+        n: u64,
+        own_tat: u64,
+        prev: u64,
+        now: u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) -> Refunded {
+        let cx = &Cx::new(hash_of, now);
+        let r = self.refund_row(limits, hash, key, n, own_tat, prev, cx, guard);
+        if !cx.copied.get() {
+            self.help(cx, guard);
+        }
+        r
+    }
+
+    /// [`refund`](Table::refund)'s own row.
+    #[allow(clippy::too_many_arguments)]
+    fn refund_row<P: Probe>(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: &P,
+        n: u64,
+        own_tat: u64,
+        prev: u64,
+        cx: &Cx<'_>,
+        guard: &Guard,
+    ) -> Refunded {
+        let now = cx.now;
+        let backoff = Backoff::new();
+        'find: loop {
+            let Found::Row {
+                arr,
+                idx,
+                mut v,
+                bits,
+                mut tat,
+            } = self.find(hash, key, false, guard)
+            else {
+                return Refunded::Refilled;
+            };
+            loop {
+                if tat >= HELD {
+                    // SAFETY: `tat` is the field of a live cell read under
+                    // `guard`.
+                    let was = unsafe { Held::of(tat, guard) };
+                    if was.tat != own_tat {
+                        return Refunded::Superseded;
+                    }
+                    match self.replace_row(arr, idx, v, Held { tat: prev, ..was }, guard) {
+                        Ok(()) => return Refunded::Restored,
+                        Err(actual) => match CellState::decode(actual) {
+                            CellState::Live { key: k, tat: t } if k == bits => {
+                                v = actual;
+                                tat = t;
+                                cas_retry(&backoff);
+                                continue;
+                            }
+                            CellState::FrozenLive { .. } | CellState::Moved { .. } => {
+                                continue 'find
+                            }
+                            _ => return Refunded::Refilled,
+                        },
+                    }
+                }
+                let (next, full) = match limits.refund(tat, now, n, own_tat, prev) {
+                    Refund::Unchanged => return Refunded::Superseded,
+                    Refund::Set(t) => (CellState::Live { key: bits, tat: t }.encode(), false),
+                    // Neither current nor the current array's target: an old
+                    // array, whose cells are frozen (the CAS fails and the
+                    // walk goes on in the target).
+                    Refund::Full if self.source_of(arr, guard).is_none() => (
+                        CellState::Live {
+                            key: bits,
+                            tat: prev,
+                        }
+                        .encode(),
+                        false,
+                    ),
+                    Refund::Full => {
+                        self.floors.raise_refunded(hash, prev);
+                        (CellState::Tomb.encode(), true)
+                    }
+                };
+                match arr.cells[idx].cas(v, next) {
+                    Ok(_) => {
+                        if full {
+                            // SAFETY: our CAS made the row's cell a
+                            // tombstone.
+                            unsafe { self.row_removed(arr, idx, bits, cx, guard) };
+                            return Refunded::Removed;
+                        }
+                        return Refunded::Restored;
+                    }
+                    Err(actual) => match CellState::decode(actual) {
+                        CellState::Live { key: k, tat: t } if k == bits => {
+                            v = actual;
+                            tat = t;
+                            cas_retry(&backoff);
+                        }
+                        // Frozen by a copier: find it in the target.
+                        CellState::FrozenLive { .. } | CellState::Moved { .. }
+                            if refund_follows_copies() =>
+                        {
+                            continue 'find
+                        }
+                        // Removed (full) or reused since: nothing to return.
+                        _ => return Refunded::Refilled,
+                    },
+                }
+            }
+        }
+    }
+
+    /// What follows a refund's or a resolution's removal of the row in cell
+    /// `idx` of `arr` (key half `bits`): the count, the key box, the
+    /// cleaning of the tombstone, a pending shrink.
+    ///
+    /// # Safety
+    /// The caller's CAS just turned that live cell into a tombstone, in the
+    /// current array or its migration's target.
+    unsafe fn row_removed(&self, arr: &Array, idx: usize, bits: u64, cx: &Cx<'_>, guard: &Guard) {
+        self.len.fetch_sub(1, Ordering::SeqCst);
+        match self.source_of(arr, guard) {
+            // A migration's target: its source may still name the box
+            // (moved), so the box goes with the source (`keys.rs`).
+            Some(Some(source)) => {
+                if let Some(free) = self.boxed {
+                    source.adopt(keys::untagged(bits), free);
+                }
+            }
+            // SAFETY: the row left an array that is current now or was
+            // before (the arrays older than it were unpublished before this
+            // check, so every reader that can still reach them pinned before
+            // it), and its cell no longer names the box; only the remover of
+            // a row retires its box.
+            _ => unsafe { self.retire_key(bits, guard) },
+        }
+        self.clean_after(arr, idx, guard);
+        self.shrink_pending(cx, guard);
+    }
+
+    /// The state of `key`'s row, if it has one; at `now`, the lots expired
+    /// by then settled.
+    pub(crate) fn peek<P: Probe>(
+        &self,
+        hash: u64,
+        key: &P,
+        now: Option<u64>,
+        guard: &Guard,
+    ) -> Option<Held> {
+        match self.find(hash, key, false, guard) {
+            Found::Row { tat, .. } => {
+                // SAFETY: `tat` is the field of a live cell read under
+                // `guard`.
+                let s = unsafe { Held::of(tat, guard) };
+                Some(now.map_or(s, |now| s.at(now, self.hold_limit)))
+            }
+            _ => None,
+        }
+    }
+
+    /// Resolves a hold of `key` (`held.rs`): its tokens leave its lot, and
+    /// with `keep` are settled as a debit from the hold's reading. False
+    /// when its lot is gone (it expired and counted as kept).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn resolve<P: Probe>(
+        &self,
+        hash: u64,
+        key: &P,
+        ticket: Ticket,
+        keep: bool,
+        now: u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) -> bool {
+        let cx = &Cx::new(hash_of, now);
+        let r = self.resolve_row(hash, key, ticket, keep, cx, guard);
+        if !cx.copied.get() {
+            self.help(cx, guard);
+        }
+        r
+    }
+
+    /// [`resolve`](Table::resolve)'s own row.
+    fn resolve_row<P: Probe>(
+        &self,
+        hash: u64,
+        key: &P,
+        ticket: Ticket,
+        keep: bool,
+        cx: &Cx<'_>,
+        guard: &Guard,
+    ) -> bool {
+        let now = cx.now;
+        let backoff = Backoff::new();
+        'find: loop {
+            let Found::Row {
+                arr,
+                idx,
+                mut v,
+                bits,
+                mut tat,
+            } = self.find(hash, key, false, guard)
+            else {
+                return false;
+            };
+            loop {
+                if tat < HELD {
+                    return false; // a plain row holds no lot
+                }
+                // SAFETY: `tat` is the field of a live cell read under
+                // `guard`.
+                let was = unsafe { Held::of(tat, guard) }.at(now, self.hold_limit);
+                let Resolution::Done(next) = was.resolve(ticket, keep) else {
+                    return false;
+                };
+                // A resolution that leaves a full bucket and nothing held
+                // removes the row, as a refund to full does (floor raised
+                // first; never from an array older than the current one's
+                // target, whose cells are frozen anyway).
+                let full =
+                    next.is_plain() && next.tat <= now && self.source_of(arr, guard).is_some();
+                let replaced = if full {
+                    self.floors.raise(hash, next.tat);
+                    arr.cells[idx].cas(v, CellState::Tomb.encode()).map(|_| {
+                        // SAFETY: our CAS replaced `tat` in a cell of
+                        // `arr` and made that cell a tombstone.
+                        unsafe {
+                            self.drop_record(arr, tat, guard);
+                            self.row_removed(arr, idx, bits, cx, guard);
+                        }
+                    })
+                } else {
+                    self.replace_row(arr, idx, v, next, guard)
+                };
+                match replaced {
+                    Ok(()) => return true,
+                    Err(actual) => match CellState::decode(actual) {
+                        CellState::Live { key: k, tat: t } if k == bits => {
+                            v = actual;
+                            tat = t;
+                            cas_retry(&backoff);
+                        }
+                        CellState::FrozenLive { .. } | CellState::Moved { .. } => continue 'find,
+                        _ => return false,
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// Whether a refund that finds its row frozen or moved by a copier looks
+/// for it in the target: always.
+#[cfg(not(pace_mutant = "refund_gives_up_on_frozen"))]
+#[inline]
+const fn refund_follows_copies() -> bool {
+    true
+}
