@@ -204,8 +204,6 @@ enum How {
         lead_us: u64,
         spin_us: u64,
     },
-    /// tokio's timer aimed at the slot.
-    Tokio,
 }
 
 /// Notes a sleep of a wait written here, on this thread.
@@ -243,21 +241,6 @@ async fn turn(p: &Pace<u64>, how: How) -> u64 {
                 }
                 note_exp_sleep();
                 tokio::time::sleep(Duration::from_nanos(rem.saturating_sub(lead_us * 1000))).await;
-            }
-            r.debit_end_ns()
-        }
-        How::Tokio => {
-            let now = p.clock().now_ns();
-            let (r, slot) = p
-                .reserve_turn_at(&7, 1, None, 10_000_000_000, now)
-                .expect("within 10 s");
-            loop {
-                let now = p.clock().now_ns();
-                if now >= slot {
-                    break;
-                }
-                note_exp_sleep();
-                tokio::time::sleep(Duration::from_nanos(slot - now)).await;
             }
             r.debit_end_ns()
         }
@@ -340,7 +323,14 @@ fn main() {
                 spin_us: 100,
             }),
         ));
-        hows.push(("tokio-timer", Some(How::Tokio)));
+        // Aimed at the slot: no lead, no spin.
+        hows.push((
+            "tokio-timer",
+            Some(How::Early {
+                lead_us: 0,
+                spin_us: 0,
+            }),
+        ));
     }
     // Every admission's lateness over all rounds, per contender: with under
     // a hundred admissions a round, a round's p99 is its largest.
