@@ -581,6 +581,36 @@ fn run_histories(compare: bool, cases: u32) {
 }
 
 #[tokio::test]
+async fn a_refund_leaves_the_settled_debt() {
+    let server = common::RedisServer::start();
+    // 1 token per 10 s, capacity 3.
+    let interval = 10_000_000_000u64;
+    let p = RedisPace::builder(Rate::new(1, Duration::from_nanos(interval)).unwrap())
+        .capacity(3)
+        .prefix("settled:")
+        .deny_cache(false)
+        .time_injection(true)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let t0 = BASE;
+    // One token held, then two reserved (settled): the bucket is empty.
+    let h = p.hold_n_at("k", 1, None, t0).await.unwrap();
+    let r = p.reserve_n_at("k", 2, t0).await.unwrap();
+    assert_eq!(r.remaining(), Some(0));
+    // The refund returns the held token only: the two settled stay spent.
+    assert_eq!(h.refund_at(t0).await.unwrap(), Refunded::Restored);
+    let peek = p.peek_at("k", t0).await.unwrap();
+    assert_eq!(peek.remaining(), 1, "a refund rewound the settled debt");
+    assert_eq!(peek.reset_after(), Some(Duration::from_nanos(2 * interval)));
+    assert!(p.reserve_n_at("k", 1, t0).await.is_ok());
+    assert!(
+        matches!(p.reserve_n_at("k", 1, t0).await, Err(Error::Denied(_))),
+        "a fourth token within one interval exceeds the bound"
+    );
+}
+
+#[tokio::test]
 async fn an_unresolved_hold_settles_as_kept_after_the_hold_limit() {
     let server = common::RedisServer::start();
     // 1 token per 10 s, capacity 3, holds expire after 1 s.
