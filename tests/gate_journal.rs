@@ -9,6 +9,7 @@ use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{RwLock, RwLockReadGuard};
 use std::thread;
 use std::time::Duration;
 
@@ -16,6 +17,18 @@ use pace::gate::journal::{parse, recover, JobState, Journal, Stage};
 use rand::{Rng, SeedableRng};
 
 const CHILD_ENV: &str = "PACE_JOURNAL_CHILD_DIR";
+
+/// A child process holds a copy of every descriptor open in this process
+/// from its spawn until its exec, and with it the journal's lock (a `flock`
+/// belongs to the open file, not to the descriptor): a test that drops a
+/// journal and opens it again while another test spawns a worker can find
+/// it still locked. Spawns take this lock for writing; tests that reopen a
+/// journal hold it for reading.
+static SPAWNS: RwLock<()> = RwLock::new(());
+
+fn no_spawns() -> RwLockReadGuard<'static, ()> {
+    SPAWNS.read().unwrap_or_else(|e| e.into_inner())
+}
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pace-journal-{}-{name}", std::process::id()));
@@ -158,6 +171,7 @@ fn spawn_worker(dir: &Path, crash_at: Option<u64>) -> std::process::Child {
     if let Some(n) = crash_at {
         cmd.env(CRASH_AT_ENV, n.to_string());
     }
+    let _spawning = SPAWNS.write().unwrap_or_else(|e| e.into_inner());
     cmd.spawn().unwrap()
 }
 
@@ -242,6 +256,7 @@ fn journal_of_a_live_worker_process_cannot_be_opened() {
 /// first journal lives, and succeeds after it is dropped.
 #[test]
 fn second_open_is_refused_while_the_first_journal_lives() {
+    let _no_spawns = no_spawns();
     let dir = scratch("twice");
     let path = dir.join("journal");
     let (mut first, _) = Journal::open(&path).unwrap();
@@ -261,6 +276,7 @@ fn second_open_is_refused_while_the_first_journal_lives() {
 /// shortens the file.
 #[test]
 fn flipped_bit_in_a_middle_record_is_never_a_silent_truncation() {
+    let _no_spawns = no_spawns();
     let dir = scratch("middle");
     let path = dir.join("journal");
     let (mut j, _) = Journal::open(&path).unwrap();
@@ -307,6 +323,7 @@ fn sample_journal(dir: &Path) -> (PathBuf, Vec<u8>) {
 
 #[test]
 fn recovery_classifies_by_the_furthest_step() {
+    let _no_spawns = no_spawns();
     let dir = scratch("classify");
     let (path, bytes) = sample_journal(&dir);
     let rec = recover(&path).unwrap();
@@ -329,6 +346,7 @@ fn recovery_classifies_by_the_furthest_step() {
 /// truncates it so that new records are readable after it.
 #[test]
 fn torn_tail_is_detected_ignored_and_truncated() {
+    let _no_spawns = no_spawns();
     let dir = scratch("torn");
     let (path, bytes) = sample_journal(&dir);
     let whole = parse(&bytes);
@@ -382,6 +400,7 @@ proptest::proptest! {
         let bytes = {
             static SAMPLE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
             SAMPLE.get_or_init(|| {
+                let _no_spawns = no_spawns();
                 let _ = fs::remove_dir_all(&dir);
                 fs::create_dir_all(&dir).unwrap();
                 let (_, bytes) = sample_journal(&dir);

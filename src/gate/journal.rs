@@ -325,7 +325,11 @@ impl Journal<File> {
     /// itself survives a power loss.
     ///
     /// # Errors
-    /// [`JournalError::Locked`] if another [`Journal`] has it open;
+    /// [`JournalError::Locked`] if another [`Journal`] has it open (the
+    /// lock belongs to the open file: a child process spawned while a
+    /// [`Journal`] was open holds it until the child's `exec` or exit,
+    /// also after that [`Journal`] is dropped, so an `open` racing a
+    /// spawn in another thread can find it locked for that moment);
     /// [`JournalError::Corrupt`] (the file left untouched) if it holds
     /// unacknowledged damage; [`JournalError::NotAJournal`] (untouched) if
     /// it holds no valid record and does not start like one;
