@@ -5,7 +5,10 @@
 //! `entries::` tests, `cells_no_clean` (tombstones only reused, never
 //! cleaned) by the `cells::` tests, `cells_no_churn_resize` (a churning
 //! cell array never resized after a pass) by
-//! `a_churning_cell_array_is_resized_for_churn`.
+//! `a_churning_cell_array_is_resized_for_churn`; `mark_kept_after_pass`
+//! (the doubling that starts a pass counts from the rows at the last pass's
+//! start) and `shrink_to_half` (a shrink leaves no room for the rows to
+//! double) by `a_flood_under_a_long_horizon_keeps_few_rows`.
 
 use std::collections::hash_map::RandomState;
 use std::time::Duration;
@@ -19,7 +22,11 @@ use tables::{limiter, Rows};
 
 const T: u64 = 1_000;
 
-both_tables!(refunded_keys_reuse_tombstones, swept_keys_reuse_tombstones,);
+both_tables!(
+    refunded_keys_reuse_tombstones,
+    swept_keys_reuse_tombstones,
+    a_flood_under_a_long_horizon_keeps_few_rows,
+);
 
 /// Cells per live row a churning array may have: its target gives rows at
 /// most an eighth of it (`target_size`), rounded up to a power of two.
@@ -134,4 +141,55 @@ impl<'a> SweptFlood<'a> {
             self.now += Self::STEP;
         }
     }
+}
+
+/// New keys under the default capacity of 1000/s (a 1 s horizon), so each
+/// row is full again 1 ms after its reserve but the time-driven pass comes
+/// only once a second: the passes that start when the rows double remove
+/// them. Each counts from the rows the last pass left, so the table holds a
+/// few milliseconds of keys and, after a warm-up, neither grows nor
+/// shrinks (4,000 keys a millisecond); when the keys slow to 1,000 a
+/// millisecond it shrinks once, to an array where the rows can double
+/// before the next pass, and stays there. Known-wrong variants, caught
+/// here: `mark_kept_after_pass` (the next doubling counts from the rows at
+/// the last pass's start: the rows reach 16 ms of keys and the table
+/// grows), `shrink_to_half` (the shrink leaves no room for a doubling: it
+/// grows again).
+fn a_flood_under_a_long_horizon_keeps_few_rows(rows: Rows) {
+    let p = limiter(1000, Duration::from_millis(1), rows);
+    assert_eq!(p.horizon(), Duration::from_secs(1));
+    let mut now = 1_000_000_000;
+    let mut id = 0u64;
+    // `ms` milliseconds of a new key each `step` ns: the most rows seen.
+    let mut flood = |ms: u64, step: u64| {
+        let mut most = 0;
+        for _ in 0..ms * 1_000_000 / step {
+            drop(p.reserve_n_at(&id, 1, now).unwrap());
+            id += 1;
+            now += step;
+            most = most.max(p.len());
+        }
+        most
+    };
+    let (fast, slow) = (250, 1_000);
+    flood(20, fast);
+    let (slots, migrations) = (p.table_slots(), p.migrations());
+    let most = flood(20, fast);
+    assert!(
+        most <= 4 * 1_000_000 / fast as usize,
+        "{most} rows at 4,000 keys a millisecond"
+    );
+    assert_eq!(p.migrations(), migrations, "no migration under churn");
+    assert_eq!(p.table_slots(), slots, "the table keeps its size");
+    flood(30, slow);
+    let shrunk = p.table_slots();
+    assert!(shrunk < slots, "{shrunk} slots: no shrink");
+    assert_eq!(p.migrations(), migrations + 1, "the table shrank once");
+    let most = flood(30, slow);
+    assert!(
+        most <= 4 * 1_000_000 / slow as usize,
+        "{most} rows at 1,000 keys a millisecond"
+    );
+    assert_eq!(p.migrations(), migrations + 1, "the table shrank once");
+    assert_eq!(p.table_slots(), shrunk, "the table keeps its size");
 }

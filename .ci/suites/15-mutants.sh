@@ -174,6 +174,20 @@ expect_caught inline_any_hasher hashers "the flood finished" --release \
 expect_caught no_churn_resize churn "slots for 4000 rows a horizon" --release \
     a_churning_cell_array_is_resized_for_churn
 
+# A flood of new keys under a long horizon (tests/churn.rs): the passes that
+# start when the rows double keep them at a few milliseconds of keys, and a
+# slowdown shrinks the table once, against two variants:
+#   mark_kept_after_pass: the next doubling counts from the rows at the last
+#     pass's start, so the rows reach many milliseconds of keys
+#   shrink_to_half: a shrink's target leaves no room for the rows to double
+#     before the next pass, so the table grows again
+expect_caught mark_kept_after_pass churn "rows at 4,000 keys a millisecond" --release \
+    cells::a_flood_under_a_long_horizon_keeps_few_rows \
+    entries::a_flood_under_a_long_horizon_keeps_few_rows
+expect_caught shrink_to_half churn "the table shrank once" --release \
+    cells::a_flood_under_a_long_horizon_keeps_few_rows \
+    entries::a_flood_under_a_long_horizon_keeps_few_rows
+
 # A migration removes the rows already full instead of copying them, raising
 # each key's floor first, against `copy_drops_without_floor`: a stale reserve
 # then admits one more (src/table/tests.rs).

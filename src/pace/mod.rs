@@ -62,7 +62,8 @@ pub struct Pace<K, S = RandomState, C = DefaultClock> {
     horizon: AtomicU64,
     /// When the next time-driven sweep is due (ns on the clock).
     next_sweep: CachePadded<AtomicU64>,
-    /// Rows left by the last sweep; a sweep also runs when `len` doubles it.
+    /// Rows at the start of the last pass, or left by it if fewer; a sweep
+    /// also runs when `len` doubles it.
     sweep_mark: AtomicUsize,
     epochs: Epochs,
     /// This limiter's identity, carried by every [`Debit`] it hands out so
@@ -696,7 +697,9 @@ where
                 return;
             }
         }
-        self.rows.table.sweep_step(now, &|b| self.hash_of(b), guard);
+        if self.rows.table.sweep_step(now, &|b| self.hash_of(b), guard) {
+            self.pass_ended();
+        }
     }
 
     /// Known-wrong variant for mutation tests: passes keep the default
@@ -717,6 +720,24 @@ where
             self.next_sweep.fetch_min(soon, Ordering::Relaxed);
         }
     }
+
+    /// A chunked pass ended: the next doubling counts from the rows it
+    /// left, when fewer than at its start. Under a flood of new keys that
+    /// refill long before the horizon, a pass removes most rows: counted
+    /// from its start, the next pass would come only once the rows had
+    /// doubled the count before those removals, and meanwhile the array
+    /// would grow for rows that are full.
+    #[cfg(not(pace_mutant = "mark_kept_after_pass"))]
+    #[cold]
+    #[inline(never)]
+    fn pass_ended(&self) {
+        self.sweep_mark.fetch_min(self.len(), Ordering::Relaxed);
+    }
+
+    /// Known-wrong variant `mark_kept_after_pass`: the next doubling counts
+    /// from the rows at the pass's start.
+    #[cfg(pace_mutant = "mark_kept_after_pass")]
+    fn pass_ended(&self) {}
 
     #[cold]
     #[inline(never)]

@@ -41,8 +41,8 @@ use super::{
 use crate::sync::epoch::{Guard, Owned, Shared};
 use crate::sync::{fence, snooze, Ordering};
 
-/// The size of a migration's target : rows
-/// take at most half of it. An array that filled with tombstones which
+/// The size of a migration's target: rows
+/// take at most half of it, a quarter after a shrink ([`shrink_factor`]). An array that filled with tombstones which
 /// cleaning in place could not clear (rows leave from the middle of
 /// linear-probing runs) is churning: its target gives rows at most
 /// `1 / CHURN_FACTOR` of it, where
@@ -54,6 +54,8 @@ use crate::sync::{fence, snooze, Ordering};
 fn target_size(rows: usize, used: usize, len: usize, chunks: usize, min: usize) -> usize {
     let factor = if churning(rows, used, len) {
         CHURN_FACTOR
+    } else if rows.saturating_mul(16) < len {
+        shrink_factor()
     } else {
         2
     };
@@ -62,6 +64,24 @@ fn target_size(rows: usize, used: usize, len: usize, chunks: usize, min: usize) 
         .max(room_for_copies(rows, chunks))
         .max(min)
         .next_power_of_two()
+}
+
+/// A shrink's target (rows under 1/16 of the array) gives rows at most a
+/// quarter of it: rows can double before the next pass (a pass also starts
+/// when they double, `Pace::maybe_sweep`) and stay under the array's limit
+/// (13/16), so a table whose rows swing between one pass's leftovers and
+/// twice as many does not shrink at one pass and grow before the next.
+#[cfg(not(pace_mutant = "shrink_to_half"))]
+#[inline]
+fn shrink_factor() -> usize {
+    4
+}
+
+/// Known-wrong variant `shrink_to_half`: a shrink's target gives rows half
+/// of it, so a doubling of the rows before the next pass grows it again.
+#[cfg(pace_mutant = "shrink_to_half")]
+fn shrink_factor() -> usize {
+    2
 }
 
 /// Whether tombstones hold a quarter of an array of `len` cells with `used`

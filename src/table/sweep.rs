@@ -237,13 +237,12 @@ impl Table {
     }
 
     /// Sweeps one chunk of the running pass, if there is one: two loads
-    /// otherwise.
+    /// otherwise. True if it swept the pass's last chunk.
     #[inline]
-    pub(crate) fn sweep_step(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+    pub(crate) fn sweep_step(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) -> bool {
         let arr = self.array(guard);
-        if arr.sweep_next.load(Ordering::Relaxed) < arr.cells.len() {
-            self.sweep_chunk_of(arr, now, hash_of, guard);
-        }
+        arr.sweep_next.load(Ordering::Relaxed) < arr.cells.len()
+            && self.sweep_chunk_of(arr, now, hash_of, guard)
     }
 
     /// Claims and sweeps one chunk whether or not a pass runs: a caller
@@ -252,24 +251,32 @@ impl Table {
     #[cfg(test)]
     pub(crate) fn sweep_chunk_late(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
         let arr = self.array(guard);
-        self.sweep_chunk_of(arr, now, hash_of, guard);
+        let _ = self.sweep_chunk_of(arr, now, hash_of, guard);
     }
 
     #[cold]
     #[inline(never)]
-    fn sweep_chunk_of(&self, arr: &Array, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+    fn sweep_chunk_of(
+        &self,
+        arr: &Array,
+        now: u64,
+        hash_of: &dyn Fn(u64) -> u64,
+        guard: &Guard,
+    ) -> bool {
         let len = arr.cells.len();
         let chunk = sweep_chunk(len);
         let start = arr.sweep_next.fetch_add(chunk, Ordering::Relaxed);
         if start >= len {
-            return; // the pass ended under us
+            return false; // the pass ended under us
         }
         let end = (start + chunk).min(len);
         self.sweep_range(arr, start, end, now, hash_of, guard);
-        if end == len {
-            arr.sweep_next.store(SWEEP_IDLE, Ordering::Relaxed);
-            self.resize_after_pass(&Cx::pass(hash_of, now), guard);
+        if end < len {
+            return false;
         }
+        arr.sweep_next.store(SWEEP_IDLE, Ordering::Relaxed);
+        self.resize_after_pass(&Cx::pass(hash_of, now), guard);
+        true
     }
 
     /// Copies the chunks of `arr`'s migration that are left to claim, while

@@ -387,7 +387,7 @@ fn a_large_table_is_swept_a_chunk_per_call() {
     let mut calls = 1;
     let mut seen = vec![10_000 - cells.len()];
     while cells.sweep_running(&g) {
-        cells.sweep_step(100, &hash, &g);
+        let _ = cells.sweep_step(100, &hash, &g);
         calls += 1;
         seen.push(10_000 - cells.len());
     }
