@@ -23,10 +23,14 @@
 //!   that check's clock reading). A number taken before the call would also
 //!   count two calls swapping between taking it and reaching the limiter;
 //! * lateness: each admission's time against the ideal schedule of the
-//!   bucket (the k-th admission of the run is due at `start + max(0, k −
-//!   capacity + 1) × interval`), p50 / p99 / max; and the longest wait of a
-//!   call. With under a hundred admissions a round, p99 is the largest
-//!   admission's lateness.
+//!   bucket, which starts full at the run's first admission `t1` (the k-th
+//!   admission is due at `t1 + max(0, k − capacity + 1) × interval`; the
+//!   time the tasks take to start before `t1` is no one's lateness), p50 /
+//!   p99 / max; and the longest wait of a call. For pace, also each
+//!   admission against its own slot on the limiter's clock (`max(the
+//!   call's start, tat − τ)`, read right after the call returns). With
+//!   under a hundred admissions a round, p99 is the largest admission's
+//!   lateness.
 //!
 //! `acquire` sleeps on `futures-timer` (a timer thread with nanosecond
 //! deadlines, as governor's `until_key_ready` does). With `PACE_TURN_EXP=1`
@@ -157,10 +161,21 @@ struct Call {
     through: Instant,
     took: Duration,
     sleeps: u64,
+    /// Lateness against the call's own slot (ns), where the limiter says it.
+    behind_slot: Option<u64>,
 }
 
-fn summarise(name: &str, start: Instant, mut calls: Vec<Call>) -> Histogram<u64> {
+/// Prints a run's figures; returns its lateness against the schedule and
+/// against each call's own slot (µs).
+fn summarise(name: &str, mut calls: Vec<Call>) -> (Histogram<u64>, Histogram<u64>) {
     calls.sort_by_key(|c| c.through);
+    let Some(t1) = calls.first().map(|c| c.through) else {
+        return (Histogram::new(3).unwrap(), Histogram::new(3).unwrap());
+    };
+    let mut behind = Histogram::<u64>::new(3).unwrap();
+    for ns in calls.iter().filter_map(|c| c.behind_slot) {
+        behind.record(ns / 1_000).unwrap();
+    }
     let waited = calls.iter().filter(|c| c.sleeps > 0).count() as u64;
     let sleeps: u64 = calls.iter().map(|c| c.sleeps).sum();
     let mut inversions = 0u64;
@@ -174,13 +189,13 @@ fn summarise(name: &str, start: Instant, mut calls: Vec<Call>) -> Histogram<u64>
     let mut late = Histogram::<u64>::new(3).unwrap();
     for (k, c) in calls.iter().enumerate() {
         let due = (k as u64 + 1).saturating_sub(PER_SECOND) * interval;
-        let at = c.through.duration_since(start).as_nanos() as u64;
+        let at = c.through.duration_since(t1).as_nanos() as u64;
         late.record(at.saturating_sub(due) / 1_000).unwrap();
     }
     let longest = calls.iter().map(|c| c.took).max().unwrap_or_default();
     println!(
         "{name:12} through {:3}  waited {:3}  sleeps {:4}  wasted wake-ups {:4}  inversions {:4}  \
-         lateness p50 {:6} µs p99 {:6} µs max {:6} µs  longest wait {:7.1} ms",
+         lateness p50 {:6} µs p99 {:6} µs max {:6} µs  longest wait {:7.1} ms{}",
         calls.len(),
         waited,
         sleeps,
@@ -190,8 +205,18 @@ fn summarise(name: &str, start: Instant, mut calls: Vec<Call>) -> Histogram<u64>
         late.value_at_quantile(0.99),
         late.max(),
         longest.as_secs_f64() * 1e3,
+        if behind.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "  behind own slot p50 {} µs p99 {} µs max {} µs",
+                behind.value_at_quantile(0.5),
+                behind.value_at_quantile(0.99),
+                behind.max()
+            )
+        }
     );
-    late
+    (late, behind)
 }
 
 /// How a turn waits for its slot.
@@ -211,16 +236,26 @@ fn note_exp_sleep() {
     EXP_SLEEPS_HERE.with(|c| c.set(c.get() + 1));
 }
 
-async fn turn(p: &Pace<u64>, how: How) -> u64 {
+/// One turn: the end of its debit (its place in the order) and how far
+/// behind its own slot it went through (ns, on the limiter's clock).
+async fn turn(p: &Pace<u64>, how: How) -> (u64, u64) {
     use pace::clock::Clock;
     use pace::internals::PaceInternals;
+    let called = p.clock().now_ns();
+    let tau = PER_SECOND * (1_000_000_000 / PER_SECOND);
+    let behind = |end: u64| {
+        p.clock()
+            .now_ns()
+            .saturating_sub(end.saturating_sub(tau).max(called))
+    };
     match how {
         How::Acquire => {
             let r = p
                 .acquire(&7, Duration::from_secs(10))
                 .await
                 .expect("within 10 s");
-            r.debit_end_ns()
+            let end = r.debit_end_ns();
+            (end, behind(end))
         }
         How::Early { lead_us, spin_us } => {
             let now = p.clock().now_ns();
@@ -242,7 +277,8 @@ async fn turn(p: &Pace<u64>, how: How) -> u64 {
                 note_exp_sleep();
                 tokio::time::sleep(Duration::from_nanos(rem.saturating_sub(lead_us * 1000))).await;
             }
-            r.debit_end_ns()
+            let end = r.debit_end_ns();
+            (end, behind(end))
         }
     }
 }
@@ -255,13 +291,14 @@ async fn run_pace(p: Arc<Pace<u64>>, start: Instant, how: How) -> Vec<Call> {
         tasks.push(tokio::spawn(async move {
             while start.elapsed() < RUN {
                 let t = Instant::now();
-                let (arrived, counts) = counted(turn(&p, how)).await;
+                let ((arrived, behind), counts) = counted(turn(&p, how)).await;
                 let through = Instant::now();
                 calls.lock().unwrap().push(Call {
                     arrived,
                     through,
                     took: through - t,
                     sleeps: counts.sleeps,
+                    behind_slot: Some(behind),
                 });
             }
         }));
@@ -291,6 +328,7 @@ async fn run_governor(g: Arc<Governor>, start: Instant) -> Vec<Call> {
                     through,
                     took: through - t,
                     sleeps: counts.readings.saturating_sub(1) / 2,
+                    behind_slot: None,
                 });
             }
         }));
@@ -335,6 +373,8 @@ fn main() {
     // Every admission's lateness over all rounds, per contender: with under
     // a hundred admissions a round, a round's p99 is its largest.
     let mut pooled: Vec<Histogram<u64>> = hows.iter().map(|_| Histogram::new(3).unwrap()).collect();
+    let mut pooled_slot: Vec<Histogram<u64>> =
+        hows.iter().map(|_| Histogram::new(3).unwrap()).collect();
     for round in 0..rounds {
         println!("round {}", round + 1);
         let mut order: Vec<usize> = (0..hows.len()).collect();
@@ -348,7 +388,9 @@ fn main() {
                 p.peek(&7);
                 let start = Instant::now();
                 let r = rt.block_on(run_pace(p, start, how));
-                pooled[which].add(summarise(name, start, r)).unwrap();
+                let (late, behind) = summarise(name, r);
+                pooled[which].add(late).unwrap();
+                pooled_slot[which].add(behind).unwrap();
             } else {
                 let clock = Counting::default();
                 let per = std::num::NonZeroU32::new(PER_SECOND as u32).unwrap();
@@ -357,15 +399,15 @@ fn main() {
                 let _ = g.check_key(&8);
                 let start = Instant::now();
                 let r = rt.block_on(run_governor(g, start));
-                pooled[which].add(summarise(name, start, r)).unwrap();
+                pooled[which].add(summarise(name, r).0).unwrap();
             }
         }
     }
     println!("all {rounds} rounds, lateness of every admission:");
-    for ((name, _), h) in hows.iter().zip(&pooled) {
+    let line = |name: &str, what: &str, h: &Histogram<u64>| {
         let over = h.count_between(2_001, h.max().max(2_001));
         println!(
-            "{name:12} admissions {:4}  p50 {:6} µs  p99 {:6} µs  p99.9 {:6} µs  max {:6} µs  over 2 ms {:3}",
+            "{name:12} {what:15} admissions {:4}  p50 {:6} µs  p99 {:6} µs  p99.9 {:6} µs  max {:6} µs  over 2 ms {:3}",
             h.len(),
             h.value_at_quantile(0.5),
             h.value_at_quantile(0.99),
@@ -373,5 +415,11 @@ fn main() {
             h.max(),
             over,
         );
+    };
+    for (i, (name, _)) in hows.iter().enumerate() {
+        line(name, "vs schedule", &pooled[i]);
+        if !pooled_slot[i].is_empty() {
+            line(name, "vs own slot", &pooled_slot[i]);
+        }
     }
 }
