@@ -41,7 +41,11 @@
 //!   a wake lands anywhere in the 2 ms after the slot;
 //! * `tokio-early`: tokio's timer aimed 1 ms before the slot, the last
 //!   ≤ 100 µs spun, a wake-up further off sleeps again (counted): aiming
-//!   early trades lateness for wasted wake-ups.
+//!   early trades lateness for wasted wake-ups;
+//! * `pace-blocking`: `acquire_blocking` on 8 threads instead of 8 tasks:
+//!   each thread sleeps itself (`std::thread::sleep`), one wake-up per
+//!   turn where an async wait needs two (the timer thread's, then a
+//!   worker's): what this machine's wake-ups cost without an executor.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -194,7 +198,7 @@ fn summarise(name: &str, mut calls: Vec<Call>) -> (Histogram<u64>, Histogram<u64
     }
     let longest = calls.iter().map(|c| c.took).max().unwrap_or_default();
     println!(
-        "{name:12} through {:3}  waited {:3}  sleeps {:4}  wasted wake-ups {:4}  inversions {:4}  \
+        "{name:13} through {:3}  waited {:3}  sleeps {:4}  wasted wake-ups {:4}  inversions {:4}  \
          lateness p50 {:6} µs p99 {:6} µs max {:6} µs  longest wait {:7.1} ms{}",
         calls.len(),
         waited,
@@ -223,6 +227,8 @@ fn summarise(name: &str, mut calls: Vec<Call>) -> (Histogram<u64>, Histogram<u64
 #[derive(Clone, Copy, PartialEq)]
 enum How {
     Acquire,
+    /// `acquire_blocking` on threads of its own.
+    Blocking,
     /// tokio's timer aimed `lead_us` before the slot, then a spin if at
     /// most `spin_us` is left, else another sleep.
     Early {
@@ -257,6 +263,7 @@ async fn turn(p: &Pace<u64>, how: How) -> (u64, u64) {
             let end = r.debit_end_ns();
             (end, behind(end))
         }
+        How::Blocking => unreachable!("blocking turns run on threads: run_blocking"),
         How::Early { lead_us, spin_us } => {
             let now = p.clock().now_ns();
             let (r, slot) = p
@@ -308,6 +315,43 @@ async fn run_pace(p: Arc<Pace<u64>>, start: Instant, how: How) -> Vec<Call> {
     }
     let calls = calls.lock().unwrap().clone();
     calls
+}
+
+/// `acquire_blocking` on `TASKS` threads of their own.
+fn run_blocking(p: Arc<Pace<u64>>, start: Instant) -> Vec<Call> {
+    use pace::clock::Clock;
+    let tau = PER_SECOND * (1_000_000_000 / PER_SECOND);
+    let threads: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let mut calls = Vec::new();
+                while start.elapsed() < RUN {
+                    let t = Instant::now();
+                    let called = p.clock().now_ns();
+                    let before = pace::internals::turn_sleeps_here();
+                    let r = p
+                        .acquire_blocking(&7, Duration::from_secs(10))
+                        .expect("within 10 s");
+                    let seen = p.clock().now_ns();
+                    let through = Instant::now();
+                    let end = r.debit_end_ns();
+                    calls.push(Call {
+                        arrived: end,
+                        through,
+                        took: through - t,
+                        sleeps: pace::internals::turn_sleeps_here() - before,
+                        behind_slot: Some(seen.saturating_sub(end.saturating_sub(tau).max(called))),
+                    });
+                }
+                calls
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect()
 }
 
 type Governor =
@@ -369,6 +413,7 @@ fn main() {
                 spin_us: 0,
             }),
         ));
+        hows.push(("pace-blocking", Some(How::Blocking)));
     }
     // Every admission's lateness over all rounds, per contender: with under
     // a hundred admissions a round, a round's p99 is its largest.
@@ -387,7 +432,11 @@ fn main() {
                 let p = Arc::new(Pace::new(Rate::per_second(PER_SECOND).unwrap()));
                 p.peek(&7);
                 let start = Instant::now();
-                let r = rt.block_on(run_pace(p, start, how));
+                let r = if how == How::Blocking {
+                    run_blocking(p, start)
+                } else {
+                    rt.block_on(run_pace(p, start, how))
+                };
                 let (late, behind) = summarise(name, r);
                 pooled[which].add(late).unwrap();
                 pooled_slot[which].add(behind).unwrap();
@@ -407,7 +456,7 @@ fn main() {
     let line = |name: &str, what: &str, h: &Histogram<u64>| {
         let over = h.count_between(2_001, h.max().max(2_001));
         println!(
-            "{name:12} {what:15} admissions {:4}  p50 {:6} µs  p99 {:6} µs  p99.9 {:6} µs  max {:6} µs  over 2 ms {:3}",
+            "{name:13} {what:15} admissions {:4}  p50 {:6} µs  p99 {:6} µs  p99.9 {:6} µs  max {:6} µs  over 2 ms {:3}",
             h.len(),
             h.value_at_quantile(0.5),
             h.value_at_quantile(0.99),
