@@ -23,10 +23,14 @@
 //!   that check's clock reading). A number taken before the call would also
 //!   count two calls swapping between taking it and reaching the limiter;
 //! * lateness: each admission's time against the ideal schedule of the
-//!   bucket (the k-th admission of the run is due at `start + max(0, k −
-//!   capacity + 1) × interval`), p50 / p99 / max; and the longest wait of a
-//!   call. With under a hundred admissions a round, p99 is the largest
-//!   admission's lateness.
+//!   bucket, which starts full at the run's first admission `t1` (the k-th
+//!   admission is due at `t1 + max(0, k − capacity + 1) × interval`; the
+//!   time the tasks take to start before `t1` is no one's lateness), p50 /
+//!   p99 / max; and the longest wait of a call. For pace, also each
+//!   admission against its own slot on the limiter's clock (`max(the
+//!   call's start, tat − τ)`, read right after the call returns). With
+//!   under a hundred admissions a round, p99 is the largest admission's
+//!   lateness.
 //!
 //! `acquire` sleeps on `futures-timer` (a timer thread with nanosecond
 //! deadlines, as governor's `until_key_ready` does). With `PACE_TURN_EXP=1`
@@ -37,7 +41,11 @@
 //!   a wake lands anywhere in the 2 ms after the slot;
 //! * `tokio-early`: tokio's timer aimed 1 ms before the slot, the last
 //!   ≤ 100 µs spun, a wake-up further off sleeps again (counted): aiming
-//!   early trades lateness for wasted wake-ups.
+//!   early trades lateness for wasted wake-ups;
+//! * `pace-blocking`: `acquire_blocking` on 8 threads instead of 8 tasks:
+//!   each thread sleeps itself (`std::thread::sleep`), one wake-up per
+//!   turn where an async wait needs two (the timer thread's, then a
+//!   worker's): what this machine's wake-ups cost without an executor.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -157,10 +165,21 @@ struct Call {
     through: Instant,
     took: Duration,
     sleeps: u64,
+    /// Lateness against the call's own slot (ns), where the limiter says it.
+    behind_slot: Option<u64>,
 }
 
-fn summarise(name: &str, start: Instant, mut calls: Vec<Call>) -> Histogram<u64> {
+/// Prints a run's figures; returns its lateness against the schedule and
+/// against each call's own slot (µs).
+fn summarise(name: &str, mut calls: Vec<Call>) -> (Histogram<u64>, Histogram<u64>) {
     calls.sort_by_key(|c| c.through);
+    let Some(t1) = calls.first().map(|c| c.through) else {
+        return (Histogram::new(3).unwrap(), Histogram::new(3).unwrap());
+    };
+    let mut behind = Histogram::<u64>::new(3).unwrap();
+    for ns in calls.iter().filter_map(|c| c.behind_slot) {
+        behind.record(ns / 1_000).unwrap();
+    }
     let waited = calls.iter().filter(|c| c.sleeps > 0).count() as u64;
     let sleeps: u64 = calls.iter().map(|c| c.sleeps).sum();
     let mut inversions = 0u64;
@@ -174,13 +193,13 @@ fn summarise(name: &str, start: Instant, mut calls: Vec<Call>) -> Histogram<u64>
     let mut late = Histogram::<u64>::new(3).unwrap();
     for (k, c) in calls.iter().enumerate() {
         let due = (k as u64 + 1).saturating_sub(PER_SECOND) * interval;
-        let at = c.through.duration_since(start).as_nanos() as u64;
+        let at = c.through.duration_since(t1).as_nanos() as u64;
         late.record(at.saturating_sub(due) / 1_000).unwrap();
     }
     let longest = calls.iter().map(|c| c.took).max().unwrap_or_default();
     println!(
-        "{name:12} through {:3}  waited {:3}  sleeps {:4}  wasted wake-ups {:4}  inversions {:4}  \
-         lateness p50 {:6} µs p99 {:6} µs max {:6} µs  longest wait {:7.1} ms",
+        "{name:13} through {:3}  waited {:3}  sleeps {:4}  wasted wake-ups {:4}  inversions {:4}  \
+         lateness p50 {:6} µs p99 {:6} µs max {:6} µs  longest wait {:7.1} ms{}",
         calls.len(),
         waited,
         sleeps,
@@ -190,14 +209,26 @@ fn summarise(name: &str, start: Instant, mut calls: Vec<Call>) -> Histogram<u64>
         late.value_at_quantile(0.99),
         late.max(),
         longest.as_secs_f64() * 1e3,
+        if behind.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "  behind own slot p50 {} µs p99 {} µs max {} µs",
+                behind.value_at_quantile(0.5),
+                behind.value_at_quantile(0.99),
+                behind.max()
+            )
+        }
     );
-    late
+    (late, behind)
 }
 
 /// How a turn waits for its slot.
 #[derive(Clone, Copy, PartialEq)]
 enum How {
     Acquire,
+    /// `acquire_blocking` on threads of its own.
+    Blocking,
     /// tokio's timer aimed `lead_us` before the slot, then a spin if at
     /// most `spin_us` is left, else another sleep.
     Early {
@@ -211,17 +242,28 @@ fn note_exp_sleep() {
     EXP_SLEEPS_HERE.with(|c| c.set(c.get() + 1));
 }
 
-async fn turn(p: &Pace<u64>, how: How) -> u64 {
+/// One turn: the end of its debit (its place in the order) and how far
+/// behind its own slot it went through (ns, on the limiter's clock).
+async fn turn(p: &Pace<u64>, how: How) -> (u64, u64) {
     use pace::clock::Clock;
     use pace::internals::PaceInternals;
+    let called = p.clock().now_ns();
+    let tau = PER_SECOND * (1_000_000_000 / PER_SECOND);
+    let behind = |end: u64| {
+        p.clock()
+            .now_ns()
+            .saturating_sub(end.saturating_sub(tau).max(called))
+    };
     match how {
         How::Acquire => {
             let r = p
                 .acquire(&7, Duration::from_secs(10))
                 .await
                 .expect("within 10 s");
-            r.debit_end_ns()
+            let end = r.debit_end_ns();
+            (end, behind(end))
         }
+        How::Blocking => unreachable!("blocking turns run on threads: run_blocking"),
         How::Early { lead_us, spin_us } => {
             let now = p.clock().now_ns();
             let (r, slot) = p
@@ -242,7 +284,8 @@ async fn turn(p: &Pace<u64>, how: How) -> u64 {
                 note_exp_sleep();
                 tokio::time::sleep(Duration::from_nanos(rem.saturating_sub(lead_us * 1000))).await;
             }
-            r.debit_end_ns()
+            let end = r.debit_end_ns();
+            (end, behind(end))
         }
     }
 }
@@ -255,13 +298,14 @@ async fn run_pace(p: Arc<Pace<u64>>, start: Instant, how: How) -> Vec<Call> {
         tasks.push(tokio::spawn(async move {
             while start.elapsed() < RUN {
                 let t = Instant::now();
-                let (arrived, counts) = counted(turn(&p, how)).await;
+                let ((arrived, behind), counts) = counted(turn(&p, how)).await;
                 let through = Instant::now();
                 calls.lock().unwrap().push(Call {
                     arrived,
                     through,
                     took: through - t,
                     sleeps: counts.sleeps,
+                    behind_slot: Some(behind),
                 });
             }
         }));
@@ -271,6 +315,43 @@ async fn run_pace(p: Arc<Pace<u64>>, start: Instant, how: How) -> Vec<Call> {
     }
     let calls = calls.lock().unwrap().clone();
     calls
+}
+
+/// `acquire_blocking` on `TASKS` threads of their own.
+fn run_blocking(p: Arc<Pace<u64>>, start: Instant) -> Vec<Call> {
+    use pace::clock::Clock;
+    let tau = PER_SECOND * (1_000_000_000 / PER_SECOND);
+    let threads: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let mut calls = Vec::new();
+                while start.elapsed() < RUN {
+                    let t = Instant::now();
+                    let called = p.clock().now_ns();
+                    let before = pace::internals::turn_sleeps_here();
+                    let r = p
+                        .acquire_blocking(&7, Duration::from_secs(10))
+                        .expect("within 10 s");
+                    let seen = p.clock().now_ns();
+                    let through = Instant::now();
+                    let end = r.debit_end_ns();
+                    calls.push(Call {
+                        arrived: end,
+                        through,
+                        took: through - t,
+                        sleeps: pace::internals::turn_sleeps_here() - before,
+                        behind_slot: Some(seen.saturating_sub(end.saturating_sub(tau).max(called))),
+                    });
+                }
+                calls
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect()
 }
 
 type Governor =
@@ -291,6 +372,7 @@ async fn run_governor(g: Arc<Governor>, start: Instant) -> Vec<Call> {
                     through,
                     took: through - t,
                     sleeps: counts.readings.saturating_sub(1) / 2,
+                    behind_slot: None,
                 });
             }
         }));
@@ -331,10 +413,13 @@ fn main() {
                 spin_us: 0,
             }),
         ));
+        hows.push(("pace-blocking", Some(How::Blocking)));
     }
     // Every admission's lateness over all rounds, per contender: with under
     // a hundred admissions a round, a round's p99 is its largest.
     let mut pooled: Vec<Histogram<u64>> = hows.iter().map(|_| Histogram::new(3).unwrap()).collect();
+    let mut pooled_slot: Vec<Histogram<u64>> =
+        hows.iter().map(|_| Histogram::new(3).unwrap()).collect();
     for round in 0..rounds {
         println!("round {}", round + 1);
         let mut order: Vec<usize> = (0..hows.len()).collect();
@@ -347,8 +432,14 @@ fn main() {
                 let p = Arc::new(Pace::new(Rate::per_second(PER_SECOND).unwrap()));
                 p.peek(&7);
                 let start = Instant::now();
-                let r = rt.block_on(run_pace(p, start, how));
-                pooled[which].add(summarise(name, start, r)).unwrap();
+                let r = if how == How::Blocking {
+                    run_blocking(p, start)
+                } else {
+                    rt.block_on(run_pace(p, start, how))
+                };
+                let (late, behind) = summarise(name, r);
+                pooled[which].add(late).unwrap();
+                pooled_slot[which].add(behind).unwrap();
             } else {
                 let clock = Counting::default();
                 let per = std::num::NonZeroU32::new(PER_SECOND as u32).unwrap();
@@ -357,15 +448,15 @@ fn main() {
                 let _ = g.check_key(&8);
                 let start = Instant::now();
                 let r = rt.block_on(run_governor(g, start));
-                pooled[which].add(summarise(name, start, r)).unwrap();
+                pooled[which].add(summarise(name, r).0).unwrap();
             }
         }
     }
     println!("all {rounds} rounds, lateness of every admission:");
-    for ((name, _), h) in hows.iter().zip(&pooled) {
+    let line = |name: &str, what: &str, h: &Histogram<u64>| {
         let over = h.count_between(2_001, h.max().max(2_001));
         println!(
-            "{name:12} admissions {:4}  p50 {:6} µs  p99 {:6} µs  p99.9 {:6} µs  max {:6} µs  over 2 ms {:3}",
+            "{name:13} {what:15} admissions {:4}  p50 {:6} µs  p99 {:6} µs  p99.9 {:6} µs  max {:6} µs  over 2 ms {:3}",
             h.len(),
             h.value_at_quantile(0.5),
             h.value_at_quantile(0.99),
@@ -373,5 +464,11 @@ fn main() {
             h.max(),
             over,
         );
+    };
+    for (i, (name, _)) in hows.iter().enumerate() {
+        line(name, "vs schedule", &pooled[i]);
+        if !pooled_slot[i].is_empty() {
+            line(name, "vs own slot", &pooled_slot[i]);
+        }
     }
 }

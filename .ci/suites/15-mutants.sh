@@ -9,6 +9,10 @@
 #   claimed_left_on_panic: a key `Eq` that panics in the check after linking
 #                        leaves the claimed row linked (and counted)
 set -euo pipefail
+# Random histories (proptest) start from one fixed seed here, so that a
+# variant is caught or not the same way in every run; the test step of
+# .ci/run draws a new seed each time.
+export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261205}"
 
 # The registry (src/mutants.rs) lists every known-wrong variant of the core
 # once; build.rs declares exactly its names as the values of

@@ -1650,8 +1650,9 @@ impl RedisPace {
     /// Waits for a turn instead of being refused: one script call reserves
     /// a token of `key` in a slot that may lie up to `max_wait` ahead on the
     /// server's clock (the script decides with the server's `TIME`, debits,
-    /// and answers the wait), then the task sleeps exactly that wait (tokio's
-    /// timer, which never wakes early). Callers of one key go through in the
+    /// and answers the wait), then the task sleeps exactly that wait (on
+    /// `futures-timer`, as the core's `acquire`: nanosecond deadlines, never
+    /// early). Callers of one key go through in the
     /// order of their debits, each at its own slot, with no retries.
     ///
     /// Dropping the future before its turn refunds the reservation by the
@@ -1728,7 +1729,7 @@ impl RedisPace {
                 // wait, before its slot.
                 #[cfg(pace_mutant = "redis_turn_early")]
                 let wait = wait / 2;
-                tokio::time::sleep(Duration::from_nanos(wait)).await;
+                futures_timer::Delay::new(Duration::from_nanos(wait)).await;
                 return Ok(turn.reservation.take().expect("taken only here"));
             }
             Err(back) => back,

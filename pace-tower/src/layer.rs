@@ -180,7 +180,7 @@ where
     /// Queueing: a request this limit cannot admit now waits for its
     /// key's turn, up to `max`, instead of being answered 429 (for a
     /// `pace::Pace`, `Pace::acquire_n`: one reservation of a slot up to
-    /// `max` ahead, then one sleep on tokio's timer until it; the requests
+    /// `max` ahead, then one sleep on `futures-timer` until it; the requests
     /// of a key go through in the order they reserved). A request whose
     /// turn lies further than `max` is answered 429 at once, writing
     /// nothing: `Retry-After` is the exact wait it would need now (in

@@ -302,8 +302,8 @@ where
     }
 
     /// `Pace::acquire_n` (or `acquire_n_with`): one CAS for a slot up to
-    /// `max_wait` ahead, then one sleep on tokio's timer until the slot, in
-    /// the order of the debits (first come, first served). Dropped before
+    /// `max_wait` ahead, then one sleep on `futures-timer` until the slot,
+    /// in the order of the debits (first come, first served). Dropped before
     /// its turn, the reservation is refunded by the refund rule.
     fn acquire(
         self: Arc<Self>,
