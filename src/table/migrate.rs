@@ -41,14 +41,13 @@ use super::{
 use crate::sync::epoch::{Guard, Owned, Shared};
 use crate::sync::{fence, snooze, Ordering};
 
-/// The size of a migration's target: rows
-/// take at most half of it, a quarter after a shrink ([`shrink_factor`]). An array that filled with tombstones which
-/// cleaning in place could not clear (rows leave from the middle of
-/// linear-probing runs) is churning: its target gives rows at most
-/// `1 / CHURN_FACTOR` of it, where
-/// runs stay short enough for reuse and cleaning to keep up, so churn at a
-/// steady number of live rows stops migrating.
-/// And room for the copies ([`room_for_copies`]). `used` counts the old
+/// The size of a migration's target: rows take at most half of it, a
+/// quarter after a shrink ([`shrink_factor`]). An array that filled with
+/// tombstones which cleaning in place could not clear (rows leave from the
+/// middle of linear-probing runs) is churning: its target gives rows at
+/// most `1 / CHURN_FACTOR` of it, where runs stay short enough for reuse
+/// and cleaning to keep up, so churn at a steady number of live rows stops
+/// migrating. And room for the copies ([`room_for_copies`]). `used` counts the old
 /// array's claimed entries (rows, tombstones, claims), `len` its size,
 /// `chunks` its copy chunks.
 fn target_size(rows: usize, used: usize, len: usize, chunks: usize, min: usize) -> usize {
