@@ -242,18 +242,20 @@ fn note_exp_sleep() {
     EXP_SLEEPS_HERE.with(|c| c.set(c.get() + 1));
 }
 
+/// How far behind its own slot (ns) a turn went through at `seen`: the slot
+/// is `max(called, tat − τ)`, `called` the clock when the call began and
+/// `end` (`tat`) its debit's end (capacity `PER_SECOND`, so τ is 1 s).
+fn behind_slot(seen: u64, called: u64, end: u64) -> u64 {
+    seen.saturating_sub(end.saturating_sub(1_000_000_000).max(called))
+}
+
 /// One turn: the end of its debit (its place in the order) and how far
 /// behind its own slot it went through (ns, on the limiter's clock).
 async fn turn(p: &Pace<u64>, how: How) -> (u64, u64) {
     use pace::clock::Clock;
     use pace::internals::PaceInternals;
     let called = p.clock().now_ns();
-    let tau = PER_SECOND * (1_000_000_000 / PER_SECOND);
-    let behind = |end: u64| {
-        p.clock()
-            .now_ns()
-            .saturating_sub(end.saturating_sub(tau).max(called))
-    };
+    let behind = |end: u64| behind_slot(p.clock().now_ns(), called, end);
     match how {
         How::Acquire => {
             let r = p
@@ -320,7 +322,6 @@ async fn run_pace(p: Arc<Pace<u64>>, start: Instant, how: How) -> Vec<Call> {
 /// `acquire_blocking` on `TASKS` threads of their own.
 fn run_blocking(p: Arc<Pace<u64>>, start: Instant) -> Vec<Call> {
     use pace::clock::Clock;
-    let tau = PER_SECOND * (1_000_000_000 / PER_SECOND);
     let threads: Vec<_> = (0..TASKS)
         .map(|_| {
             let p = p.clone();
@@ -341,7 +342,7 @@ fn run_blocking(p: Arc<Pace<u64>>, start: Instant) -> Vec<Call> {
                         through,
                         took: through - t,
                         sleeps: pace::internals::turn_sleeps_here() - before,
-                        behind_slot: Some(seen.saturating_sub(end.saturating_sub(tau).max(called))),
+                        behind_slot: Some(behind_slot(seen, called, end)),
                     });
                 }
                 calls
