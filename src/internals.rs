@@ -107,20 +107,19 @@ impl CellsModel {
         }
     }
 
+    fn ask(&self, n: u64, now: u64) -> crate::table::Ask<'_> {
+        crate::table::Ask {
+            limits: &self.limits,
+            n,
+            now,
+        }
+    }
+
     /// Debits one token of `key` at `now`: the new `tat`, or `None`.
     pub fn reserve(&self, key: u64, now: u64) -> Option<u64> {
         let guard = self.epochs.pin();
         self.table
-            .reserve::<_, false>(
-                &self.limits,
-                key,
-                &Bits(key),
-                1,
-                now,
-                &|| now,
-                &|k| k,
-                &guard,
-            )
+            .reserve::<_, false>(self.ask(1, now), key, &Bits(key), &|| now, &|k| k, &guard)
             .ok()
             .map(|a| a.tat)
     }
@@ -138,16 +137,7 @@ impl CellsModel {
     ) -> Option<u64> {
         let guard = self.epochs.pin();
         self.table
-            .reserve::<_, false>(
-                &self.limits,
-                hash,
-                &Bits(key),
-                n,
-                now,
-                &|| now,
-                hash_of,
-                &guard,
-            )
+            .reserve::<_, false>(self.ask(n, now), hash, &Bits(key), &|| now, hash_of, &guard)
             .ok()
             .map(|a| a.tat)
     }
@@ -155,17 +145,10 @@ impl CellsModel {
     /// Refunds one token of `key` that moved it from `prev` to `tat`.
     pub fn refund(&self, key: u64, tat: u64, prev: u64, now: u64) -> crate::Refunded {
         let guard = self.epochs.pin();
-        self.table.refund(
-            &self.limits,
-            key,
-            &Bits(key),
-            1,
-            tat,
-            prev,
-            now,
-            &|k| k,
-            &guard,
-        )
+        let spent = crate::table::Spent { n: 1, tat, prev };
+        let cx = &crate::table::Cx::new(&|k| k, now);
+        self.table
+            .refund(&self.limits, key, &Bits(key), spent, cx, &guard)
     }
 
     /// Removes the rows full at `now`; how many.
@@ -190,16 +173,7 @@ impl CellsModel {
     pub fn hold(&self, key: u64, now: u64) -> Option<ModelTicket> {
         let guard = self.epochs.pin();
         self.table
-            .reserve::<_, true>(
-                &self.limits,
-                key,
-                &Bits(key),
-                1,
-                now,
-                &|| now,
-                &|k| k,
-                &guard,
-            )
+            .reserve::<_, true>(self.ask(1, now), key, &Bits(key), &|| now, &|k| k, &guard)
             .ok()
             .and_then(|a| a.ticket())
             .map(ModelTicket)
@@ -209,8 +183,9 @@ impl CellsModel {
     /// had expired.
     pub fn resolve(&self, key: u64, ticket: ModelTicket, keep: bool, now: u64) -> bool {
         let guard = self.epochs.pin();
+        let cx = &crate::table::Cx::new(&|k| k, now);
         self.table
-            .resolve(key, &Bits(key), ticket.0, keep, now, &|k| k, &guard)
+            .resolve(key, &Bits(key), ticket.0, keep, cx, &guard)
     }
 
     /// Keys of the live rows, sorted.

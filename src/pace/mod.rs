@@ -18,7 +18,7 @@ use crate::table::held::Ticket;
 use crate::table::keys::{self, Bits, Boxed};
 use crate::table::quota::QuotaCell;
 use crate::table::words::{self, Borrowed, WordKey};
-use crate::table::Table;
+use crate::table::{Ask, Cx, Spent, Table};
 
 /// Default smallest slot array: the table shrinks back to this.
 const DEFAULT_MIN_SLOTS: usize = 64;
@@ -490,9 +490,14 @@ where
         };
         let hash_of = |b| self.hash_of(b);
         let result = with_probe!(self.rows, key, hash, &guard, |p| {
-            self.rows
-                .table
-                .reserve::<_, HOLD>(limits, hash, p, n, now, reread, &hash_of, &guard)
+            self.rows.table.reserve::<_, HOLD>(
+                Ask { limits, n, now },
+                hash,
+                p,
+                reread,
+                &hash_of,
+                &guard,
+            )
         })
         .map(|a| (a.tat, a.prev, a.created, a.lot));
         let created = matches!(result, Ok((_, _, true, _)));

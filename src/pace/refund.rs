@@ -93,9 +93,10 @@ where
         let hash = debit.hash;
         let guard = self.pin();
         let hash_of = |b| self.hash_of(b);
+        let cx = &Cx::new(&hash_of, now);
         let t = &self.rows.table;
         with_probe!(self.rows, key, hash, &guard, |p| t
-            .resolve(hash, p, ticket, keep, now, &hash_of, &guard))
+            .resolve(hash, p, ticket, keep, cx, &guard))
     }
 
     /// Refunds `debit` to `key`, whose hash is `hash`.
@@ -119,8 +120,15 @@ where
         // known-wrong variants.
         let limits = &self.quota.load(&guard).limits();
         let hash_of = |b| self.hash_of(b);
-        with_probe!(self.rows, key, hash, &guard, |p| self.rows.table.refund(
-            limits, hash, p, debit.n, debit.tat, debit.prev, now, &hash_of, &guard,
-        ))
+        let cx = &Cx::new(&hash_of, now);
+        let spent = Spent {
+            n: debit.n,
+            tat: debit.tat,
+            prev: debit.prev,
+        };
+        with_probe!(self.rows, key, hash, &guard, |p| self
+            .rows
+            .table
+            .refund(limits, hash, p, spent, cx, &guard))
     }
 }

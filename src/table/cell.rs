@@ -106,6 +106,15 @@ pub(crate) fn live(v: u128) -> Option<(u64, u64)> {
         .then(|| ((v >> 64) as u64, word - 1))
 }
 
+/// The key half and `tat` of `v`, which is a live row's value (as
+/// [`live`] returns them, without the check).
+#[inline(always)]
+pub(crate) fn live_parts(v: u128) -> (u64, u64) {
+    let word = v as u64;
+    debug_assert!((1..=LIVE_MAX).contains(&word), "a live row's value");
+    ((v >> 64) as u64, word.wrapping_sub(1))
+}
+
 /// The `tat` of `v` if it is `key`'s live row: the lookup's fast test, one
 /// compare of each half, without decoding every state.
 #[inline(always)]

@@ -8,8 +8,8 @@ use super::array::Array;
 use super::cell::{self, Cell, CellState};
 use super::held::{self, Held, Ticket, HELD};
 use super::keys::{NewRow, Probe};
-use super::{is_migrating, probe_seq, Admitted, Cx, Found, Table};
-use crate::bucket::{Decision, Limits};
+use super::{is_migrating, probe_seq, Admitted, Ask, Cx, Found, Table};
+use crate::bucket::Decision;
 use crate::sync::epoch::Guard;
 use crate::sync::{cas_retry, fence, snooze, Ordering};
 
@@ -85,15 +85,12 @@ impl Table {
     ///
     /// The key's first cell of a current array that is not migrating is
     /// probed here, inline: a row found there is debited at once.
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(crate) fn reserve<P: NewRow, const HOLD: bool>(
         &self,
-        limits: &Limits,
+        ask: Ask<'_>,
         hash: u64,
         key: &P,
-        n: u64,
-        now: u64,
         reread: &dyn Fn() -> u64,
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
@@ -108,9 +105,9 @@ impl Table {
                 // plain one stays as small as it was.)
                 if (HOLD || tat < HELD) && unsafe { key.matches(bits) } {
                     let r = if HOLD {
-                        self.change_held::<HOLD>(arr, idx, v, bits, tat, limits, n, now, guard)
+                        self.change_held::<HOLD>(arr, idx, v, ask, guard)
                     } else {
-                        self.debit(arr, idx, v, bits, tat, limits, n, now)
+                        self.debit(arr, idx, v, ask)
                     };
                     if let Some(r) = r {
                         return r;
@@ -118,7 +115,7 @@ impl Table {
                 }
             }
         }
-        self.reserve_slow::<P, HOLD>(limits, hash, key, n, now, reread, hash_of, guard)
+        self.reserve_slow::<P, HOLD>(ask, hash, key, reread, hash_of, guard)
     }
 
     /// Everything but a row in the key's first cell: the walk, inserts,
@@ -128,21 +125,18 @@ impl Table {
     /// so no call copies more than a constant). The copy comes after the
     /// call's own debit, so a row of its key that is full is debited, not
     /// removed under it first.
-    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn reserve_slow<P: NewRow, const HOLD: bool>(
         &self,
-        limits: &Limits,
+        ask: Ask<'_>,
         hash: u64,
         key: &P,
-        n: u64,
-        now: u64,
         reread: &dyn Fn() -> u64,
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
     ) -> Result<Admitted, Decision> {
-        let cx = &Cx::new(hash_of, now);
-        let r = self.reserve_walk::<P, HOLD>(limits, hash, key, n, now, reread, cx, guard);
+        let cx = &Cx::new(hash_of, ask.now);
+        let r = self.reserve_walk::<P, HOLD>(ask, hash, key, reread, cx, guard);
         self.shrink_pending(cx, guard);
         if !cx.copied.get() {
             self.help(cx, guard);
@@ -151,18 +145,16 @@ impl Table {
     }
 
     /// [`reserve_slow`](Table::reserve_slow)'s walk, insert and retries.
-    #[allow(clippy::too_many_arguments)]
     fn reserve_walk<P: NewRow, const HOLD: bool>(
         &self,
-        limits: &Limits,
+        ask: Ask<'_>,
         hash: u64,
         key: &P,
-        n: u64,
-        mut now: u64,
         reread: &dyn Fn() -> u64,
         cx: &Cx<'_>,
         guard: &Guard,
     ) -> Result<Admitted, Decision> {
+        let Ask { limits, n, mut now } = ask;
         let backoff = Backoff::new();
         // The bits of the row this call would create: made once, when the
         // first claim is tried, and again only after a claim published
@@ -175,16 +167,13 @@ impl Table {
         loop {
             let (arr, empty, tomb) = match self.find(hash, key, true, guard) {
                 Found::Row {
-                    arr,
-                    idx,
-                    v,
-                    bits,
-                    tat,
+                    arr, idx, v, tat, ..
                 } => {
+                    let ask = Ask { limits, n, now };
                     let r = if HOLD || tat >= HELD {
-                        self.change_held::<HOLD>(arr, idx, v, bits, tat, limits, n, now, guard)
+                        self.change_held::<HOLD>(arr, idx, v, ask, guard)
                     } else {
-                        self.debit(arr, idx, v, bits, tat, limits, n, now)
+                        self.debit(arr, idx, v, ask)
                     };
                     match r {
                         Some(r) => return r,
@@ -485,21 +474,18 @@ impl Table {
     }
 
     /// The CAS loop that debits the plain row in cell `idx` of `arr`, which
-    /// held `v` (live at `tat`, key half `bits`). `None` if the row was
-    /// removed, frozen or held first (look again).
-    #[allow(clippy::too_many_arguments)]
+    /// held the live value `v`. `None` if the row was removed, frozen or
+    /// held first (look again).
     #[inline(always)]
     fn debit(
         &self,
         arr: &Array,
         idx: usize,
         mut v: u128,
-        bits: u64,
-        mut tat: u64,
-        limits: &Limits,
-        n: u64,
-        now: u64,
+        ask: Ask<'_>,
     ) -> Option<Result<Admitted, Decision>> {
+        let Ask { limits, n, now } = ask;
+        let (bits, mut tat) = cell::live_parts(v);
         let backoff = Backoff::new();
         loop {
             match limits.reserve(tat, now, n) {
@@ -537,20 +523,17 @@ impl Table {
     /// row's state (`tat` field `tat`), settles what expired, decides, and
     /// replaces the state with one CAS. A plain debit reports the settled
     /// `tat` before and after it (what its refund compares and restores).
-    #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn change_held<const HOLD: bool>(
         &self,
         arr: &Array,
         idx: usize,
         mut v: u128,
-        bits: u64,
-        mut tat: u64,
-        limits: &Limits,
-        n: u64,
-        now: u64,
+        ask: Ask<'_>,
         guard: &Guard,
     ) -> Option<Result<Admitted, Decision>> {
+        let Ask { limits, n, now } = ask;
+        let (bits, mut tat) = cell::live_parts(v);
         let backoff = Backoff::new();
         loop {
             // SAFETY: `tat` is the field of a live cell read under `guard`.

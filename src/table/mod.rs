@@ -112,7 +112,7 @@ pub(crate) struct Cx<'a> {
 
 impl<'a> Cx<'a> {
     /// A call's own work: its share of a migration after its own row.
-    fn new(hash_of: &'a dyn Fn(u64) -> u64, now: u64) -> Cx<'a> {
+    pub(crate) fn new(hash_of: &'a dyn Fn(u64) -> u64, now: u64) -> Cx<'a> {
         Cx {
             hash_of,
             now,
@@ -136,6 +136,24 @@ impl<'a> Cx<'a> {
     fn keeping_all(&self) -> Cx<'a> {
         Cx::new(self.hash_of, 0)
     }
+}
+
+/// What a call asks of a key's row: `n` tokens under `limits` at the
+/// reading `now`.
+#[derive(Clone, Copy)]
+pub(crate) struct Ask<'l> {
+    pub(crate) limits: &'l Limits,
+    pub(crate) n: u64,
+    pub(crate) now: u64,
+}
+
+/// A plain debit as its refund names it: `n` tokens that moved the row's
+/// settled `tat` from `prev` to `tat`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Spent {
+    pub(crate) n: u64,
+    pub(crate) tat: u64,
+    pub(crate) prev: u64,
 }
 
 /// What a reserve did.

@@ -4,26 +4,21 @@
 use super::*;
 
 impl Table {
-    /// Undoes a reservation that moved `key`'s row from `prev` to `own_tat`,
-    /// if the row still ends at `own_tat`. A refund that makes the bucket
+    /// Undoes `spent`, a reservation that moved `key`'s row from its `prev`
+    /// to its `tat`, if the row still ends at that `tat`. A refund that makes the bucket
     /// full raises the floor to `prev` and removes the row (from the
     /// current array; in a migration's target the row stays, full).
     /// After its own row, the call copies one chunk of a running migration.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn refund<P: Probe>(
         &self,
         limits: &Limits,
         hash: u64,
         key: &P,
-        n: u64,
-        own_tat: u64,
-        prev: u64,
-        now: u64,
-        hash_of: &dyn Fn(u64) -> u64,
+        spent: Spent,
+        cx: &Cx<'_>,
         guard: &Guard,
     ) -> Refunded {
-        let cx = &Cx::new(hash_of, now);
-        let r = self.refund_row(limits, hash, key, n, own_tat, prev, cx, guard);
+        let r = self.refund_row(limits, hash, key, spent, cx, guard);
         if !cx.copied.get() {
             self.help(cx, guard);
         }
@@ -31,18 +26,20 @@ impl Table {
     }
 
     /// [`refund`](Table::refund)'s own row.
-    #[allow(clippy::too_many_arguments)]
     fn refund_row<P: Probe>(
         &self,
         limits: &Limits,
         hash: u64,
         key: &P,
-        n: u64,
-        own_tat: u64,
-        prev: u64,
+        spent: Spent,
         cx: &Cx<'_>,
         guard: &Guard,
     ) -> Refunded {
+        let Spent {
+            n,
+            tat: own_tat,
+            prev,
+        } = spent;
         let now = cx.now;
         let backoff = Backoff::new();
         'find: loop {
@@ -180,18 +177,15 @@ impl Table {
     /// Resolves a hold of `key` (`held.rs`): its tokens leave its lot, and
     /// with `keep` are settled as a debit from the hold's reading. False
     /// when its lot is gone (it expired and counted as kept).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn resolve<P: Probe>(
         &self,
         hash: u64,
         key: &P,
         ticket: Ticket,
         keep: bool,
-        now: u64,
-        hash_of: &dyn Fn(u64) -> u64,
+        cx: &Cx<'_>,
         guard: &Guard,
     ) -> bool {
-        let cx = &Cx::new(hash_of, now);
         let r = self.resolve_row(hash, key, ticket, keep, cx, guard);
         if !cx.copied.get() {
             self.help(cx, guard);

@@ -8,7 +8,7 @@ use std::hash::{BuildHasher, RandomState};
 use proptest::prelude::*;
 
 use super::keys::{self, Bits, Boxed};
-use super::{Admitted, Table};
+use super::{Admitted, Ask, Cx, Spent, Table};
 use crate::bucket::{Decision, Limits};
 use crate::pace::Refunded;
 use crate::sync::epoch::{self, Guard};
@@ -33,47 +33,43 @@ impl T {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// `n` tokens of key `k` at `now`; `hash_of` hashes keys (`k`'s too).
     fn reserve(
         &self,
         limits: &Limits,
-        hash: u64,
+        hash_of: &dyn Fn(u64) -> u64,
         k: u64,
         n: u64,
         now: u64,
-        hash_of: &dyn Fn(u64) -> u64,
         g: &Guard,
     ) -> Result<Admitted, Decision> {
+        let (hash, ask) = (hash_of(k), Ask { limits, n, now });
         if self.boxed {
             let p = Boxed::<u64, u64>::new(&k, hash, g);
             self.table
-                .reserve::<_, false>(limits, hash, &p, n, now, &|| now, hash_of, g)
+                .reserve::<_, false>(ask, hash, &p, &|| now, hash_of, g)
         } else {
             self.table
-                .reserve::<_, false>(limits, hash, &Bits(k), n, now, &|| now, hash_of, g)
+                .reserve::<_, false>(ask, hash, &Bits(k), &|| now, hash_of, g)
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Refunds `spent` to key `k` at `now`.
     fn refund(
         &self,
         limits: &Limits,
-        hash: u64,
-        k: u64,
-        n: u64,
-        tat: u64,
-        prev: u64,
-        now: u64,
         hash_of: &dyn Fn(u64) -> u64,
+        k: u64,
+        spent: Spent,
+        now: u64,
         g: &Guard,
     ) -> Refunded {
+        let (hash, cx) = (hash_of(k), &Cx::new(hash_of, now));
         if self.boxed {
             let p = Boxed::<u64, u64>::new(&k, hash, g);
-            self.table
-                .refund(limits, hash, &p, n, tat, prev, now, hash_of, g)
+            self.table.refund(limits, hash, &p, spent, cx, g)
         } else {
-            self.table
-                .refund(limits, hash, &Bits(k), n, tat, prev, now, hash_of, g)
+            self.table.refund(limits, hash, &Bits(k), spent, cx, g)
         }
     }
 
@@ -143,8 +139,8 @@ proptest! {
             match op {
                 Op::Reserve { k, n, dt } => {
                     now += dt;
-                    let e = entries.reserve(&limits, hash(k), k, n, now, &hash, &guard);
-                    let c = cells.reserve(&limits, hash(k), k, n, now, &hash, &guard);
+                    let e = entries.reserve(&limits, &hash, k, n, now, &guard);
+                    let c = cells.reserve(&limits, &hash, k, n, now, &guard);
                     prop_assert_eq!(e, c, "reserve {} x{} at {}", k, n, now);
                     if let Ok(a) = c {
                         held.push((k, n, a.tat, a.prev));
@@ -156,8 +152,8 @@ proptest! {
                     }
                     now += dt;
                     let (k, n, tat, prev) = held.swap_remove(i % held.len());
-                    let e = entries.refund(&limits, hash(k), k, n, tat, prev, now, &hash, &guard);
-                    let c = cells.refund(&limits, hash(k), k, n, tat, prev, now, &hash, &guard);
+                    let e = entries.refund(&limits, &hash, k, Spent { n, tat, prev }, now, &guard);
+                    let c = cells.refund(&limits, &hash, k, Spent { n, tat, prev }, now, &guard);
                     prop_assert_eq!(e, c, "refund {} at {}", k, now);
                 }
                 Op::Sweep { dt } => {
@@ -189,13 +185,13 @@ fn extreme_keys_are_rows() {
         let g = epoch::pin();
         let id = |k: u64| k;
         for k in [0, 1, u64::MAX] {
-            let a = cells.reserve(&limits, k, k, 1, 0, &id, &g).unwrap();
+            let a = cells.reserve(&limits, &id, k, 1, 0, &g).unwrap();
             assert!(a.created);
             assert_eq!(cells.peek(k, k, &g), Some(a.tat));
-            let b = cells.reserve(&limits, k, k, 1, 0, &id, &g).unwrap();
+            let b = cells.reserve(&limits, &id, k, 1, 0, &g).unwrap();
             assert!(!b.created);
             assert_eq!(
-                cells.reserve(&limits, k, k, 1, 0, &id, &g),
+                cells.reserve(&limits, &id, k, 1, 0, &g),
                 Err(Decision::Wait(10))
             );
         }
@@ -214,7 +210,7 @@ fn a_full_array_migrates() {
         let g = epoch::pin();
         let id = |k: u64| k;
         for k in 0..200u64 {
-            assert!(cells.reserve(&limits, k, k, 1, 0, &id, &g).is_ok());
+            assert!(cells.reserve(&limits, &id, k, 1, 0, &g).is_ok());
             // Every row found after each insert (a sample of them under Miri).
             let step = if cfg!(miri) { 16 } else { 1 };
             for j in (0..=k).step_by(step).chain([k]) {
@@ -227,10 +223,7 @@ fn a_full_array_migrates() {
         assert_eq!(cells.len(), 0);
         // Empty now: the sweep shrank it to the table's minimum.
         assert_eq!(cells.cells(&g), 8);
-        assert_eq!(
-            cells.reserve(&limits, 7, 7, 1, 100, &id, &g).unwrap().tat,
-            110
-        );
+        assert_eq!(cells.reserve(&limits, &id, 7, 1, 100, &g).unwrap().tat, 110);
     }
 }
 
@@ -260,7 +253,7 @@ fn concurrent_inserters_make_one_row_per_key() {
                                 let k = if t == 0 { k } else { keys[i] };
                                 // One home for every key: the worst overlap.
                                 let g = epoch::pin();
-                                if cells.reserve(limits, 5, k, 1, 0, &|_| 5, &g).is_ok() {
+                                if cells.reserve(limits, &|_| 5, k, 1, 0, &g).is_ok() {
                                     got[i] += 1;
                                 }
                             }
@@ -318,7 +311,7 @@ fn concurrent_admissions_stay_within_the_bound() {
                             if t == 0 && i % 2_000 == 0 {
                                 cells.sweep(now, hash, &g);
                             }
-                            if cells.reserve(limits, hash(k), k, 1, now, hash, &g).is_ok() {
+                            if cells.reserve(limits, hash, k, 1, now, &g).is_ok() {
                                 got[k as usize] += 1;
                             }
                         }
@@ -354,10 +347,21 @@ fn churn_keeps_the_table_at_its_size() {
         let mut held: Option<(u64, Admitted)> = None;
         for k in 0..100_000u64 {
             let a = cells
-                .reserve(&limits, hash(k), k, 1, 0, &hash, &g)
+                .reserve(&limits, &hash, k, 1, 0, &g)
                 .expect("a new key admits");
             if let Some((old, b)) = held.replace((k, a)) {
-                let r = cells.refund(&limits, hash(old), old, 1, b.tat, b.prev, 0, &hash, &g);
+                let r = cells.refund(
+                    &limits,
+                    &hash,
+                    old,
+                    Spent {
+                        n: 1,
+                        tat: b.tat,
+                        prev: b.prev,
+                    },
+                    0,
+                    &g,
+                );
                 assert_eq!(r, Refunded::Removed);
             }
             assert!(cells.len() <= 2);
@@ -379,7 +383,7 @@ fn a_large_table_is_swept_a_chunk_per_call() {
     let hasher = RandomState::new();
     let hash = |k: u64| hasher.hash_one(k);
     for k in 0..10_000u64 {
-        cells.reserve(&limits, hash(k), k, 1, 0, &hash, &g).unwrap();
+        cells.reserve(&limits, &hash, k, 1, 0, &g).unwrap();
     }
     assert_eq!(cells.cells(&g), 16_384);
     let chunk = super::sweep_chunk(16_384);
@@ -425,16 +429,13 @@ fn a_panicking_eq_in_the_check_leaves_counts_exact() {
     // with the same tag, so it calls `Eq` on them.
     let reserve = |k: u64| {
         let key = K(k);
-        table.reserve::<_, false>(
-            &limits,
-            0,
-            &Boxed::<K, K>::new(&key, 0, &g),
-            1,
-            0,
-            &|| 0,
-            &|_| 0,
-            &g,
-        )
+        let ask = Ask {
+            limits: &limits,
+            n: 1,
+            now: 0,
+        };
+        let p = Boxed::<K, K>::new(&key, 0, &g);
+        table.reserve::<_, false>(ask, 0, &p, &|| 0, &|_| 0, &g)
     };
     assert!(reserve(1).is_ok());
     PANIC_ON_EQ.with(|p| p.set(true));
@@ -466,18 +467,29 @@ fn a_refund_to_full_raises_the_floor() {
         let g = epoch::pin();
         let id = |k: u64| k;
         // Key 3 debited at 0 (tat 10), then at 10 (prev 10, tat 20).
-        let a = t.reserve(&limits, 3, 3, 1, 0, &id, &g).unwrap();
+        let a = t.reserve(&limits, &id, 3, 1, 0, &g).unwrap();
         assert_eq!((a.prev, a.tat), (0, 10));
-        let b = t.reserve(&limits, 3, 3, 1, 10, &id, &g).unwrap();
+        let b = t.reserve(&limits, &id, 3, 1, 10, &g).unwrap();
         assert_eq!((b.prev, b.tat), (10, 20));
         // The second refunded at 15: back to 10, full at 15: removed.
-        let r = t.refund(&limits, 3, 3, 1, b.tat, b.prev, 15, &id, &g);
+        let r = t.refund(
+            &limits,
+            &id,
+            3,
+            Spent {
+                n: 1,
+                tat: b.tat,
+                prev: b.prev,
+            },
+            15,
+            &g,
+        );
         assert_eq!(r, Refunded::Removed);
         assert_eq!(t.len(), 0);
         // A reserve that read the clock at 5 (before the refund): the first
         // debit still holds the only token until 10.
         assert_eq!(
-            t.reserve(&limits, 3, 3, 1, 5, &id, &g),
+            t.reserve(&limits, &id, 3, 1, 5, &g),
             Err(Decision::Wait(5)),
             "a fresh row starts from the floor the refund raised"
         );
@@ -500,21 +512,18 @@ fn a_migration_removes_full_rows_and_raises_their_floor() {
         let g = epoch::pin();
         let id = |k: u64| k;
         for k in 0..104u64 {
-            t.reserve(&limits, k, k, 1, 0, &id, &g).unwrap();
+            t.reserve(&limits, &id, k, 1, 0, &g).unwrap();
         }
         // Key 100's second debit, at 10: its row ends at 20.
-        assert_eq!(
-            t.reserve(&limits, 100, 100, 1, 10, &id, &g).unwrap().tat,
-            20
-        );
+        assert_eq!(t.reserve(&limits, &id, 100, 1, 10, &g).unwrap().tat, 20);
         assert_eq!(t.migrations(), 0);
         // Key 200 at 25 finds no room and starts a migration; the chunk its
         // call copies (chunk 0), before its own row, keeps every row.
-        t.reserve(&limits, 200, 200, 1, 25, &id, &g).unwrap();
+        t.reserve(&limits, &id, 200, 1, 25, &g).unwrap();
         assert_eq!(t.migrations(), 1);
         // Key 201 at 25: after its own row, its call copies chunk 1, whose
         // rows are all full at 25: removed, not copied.
-        t.reserve(&limits, 201, 201, 1, 25, &id, &g).unwrap();
+        t.reserve(&limits, &id, 201, 1, 25, &g).unwrap();
         let mut want: Vec<u64> = (0..64).collect();
         want.extend([200, 201]);
         assert_eq!(t.live_keys(&g), want, "chunk 1's full rows were not copied");
@@ -522,7 +531,7 @@ fn a_migration_removes_full_rows_and_raises_their_floor() {
         // A reserve of key 100 that read the clock at 15: the row's debit at
         // 10 holds the only token until 20.
         assert_eq!(
-            t.reserve(&limits, 100, 100, 1, 15, &id, &g),
+            t.reserve(&limits, &id, 100, 1, 15, &g),
             Err(Decision::Wait(5)),
             "a fresh row starts from the floor the copier raised"
         );
@@ -544,11 +553,11 @@ fn a_pass_due_during_a_migration_sweeps_at_once() {
         let g = epoch::pin();
         let id = |k: u64| k;
         for k in 0..104u64 {
-            t.reserve(&limits, k, k, 1, 0, &id, &g).unwrap();
+            t.reserve(&limits, &id, k, 1, 0, &g).unwrap();
         }
         // Key 200 at 25 starts a migration and copies chunk 0 (keeping
         // every row, before its own); chunk 1 is left.
-        t.reserve(&limits, 200, 200, 1, 25, &id, &g).unwrap();
+        t.reserve(&limits, &id, 200, 1, 25, &g).unwrap();
         assert_eq!(t.migrations(), 1);
         let migrating = |g: &Guard| {
             super::is_migrating(t.array(g).next.load(crate::sync::Ordering::Acquire, g))
