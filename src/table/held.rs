@@ -188,7 +188,7 @@ impl Held {
         if self.is_plain() {
             return self.tat;
         }
-        let addr = Box::into_raw(Box::new(self)).expose_provenance() as u64;
+        let addr = Box::into_raw(pool::take(self)).expose_provenance() as u64;
         debug_assert!(addr < HELD, "a record's address fits below the held tag");
         HELD + addr
     }
@@ -338,7 +338,79 @@ pub(crate) fn address(field: u64) -> Option<u64> {
 pub(crate) unsafe fn free_at(addr: u64) {
     let p = std::ptr::with_exposed_provenance_mut::<Held>(addr as usize);
     // SAFETY: the caller's contract; `publish` made it with `Box::into_raw`.
-    drop(unsafe { Box::from_raw(p) });
+    pool::give(unsafe { Box::from_raw(p) });
+}
+
+/// Records a thread keeps for its next holds, so that a hold whose record
+/// is freed by the time the next one comes allocates nothing: a freed
+/// record goes to the pool of the thread that frees it (the one whose pin
+/// runs the epoch's deferred frees), up to [`pool::KEPT`] of them, and
+/// [`publish`](Held::publish) takes one from its thread's pool before it
+/// allocates. A pooled record is reused only after it was freed, that is
+/// after every guard that could read it; that is when the allocator could
+/// hand its memory out again too. Records in a pool are freed when their
+/// thread exits. (Under loom every record comes from the allocator.)
+#[cfg(not(loom))]
+mod pool {
+    use super::Held;
+    use std::cell::RefCell;
+
+    /// Records kept per thread (72 bytes each): more than the collector
+    /// frees in one batch, so that a steady stream of holds never runs dry.
+    pub(super) const KEPT: usize = 128;
+    const _: () = assert!(std::mem::size_of::<Held>() == 72);
+
+    std::thread_local! {
+        // The boxes are the records: their addresses are what rows name.
+        #[allow(clippy::vec_box)]
+        static FREE: RefCell<Vec<Box<Held>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A box holding `h`: a pooled one if the thread has one.
+    #[inline]
+    pub(super) fn take(h: Held) -> Box<Held> {
+        let pooled = FREE
+            .try_with(|f| f.try_borrow_mut().ok().and_then(|mut f| f.pop()))
+            .ok()
+            .flatten();
+        match pooled {
+            Some(mut b) => {
+                *b = h;
+                b
+            }
+            None => Box::new(h),
+        }
+    }
+
+    /// Pools `b`, or frees it when the pool is full (or the thread's
+    /// storage is gone: a deferred free run while the thread exits).
+    #[inline]
+    pub(super) fn give(b: Box<Held>) {
+        let mut b = Some(b);
+        let _ = FREE.try_with(|f| {
+            if let Ok(mut f) = f.try_borrow_mut() {
+                if f.len() < KEPT {
+                    if f.capacity() == 0 {
+                        f.reserve_exact(KEPT);
+                    }
+                    f.extend(b.take());
+                }
+            }
+        });
+    }
+}
+
+#[cfg(loom)]
+mod pool {
+    use super::Held;
+
+    pub(super) fn take(h: Held) -> Box<Held> {
+        Box::new(h)
+    }
+
+    pub(super) fn give(b: Box<Held>) {
+        drop(b);
+    }
 }
 
 #[cfg(test)]
