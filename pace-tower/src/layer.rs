@@ -1106,7 +1106,8 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// and every limit but the last (a limit after it may refuse the
     /// request, which refunds it). A held limit the layer does not refund
     /// is kept ([`AsyncLimit::keep`]: for a `pace::Pace`, a second CAS on
-    /// the key's row, and the core's held record allocated per request).
+    /// the key's row, and the core's held record per request, taken from
+    /// the thread's pool of freed records or else allocated).
     /// The last limit, without a refund predicate, is never refunded and
     /// keeps the plain one-CAS reservation: a layer of one such limit costs
     /// what it did before holds; in a layer of several, put the busiest

@@ -2,10 +2,11 @@
 //! allocator: nothing with the fields off; with them on, the `RateLimit`
 //! value and the response's header map (empty until the layer writes it).
 //! A limit the layer may refund (a refund predicate, or a limit after it)
-//! is held (`pace::Pace::hold_n`), and a hold allocates the core's held
-//! record of the row (one per hold when no other hold of the key
-//! overlaps it; keeping it makes the row plain again and allocates
-//! nothing): one more allocation per holding limit.
+//! is held (`pace::Pace::hold_n`), and a hold may allocate the core's
+//! held record of the row: one per hold when no other hold of the key
+//! overlaps it, unless the thread's pool of freed records has one (which
+//! depends on when the epoch freed earlier records, so those counts are
+//! bounds); keeping it makes the row plain again and allocates nothing.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -128,13 +129,16 @@ fn an_admitted_request_allocates_nothing_in_the_layer() {
         let (n, r) = allocs(&mut plain, request());
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers().len(), 0);
-        assert_eq!(n, 2, "fields off: the two held records");
+        assert!(n <= 2, "fields off: at most the two held records, not {n}");
 
         let (n, r) = allocs(&mut fields, request());
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers().len(), 2);
         // The RateLimit value's bytes; the header map's indices and entries.
-        assert_eq!(n, 5, "fields on: the value, the map and the held records");
+        assert!(
+            (3..=5).contains(&n),
+            "fields on: the value, the map and at most the held records, not {n}"
+        );
     }
 }
 
@@ -168,12 +172,18 @@ fn an_admitted_request_without_refunds_allocates_nothing_in_the_layer() {
         let (n, r) = allocs(&mut plain, request());
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers().len(), 0);
-        assert_eq!(n, 1, "fields off: the first limit's held record");
+        assert!(
+            n <= 1,
+            "fields off: at most the first limit's held record, not {n}"
+        );
 
         let (n, r) = allocs(&mut fields, request());
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers().len(), 2);
-        assert_eq!(n, 4, "fields on: the value, the map and the held record");
+        assert!(
+            (3..=4).contains(&n),
+            "fields on: the value, the map and at most the held record, not {n}"
+        );
     }
     // The first limit's exact refunds given up: reserved plainly, nothing
     // allocated.
