@@ -273,11 +273,17 @@ impl ManualClock {
     /// Moves the clock forward by `d` (saturating at `u64::MAX` nanoseconds).
     pub fn advance(&self, d: Duration) {
         let d = duration_ns(d);
-        let _ = self
-            .ns
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                Some(t.saturating_add(d))
-            });
+        // A CAS loop rather than `fetch_update`, which nightly deprecates
+        // in favour of `try_update` (not in the MSRV).
+        let mut t = self.ns.load(Ordering::Acquire);
+        while let Err(actual) = self.ns.compare_exchange_weak(
+            t,
+            t.saturating_add(d),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            t = actual;
+        }
     }
 
     /// Sets the reading to `t` since the origin; may move backwards.

@@ -227,79 +227,106 @@ impl Table {
             // claim, `withdraw` (run by dropping `claim`) or the row owns
             // them.
             fresh.bits = None;
-            // Dekker with every other inserter of the key: each claims,
-            // fences, then reads the whole sequence (see `verify`).
-            fence(Ordering::SeqCst);
-            match self.verify(hash, key, arr, claim.at, guard) {
-                Verdict::Keep => {}
-                verdict => {
-                    drop(claim);
-                    snooze(&backoff);
-                    if let Verdict::Await(earlier) = verdict {
-                        let claimed_by_key = |v: u128| match CellState::decode(v) {
-                            CellState::Claimed { key: k } => {
-                                // SAFETY: `k` was read under `guard` from a
-                                // claimed cell.
-                                unsafe { key.matches(k) }
-                            }
-                            _ => false,
-                        };
-                        while claimed_by_key(arr.cells[earlier].load()) {
-                            snooze(&backoff);
+            let mut ask = Ask { limits, n, now };
+            let made = self.make_row::<P, HOLD>(claim, hash, key, &mut ask, reread);
+            now = ask.now;
+            if let Some(r) = made {
+                return r;
+            }
+        }
+    }
+
+    /// A published claim's way to becoming its key's row (after
+    /// [`reserve_walk`](Table::reserve_walk) claimed a cell): the check
+    /// against the key's other inserters, then the floor, the decision and
+    /// the claim's CAS to the row with its first debit. `None` when the
+    /// claim was withdrawn (look again); `ask.now` is the latest reading.
+    #[inline(always)]
+    fn make_row<'g, P: NewRow, const HOLD: bool>(
+        &self,
+        claim: Claim<'_, 'g>,
+        hash: u64,
+        key: &P,
+        ask: &mut Ask<'_>,
+        reread: &dyn Fn() -> u64,
+    ) -> Option<Result<Admitted, Decision>> {
+        let (arr, mine, guard) = (claim.arr, claim.bits, claim.guard);
+        let Ask { limits, n, mut now } = *ask;
+        // Dekker with every other inserter of the key: each claims,
+        // fences, then reads the whole sequence (see `verify`).
+        fence(Ordering::SeqCst);
+        match self.verify(hash, key, arr, claim.at, guard) {
+            Verdict::Keep => {}
+            verdict => {
+                drop(claim);
+                let backoff = Backoff::new();
+                snooze(&backoff);
+                if let Verdict::Await(earlier) = verdict {
+                    let claimed_by_key = |v: u128| match CellState::decode(v) {
+                        CellState::Claimed { key: k } => {
+                            // SAFETY: `k` was read under `guard` from a
+                            // claimed cell.
+                            unsafe { key.matches(k) }
                         }
-                    }
-                    continue;
-                }
-            }
-            // The floor again, after the check: a row of the key removed
-            // while we checked raised it before its cell became a tombstone.
-            // The claim becomes the row with this debit in one CAS, so no
-            // row is ever live before its first debit (a sweep would take
-            // it for full); a denial now withdraws the claim.
-            let floor = self.floors.get(hash);
-            if floor > now {
-                now = now.max(reread());
-            }
-            let made = if HOLD {
-                Held::plain(floor)
-                    .hold(limits, now, n, &|| self.new_lot())
-                    .map(|(s, t)| (s.publish(), s.tat, Some(t)))
-            } else {
-                match limits.reserve(floor, now, n) {
-                    Decision::Admit(tat) => Ok((tat, tat, None)),
-                    denied => Err(denied),
-                }
-            };
-            match made {
-                Ok((field, tat, ticket)) => {
-                    let admitted = match ticket {
-                        Some(t) => Admitted::of_hold(t, true),
-                        None => Admitted {
-                            tat,
-                            prev: floor,
-                            created: true,
-                            lot: 0,
-                        },
+                        _ => false,
                     };
-                    let claimed = CellState::Claimed { key: mine }.encode();
-                    let live = CellState::Live {
-                        key: mine,
-                        tat: field,
+                    while claimed_by_key(arr.cells[earlier].load()) {
+                        snooze(&backoff);
                     }
-                    .encode();
-                    if arr.cells[claim.at].cas(claimed, live).is_ok() {
-                        std::mem::forget(claim);
-                        return Ok(admitted);
-                    }
-                    // SAFETY: the record (if any) was never published.
-                    unsafe { held::free(field) };
-                    // A copier froze the claim: it is not copied; look again.
-                    drop(claim);
                 }
-                Err(denied) => {
-                    drop(claim);
-                    return Err(denied);
+                return None;
+            }
+        }
+        // The floor again, after the check: a row of the key removed
+        // while we checked raised it before its cell became a tombstone.
+        // The claim becomes the row with this debit in one CAS, so no
+        // row is ever live before its first debit (a sweep would take
+        // it for full); a denial now withdraws the claim.
+        let floor = self.floors.get(hash);
+        if floor > now {
+            now = now.max(reread());
+            ask.now = now;
+        }
+        let made = if HOLD {
+            Held::plain(floor)
+                .hold(limits, now, n, &|| self.new_lot())
+                .map(|(s, t)| (s.publish(), s.tat, Some(t)))
+        } else {
+            match limits.reserve(floor, now, n) {
+                Decision::Admit(tat) => Ok((tat, tat, None)),
+                denied => Err(denied),
+            }
+        };
+        match made {
+            Ok((field, tat, ticket)) => {
+                let admitted = match ticket {
+                    Some(t) => Admitted::of_hold(t, true),
+                    None => Admitted {
+                        tat,
+                        prev: floor,
+                        created: true,
+                        lot: 0,
+                    },
+                };
+                let claimed = CellState::Claimed { key: mine }.encode();
+                let live = CellState::Live {
+                    key: mine,
+                    tat: field,
                 }
+                .encode();
+                if arr.cells[claim.at].cas(claimed, live).is_ok() {
+                    std::mem::forget(claim);
+                    return Some(Ok(admitted));
+                }
+                // SAFETY: the record (if any) was never published.
+                unsafe { held::free(field) };
+                // A copier froze the claim: it is not copied; look again.
+                drop(claim);
+                None
+            }
+            Err(denied) => {
+                drop(claim);
+                Some(Err(denied))
             }
         }
     }
