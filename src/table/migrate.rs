@@ -176,11 +176,19 @@ impl Table {
     /// Copies one chunk of the running migration, if a chunk is left to
     /// claim; the copier of the last chunk makes the target current.
     /// Returns the full rows its copies removed.
+    #[inline]
     pub(super) fn help(&self, cx: &Cx<'_>, guard: &Guard) -> usize {
         let cur = self.array(guard);
-        let Some(next) = self.target(cur, guard) else {
-            return 0;
-        };
+        match self.target(cur, guard) {
+            Some(next) => self.help_copy(cur, next, cx, guard),
+            None => 0,
+        }
+    }
+
+    /// [`help`](Table::help) on a migrating array `cur` whose target is
+    /// `next`.
+    #[inline(never)]
+    fn help_copy(&self, cur: &Array, next: &Array, cx: &Cx<'_>, guard: &Guard) -> usize {
         // One chunk, and more while the chunks copied so far held fewer
         // than `SPARSE_ROWS` rows, up to `CALL_CELLS` cells: a shrink of a
         // large, nearly empty array ends within cells / CALL_CELLS calls.

@@ -569,7 +569,39 @@ impl Table {
     /// Walks `key`'s sequence from the current array, following migration
     /// targets. An inserting walk (`seal`) seals the empty cell that ends
     /// the sequence in a migrating array, so nothing can claim it after.
+    ///
+    /// The key's first cell of the current array is tried here, inline: a
+    /// live row of the key there is what the walk would return first.
+    #[inline(always)]
     fn find<'g, P: Probe>(&self, hash: u64, key: &P, seal: bool, guard: &'g Guard) -> Found<'g> {
+        let arr = self.array(guard);
+        let idx = hash as usize & arr.mask();
+        let v = arr.cells[idx].load();
+        if let Some((bits, tat)) = cell::live(v) {
+            // SAFETY: `bits` is the key half of a live cell read under
+            // `guard`.
+            if unsafe { key.matches(bits) } {
+                return Found::Row {
+                    arr,
+                    idx,
+                    v,
+                    bits,
+                    tat,
+                };
+            }
+        }
+        self.find_walk(hash, key, seal, guard)
+    }
+
+    /// [`find`](Table::find)'s walk.
+    #[inline(never)]
+    fn find_walk<'g, P: Probe>(
+        &self,
+        hash: u64,
+        key: &P,
+        seal: bool,
+        guard: &'g Guard,
+    ) -> Found<'g> {
         let is_key = |k: u64| {
             // SAFETY: called below only with the key half of a cell read
             // under `guard` in a live, frozen live or moved state.
