@@ -1527,18 +1527,20 @@ impl<L: Limits, H> Drop for Settle<L, H> {
 }
 
 impl<L: Limits, H> Settle<L, H> {
-    fn settle(mut self, status: StatusCode, headers: &mut HeaderMap, extensions: &Extensions) {
+    /// Applies the refund predicates to `resp`, then writes its fields
+    /// (in place: the response is not taken apart and put back).
+    fn settle<B>(mut self, resp: &mut Response<B>) {
         let shared = &*self.shared;
         {
             let head = ResponseHead {
-                status,
-                headers,
-                extensions,
+                status: resp.status(),
+                headers: resp.headers(),
+                extensions: resp.extensions(),
             };
             shared.limits.settle(&mut self.st, &head, &shared.metas);
         }
         if shared.headers {
-            Fields::of(shared, &self.st).write(headers);
+            Fields::of(shared, &self.st).write(resp.headers_mut());
         }
     }
 }
@@ -1760,10 +1762,7 @@ where
                     let settle = settle.take();
                     return Poll::Ready(out.map(|mut resp| {
                         if let Some(settle) = settle {
-                            let status = resp.status();
-                            let (mut parts, body) = resp.into_parts();
-                            settle.settle(status, &mut parts.headers, &parts.extensions);
-                            resp = Response::from_parts(parts, body);
+                            settle.settle(&mut resp);
                         }
                         resp
                     }));
