@@ -773,7 +773,13 @@ where
     where
         F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
     {
-        let Some(key) = self.key(head)? else {
+        // The extractor's key on the hot path, without the `Result` of
+        // [`key`](Self::key) around it.
+        let key = match self.extractor.extract(head) {
+            Some(k) => Some(k),
+            None => self.no_key(head)?,
+        };
+        let Some(key) = key else {
             // Skipped (no key, `MissingKey::Skip`): no item; the policy
             // still lists its quota.
             let mut fields = fields;
