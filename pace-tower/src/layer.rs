@@ -1576,7 +1576,7 @@ impl<'a> FieldAcc<'a> {
     /// the layer was built (static: no allocation, no reference count)
     /// while the quotas are the same, otherwise from `src`'s quotas.
     #[inline]
-    fn finish<L: Limits, H>(self, shared: &Shared<L, H>, src: Src<'_, '_, L::State>) -> Fields {
+    fn finish<L: Limits, H>(&self, shared: &Shared<L, H>, src: Src<'_, '_, L::State>) -> Fields {
         Fields {
             ratelimit: self.w.value(),
             policy: if self.same {
