@@ -1692,11 +1692,10 @@ where
     fn admitted(
         svc: &mut S,
         req: Request<ReqBody>,
-        st: L::State,
+        mut st: L::State,
         shared: &Arc<Shared<L, H>>,
     ) -> Self {
         shared.limits.admitted(&st);
-        let mut st = st;
         if shared.refunds {
             // Admitted: only the refund predicates can return something
             // now; the other limits' holds are kept before the inner call.
