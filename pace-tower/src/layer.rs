@@ -1534,8 +1534,9 @@ impl<L: Limits, H> Drop for Settle<L, H> {
 
 impl<L: Limits, H> Settle<L, H> {
     /// Applies the refund predicates to `resp`, then writes its fields
-    /// (in place: the response is not taken apart and put back).
-    fn settle<B>(mut self, resp: &mut Response<B>) {
+    /// (in place: the response is not taken apart and put back). What is
+    /// not refunded is kept when the settle is dropped, after this.
+    fn settle<B>(&mut self, resp: &mut Response<B>) {
         let shared = &*self.shared;
         {
             let head = ResponseHead {
@@ -1761,16 +1762,15 @@ where
                         .expect("ResponseFuture polled after completion")))
                 }
                 KindProj::Settle { future, settle } => {
-                    let out = std::task::ready!(future.poll(cx));
-                    // Without a response (the inner service failed), the
-                    // holds are kept now, as the settle's drop does.
-                    let settle = settle.take();
-                    return Poll::Ready(out.map(|mut resp| {
-                        if let Some(settle) = settle {
-                            settle.settle(&mut resp);
-                        }
-                        resp
-                    }));
+                    let mut out = std::task::ready!(future.poll(cx));
+                    // Settled in place (not moved out of the future), then
+                    // dropped, which keeps what was not refunded; without a
+                    // response (the inner service failed), that is all.
+                    if let (Ok(resp), Some(s)) = (&mut out, settle.as_mut()) {
+                        s.settle(resp);
+                    }
+                    *settle = None;
+                    return Poll::Ready(out);
                 }
                 KindProj::Reserving { wait } => {
                     let Reserving {
