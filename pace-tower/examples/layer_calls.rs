@@ -9,7 +9,10 @@
 //! Arguments: `pace`, `governor` or `bare` (the inner service alone); `1`
 //! (per peer IP) or `2` (per peer IP + per client id); `fields` (pace's
 //! `RateLimit` fields, tower_governor's `use_headers()`) or `plain`; the
-//! number of requests; `mix` instead of the layer's name runs the bare
+//! number of requests (for `pace` with 2 limits, `refund-fields` and
+//! `refund-plain` add `refund_if` on the client id's limit, as the bench's
+//! `2/refund/..`; `inexact-` before either gives up the source limit's
+//! exact refunds, as its `exact-client`); `mix` instead of the layer's name runs the bare
 //! service, `PaceLayer` and `GovernorLayer` in alternating slices of 32
 //! requests, as `benches/layer.rs` does. The requests are those of
 //! `benches/layer.rs` (1024 peer addresses, 1000 client ids, every request
@@ -81,7 +84,6 @@ where
     S: Service<Request<Body>, Response = Response<Body>>,
     S::Error: std::fmt::Debug,
 {
-    let mut cx = Context::from_waker(Waker::noop());
     let mut ok = 0u64;
     let mut reqs = Vec::with_capacity(SLICE as usize);
     let mut done = 0;
@@ -89,20 +91,27 @@ where
         reqs.extend((done..n.min(done + SLICE)).map(request));
         done += reqs.len() as u64;
         for req in reqs.drain(..) {
-            match svc.poll_ready(&mut cx) {
-                Poll::Ready(r) => r.unwrap(),
-                Poll::Pending => unreachable!("always ready"),
-            }
-            let mut fut = pin!(svc.call(req));
-            let resp = match fut.as_mut().poll(&mut cx) {
-                Poll::Ready(r) => r.unwrap(),
-                Poll::Pending => unreachable!("ready at once"),
-            };
-            ok += u64::from(resp.status() == StatusCode::OK);
-            black_box(resp);
+            ok += u64::from(step(&mut svc, req));
         }
     }
     assert_eq!(ok, n, "every request admitted");
+}
+
+/// One request through `svc` (ready at once), its response dropped: true
+/// when it is 200. Never inlined, so that callgrind attributes everything
+/// a request costs (the call, the poll, the response and its drop) to it
+/// (`callgrind_annotate --inclusive=yes`: `layer_calls::step`, minus the
+/// inner service's `ServiceFn::call`, minus the same for `bare`).
+#[inline(never)]
+fn step<S>(svc: &mut S, req: Request<Body>) -> bool
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+    S::Error: std::fmt::Debug,
+{
+    let resp = once(svc, req);
+    let ok = resp.status() == StatusCode::OK;
+    black_box(resp);
+    ok
 }
 
 /// One request through `svc`, ready at once.
@@ -157,7 +166,10 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let which = args.first().map_or("pace", String::as_str);
     let limits: u32 = args.get(1).map_or(1, |s| s.parse().unwrap());
-    let fields = args.get(2).map_or("fields", String::as_str) == "fields";
+    let mode = args.get(2).map_or("fields", String::as_str);
+    let fields = mode.ends_with("fields");
+    let refund = mode.contains("refund");
+    let exact_source = !mode.starts_with("inexact-");
     let n: u64 = args.get(3).map_or(100_000, |s| s.parse().unwrap());
     let gov = || {
         let mut b = GovernorConfigBuilder::default();
@@ -248,10 +260,33 @@ fn main() {
                 .layer(inner()),
             n,
         ),
+        ("pace", 2, _) if refund => run(
+            PaceLayer::builder()
+                .rate_limit_headers(fields)
+                .limit(
+                    Limit::new("source", live::<IpAddr>(), PeerIp::new())
+                        .exact_refunds(exact_source),
+                )
+                .limit(
+                    Limit::new(
+                        "client",
+                        live::<String>(),
+                        from_fn(|h| client_id(h.headers)),
+                    )
+                    .refund_if(|r| r.status == StatusCode::UNAUTHORIZED),
+                )
+                .build()
+                .unwrap()
+                .layer(inner()),
+            n,
+        ),
         ("pace", 2, _) => run(
             PaceLayer::builder()
                 .rate_limit_headers(fields)
-                .limit(Limit::new("source", live::<IpAddr>(), PeerIp::new()))
+                .limit(
+                    Limit::new("source", live::<IpAddr>(), PeerIp::new())
+                        .exact_refunds(exact_source),
+                )
                 .limit(Limit::new(
                     "client",
                     live::<String>(),

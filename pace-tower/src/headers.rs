@@ -85,15 +85,49 @@ impl FieldWriter {
     /// Appends the item `sf_name;r=r;t=t` (`sf_name` from [`sf_string`]).
     #[inline]
     pub(crate) fn item(&mut self, sf_name: &str, r: u64, t: u64) {
-        if self.len > 0 || self.spill.is_some() {
+        let mut ri = itoa::Buffer::new();
+        let mut ti = itoa::Buffer::new();
+        let r = ri.format(r.min(SF_MAX)).as_bytes();
+        let t = ti.format(t.min(SF_MAX)).as_bytes();
+        let name = sf_name.as_bytes();
+        let sep = if self.len > 0 || self.spill.is_some() {
+            2
+        } else {
+            0
+        };
+        let end = self.len + sep + name.len() + 3 + r.len() + 3 + t.len();
+        if self.spill.is_some() || end > self.buf.len() {
+            self.item_slow(sep > 0, name, r, t);
+            return;
+        }
+        // In the inline buffer: one bounds check, the fixed parts copied
+        // without a call.
+        let b = &mut self.buf[self.len..end];
+        let (sep_b, b) = b.split_at_mut(sep);
+        sep_b.copy_from_slice(&b", "[..sep]);
+        let (name_b, b) = b.split_at_mut(name.len());
+        name_b.copy_from_slice(name);
+        let (eq_r, b) = b.split_at_mut(3);
+        eq_r.copy_from_slice(b";r=");
+        let (r_b, b) = b.split_at_mut(r.len());
+        r_b.copy_from_slice(r);
+        let (eq_t, t_b) = b.split_at_mut(3);
+        eq_t.copy_from_slice(b";t=");
+        t_b.copy_from_slice(t);
+        self.len = end;
+    }
+
+    /// [`item`](Self::item) past the inline buffer.
+    #[cold]
+    fn item_slow(&mut self, sep: bool, name: &[u8], r: &[u8], t: &[u8]) {
+        if sep {
             self.push(b", ");
         }
-        let mut ints = itoa::Buffer::new();
-        self.push(sf_name.as_bytes());
+        self.push(name);
         self.push(b";r=");
-        self.push(ints.format(r.min(SF_MAX)).as_bytes());
+        self.push(r);
         self.push(b";t=");
-        self.push(ints.format(t.min(SF_MAX)).as_bytes());
+        self.push(t);
     }
 
     fn bytes(&self) -> &[u8] {

@@ -773,7 +773,13 @@ where
     where
         F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
     {
-        let Some(key) = self.key(head)? else {
+        // The extractor's key on the hot path, without the `Result` of
+        // [`key`](Self::key) around it.
+        let key = match self.extractor.extract(head) {
+            Some(k) => Some(k),
+            None => self.no_key(head)?,
+        };
+        let Some(key) = key else {
             // Skipped (no key, `MissingKey::Skip`): no item; the policy
             // still lists its quota.
             let mut fields = fields;
@@ -1527,18 +1533,21 @@ impl<L: Limits, H> Drop for Settle<L, H> {
 }
 
 impl<L: Limits, H> Settle<L, H> {
-    fn settle(mut self, status: StatusCode, headers: &mut HeaderMap, extensions: &Extensions) {
+    /// Applies the refund predicates to `resp`, then writes its fields
+    /// (in place: the response is not taken apart and put back). What is
+    /// not refunded is kept when the settle is dropped, after this.
+    fn settle<B>(&mut self, resp: &mut Response<B>) {
         let shared = &*self.shared;
         {
             let head = ResponseHead {
-                status,
-                headers,
-                extensions,
+                status: resp.status(),
+                headers: resp.headers(),
+                extensions: resp.extensions(),
             };
             shared.limits.settle(&mut self.st, &head, &shared.metas);
         }
         if shared.headers {
-            Fields::of(shared, &self.st).write(headers);
+            Fields::of(shared, &self.st).write(resp.headers_mut());
         }
     }
 }
@@ -1568,7 +1577,7 @@ impl<'a> FieldAcc<'a> {
     /// the layer was built (static: no allocation, no reference count)
     /// while the quotas are the same, otherwise from `src`'s quotas.
     #[inline]
-    fn finish<L: Limits, H>(self, shared: &Shared<L, H>, src: Src<'_, '_, L::State>) -> Fields {
+    fn finish<L: Limits, H>(&self, shared: &Shared<L, H>, src: Src<'_, '_, L::State>) -> Fields {
         Fields {
             ratelimit: self.w.value(),
             policy: if self.same {
@@ -1684,11 +1693,10 @@ where
     fn admitted(
         svc: &mut S,
         req: Request<ReqBody>,
-        st: L::State,
+        mut st: L::State,
         shared: &Arc<Shared<L, H>>,
     ) -> Self {
         shared.limits.admitted(&st);
-        let mut st = st;
         if shared.refunds {
             // Admitted: only the refund predicates can return something
             // now; the other limits' holds are kept before the inner call.
@@ -1754,19 +1762,15 @@ where
                         .expect("ResponseFuture polled after completion")))
                 }
                 KindProj::Settle { future, settle } => {
-                    let out = std::task::ready!(future.poll(cx));
-                    // Without a response (the inner service failed), the
-                    // holds are kept now, as the settle's drop does.
-                    let settle = settle.take();
-                    return Poll::Ready(out.map(|mut resp| {
-                        if let Some(settle) = settle {
-                            let status = resp.status();
-                            let (mut parts, body) = resp.into_parts();
-                            settle.settle(status, &mut parts.headers, &parts.extensions);
-                            resp = Response::from_parts(parts, body);
-                        }
-                        resp
-                    }));
+                    let mut out = std::task::ready!(future.poll(cx));
+                    // Settled in place (not moved out of the future), then
+                    // dropped, which keeps what was not refunded; without a
+                    // response (the inner service failed), that is all.
+                    if let (Ok(resp), Some(s)) = (&mut out, settle.as_mut()) {
+                        s.settle(resp);
+                    }
+                    *settle = None;
+                    return Poll::Ready(out);
                 }
                 KindProj::Reserving { wait } => {
                     let Reserving {
