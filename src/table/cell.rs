@@ -97,6 +97,16 @@ impl CellState {
     }
 }
 
+/// Whether a walk for a key passes over `v` without looking further: a
+/// tombstone or a claim, neither frozen.
+#[inline(always)]
+pub(crate) fn passed_over(v: u128) -> bool {
+    matches!(
+        CellState::decode(v),
+        CellState::Tomb | CellState::Claimed { .. }
+    )
+}
+
 /// The key half and `tat` of `v` if it is a live row: the fast path's test.
 #[inline(always)]
 pub(crate) fn live(v: u128) -> Option<(u64, u64)> {

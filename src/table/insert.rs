@@ -21,6 +21,11 @@ enum Lost {
     NoRoom,
 }
 
+/// Cells [`Table::reserve`] probes inline before it takes the walk: with
+/// rows at up to 13/16 of an array's cells, a key's row is mostly within
+/// the first few cells of its sequence.
+const FAST_PROBES: usize = 4;
+
 /// What [`Table::verify`] decides for a claim.
 enum Verdict {
     Keep,
@@ -118,8 +123,58 @@ impl Table {
         self.reserve_slow::<P, HOLD>(ask, hash, key, reread, hash_of, guard)
     }
 
-    /// Everything but a row in the key's first cell: the walk, inserts,
-    /// migrations. After its own row, a call starts a pending shrink and
+    /// [`reserve_slow`](Table::reserve_slow)'s first try, in an array `arr`
+    /// that is not migrating: if the walk would pass over the key's first
+    /// cell, `first` (which held `v`), the next cells are probed as `find`
+    /// walks them (past other keys' rows, tombstones and claims, up to
+    /// [`FAST_PROBES`] cells in all), and the key's row found there is
+    /// debited (a key has at most one live row in an array: `verify`).
+    /// `None` when the walk must decide.
+    #[inline(never)]
+    fn reserve_near<P: Probe, const HOLD: bool>(
+        &self,
+        arr: &Array,
+        first: usize,
+        v: u128,
+        key: &P,
+        ask: Ask<'_>,
+        guard: &Guard,
+    ) -> Option<Result<Admitted, Decision>> {
+        let passed = match cell::live(v) {
+            // SAFETY: `bits` was read under `guard` from a live cell.
+            Some((bits, _)) => !unsafe { key.matches(bits) },
+            None => cell::passed_over(v),
+        };
+        if !passed {
+            return None;
+        }
+        let mask = arr.mask();
+        for i in 1..FAST_PROBES {
+            let idx = (first + i) & mask;
+            let v = arr.cells[idx].load();
+            match cell::live(v) {
+                // SAFETY: `bits` was read under `guard` from a live cell.
+                Some((bits, tat)) if unsafe { key.matches(bits) } => {
+                    if !HOLD && tat >= HELD {
+                        return None;
+                    }
+                    return if HOLD {
+                        self.change_held::<HOLD>(arr, idx, v, ask, guard)
+                    } else {
+                        self.debit(arr, idx, v, ask)
+                    };
+                }
+                Some(_) => {}
+                None if cell::passed_over(v) => {}
+                None => return None,
+            }
+        }
+        None
+    }
+
+    /// Everything but a row in the key's first cell: a row a few cells on
+    /// (`reserve_near`), the walk, inserts, migrations. After its own row,
+    /// a call that walked starts a pending shrink and
     /// copies one chunk of a running migration (a call that starts one or
     /// finds its target full copies again only through `start_migration`,
     /// so no call copies more than a constant). The copy comes after the
@@ -135,6 +190,14 @@ impl Table {
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
     ) -> Result<Admitted, Decision> {
+        let arr = self.array(guard);
+        if arr.next.load(Ordering::Relaxed, guard).is_null() {
+            let first = hash as usize & arr.mask();
+            let v = arr.cells[first].load();
+            if let Some(r) = self.reserve_near::<P, HOLD>(arr, first, v, key, ask, guard) {
+                return r;
+            }
+        }
         let cx = &Cx::new(hash_of, ask.now);
         let r = self.reserve_walk::<P, HOLD>(ask, hash, key, reread, cx, guard);
         self.shrink_pending(cx, guard);
