@@ -26,7 +26,7 @@ pool_add() {
 }
 
 pool_run() {
-    local slots=$1 dir i pid rc failed=() start end
+    local slots=$1 dir i pid rc failed=() start end cpu summary=""
     dir=$(mktemp -d)
     # The scheduler runs in the background and starts the jobs; this shell
     # prints. `set +e`: a failing job must not stop the scheduler itself.
@@ -41,6 +41,12 @@ pool_run() {
                 bash -euo pipefail -c "${POOL_CMDS[$i]}" >"$dir/$i.log" 2>&1
                 echo $? >"$dir/$i.rc.tmp"
                 date -u +%s >"$dir/$i.end"
+                # CPU seconds (user + sys) of the job's processes: on a
+                # shared machine a clearer measure of its cost than its time.
+                # (`times` itself not in a pipeline: a subshell has no children.)
+                times >"$dir/$i.times"
+                tail -1 "$dir/$i.times" | awk '{ for (i = 1; i <= 2; i++) { split($i, t, "m"); s += t[1] * 60 + t[2] } }
+                    END { printf "%d\n", s }' >"$dir/$i.cpu"
                 mv "$dir/$i.rc.tmp" "$dir/$i.rc"
             ) &
             echo $! >"$dir/$i.pid.tmp"
@@ -67,11 +73,15 @@ pool_run() {
         fi
         rc=$(cat "$dir/$i.rc" 2>/dev/null || echo "none")
         end=$(cat "$dir/$i.end" 2>/dev/null || date -u +%s)
-        printf '=== [job %d] %s: exit %s, %ds (%s-%s)\n' "$i" "${POOL_NAMES[$i]}" "$rc" \
-            "$((end - start))" "$(date -u -d "@$start" +%H:%M:%S)" "$(date -u -d "@$end" +%H:%M:%S)"
+        cpu=$(cat "$dir/$i.cpu" 2>/dev/null || echo "?")
+        printf '=== [job %d] %s: exit %s, %ds (%s-%s), %ss of CPU\n' "$i" "${POOL_NAMES[$i]}" "$rc" \
+            "$((end - start))" "$(date -u -d "@$start" +%H:%M:%S)" "$(date -u -d "@$end" +%H:%M:%S)" "$cpu"
+        summary+=$(printf '%s-%s %5ss %5ss CPU  exit %-4s %s' "$(date -u -d "@$start" +%H:%M:%S)" \
+            "$(date -u -d "@$end" +%H:%M:%S)" "$((end - start))" "$cpu" "$rc" "${POOL_NAMES[$i]}")$'\n'
         [ "$rc" = 0 ] || failed+=("${POOL_NAMES[$i]}")
     done
     wait "$scheduler" || true
+    printf '\n=== jobs: start-end, time, CPU time, exit status\n%s' "$summary"
     rm -rf "$dir"
     if [ "${#failed[@]}" -ne 0 ]; then
         printf 'FAILED: %s\n' "${failed[@]}" >&2
