@@ -24,30 +24,39 @@ export CARGO_TARGET_DIR=target/loom
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
 long=tombstone_reuse_vs_empty_claim
 
+# run_models CARGO_TEST_ARGS...: the models' summary lines, and a failure if
+# cargo fails. (Not `cargo ... | grep ... || true; test "${PIPESTATUS[0]}"
+# -eq 0`: under pipefail a failing cargo makes the pipeline fail, `|| true`
+# runs and PIPESTATUS is then true's, so a failing model passed.)
+run_models() {
+    local log status=0
+    log=$(mktemp)
+    cargo test -p loom-tests --release "$@" >"$log" 2>&1 || status=$?
+    grep -E "^test |loom:|test result|panicked|error" "$log" || true
+    if [ "$status" -ne 0 ]; then
+        tail -40 "$log"
+        echo "loom models failed (cargo test exit $status)"
+        exit 1
+    fi
+    MODELS_LOG=$log
+}
+
 if [ "$part" = all ] || [ "$part" = long ]; then
     echo "the long model $long (LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS)"
-    log=$(mktemp)
-    cargo test -p loom-tests --release --test cells -- --exact "$long" --nocapture 2>&1 |
-        tee "$log" | grep -E "^test |loom:|test result|panicked|error" || true
-    test "${PIPESTATUS[0]}" -eq 0
+    run_models --test cells -- --exact "$long" --nocapture
     # A renamed model would filter to zero tests and pass.
-    grep -q "^test $long ... ok" "$log" || { echo "the model $long did not run"; exit 1; }
-    rm -f "$log"
+    grep -q "^test $long ... ok" "$MODELS_LOG" || { echo "the model $long did not run"; exit 1; }
 fi
 
 if [ "$part" = all ] || [ "$part" = models ]; then
     echo "models (LOOM_MAX_PREEMPTIONS=$LOOM_MAX_PREEMPTIONS), all but $long (run by itself)"
-    cargo test -p loom-tests --release -- --test-threads=2 --nocapture --skip "$long" 2>&1 |
-        grep -E "^test |loom:|test result|panicked|error" || true
-    test "${PIPESTATUS[0]}" -eq 0
+    run_models -- --test-threads=2 --nocapture --skip "$long"
 
     # The models that stay small also run with one more preemption (bound 3);
     # exact_admission would take far longer there.
     echo "models at LOOM_MAX_PREEMPTIONS=3 (all but exact_admission)"
-    LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --release --test pace -- \
-        --test-threads=2 --nocapture --skip exact_admission 2>&1 |
-        grep -E "^test |loom:|test result|panicked|error" || true
-    test "${PIPESTATUS[0]}" -eq 0
+    LOOM_MAX_PREEMPTIONS=3 run_models --test pace -- \
+        --test-threads=2 --nocapture --skip exact_admission
 fi
 
 [ "$part" = all ] || [ "$part" = mutants ] || exit 0
