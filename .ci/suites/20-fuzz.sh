@@ -9,7 +9,17 @@ if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
 cd fuzz
-for target in $(cargo +nightly fuzz list); do
+# Usage: 20-fuzz.sh [TARGET...]: the targets named, or every target. .ci/run
+# runs each target as a job of its own in its pool: a fuzz run uses one
+# core, so two targets (or a target and a Miri part) run side by side, each
+# still for the full time.
+targets=("$@")
+[ "${#targets[@]}" -ne 0 ] || mapfile -t targets < <(cargo +nightly fuzz list)
+known=$(cargo +nightly fuzz list)
+for target in "${targets[@]}"; do
+    grep -qxF "$target" <<<"$known" || { echo "no fuzz target $target"; exit 1; }
+done
+for target in "${targets[@]}"; do
     mkdir -p "corpus/$target"
     work=$(mktemp -d)
     cp -r "corpus/$target"/. "$work"/

@@ -22,32 +22,47 @@ cargo +nightly miri setup >/dev/null 2>&1
 # the free of that row by another thread's collection (DESIGN.md, section 9).
 export MIRIFLAGS="${MIRIFLAGS:--Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-ignore-leaks}"
 miri_test() { cargo +nightly miri test --no-default-features "$@"; }
-miri_test --lib --test rules --test stress --test holds --no-run
-# Miri interprets on one core: the two halves of the long stress test (other
-# seeds) run in processes of their own beside the rest, so both cores work.
+# Miri interprets on one core, so the tests run as five processes, each a
+# job of the pool in .ci/run (beside the fuzz targets and the rest), or two
+# at a time when this script runs alone: the two halves of the long stress
+# test (other seeds) each in a process of its own, and the rest split by test
+# file. Every part skips the two halves, as the one process for the rest did.
 a=effective_exchanges_never_exceed_capacity_plus_rate_times_elapsed
 b=effective_exchanges_fit_the_bound_with_other_seeds
-logs=$(mktemp -d)
-SECONDS=0
-miri_test --test stress -- --exact "$a" >"$logs/a" 2>&1 &
-pid_a=$!
-miri_test --test stress -- --exact "$b" >"$logs/b" 2>&1 &
-pid_b=$!
-miri_test --lib --test rules --test stress --test holds -- --skip "$a" --skip "$b" >"$logs/rest" 2>&1 &
-pid_rest=$!
-failed=0
-for part in a b rest; do
-    pid_var=pid_$part
-    status=0
-    wait "${!pid_var}" || status=$?
-    echo "$part: done after ${SECONDS}s (rc=$status)"
-    grep -hE "^test |test result|Running" "$logs/$part"
-    if [ "$status" -ne 0 ]; then
-        tail -40 "$logs/$part"
-        failed=1
-    fi
-done
-[ "$failed" -eq 0 ]
-# Both halves must have run (a renamed test would filter to zero).
-grep -q "test $a ... ok" "$logs/a"
-grep -q "test $b ... ok" "$logs/b"
+part="${1:-all}"
+case "$part" in
+all)
+    source "$(dirname "$0")/../pool.sh"
+    for p in a b holds lib rules; do
+        pool_add "miri $p" "bash $0 $p"
+    done
+    pool_run 2
+    exit
+    ;;
+a) args=(--test stress -- --exact "$a") ;;
+b) args=(--test stress -- --exact "$b") ;;
+lib) args=(--lib -- --skip "$a" --skip "$b") ;;
+holds) args=(--test holds -- --skip "$a" --skip "$b") ;;
+rules) args=(--test rules --test stress -- --skip "$a" --skip "$b") ;;
+*) echo "usage: $0 [all|a|b|lib|holds|rules]" >&2; exit 2 ;;
+esac
+log=$(mktemp)
+status=0
+miri_test "${args[@]}" >"$log" 2>&1 || status=$?
+grep -hE "^test |test result|Running" "$log" || true
+if [ "$status" -ne 0 ]; then
+    tail -40 "$log"
+    echo "miri $part failed (exit $status)"
+    exit "$status"
+fi
+# Each part must have run tests (a renamed test would filter to zero): the
+# halves their own, the rest at least one per file.
+case "$part" in
+a | b) test_name=${!part}; ran() { grep -q "test $test_name ... ok" "$log"; } ;;
+*) ran() { ! grep -q "test result: ok. 0 passed" "$log"; } ;;
+esac
+if ! ran; then
+    echo "miri $part ran no test (renamed?)"
+    exit 1
+fi
+rm -f "$log"
