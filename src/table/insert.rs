@@ -21,9 +21,10 @@ enum Lost {
     NoRoom,
 }
 
-/// Cells [`Table::reserve`] probes inline before it takes the walk: with
-/// rows at up to 13/16 of an array's cells, a key's row is mostly within
-/// the first few cells of its sequence.
+/// Cells of a key's sequence probed before the walk: the first inline in
+/// [`Table::reserve`], the rest by `reserve_near`. With rows at up to 13/16
+/// of an array's cells, a key's row is mostly within the first few cells
+/// of its sequence.
 const FAST_PROBES: usize = 4;
 
 /// What [`Table::verify`] decides for a claim.
