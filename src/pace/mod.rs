@@ -454,19 +454,7 @@ where
     {
         let (wait_ns, slot) = turn;
         if n == 0 {
-            let r = Reservation {
-                pace: self,
-                key,
-                debit: Debit {
-                    n: 0,
-                    tat: 0,
-                    prev: 0,
-                    hash: 0,
-                    limiter: self.id,
-                    lot: 0,
-                },
-            };
-            return Ok(r);
+            return Ok(self.reservation(key, Debit::none(self.id)));
         }
         let hash = self.hasher.hash_one(key);
         // The key's cell is fetched while the epoch is pinned and the clock
@@ -510,24 +498,35 @@ where
                 if TURN {
                     *slot = slot_of(tat, tau, wait_ns);
                 }
-                Ok(Reservation {
-                    pace: self,
-                    key,
-                    debit: Debit {
-                        n,
-                        tat,
-                        prev,
-                        hash,
-                        limiter: self.id,
-                        lot,
-                    },
-                })
+                let debit = Debit {
+                    n,
+                    tat,
+                    prev,
+                    hash,
+                    limiter: self.id,
+                    lot,
+                };
+                Ok(self.reservation(key, debit))
             }
             // The wait beyond `wait_ns`, plus `wait_ns`: the whole wait.
             Err(Decision::Wait(ns)) if TURN => Err(Denied::from_decision(Decision::Wait(
                 ns.saturating_add(wait_ns),
             ))),
             Err(d) => Err(Denied::from_decision(d)),
+        }
+    }
+
+    /// The reservation of `debit` on `key`.
+    #[inline(always)]
+    fn reservation<'a, Q: ?Sized>(
+        &'a self,
+        key: &'a Q,
+        debit: Debit,
+    ) -> Reservation<'a, K, Q, S, C> {
+        Reservation {
+            pace: self,
+            key,
+            debit,
         }
     }
 

@@ -153,6 +153,20 @@ impl Refunded {
 }
 
 impl Debit {
+    /// The debit of no tokens by limiter `limiter`: its refund returns
+    /// nothing.
+    #[inline(always)]
+    pub(super) fn none(limiter: u64) -> Debit {
+        Debit {
+            n: 0,
+            tat: 0,
+            prev: 0,
+            hash: 0,
+            limiter,
+            lot: 0,
+        }
+    }
+
     /// Tokens debited.
     pub fn tokens(&self) -> u64 {
         self.n

@@ -267,18 +267,7 @@ impl Table {
                     guard,
                 },
                 Err(Lost::NoRoom) => {
-                    // Mostly tombstones: clean a chunk in place and claim
-                    // again; else migrate.
-                    if !self.clean_some(arr, guard) {
-                        // Before the call's own row: its copies remove
-                        // nothing (a removal would raise the floor this
-                        // insert starts from, after its decision).
-                        self.start_migration(arr, &cx.keeping_all(), guard);
-                        cx.copied.set(true);
-                        // The full array may be a target whose copy other
-                        // callers are finishing: let them.
-                        snooze(&backoff);
-                    }
+                    self.make_room(arr, cx, &backoff, guard);
                     continue;
                 }
                 Err(Lost::Taken) => {
@@ -296,6 +285,45 @@ impl Table {
             now = ask.now;
             if let Some(r) = made {
                 return r;
+            }
+        }
+    }
+
+    /// Room for a claim that found none in `arr`: mostly tombstones, a
+    /// chunk cleaned in place (claim again); else a migration started.
+    #[cold]
+    fn make_room(&self, arr: &Array, cx: &Cx<'_>, backoff: &Backoff, guard: &Guard) {
+        if !self.clean_some(arr, guard) {
+            // Before the call's own row: its copies remove nothing (a
+            // removal would raise the floor this insert starts from, after
+            // its decision).
+            self.start_migration(arr, &cx.keeping_all(), guard);
+            cx.copied.set(true);
+            // The full array may be a target whose copy other callers are
+            // finishing: let them.
+            snooze(backoff);
+        }
+    }
+
+    /// After a claim withdrawn on `verdict` (not `Keep`): a pause, and with
+    /// `Await`, a wait until the earlier claim of the key in `arr` is no
+    /// longer a claim (it became the row or was withdrawn). `_guard` is the
+    /// guard `key` probes with and `arr` was loaded under.
+    #[cold]
+    fn after_withdrawal<P: NewRow>(verdict: Verdict, arr: &Array, key: &P, _guard: &Guard) {
+        let backoff = Backoff::new();
+        snooze(&backoff);
+        if let Verdict::Await(earlier) = verdict {
+            let claimed_by_key = |v: u128| match CellState::decode(v) {
+                CellState::Claimed { key: k } => {
+                    // SAFETY: `k` was read from a claimed cell of `arr`
+                    // while `_guard`, the probe's guard, pins the epoch.
+                    unsafe { key.matches(k) }
+                }
+                _ => false,
+            };
+            while claimed_by_key(arr.cells[earlier].load()) {
+                snooze(&backoff);
             }
         }
     }
@@ -323,21 +351,7 @@ impl Table {
             Verdict::Keep => {}
             verdict => {
                 drop(claim);
-                let backoff = Backoff::new();
-                snooze(&backoff);
-                if let Verdict::Await(earlier) = verdict {
-                    let claimed_by_key = |v: u128| match CellState::decode(v) {
-                        CellState::Claimed { key: k } => {
-                            // SAFETY: `k` was read under `guard` from a
-                            // claimed cell.
-                            unsafe { key.matches(k) }
-                        }
-                        _ => false,
-                    };
-                    while claimed_by_key(arr.cells[earlier].load()) {
-                        snooze(&backoff);
-                    }
-                }
+                Self::after_withdrawal(verdict, arr, key, guard);
                 return None;
             }
         }

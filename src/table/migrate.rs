@@ -262,22 +262,7 @@ impl Table {
         let mut removed = 0;
         let mut gone = Vec::new();
         for (i, cell) in old.cells[start..end].iter().enumerate() {
-            let frozen = loop {
-                let v = cell.load();
-                match CellState::decode(v) {
-                    CellState::Fence => snooze(&backoff), // a cleaner's moment
-                    CellState::Sealed
-                    | CellState::Closed
-                    | CellState::FrozenClaimed { .. }
-                    | CellState::FrozenLive { .. }
-                    | CellState::Moved { .. } => break v,
-                    _ => {
-                        if let Some(f) = freeze_for_copy(cell, v) {
-                            break f;
-                        }
-                    }
-                }
-            };
+            let frozen = frozen(cell, &backoff);
             if let CellState::FrozenLive { key, tat } = CellState::decode(frozen) {
                 // SAFETY: `key` was read under `guard` from the cell this
                 // copier froze (a live row's, which no one removes while
@@ -406,6 +391,29 @@ impl Table {
     /// an older one.
     #[cfg(pace_mutant = "copy_drops_without_floor")]
     fn raise_for_copy(&self, _: u64, _: u64) {}
+}
+
+/// The value of `cell` once frozen for a copy: frozen by this call, or by
+/// another copier, or a state that no copy changes (sealed, closed, moved).
+/// A cleaner's fence is waited out.
+#[inline]
+fn frozen(cell: &Cell, backoff: &Backoff) -> u128 {
+    loop {
+        let v = cell.load();
+        match CellState::decode(v) {
+            CellState::Fence => snooze(backoff), // a cleaner's moment
+            CellState::Sealed
+            | CellState::Closed
+            | CellState::FrozenClaimed { .. }
+            | CellState::FrozenLive { .. }
+            | CellState::Moved { .. } => return v,
+            _ => {
+                if let Some(f) = freeze_for_copy(cell, v) {
+                    return f;
+                }
+            }
+        }
+    }
 }
 
 /// Freezes a copier's cell, read as `v`: `None` when it changed first.

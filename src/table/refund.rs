@@ -35,12 +35,6 @@ impl Table {
         cx: &Cx<'_>,
         guard: &Guard,
     ) -> Refunded {
-        let Spent {
-            n,
-            tat: own_tat,
-            prev,
-        } = spent;
-        let now = cx.now;
         let backoff = Backoff::new();
         'find: loop {
             let Found::Row {
@@ -54,75 +48,110 @@ impl Table {
                 return Refunded::Refilled;
             };
             loop {
-                if tat >= HELD {
+                let row = Seen {
+                    arr,
+                    idx,
+                    v,
+                    bits,
+                    tat,
+                };
+                let step = if tat >= HELD {
                     // SAFETY: `tat` is the field of a live cell read under
                     // `guard`.
                     let was = unsafe { Held::of(tat, guard) };
-                    if was.tat != own_tat {
-                        return Refunded::Superseded;
-                    }
-                    match self.replace_row(arr, idx, v, Held { tat: prev, ..was }, guard) {
-                        Ok(()) => return Refunded::Restored,
-                        Err(actual) => match CellState::decode(actual) {
-                            CellState::Live { key: k, tat: t } if k == bits => {
-                                v = actual;
-                                tat = t;
-                                cas_retry(&backoff);
-                                continue;
-                            }
-                            CellState::FrozenLive { .. } | CellState::Moved { .. } => {
-                                continue 'find
-                            }
-                            _ => return Refunded::Refilled,
-                        },
-                    }
-                }
-                let (next, full) = match limits.refund(tat, now, n, own_tat, prev) {
-                    Refund::Unchanged => return Refunded::Superseded,
-                    Refund::Set(t) => (CellState::Live { key: bits, tat: t }.encode(), false),
-                    // Neither current nor the current array's target: an old
-                    // array, whose cells are frozen (the CAS fails and the
-                    // walk goes on in the target).
-                    Refund::Full if self.source_of(arr, guard).is_none() => (
-                        CellState::Live {
-                            key: bits,
-                            tat: prev,
-                        }
-                        .encode(),
-                        false,
-                    ),
-                    Refund::Full => {
-                        self.floors.raise_refunded(hash, prev);
-                        (CellState::Tomb.encode(), true)
-                    }
+                    self.refund_held(row, was, spent, guard)
+                } else {
+                    self.refund_live(row, limits, hash, spent, cx, guard)
                 };
-                match arr.cells[idx].cas(v, next) {
-                    Ok(_) => {
-                        if full {
-                            // SAFETY: our CAS made the row's cell a
-                            // tombstone.
-                            unsafe { self.row_removed(arr, idx, bits, cx, guard) };
-                            return Refunded::Removed;
-                        }
-                        return Refunded::Restored;
+                match step {
+                    Step::Done(r) => return r,
+                    Step::Find => continue 'find,
+                    Step::Retry { actual, tat: t } => {
+                        v = actual;
+                        tat = t;
+                        cas_retry(&backoff);
                     }
-                    Err(actual) => match CellState::decode(actual) {
-                        CellState::Live { key: k, tat: t } if k == bits => {
-                            v = actual;
-                            tat = t;
-                            cas_retry(&backoff);
-                        }
-                        // Frozen by a copier: find it in the target.
-                        CellState::FrozenLive { .. } | CellState::Moved { .. }
-                            if refund_follows_copies() =>
-                        {
-                            continue 'find
-                        }
-                        // Removed (full) or reused since: nothing to return.
-                        _ => return Refunded::Refilled,
-                    },
                 }
             }
+        }
+    }
+
+    /// A refund to a row whose tokens are held (`was`): the record's `tat`
+    /// goes back to the reservation's `prev` if it still ends at its `tat`.
+    #[inline(always)]
+    fn refund_held(&self, row: Seen<'_>, was: Held, spent: Spent, guard: &Guard) -> Step {
+        if was.tat != spent.tat {
+            return Step::Done(Refunded::Superseded);
+        }
+        let Seen {
+            arr, idx, v, bits, ..
+        } = row;
+        match self.replace_row(
+            arr,
+            idx,
+            v,
+            Held {
+                tat: spent.prev,
+                ..was
+            },
+            guard,
+        ) {
+            Ok(()) => Step::Done(Refunded::Restored),
+            Err(actual) => Step::after_lost_cas(actual, bits, true),
+        }
+    }
+
+    /// A refund to a row without holds: its `tat` goes back, or the row
+    /// goes (full) with the floor raised to the reservation's `prev`.
+    #[inline(always)]
+    fn refund_live(
+        &self,
+        row: Seen<'_>,
+        limits: &Limits,
+        hash: u64,
+        spent: Spent,
+        cx: &Cx<'_>,
+        guard: &Guard,
+    ) -> Step {
+        let Seen {
+            arr,
+            idx,
+            v,
+            bits,
+            tat,
+        } = row;
+        let Spent {
+            n,
+            tat: own_tat,
+            prev,
+        } = spent;
+        let (next, full) = match limits.refund(tat, cx.now, n, own_tat, prev) {
+            Refund::Unchanged => return Step::Done(Refunded::Superseded),
+            Refund::Set(t) => (CellState::Live { key: bits, tat: t }.encode(), false),
+            // Neither current nor the current array's target: an old
+            // array, whose cells are frozen (the CAS fails and the
+            // walk goes on in the target).
+            Refund::Full if self.source_of(arr, guard).is_none() => (
+                CellState::Live {
+                    key: bits,
+                    tat: prev,
+                }
+                .encode(),
+                false,
+            ),
+            Refund::Full => {
+                self.floors.raise_refunded(hash, prev);
+                (CellState::Tomb.encode(), true)
+            }
+        };
+        match arr.cells[idx].cas(v, next) {
+            Ok(_) if full => {
+                // SAFETY: our CAS made the row's cell a tombstone.
+                unsafe { self.row_removed(arr, idx, bits, cx, guard) };
+                Step::Done(Refunded::Removed)
+            }
+            Ok(_) => Step::Done(Refunded::Restored),
+            Err(actual) => Step::after_lost_cas(actual, bits, refund_follows_copies()),
         }
     }
 
@@ -258,6 +287,42 @@ impl Table {
                     },
                 }
             }
+        }
+    }
+}
+
+/// The cell a refund read its key's row in: cell `idx` of `arr` held `v`,
+/// whose key half is `bits` and whose field is `tat`.
+#[derive(Clone, Copy)]
+struct Seen<'g> {
+    arr: &'g Array,
+    idx: usize,
+    v: u128,
+    bits: u64,
+    tat: u64,
+}
+
+/// What a refund does after one attempt on its row.
+enum Step {
+    /// The answer.
+    Done(Refunded),
+    /// The row changed and is still the key's, live: try again on `actual`.
+    Retry { actual: u128, tat: u64 },
+    /// The row was frozen by a copier: find it again (in the target).
+    Find,
+}
+
+impl Step {
+    /// The step after a CAS on the row whose key half is `bits` found
+    /// `actual` instead; `follow`: whether a frozen row is looked for again
+    /// (otherwise nothing is returned).
+    #[inline(always)]
+    fn after_lost_cas(actual: u128, bits: u64, follow: bool) -> Step {
+        match CellState::decode(actual) {
+            CellState::Live { key: k, tat } if k == bits => Step::Retry { actual, tat },
+            CellState::FrozenLive { .. } | CellState::Moved { .. } if follow => Step::Find,
+            // Removed (full) or reused since: nothing to return.
+            _ => Step::Done(Refunded::Refilled),
         }
     }
 }
