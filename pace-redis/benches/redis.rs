@@ -345,9 +345,7 @@ async fn bench(client_mode: Option<String>) {
                     hist[i].add(h).unwrap();
                 }
             }
-            let rates: Vec<f64> = (0..3)
-                .map(|i| decisions[i] as f64 / seconds[i])
-                .collect();
+            let rates: Vec<f64> = (0..3).map(|i| decisions[i] as f64 / seconds[i]).collect();
             for i in 0..3 {
                 let [calls, usec, bytes_in, bytes_out] = server[i];
                 let calls = calls.max(1.0);

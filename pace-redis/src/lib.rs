@@ -1516,7 +1516,11 @@ impl RedisPace {
     }
     /// The Redis key of `key`.
     pub fn redis_key(&self, key: &str) -> String {
-        format!("{}{}", self.inner.prefix, key)
+        let prefix = &self.inner.prefix;
+        let mut full = String::with_capacity(prefix.len() + key.len());
+        full.push_str(prefix);
+        full.push_str(key);
+        full
     }
     /// The Redis Cluster slot of `key` (of its Redis key, prefix included).
     pub fn slot(&self, key: &str) -> u16 {
@@ -2341,10 +2345,15 @@ impl RedisPace {
         Ok(self.redis_key(key))
     }
 
-    /// `EVALSHA <sha> 1 <key>`: the start of every call.
+    /// `EVALSHA <sha> 1 <key>`: the start of every call, with room for the
+    /// longest call's arguments (a hold's six and an injected time: at most
+    /// 32 + 5 x 20 + 1 bytes), so that adding them allocates nothing.
     fn script_cmd(&self, key: &str) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.inner.script.get_hash()).arg(1).arg(key);
+        let mut cmd = Cmd::with_capacity(11, 48 + key.len() + 133);
+        cmd.arg("EVALSHA")
+            .arg(self.inner.script.get_hash())
+            .arg("1")
+            .arg(key);
         cmd
     }
 
@@ -2567,8 +2576,9 @@ impl RedisPace {
     }
 
     fn circuit_open(&self) -> bool {
-        let now = self.inner.origin.elapsed().as_nanos() as u64;
-        now < self.inner.down_until.load(Ordering::Relaxed)
+        let until = self.inner.down_until.load(Ordering::Relaxed);
+        // 0: never opened (no clock read).
+        until != 0 && (self.inner.origin.elapsed().as_nanos() as u64) < until
     }
 
     fn trip(&self, e: &BackendError) {
@@ -2869,14 +2879,28 @@ fn reply_numbers<const N: usize>(v: &Value) -> Result<([u64; N], usize), Backend
     let mut fields = [0u64; N];
     let mut count = 0;
     for part in text.split(|&b| b == b' ') {
-        let n = std::str::from_utf8(part)
-            .ok()
-            .and_then(|p| p.parse::<u64>().ok())
-            .ok_or_else(|| bad(v))?;
+        let n = decimal(part).ok_or_else(|| bad(v))?;
         *fields.get_mut(count).ok_or_else(|| bad(v))? = n;
         count += 1;
     }
     Ok((fields, count))
+}
+
+/// The value of a decimal integer of 1 to 20 ASCII digits (no sign), if it
+/// fits a u64.
+fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n = 0u64;
+    for &c in digits {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(d))?;
+    }
+    Some(n)
 }
 
 /// The server time (ns) in `fields[i]` (seconds) and `fields[i + 1]`
@@ -3001,5 +3025,29 @@ fn parse_refund(v: &Value) -> Result<Refunded, BackendError> {
         Some(0) => Ok(Refunded::Superseded),
         Some(3) => Ok(Refunded::Refilled),
         _ => Err(bad(v)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decimal;
+
+    #[test]
+    fn decimal_reads_unsigned_digit_strings_that_fit_a_u64() {
+        assert_eq!(decimal(b"0"), Some(0));
+        assert_eq!(
+            decimal(b"1796472298083123456"),
+            Some(1_796_472_298_083_123_456)
+        );
+        assert_eq!(decimal(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(decimal(b"18446744073709551616"), None);
+        assert_eq!(decimal(b"99999999999999999999"), None);
+        assert_eq!(decimal(b""), None);
+        assert_eq!(decimal(b"+1"), None);
+        assert_eq!(decimal(b"-1"), None);
+        assert_eq!(decimal(b"1 "), None);
+        assert_eq!(decimal(b"12a"), None);
+        assert_eq!(decimal(b"/"), None);
+        assert_eq!(decimal(b":"), None);
     }
 }
