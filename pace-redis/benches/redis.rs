@@ -6,7 +6,7 @@
 //! `cargo bench -p pace-redis --bench redis` (needs `redis-server` on PATH).
 //! `PACE_REDIS_BENCH_SECS` sets the seconds per contender and round
 //! (default 2), `PACE_REDIS_BENCH_ROUNDS` the rounds per task count (default
-//! 3), `PACE_REDIS_BENCH_SLICES` the slices of a round (default 10): each
+//! 3), `PACE_REDIS_BENCH_SLICES` the slices of a round (default 40): each
 //! slice runs every contender for `SECS / SLICES` seconds in turn, the first
 //! rotating from slice to slice, so that the contenders share the machine's
 //! noise. Per round and contender: decisions per second, latency
@@ -288,7 +288,7 @@ async fn bench(client_mode: Option<String>) {
         .get_connection()
         .unwrap();
     let rounds: usize = env_or("PACE_REDIS_BENCH_ROUNDS", 3);
-    let slices: usize = env_or("PACE_REDIS_BENCH_SLICES", 10).max(1);
+    let slices: usize = env_or("PACE_REDIS_BENCH_SLICES", 40).max(1);
     let slice = secs / slices as f64;
     println!(
         "== decisions on 10,000 keys (mostly admitted), {secs} s per contender and round, \
