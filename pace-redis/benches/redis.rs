@@ -4,15 +4,22 @@
 //! loopback port; then round trips per decision under a flood of denials.
 //!
 //! `cargo bench -p pace-redis --bench redis` (needs `redis-server` on PATH).
-//! `PACE_REDIS_BENCH_SECS` sets the seconds per measurement (default 2),
-//! `PACE_REDIS_BENCH_ROUNDS` the rounds per task count (default 3; the
-//! contender that goes first rotates). Per cell: decisions per second,
-//! latency percentiles, the server's own time per EVALSHA ("srv us"), the
-//! clients' CPU time per decision (this process, user + system from
+//! `PACE_REDIS_BENCH_SECS` sets the seconds per contender and round
+//! (default 2), `PACE_REDIS_BENCH_ROUNDS` the rounds per task count (default
+//! 3), `PACE_REDIS_BENCH_SLICES` the slices of a round (default 40): each
+//! slice runs every contender for `SECS / SLICES` seconds in turn, the first
+//! rotating from slice to slice, so that the contenders share the machine's
+//! noise. Per round and contender: decisions per second, latency
+//! percentiles, the server's own time per EVALSHA ("srv us"), the clients'
+//! CPU time per decision (this process, user + system from
 //! `/proc/self/stat`, "cli us"), and network bytes in and out per EVALSHA;
-//! per round, pace-redis's decisions per second over the
-//! plain script's, and those of pace-redis's script called directly ("raw",
-//! no limiter around it) over the plain script's.
+//! per round, pace-redis's decisions per second over the plain script's,
+//! and those of pace-redis's script called directly ("raw", no limiter
+//! around it) over the plain script's.
+//!
+//! `PACE_REDIS_BENCH_CLIENT=CONTENDER:CALLS` (`pace`, `plain` or `raw`)
+//! instead makes CALLS decisions of that contender from one task on one
+//! thread and exits: `server_cost.sh client` counts the instructions.
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -75,30 +82,31 @@ fn start_server() -> (Server, String) {
     (server, format!("redis://127.0.0.1:{port}/"))
 }
 
-/// The server's own CPU time per EVALSHA, and its network bytes in and out
-/// per EVALSHA, since the last `CONFIG RESETSTAT`.
-fn server_per_call(admin: &mut redis::Connection) -> (String, f64, f64) {
+/// EVALSHAs, the server's own CPU time for them (µs), and its network bytes
+/// in and out, since the last `CONFIG RESETSTAT`.
+fn server_totals(admin: &mut redis::Connection) -> [f64; 4] {
     let info: String = redis::cmd("INFO").arg("all").query(admin).unwrap();
     let line = info.lines().find(|l| l.starts_with("cmdstat_evalsha:"));
-    let field = |name: &str| -> Option<f64> {
-        line?
-            .split([':', ','])
-            .find_map(|f| f.strip_prefix(name))
-            .and_then(|v| v.parse().ok())
+    let field = |name: &str| -> f64 {
+        line.and_then(|l| {
+            l.split([':', ','])
+                .find_map(|f| f.strip_prefix(name))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0.0)
     };
-    let usec = field("usec_per_call=").map_or("-".to_string(), |u| format!("{u:.2}"));
-    let calls = field("calls=").unwrap_or(0.0).max(1.0);
     let stat = |name: &str| -> f64 {
         info.lines()
             .find_map(|l| l.strip_prefix(name))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0.0)
     };
-    (
-        usec,
-        stat("total_net_input_bytes:") / calls,
-        stat("total_net_output_bytes:") / calls,
-    )
+    [
+        field("calls="),
+        field("usec="),
+        stat("total_net_input_bytes:"),
+        stat("total_net_output_bytes:"),
+    ]
 }
 
 /// CPU time this process (the clients, not the server) has used, in µs,
@@ -155,8 +163,15 @@ impl Contender {
     }
 }
 
-/// `tasks` tasks deciding for `secs` seconds on keys drawn from `keys`.
-async fn run(c: &Contender, tasks: usize, secs: f64, keys: u64) -> (u64, f64, Histogram<u64>) {
+/// `tasks` tasks deciding for `secs` seconds on keys drawn from `keys`
+/// (a sequence per task and `seed`).
+async fn run(
+    c: &Contender,
+    tasks: usize,
+    secs: f64,
+    keys: u64,
+    seed: u64,
+) -> (u64, f64, Histogram<u64>) {
     let end = Instant::now() + Duration::from_secs_f64(secs);
     let t0 = Instant::now();
     let mut handles = Vec::new();
@@ -165,7 +180,7 @@ async fn run(c: &Contender, tasks: usize, secs: f64, keys: u64) -> (u64, f64, Hi
         handles.push(tokio::spawn(async move {
             let mut h = Histogram::<u64>::new_with_bounds(1, 10_000_000, 3).unwrap();
             let mut admitted = 0u64;
-            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
+            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64) ^ (seed << 32);
             while Instant::now() < end {
                 x ^= x << 13;
                 x ^= x >> 7;
@@ -189,15 +204,36 @@ async fn run(c: &Contender, tasks: usize, secs: f64, keys: u64) -> (u64, f64, Hi
     (admitted, all.len() as f64 / elapsed, all)
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return; // `cargo test --benches` runs bench targets without `--bench`
     }
-    let secs: f64 = std::env::var("PACE_REDIS_BENCH_SECS")
+    // The client-cost mode runs on one thread: a deterministic count of
+    // instructions (no idle worker spinning); the bench on two workers.
+    let client = std::env::var("PACE_REDIS_BENCH_CLIENT").ok();
+    let mut runtime = if client.is_some() {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    };
+    runtime
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(bench(client));
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
+        .unwrap_or(default)
+}
+
+async fn bench(client_mode: Option<String>) {
+    let secs: f64 = env_or("PACE_REDIS_BENCH_SECS", 2.0);
     let (_server, url) = start_server();
     let pace = RedisPace::builder(Rate::per_second(1_000).unwrap())
         .capacity(1_000)
@@ -223,17 +259,41 @@ async fn main() {
         Arc::new(Script::new(&raw_script)),
     );
 
+    // One task, a fixed number of decisions of one contender, then exit:
+    // the client's instructions per decision under callgrind
+    // (`server_cost.sh client`).
+    if let Some(spec) = client_mode {
+        let (name, calls) = spec.split_once(':').expect("CONTENDER:CALLS");
+        let calls: u64 = calls.parse().expect("CONTENDER:CALLS");
+        let mut c = match name {
+            "pace" => ours,
+            "plain" => plain,
+            "raw" => raw,
+            _ => panic!("contender: pace, plain or raw"),
+        };
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut admitted = 0u64;
+        for _ in 0..calls {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            admitted += u64::from(c.decide(&format!("k{}", x % 10_000)).await);
+        }
+        println!("{name}: {calls} decisions, {admitted} admitted");
+        return;
+    }
+
     let mut admin = redis::Client::open(url.as_str())
         .unwrap()
         .get_connection()
         .unwrap();
-    let rounds: usize = std::env::var("PACE_REDIS_BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+    let rounds: usize = env_or("PACE_REDIS_BENCH_ROUNDS", 3);
+    let slices: usize = env_or("PACE_REDIS_BENCH_SLICES", 40).max(1);
+    let slice = secs / slices as f64;
     println!(
-        "== decisions on 10,000 keys (mostly admitted), {secs} s each, {rounds} rounds \
-         rotating which contender goes first"
+        "== decisions on 10,000 keys (mostly admitted), {secs} s per contender and round, \
+         in {slices} slices of {:.0} ms that alternate the contenders (the first rotates)",
+        slice * 1e3
     );
     println!(
         "{:<10} {:>5} {:>5} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -249,39 +309,59 @@ async fn main() {
         "B in",
         "B out"
     );
+    let names = ["pace-redis", "plain", "raw"];
+    let contenders = [&ours, &plain, &raw];
+    let mut slice_no = 0u64;
     for tasks in [1, 8, 64] {
         for round in 0..rounds {
-            // Who goes first rotates from round to round.
-            let mut order = [("pace-redis", &ours), ("plain", &plain), ("raw", &raw)];
-            order.rotate_left(round % 3);
-            let mut rates = [0.0f64; 3];
-            for (name, c) in order {
-                let _: () = redis::cmd("CONFIG")
-                    .arg("RESETSTAT")
-                    .query(&mut admin)
-                    .unwrap();
-                let cpu0 = client_cpu_us();
-                let (_, rate, h) = run(c, tasks, secs, 10_000).await;
-                let cli = (client_cpu_us() - cpu0) / h.len().max(1) as f64;
-                let (usec, bytes_in, bytes_out) = server_per_call(&mut admin);
-                rates[match name {
-                    "pace-redis" => 0,
-                    "plain" => 1,
-                    _ => 2,
-                }] = rate;
+            // Per contender: decisions, seconds, client CPU µs, the server's
+            // [calls, µs, bytes in, bytes out], latencies.
+            let mut decisions = [0u64; 3];
+            let mut seconds = [0.0f64; 3];
+            let mut cpu = [0.0f64; 3];
+            let mut server = [[0.0f64; 4]; 3];
+            let mut hist: Vec<Histogram<u64>> = (0..3)
+                .map(|_| Histogram::new_with_bounds(1, 10_000_000, 3).unwrap())
+                .collect();
+            for _ in 0..slices {
+                // Every slice runs each contender once; who goes first
+                // rotates from slice to slice.
+                let mut order = [0usize, 1, 2];
+                order.rotate_left((slice_no % 3) as usize);
+                slice_no += 1;
+                for i in order {
+                    let _: () = redis::cmd("CONFIG")
+                        .arg("RESETSTAT")
+                        .query(&mut admin)
+                        .unwrap();
+                    let cpu0 = client_cpu_us();
+                    let (_, rate, h) = run(contenders[i], tasks, slice, 10_000, slice_no).await;
+                    cpu[i] += client_cpu_us() - cpu0;
+                    decisions[i] += h.len();
+                    seconds[i] += h.len() as f64 / rate.max(f64::MIN_POSITIVE);
+                    for (sum, v) in server[i].iter_mut().zip(server_totals(&mut admin)) {
+                        *sum += v;
+                    }
+                    hist[i].add(h).unwrap();
+                }
+            }
+            let rates: Vec<f64> = (0..3).map(|i| decisions[i] as f64 / seconds[i]).collect();
+            for i in 0..3 {
+                let [calls, usec, bytes_in, bytes_out] = server[i];
+                let calls = calls.max(1.0);
                 println!(
-                    "{:<10} {:>5} {:>5} {:>12.0} {:>9} {:>9} {:>9} {:>9} {:>9.2} {:>9.1} {:>9.1}",
-                    name,
+                    "{:<10} {:>5} {:>5} {:>12.0} {:>9} {:>9} {:>9} {:>9.2} {:>9.2} {:>9.1} {:>9.1}",
+                    names[i],
                     tasks,
                     round + 1,
-                    rate,
-                    h.value_at_quantile(0.5),
-                    h.value_at_quantile(0.99),
-                    h.value_at_quantile(0.999),
-                    usec,
-                    cli,
-                    bytes_in,
-                    bytes_out
+                    rates[i],
+                    hist[i].value_at_quantile(0.5),
+                    hist[i].value_at_quantile(0.99),
+                    hist[i].value_at_quantile(0.999),
+                    usec / calls,
+                    cpu[i] / decisions[i].max(1) as f64,
+                    bytes_in / calls,
+                    bytes_out / calls
                 );
             }
             println!(
@@ -308,7 +388,7 @@ async fn main() {
             .connect(&url)
             .await
             .unwrap();
-        let (admitted, rate, h) = run(&Contender::Pace(p.clone()), 64, secs, 1).await;
+        let (admitted, rate, h) = run(&Contender::Pace(p.clone()), 64, secs, 1, 0).await;
         let s = p.stats();
         let decisions = h.len();
         println!(

@@ -16,6 +16,12 @@
 #       EVALSHAs (default 20,000) as above; instructions per call =
 #       (its total - that of a server that ran none) / CALLS. Deterministic,
 #       independent of the machine's load (needs valgrind).
+#   bash pace-redis/benches/server_cost.sh client [CALLS]
+#       the client's side: instructions per decision of benches/redis.rs's
+#       process (one task, the bench's keys; pace-redis's limiter, its script
+#       called directly ("raw"), the plain script) under callgrind, from the
+#       difference between runs of CALLS and 2 x CALLS decisions (default
+#       5,000); the server runs outside valgrind. Builds the bench first.
 #   bash pace-redis/benches/server_cost.sh holds [CALLS]
 #       pace-redis's script only, instructions as above, for CALLS of each:
 #       a reserve, a hold cycle (hold then its refund: two EVALSHAs) and a
@@ -88,6 +94,23 @@ instructions)
         echo "$s: $(((t - base) / calls)) instructions per call ($calls calls)"
     done
     ;;
+client)
+    calls=${2:-5000}
+    bin=$(cd "$here/.." && cargo bench -p pace-redis --bench redis --no-run 2>&1 |
+        sed -n 's/^ *Executable .*(\(.*\))$/\1/p' | tail -1)
+    [ -x "$bin" ] || { echo "the bench did not build" >&2; exit 1; }
+    count() { # CONTENDER CALLS: instructions of the bench process
+        local out="$work/cc.$1.$2"
+        PACE_REDIS_BENCH_CLIENT="$1:$2" valgrind --tool=callgrind \
+            --callgrind-out-file="$out" "$bin" --bench >/dev/null 2>&1
+        sed -n 's/^summary: *//p;s/^totals: *//p' "$out" | head -1
+    }
+    for s in pace raw plain; do
+        one=$(count "$s" "$calls")
+        two=$(count "$s" $((2 * calls)))
+        echo "$s: $(((two - one) / calls)) client instructions per decision"
+    done
+    ;;
 holds)
     calls=${2:-20000}
     # RESP for CALLS operations of kind $1 with script sha $2.
@@ -158,7 +181,7 @@ PY
     done
     ;;
 *)
-    echo "usage: $0 usec [ROUNDS] | instructions [CALLS] | holds [CALLS] | many [HOLDS...]" >&2
+    echo "usage: $0 usec [ROUNDS] | instructions [CALLS] | client [CALLS] | holds [CALLS] | many [HOLDS...]" >&2
     exit 2
     ;;
 esac

@@ -726,8 +726,20 @@ pub struct Stats {
     pub connects: u64,
 }
 
+/// The counters of [`Stats`], in one shard per thread (up to
+/// [`SHARDS`], then shared): a call bumps its own thread's counters, not a
+/// cache line every thread writes; [`RedisPace::stats`] adds the shards.
 #[derive(Default)]
 struct Counters {
+    shards: [Shard; SHARDS],
+}
+
+const SHARDS: usize = 8;
+
+/// One thread's counters, on cache lines of their own.
+#[derive(Default)]
+#[repr(align(128))]
+struct Shard {
     round_trips: AtomicU64,
     script_loads: AtomicU64,
     server_decisions: AtomicU64,
@@ -735,6 +747,25 @@ struct Counters {
     local_decisions: AtomicU64,
     unavailable: AtomicU64,
     connects: AtomicU64,
+}
+
+impl Counters {
+    /// The calling thread's shard.
+    fn shard(&self) -> &Shard {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        }
+        &self.shards[INDEX.with(|i| *i)]
+    }
+
+    /// The sum of one counter over the shards.
+    fn sum(&self, field: impl Fn(&Shard) -> &AtomicU64) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| field(s).load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
+    }
 }
 
 fn bump(c: &AtomicU64, by: u64) {
@@ -1516,7 +1547,11 @@ impl RedisPace {
     }
     /// The Redis key of `key`.
     pub fn redis_key(&self, key: &str) -> String {
-        format!("{}{}", self.inner.prefix, key)
+        let prefix = &self.inner.prefix;
+        let mut full = String::with_capacity(prefix.len() + key.len());
+        full.push_str(prefix);
+        full.push_str(key);
+        full
     }
     /// The Redis Cluster slot of `key` (of its Redis key, prefix included).
     pub fn slot(&self, key: &str) -> u16 {
@@ -1536,13 +1571,13 @@ impl RedisPace {
     pub fn stats(&self) -> Stats {
         let c = &self.inner.counters;
         Stats {
-            round_trips: c.round_trips.load(Ordering::Relaxed),
-            script_loads: c.script_loads.load(Ordering::Relaxed),
-            server_decisions: c.server_decisions.load(Ordering::Relaxed),
-            cache_denials: c.cache_denials.load(Ordering::Relaxed),
-            local_decisions: c.local_decisions.load(Ordering::Relaxed),
-            unavailable: c.unavailable.load(Ordering::Relaxed),
-            connects: c.connects.load(Ordering::Relaxed),
+            round_trips: c.sum(|s| &s.round_trips),
+            script_loads: c.sum(|s| &s.script_loads),
+            server_decisions: c.sum(|s| &s.server_decisions),
+            cache_denials: c.sum(|s| &s.cache_denials),
+            local_decisions: c.sum(|s| &s.local_decisions),
+            unavailable: c.sum(|s| &s.unavailable),
+            connects: c.sum(|s| &s.connects),
         }
     }
 
@@ -1740,11 +1775,11 @@ impl RedisPace {
             Err(back) => back,
         };
         let inner = &*self.inner;
-        bump(&inner.counters.unavailable, 1);
+        bump(&inner.counters.shard().unavailable, 1);
         let Some(local) = &inner.fallback else {
             return Err(Error::Unavailable(err));
         };
-        bump(&inner.counters.local_decisions, 1);
+        bump(&inner.counters.shard().local_decisions, 1);
         let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
         let max_wait = Duration::from_nanos(call.wait);
         let decided = match call.quota {
@@ -1914,7 +1949,7 @@ impl RedisPace {
         let reply = self.eval(&cmd).await.and_then(|v| parse_hold(&v));
         match reply {
             Ok(HoldReply::Admitted { debt, held, now }) => {
-                bump(&inner.counters.server_decisions, 1);
+                bump(&inner.counters.shard().server_decisions, 1);
                 let debt = debt.saturating_add(held);
                 Ok(Hold {
                     limiter: Some(self.clone()),
@@ -1930,7 +1965,7 @@ impl RedisPace {
                 })
             }
             Ok(HoldReply::Denied { wait, now }) => {
-                bump(&inner.counters.server_decisions, 1);
+                bump(&inner.counters.shard().server_decisions, 1);
                 let debt = wait
                     .saturating_add(limits.tau())
                     .saturating_sub(call.n.saturating_mul(limits.interval));
@@ -1945,7 +1980,7 @@ impl RedisPace {
                 }))
             }
             Ok(HoldReply::Never { now }) => {
-                bump(&inner.counters.server_decisions, 1);
+                bump(&inner.counters.shard().server_decisions, 1);
                 Err(Error::Denied(Denied {
                     reason: DenyReason::ExceedsCapacity,
                     wait_ns: u64::MAX,
@@ -1957,11 +1992,11 @@ impl RedisPace {
             }
             // The local fallback (if any) holds on the local `pace::Pace`.
             Err(e) => {
-                bump(&inner.counters.unavailable, 1);
+                bump(&inner.counters.shard().unavailable, 1);
                 let Some(local) = &inner.fallback else {
                     return Err(Error::Unavailable(e));
                 };
-                bump(&inner.counters.local_decisions, 1);
+                bump(&inner.counters.shard().local_decisions, 1);
                 let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
                 let decided = match call.quota {
                     None => local.hold_n(local_key, call.n),
@@ -2018,7 +2053,7 @@ impl RedisPace {
         }
         match self.eval(&cmd).await.and_then(|v| parse_resolve(&v)) {
             Ok(found) => {
-                bump(&inner.counters.server_decisions, 1);
+                bump(&inner.counters.shard().server_decisions, 1);
                 if found && !keep {
                     if let Some(cache) = &inner.cache {
                         let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -2029,7 +2064,7 @@ impl RedisPace {
                 Ok(found)
             }
             Err(e) => {
-                bump(&inner.counters.unavailable, 1);
+                bump(&inner.counters.shard().unavailable, 1);
                 Err(Error::Unavailable(e))
             }
         }
@@ -2160,7 +2195,7 @@ impl RedisPace {
             }
             Err(e) => e,
         };
-        bump(&inner.counters.unavailable, 1);
+        bump(&inner.counters.shard().unavailable, 1);
         match &inner.fallback {
             None => Err(Error::Unavailable(err)),
             Some(local) => {
@@ -2305,7 +2340,7 @@ impl RedisPace {
                 // Known-wrong for mutation tests: a cached denial never ends.
                 let live = ahead > fits || cfg!(pace_mutant = "redis_cache_forever");
                 if live {
-                    bump(&inner.counters.cache_denials, 1);
+                    bump(&inner.counters.shard().cache_denials, 1);
                     return Prepared::Done(Err(Error::Denied(Denied {
                         reason: DenyReason::Exhausted,
                         wait_ns: ahead.saturating_sub(fits - call.wait),
@@ -2341,10 +2376,15 @@ impl RedisPace {
         Ok(self.redis_key(key))
     }
 
-    /// `EVALSHA <sha> 1 <key>`: the start of every call.
+    /// `EVALSHA <sha> 1 <key>`: the start of every call, with room for the
+    /// longest call's arguments (a hold's six and an injected time: at most
+    /// 32 + 5 x 20 + 1 bytes), so that adding them allocates nothing.
     fn script_cmd(&self, key: &str) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.inner.script.get_hash()).arg(1).arg(key);
+        let mut cmd = Cmd::with_capacity(11, 48 + key.len() + 133);
+        cmd.arg("EVALSHA")
+            .arg(self.inner.script.get_hash())
+            .arg("1")
+            .arg(key);
         cmd
     }
 
@@ -2391,7 +2431,7 @@ impl RedisPace {
                 now,
                 held,
             } => {
-                bump(&inner.counters.server_decisions, 1);
+                bump(&inner.counters.shard().server_decisions, 1);
                 // The key's holds count as debt.
                 let debt = tat.saturating_sub(now).saturating_add(held);
                 Ok(Ok(Reservation {
@@ -2408,7 +2448,7 @@ impl RedisPace {
                 }))
             }
             ReserveReply::Denied { wait, now } => {
-                bump(&inner.counters.server_decisions, 1);
+                bump(&inner.counters.shard().server_decisions, 1);
                 // wait = debt + n x interval - tau: the debt before this
                 // request, as the script saw it.
                 let debt = wait
@@ -2425,7 +2465,7 @@ impl RedisPace {
                 })))
             }
             ReserveReply::Never { now } => {
-                bump(&inner.counters.server_decisions, 1);
+                bump(&inner.counters.shard().server_decisions, 1);
                 Ok(Err(Error::Denied(Denied {
                     reason: DenyReason::ExceedsCapacity,
                     wait_ns: u64::MAX,
@@ -2450,11 +2490,11 @@ impl RedisPace {
             Ok(decided) => return decided,
             Err(back) => back,
         };
-        bump(&inner.counters.unavailable, 1);
+        bump(&inner.counters.shard().unavailable, 1);
         let Some(local) = &inner.fallback else {
             return Err(Error::Unavailable(err));
         };
-        bump(&inner.counters.local_decisions, 1);
+        bump(&inner.counters.shard().local_decisions, 1);
         let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
         let decided = match call.quota {
             None => local.reserve_n(local_key, call.n),
@@ -2549,7 +2589,7 @@ impl RedisPace {
         let reply = self.eval(&cmd).await.and_then(|v| parse_refund(&v));
         match reply {
             Ok(out) => {
-                bump(&inner.counters.server_decisions, 1);
+                bump(&inner.counters.shard().server_decisions, 1);
                 if out.returned() {
                     if let Some(cache) = &inner.cache {
                         let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -2560,15 +2600,16 @@ impl RedisPace {
                 Ok(out)
             }
             Err(e) => {
-                bump(&inner.counters.unavailable, 1);
+                bump(&inner.counters.shard().unavailable, 1);
                 Err(Error::Unavailable(e))
             }
         }
     }
 
     fn circuit_open(&self) -> bool {
-        let now = self.inner.origin.elapsed().as_nanos() as u64;
-        now < self.inner.down_until.load(Ordering::Relaxed)
+        let until = self.inner.down_until.load(Ordering::Relaxed);
+        // 0: never opened (no clock read).
+        until != 0 && (self.inner.origin.elapsed().as_nanos() as u64) < until
     }
 
     fn trip(&self, e: &BackendError) {
@@ -2639,7 +2680,7 @@ impl RedisPace {
                         continue;
                     };
                     *inner.link.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
-                    bump(&inner.counters.connects, 1);
+                    bump(&inner.counters.shard().connects, 1);
                     // The circuit, if open, stays open for its backoff: a
                     // connection that lands on a replica again is replaced
                     // at most once per backoff.
@@ -2677,13 +2718,13 @@ impl RedisPace {
         // for the call's future (moved at every level of the call); the
         // reload after NOSCRIPT, rare, is boxed apart.
         let work = async {
-            bump(&inner.counters.round_trips, 1);
+            bump(&inner.counters.shard().round_trips, 1);
             let first = conn.req_packed_command(cmd).await;
             match first.and_then(Value::extract_error) {
                 Err(e) if e.kind() == ErrorKind::NoScriptError => {
                     Box::pin(async {
                         self.load(&mut conn).await?;
-                        bump(&inner.counters.round_trips, 1);
+                        bump(&inner.counters.shard().round_trips, 1);
                         conn.req_packed_command(cmd)
                             .await
                             .and_then(Value::extract_error)
@@ -2706,8 +2747,8 @@ impl RedisPace {
     }
 
     async fn load(&self, conn: &mut Conn) -> Result<(), RedisError> {
-        bump(&self.inner.counters.round_trips, 1);
-        bump(&self.inner.counters.script_loads, 1);
+        bump(&self.inner.counters.shard().round_trips, 1);
+        bump(&self.inner.counters.shard().script_loads, 1);
         self.inner.script.load_async(conn).await.map(|_| ())
     }
 
@@ -2726,7 +2767,7 @@ impl RedisPace {
             return Err(BackendError::NotConnected);
         };
         let work = async {
-            bump(&inner.counters.round_trips, 1);
+            bump(&inner.counters.shard().round_trips, 1);
             let mut values = conn.req_packed_commands(pipe, 0, count).await?;
             let missing: Vec<usize> = values
                 .iter()
@@ -2741,7 +2782,7 @@ impl RedisPace {
                 for &i in &missing {
                     again.add_command(cmds[i].clone());
                 }
-                bump(&inner.counters.round_trips, 1);
+                bump(&inner.counters.shard().round_trips, 1);
                 let redone = conn.req_packed_commands(&again, 0, missing.len()).await?;
                 for (i, v) in missing.into_iter().zip(redone) {
                     values[i] = v;
@@ -2869,14 +2910,28 @@ fn reply_numbers<const N: usize>(v: &Value) -> Result<([u64; N], usize), Backend
     let mut fields = [0u64; N];
     let mut count = 0;
     for part in text.split(|&b| b == b' ') {
-        let n = std::str::from_utf8(part)
-            .ok()
-            .and_then(|p| p.parse::<u64>().ok())
-            .ok_or_else(|| bad(v))?;
+        let n = decimal(part).ok_or_else(|| bad(v))?;
         *fields.get_mut(count).ok_or_else(|| bad(v))? = n;
         count += 1;
     }
     Ok((fields, count))
+}
+
+/// The value of a decimal integer of 1 to 20 ASCII digits (no sign), if it
+/// fits a u64.
+fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n = 0u64;
+    for &c in digits {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(d))?;
+    }
+    Some(n)
 }
 
 /// The server time (ns) in `fields[i]` (seconds) and `fields[i + 1]`
@@ -3001,5 +3056,29 @@ fn parse_refund(v: &Value) -> Result<Refunded, BackendError> {
         Some(0) => Ok(Refunded::Superseded),
         Some(3) => Ok(Refunded::Refilled),
         _ => Err(bad(v)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decimal;
+
+    #[test]
+    fn decimal_reads_unsigned_digit_strings_that_fit_a_u64() {
+        assert_eq!(decimal(b"0"), Some(0));
+        assert_eq!(
+            decimal(b"1796472298083123456"),
+            Some(1_796_472_298_083_123_456)
+        );
+        assert_eq!(decimal(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(decimal(b"18446744073709551616"), None);
+        assert_eq!(decimal(b"99999999999999999999"), None);
+        assert_eq!(decimal(b""), None);
+        assert_eq!(decimal(b"+1"), None);
+        assert_eq!(decimal(b"-1"), None);
+        assert_eq!(decimal(b"1 "), None);
+        assert_eq!(decimal(b"12a"), None);
+        assert_eq!(decimal(b"/"), None);
+        assert_eq!(decimal(b":"), None);
     }
 }

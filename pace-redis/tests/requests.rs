@@ -237,6 +237,13 @@ async fn a_full_bucket_is_no_key() {
     let a = p.reserve("gone").await.unwrap();
     let b = p.reserve("gone").await.unwrap();
     let (a_tat, b_tat) = (a.tat_ns(), b.tat_ns());
+    // A one-token reserve on a key in debt: its expiry too is its tat's ms
+    // ceiling.
+    let at: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&key)
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(at as u64, b_tat.div_ceil(1_000_000));
     assert_eq!(p.refund(a).await.unwrap(), Refunded::Superseded);
     assert_eq!(p.refund(b).await.unwrap(), Refunded::Restored);
     let stored: u64 = redis::cmd("GET").arg(&key).query(&mut admin).unwrap();
@@ -253,6 +260,24 @@ async fn a_full_bucket_is_no_key() {
     assert!(!exists);
     let dbsize: u64 = redis::cmd("DBSIZE").query(&mut admin).unwrap();
     assert_eq!(dbsize, 0);
+    // A one-token reserve on no key: one interval of debt, the expiry its
+    // tat's ms ceiling (several, so that sub-millisecond tats are met).
+    for i in 0..20 {
+        let k = format!("fresh{i}");
+        let r = p.reserve(&k).await.unwrap();
+        assert_eq!(r.tat_ns() - r.server_now_ns().unwrap(), 100_000_000);
+        assert_eq!(r.prev_ns(), 0);
+        let at: i64 = redis::cmd("PEXPIRETIME")
+            .arg(p.redis_key(&k))
+            .query(&mut admin)
+            .unwrap();
+        assert_eq!(at as u64, r.tat_ns().div_ceil(1_000_000));
+        let stored: u64 = redis::cmd("GET")
+            .arg(p.redis_key(&k))
+            .query(&mut admin)
+            .unwrap();
+        assert_eq!(stored, r.tat_ns());
+    }
 }
 
 #[tokio::test]
