@@ -13,6 +13,11 @@ set -euo pipefail
 # variant is caught or not the same way in every run; the test step of
 # .ci/run draws a new seed each time.
 export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261205}"
+# The variants built --release rebuild incrementally, as the debug ones do
+# by default: a variant then recompiles only what its cfg changes (about half
+# the CPU of a full release rebuild of pace and the test). Only this script
+# builds --release in this target directory.
+export CARGO_PROFILE_RELEASE_INCREMENTAL=true
 
 # The registry (src/mutants.rs) lists every known-wrong variant of the core
 # once; build.rs declares exactly its names as the values of
