@@ -78,6 +78,7 @@ export CARGO_TARGET_DIR=target/loom-mutants
 # what its cfg changes in pace and loom-tests (about a third of the CPU of a
 # full rebuild of the two). The models above keep the normal release build.
 export CARGO_PROFILE_RELEASE_INCREMENTAL=true
+unset CARGO_INCREMENTAL # (.ci/run turns it off for its other builds)
 # mutant = the invariant message its model must fail with (mutant:test =
 # the same, checked by the test mutant_<test>)
 mutants=(

@@ -33,6 +33,8 @@ export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261205}"
 # the CPU of a full release rebuild of pace and the test). Only this script
 # builds --release in this target directory.
 export CARGO_PROFILE_RELEASE_INCREMENTAL=true
+# (.ci/run turns incremental compilation off for its other builds.)
+unset CARGO_INCREMENTAL
 
 # The registry (src/mutants.rs) lists every known-wrong variant of the core
 # once; build.rs declares exactly its names as the values of
