@@ -65,11 +65,14 @@ fi
 # relinks the test binaries of loom-tests, which the parts above may be
 # running at that moment (in .ci/run they run side by side). It starts as a
 # copy of target/loom once that is built (the build waits for cargo's lock
-# while another part builds there, and does nothing when all is built), so
-# that loom, crossbeam and the rest are not built a second time.
+# while another part builds there; when all is built it recompiles only
+# loom-tests, whose build script, ../build.rs, names a rerun-if-changed file
+# that does not exist from loom-tests/), so that loom, crossbeam and the rest
+# are not built a second time.
 if [ ! -d target/loom-mutants ]; then
     cargo test -p loom-tests --release --no-run >/dev/null 2>&1 ||
         cargo test -p loom-tests --release --no-run
+    rm -rf target/loom-mutants.tmp
     cp -a target/loom target/loom-mutants.tmp
     mv target/loom-mutants.tmp target/loom-mutants
 fi
