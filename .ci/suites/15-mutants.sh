@@ -8,11 +8,33 @@
 #                        the bucket holds (out-of-order and stale refunds)
 #   claimed_left_on_panic: a key `Eq` that panics in the check after linking
 #                        leaves the claimed row linked (and counted)
+#
+# Usage: 15-mutants.sh [all|debug|release]. `all` (the default) runs every
+# variant below; .ci/run runs the two parts as jobs of its pool: `debug`
+# (the variants built without --release, in the target directory of the
+# README's tests, after them) and `release` (those built --release, which
+# share nothing with the tests' debug build: in target/mutants-release, side
+# by side with the checks).
 set -euo pipefail
+part="${1:-all}"
+case "$part" in
+all | debug | release) ;;
+*) echo "usage: $0 [all|debug|release]" >&2; exit 2 ;;
+esac
+[ "$part" != release ] || export CARGO_TARGET_DIR=target/mutants-release
+# The variants of this part shown caught, for the summary at the end.
+declare -A caught=()
 # Random histories (proptest) start from one fixed seed here, so that a
 # variant is caught or not the same way in every run; the test step of
 # .ci/run draws a new seed each time.
 export PROPTEST_RNG_SEED="${PROPTEST_RNG_SEED:-20261205}"
+# The variants built --release rebuild incrementally, as the debug ones do
+# by default: a variant then recompiles only what its cfg changes (about half
+# the CPU of a full release rebuild of pace and the test). Only this script
+# builds --release in this target directory.
+export CARGO_PROFILE_RELEASE_INCREMENTAL=true
+# (.ci/run turns incremental compilation off for its other builds.)
+unset CARGO_INCREMENTAL
 
 # The registry (src/mutants.rs) lists every known-wrong variant of the core
 # once; build.rs declares exactly its names as the values of
@@ -35,6 +57,7 @@ done
 echo "registry: $(wc -w <<<"$names") variants, each in src and run below or by 10-loom.sh"
 # Mutants are chosen with PACE_MUTANT (build.rs): only pace and the test
 # rebuild, in the same target directory as the README's tests.
+if [ "$part" != release ]; then
 over_admission_tests=(
     a_stale_reserve_does_not_recreate_a_swept_row
     a_stale_reserve_does_not_recreate_a_row_swept_by_another_call
@@ -64,14 +87,22 @@ for t in "${over_admission_tests[@]}"; do
     echo "caught by $t"
 done
 grep -E "exceeds the bound by" <<<"$out" | head -1
+caught[fresh_row_from_zero]=1 caught[refund_undrained]=1 caught[claimed_left_on_panic]=1
+fi
 
 # expect_caught MUTANT FILE MESSAGE CARGO_FLAGS TEST...: `cargo test
 # CARGO_FLAGS --test FILE` (`--lib` when FILE is lib) built with MUTANT, run
 # on the TESTs only (`--exact`), must fail, each TEST must be reported
-# FAILED, and the output must contain MESSAGE.
+# FAILED, and the output must contain MESSAGE. The part `debug` skips the
+# calls with CARGO_FLAGS --release, the part `release` all others.
 expect_caught() {
     local mutant=$1 file=$2 message=$3 flags=$4 t status=0 out target
     shift 4
+    case "$part:$flags" in
+    debug:--release) return 0 ;;
+    release:--release | debug:* | all:*) ;;
+    release:*) return 0 ;;
+    esac
     target=(--test "$file")
     [ "$file" = lib ] && target=(--lib)
     # shellcheck disable=SC2086 # `flags`: empty, one word, or `-p PACKAGE`
@@ -86,6 +117,7 @@ expect_caught() {
         fi
         echo "$mutant caught by $t"
     done
+    caught[$mutant]=1
 }
 
 # Holds (tests/holds.rs): each known-wrong variant fails the random
@@ -314,7 +346,7 @@ expect_caught redis_expiry_refunds holds "an expired hold was returned" "-p pace
 
 # pace-tower's known-wrong variants (PACE_MUTANT, read by pace-tower/build.rs):
 # each must make its test file fail (tests, not the build).
-for entry in xff_leftmost=server v6_full_address=server retry_after_truncated=server \
+[ "$part" = release ] || for entry in xff_leftmost=server v6_full_address=server retry_after_truncated=server \
     tower_plain_reserve=holds tower_no_keep=holds; do
     m=${entry%%=*}
     f=${entry#*=}
@@ -326,4 +358,6 @@ for entry in xff_leftmost=server v6_full_address=server retry_after_truncated=se
         exit 1
     fi
     echo "pace-tower mutant $m caught by pace-tower/tests/$f.rs: $(grep -E '^test .* FAILED' <<<"$out" | head -3 | tr '\n' ' ')"
+    caught[$m]=1
 done
+echo "mutants ($part): ${#caught[@]} variants caught here"
