@@ -92,76 +92,11 @@ local n, interval, cap, wait
 local hid, limit
 local now_s, now_n
 local cur
--- The key's value holds more than a tat (holds): the general branch.
-local general = false
 if not op then
-  -- The common call, a reserve of one token under the configuration's
-  -- quota on the server's clock, decided here when the key holds a tat or
-  -- nothing: the same rule as the reserve branch below, with fewer
-  -- function calls (TIME's strings and the tat's nanoseconds converted by
-  -- arithmetic, integer rounding instead of math.floor and math.ceil).
-  local t = redis.call('TIME')
-  now_s = t[1] + 0
-  now_n = t[2] * 1000
-  cur = redis.call('GET', key)
-  if not cur or not string.find(cur, '%D') then
-    interval, wait = INTERVAL, 0
-    local tau = CAP * interval
-    local d = 0
-    if cur then
-      if #cur == 0 or #cur > 20 then
-        return redis.error_reply('pace: the key holds something other than a tat')
-      end
-      local ds = (tonumber(string.sub(cur, 1, -10)) or 0) - now_s
-      if ds > MAX_AHEAD_S then
-        return string.format('3 0 %d %d', now_s, now_n)
-      end
-      if ds >= 0 then
-        d = ds * E9 + (string.sub(cur, -9) - now_n)
-        if d < 0 then
-          d = 0 -- tat <= now: a full bucket, the same as no key
-        end
-      end
-    end
-    local nd = d + interval
-    if nd > tau + wait then
-      return string.format('0 %d %d %d', nd - tau, now_s, now_n)
-    end
-    -- tat = now + nd as (seconds, nanoseconds); 0 < nd < 3.2e15.
-    local tat_s, r = now_s, now_n + nd
-    if r >= E9 then
-      local q = math.floor(r / E9)
-      r = r - q * E9
-      if r < 0 then
-        q = q - 1
-        r = r + E9
-      elseif r >= E9 then
-        q = q + 1
-        r = r - E9
-      end
-      tat_s = tat_s + q
-    end
-    -- The expiry: tat rounded up to the millisecond (exact: r < 1e9).
-    local sub_ms = r % 1000000
-    local at_ms = tat_s * 1000 + (r - sub_ms) / 1000000
-    if sub_ms > 0 then
-      at_ms = at_ms + 1
-    end
-    local v
-    if tat_s == 0 then
-      v = string.format('%d', r)
-    else
-      v = string.format('%d%09d', tat_s, r)
-    end
-    redis.call('SET', key, v, 'PXAT', string.format('%d', at_ms))
-    if d == 0 then
-      return v
-    end
-    return string.format('1 %d %s', d, v)
-  end
+  -- The common call: a reserve of one token under the configuration's
+  -- quota on the server's clock.
   n, interval, cap, wait = 1, INTERVAL, CAP, 0
   op = 'r'
-  general = true
 elseif op == 'f' then
   inj = ARGV[4]
 elseif op == 'p' then
@@ -192,13 +127,14 @@ end
 if inj then
   now_s = tonumber(string.sub(inj, 1, -10)) or 0
   now_n = tonumber(string.sub(inj, -9))
-elseif not now_s then
+else
+  -- TIME's strings converted by arithmetic (cheaper than tonumber).
   local t = redis.call('TIME')
-  now_s = tonumber(t[1])
-  now_n = tonumber(t[2]) * 1000
+  now_s = t[1] + 0
+  now_n = t[2] * 1000
 end
 
-local fast = op == 'r' and not general
+local fast = op == 'r'
 if fast then
   if n > cap then
     return string.format('2 0 %d %d', now_s, now_n)
@@ -221,7 +157,7 @@ if fast then
       return string.format('3 0 %d %d', now_s, now_n)
     end
     if ds >= 0 then
-      d = ds * E9 + (tonumber(string.sub(cur, -9)) - now_n)
+      d = ds * E9 + (string.sub(cur, -9) - now_n)
       if d < 0 then
         d = 0 -- tat <= now: a full bucket, the same as no key
       end
@@ -234,19 +170,21 @@ if fast then
   if nd > tau + wait then
     return string.format('0 %d %d %d', nd - tau, now_s, now_n)
   end
-  -- tat = now + nd, normalised to (seconds, nanoseconds) without relying on
-  -- a rounded division.
-  local total = now_n + nd
-  local q = math.floor(total / E9)
-  local r = total - q * E9
-  if r < 0 then
-    q = q - 1
-    r = r + E9
-  elseif r >= E9 then
-    q = q + 1
-    r = r - E9
+  -- tat = now + nd as (seconds, nanoseconds), without relying on a
+  -- rounded division; 0 <= nd < 3.2e15.
+  local tat_s, r = now_s, now_n + nd
+  if r >= E9 then
+    local q = math.floor(r / E9)
+    r = r - q * E9
+    if r < 0 then
+      q = q - 1
+      r = r + E9
+    elseif r >= E9 then
+      q = q + 1
+      r = r - E9
+    end
+    tat_s = tat_s + q
   end
-  local tat_s = now_s + q
   -- The key expires once its bucket is full: at tat, rounded up to the
   -- millisecond (Redis drops a key when its clock passes it). SET ... PXAT
   -- needs Redis >= 6.2 (or any Valkey).
@@ -259,9 +197,15 @@ if fast then
   if inj then
     redis.call('SET', key, v)
   else
-    -- The expiry as a %d string: a number argument would be formatted by
-    -- Redis with %.17g, which costs more.
-    redis.call('SET', key, v, 'PXAT', string.format('%d', tat_s * 1000 + math.ceil(r / 1000000)))
+    -- The expiry as a %d string (a number argument would be formatted by
+    -- Redis with %.17g, which costs more), rounded up with integer
+    -- operations (exact: r < 1e9).
+    local sub_ms = r % 1000000
+    local at_ms = tat_s * 1000 + (r - sub_ms) / 1000000
+    if sub_ms > 0 then
+      at_ms = at_ms + 1
+    end
+    redis.call('SET', key, v, 'PXAT', string.format('%d', at_ms))
   end
   if d == 0 then
     return v
