@@ -15,9 +15,7 @@
 //! `--features foldhash` `pace-fast` and `pace-fast-coarse`
 //! (`Builder::fast_hasher`, alone and with `CoarseClock`); `governor`
 //! (regime `admit`: 1 µs per token, burst 2^32-1, keys primed with 2^31
-//! tokens); `pace-ip` and `governor-ip`, the same two with `IpAddr` keys
-//! (IPv4 addresses: a peer address, as pace-tower's `PeerIp` keys a
-//! limit); and `pace-churn`,
+//! tokens); and `pace-churn`,
 //! `governor-churn` (a new key per op, refunded by pace). `pace` keeps its
 //! `u64` rows in cells; `entries`, `entries-foldhash-fixed` and
 //! `entries-churn` are the same with rows in the slot table
@@ -43,11 +41,6 @@ impl Clock for Fixed {
 
 fn key(i: u64) -> u64 {
     i.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
-/// An IPv4 peer address from a key's low bits.
-fn ip(k: u64) -> std::net::IpAddr {
-    std::net::IpAddr::V4(std::net::Ipv4Addr::from_bits(k as u32))
 }
 
 fn run<S: std::hash::BuildHasher, C: Clock>(p: &Pace<u64, S, C>, keys: &[u64], ops: u64) {
@@ -180,29 +173,6 @@ fn main() {
                 &keys,
                 ops,
             )
-        }
-        "pace-ip" => {
-            let p = Pace::builder(rate).capacity(cap).build().unwrap();
-            let ips: Vec<std::net::IpAddr> = keys.iter().map(|&k| ip(k)).collect();
-            for k in &ips {
-                let _kept = p.reserve_n(k, 1 << 31).expect("primed");
-            }
-            for i in 0..ops {
-                black_box(p.reserve(&ips[(i % nkeys) as usize]).is_ok());
-            }
-        }
-        "governor-ip" => {
-            let q = governor::Quota::with_period(Duration::from_micros(1))
-                .unwrap()
-                .allow_burst(NonZeroU32::new(u32::MAX).unwrap());
-            let g = governor::RateLimiter::keyed(q);
-            let ips: Vec<std::net::IpAddr> = keys.iter().map(|&k| ip(k)).collect();
-            for k in &ips {
-                let _ = g.check_key_n(k, NonZeroU32::new(1 << 31).unwrap());
-            }
-            for i in 0..ops {
-                black_box(g.check_key(&ips[(i % nkeys) as usize]).is_ok());
-            }
         }
         "pace-churn" => {
             let p: Pace<u64> = Pace::new(Rate::per_second(10).unwrap());
