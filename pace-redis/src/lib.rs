@@ -1982,23 +1982,60 @@ impl RedisPace {
             Prepared::Done(r) => return r.map(|r| self.hold_of(r)),
             Prepared::Send { key, call } => (key, call),
         };
-        let inner = &*self.inner;
         let id = hold_id();
-        let mut cmd = self.script_cmd(&key);
+        let cmd = self.hold_cmd(&key, id, call, now);
+        let reply = self.eval(&cmd).await;
+        self.finish_hold(key, id, call, sent_at, reply)
+    }
+
+    /// A hold: `h id n interval capacity hold_limit` (and `now`).
+    #[inline]
+    fn hold_cmd(&self, key: &str, id: u64, call: Call, now: Option<u64>) -> Cmd {
+        let mut cmd = self.script_cmd(key);
         cmd.arg("h")
             .arg(format!("{id:x}"))
             .arg(call.n)
             .arg(call.limits.interval)
             .arg(call.limits.capacity)
-            .arg(inner.hold_limit);
+            .arg(self.inner.hold_limit);
         if let Some(now) = now {
             cmd.arg(now);
         }
+        cmd
+    }
+
+    /// The hold `id` as the server decided it, or else as the local
+    /// fallback (if any) decides it.
+    #[inline]
+    fn finish_hold(
+        &self,
+        key: String,
+        id: u64,
+        call: Call,
+        sent_at: Instant,
+        reply: Result<Value, BackendError>,
+    ) -> Result<Hold, Error> {
+        match reply.and_then(|v| parse_hold(&v)) {
+            Ok(decided) => self.server_hold(key, id, call, sent_at, decided),
+            Err(e) => self.local_hold(key, call, e),
+        }
+    }
+
+    /// The server's decision on the hold `id`.
+    #[inline]
+    fn server_hold(
+        &self,
+        key: String,
+        id: u64,
+        call: Call,
+        sent_at: Instant,
+        decided: HoldReply,
+    ) -> Result<Hold, Error> {
+        let inner = &*self.inner;
         let limits = call.limits;
-        let reply = self.eval(&cmd).await.and_then(|v| parse_hold(&v));
-        match reply {
-            Ok(HoldReply::Admitted { debt, held, now }) => {
-                bump(&inner.counters.shard().server_decisions, 1);
+        bump(&inner.counters.shard().server_decisions, 1);
+        match decided {
+            HoldReply::Admitted { debt, held, now } => {
                 let debt = debt.saturating_add(held);
                 Ok(Hold {
                     limiter: Some(self.clone()),
@@ -2013,8 +2050,7 @@ impl RedisPace {
                     reset_ns: Some(debt),
                 })
             }
-            Ok(HoldReply::Denied { wait, now }) => {
-                bump(&inner.counters.shard().server_decisions, 1);
+            HoldReply::Denied { wait, now } => {
                 let debt = wait
                     .saturating_add(limits.tau())
                     .saturating_sub(call.n.saturating_mul(limits.interval));
@@ -2028,37 +2064,37 @@ impl RedisPace {
                     reset_ns: Some(debt),
                 }))
             }
-            Ok(HoldReply::Never { now }) => {
-                bump(&inner.counters.shard().server_decisions, 1);
-                Err(Error::Denied(Denied {
-                    reason: DenyReason::ExceedsCapacity,
-                    wait_ns: u64::MAX,
-                    server_now_ns: Some(now),
-                    source: Source::Server,
-                    remaining: None,
-                    reset_ns: None,
-                }))
-            }
-            // The local fallback (if any) holds on the local `pace::Pace`.
-            Err(e) => {
-                bump(&inner.counters.shard().unavailable, 1);
-                let Some(local) = &inner.fallback else {
-                    return Err(Error::Unavailable(e));
-                };
-                bump(&inner.counters.shard().local_decisions, 1);
-                let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
-                let decided = match call.quota {
-                    None => local.hold_n(local_key, call.n),
-                    Some(q) => match self.local_quota(q) {
-                        Some(q) => local.hold_n_with(local_key, call.n, q),
-                        None => return Err(Error::Unavailable(e)),
-                    },
-                }
-                .map(pace::Hold::detach);
-                self.local_answer(key, call.n, decided)
-                    .map(|r| self.hold_of(r))
-            }
+            HoldReply::Never { now } => Err(Error::Denied(Denied {
+                reason: DenyReason::ExceedsCapacity,
+                wait_ns: u64::MAX,
+                server_now_ns: Some(now),
+                source: Source::Server,
+                remaining: None,
+                reset_ns: None,
+            })),
         }
+    }
+
+    /// A hold without the server's decision (`e`): held on the local
+    /// fallback's `pace::Pace`, or [`Error::Unavailable`] without one.
+    fn local_hold(&self, key: String, call: Call, e: BackendError) -> Result<Hold, Error> {
+        let inner = &*self.inner;
+        bump(&inner.counters.shard().unavailable, 1);
+        let Some(local) = &inner.fallback else {
+            return Err(Error::Unavailable(e));
+        };
+        bump(&inner.counters.shard().local_decisions, 1);
+        let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
+        let decided = match call.quota {
+            None => local.hold_n(local_key, call.n),
+            Some(q) => match self.local_quota(q) {
+                Some(q) => local.hold_n_with(local_key, call.n, q),
+                None => return Err(Error::Unavailable(e)),
+            },
+        }
+        .map(pace::Hold::detach);
+        self.local_answer(key, call.n, decided)
+            .map(|r| self.hold_of(r))
     }
 
     /// A hold answered without the script (`n == 0`, the local fallback).
