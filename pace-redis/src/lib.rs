@@ -1060,6 +1060,33 @@ impl Builder {
     /// Validates the configuration, makes the first connection (unless given
     /// one) and builds the limiter.
     async fn start(self, how: Connector, given: Option<Conn>) -> Result<RedisPace, ConnectError> {
+        let checked = self.check()?;
+        let fallback = self.local_fallback(checked.capacity)?;
+        let first = match given {
+            Some(conn) => Some(conn),
+            None => self.first_connection(&how, fallback.is_some()).await?,
+        };
+        let mut seen_policy = None;
+        if let Some(conn) = &first {
+            let mut conn = conn.clone();
+            match check_eviction(&mut conn, self.eviction, self.timeout).await {
+                Ok(policy) => seen_policy = policy,
+                Err(policy) => {
+                    return Err(ConnectError::Config(ConfigError::EvictingPolicy { policy }))
+                }
+            }
+        }
+        let connected = first.is_some();
+        let limiter = self.limiter(checked, fallback, how, first, seen_policy);
+        if !connected {
+            limiter.reconnect();
+        }
+        Ok(limiter)
+    }
+
+    /// The configuration's capacity, interval and hold limit, once they
+    /// pass the checks of [`ConfigError`].
+    fn check(&self) -> Result<Checked, ConnectError> {
         let capacity = self.capacity.unwrap_or_else(|| self.rate.one_second());
         // The core crate's own checks (zero capacity, tau overflow).
         Pace::<String>::builder(self.rate)
@@ -1087,10 +1114,21 @@ impl Builder {
         if self.prefix.len() >= self.max_key_bytes {
             return Err(ConnectError::Config(ConfigError::PrefixTooLong));
         }
-        let fallback = match self.policy {
-            OnUnavailable::FailClosed => None,
+        Ok(Checked {
+            capacity,
+            interval,
+            hold_limit,
+        })
+    }
+
+    /// The local limiter of [`OnUnavailable::LocalFallback`] (a replica's
+    /// share of the rate and of `capacity`), `None` under
+    /// [`OnUnavailable::FailClosed`].
+    fn local_fallback(&self, capacity: u64) -> Result<Option<Pace<String>>, ConnectError> {
+        match self.policy {
+            OnUnavailable::FailClosed => Ok(None),
             OnUnavailable::LocalFallback { replicas: 0 } => {
-                return Err(ConnectError::Config(ConfigError::ZeroReplicas))
+                Err(ConnectError::Config(ConfigError::ZeroReplicas))
             }
             OnUnavailable::LocalFallback { replicas } => {
                 let per = self
@@ -1106,44 +1144,52 @@ impl Builder {
                 // Known-wrong for mutation tests: the fallback at the full rate.
                 #[cfg(pace_mutant = "redis_fallback_full_rate")]
                 let (rate, cap) = (self.rate, capacity);
-                Some(
+                Ok(Some(
                     Pace::builder(rate)
                         .capacity(cap)
                         .hold_limit(self.hold_limit)
                         .build()
                         .map_err(|e| ConnectError::Config(ConfigError::Pace(e)))?,
-                )
-            }
-        };
-        let first = match given {
-            Some(conn) => Some(conn),
-            None => match tokio::time::timeout(self.timeout, how.open()).await {
-                Ok(Ok(conn)) => Some(conn),
-                Ok(Err(e)) if !(e.is_io_error() && fallback.is_some()) => {
-                    return Err(ConnectError::Redis(e))
-                }
-                Err(_) if fallback.is_none() => {
-                    return Err(ConnectError::Redis(RedisError::from((
-                        ErrorKind::IoError,
-                        "connect timed out",
-                    ))))
-                }
-                // Unreachable under LocalFallback: start on the fallback.
-                _ => None,
-            },
-        };
-        let mut seen_policy = None;
-        if let Some(conn) = &first {
-            let mut conn = conn.clone();
-            match check_eviction(&mut conn, self.eviction, self.timeout).await {
-                Ok(policy) => seen_policy = policy,
-                Err(policy) => {
-                    return Err(ConnectError::Config(ConfigError::EvictingPolicy { policy }))
-                }
+                ))
             }
         }
-        let connected = first.is_some();
-        let limiter = RedisPace {
+    }
+
+    /// The first connection through `how`, within the timeout; `None`
+    /// when Redis is unreachable and the limiter starts on its local
+    /// `fallback`.
+    async fn first_connection(
+        &self,
+        how: &Connector,
+        fallback: bool,
+    ) -> Result<Option<Conn>, ConnectError> {
+        match tokio::time::timeout(self.timeout, how.open()).await {
+            Ok(Ok(conn)) => Ok(Some(conn)),
+            Ok(Err(e)) if !(e.is_io_error() && fallback) => Err(ConnectError::Redis(e)),
+            Err(_) if !fallback => Err(ConnectError::Redis(RedisError::from((
+                ErrorKind::IoError,
+                "connect timed out",
+            )))),
+            // Unreachable under LocalFallback: start on the fallback.
+            _ => Ok(None),
+        }
+    }
+
+    /// The limiter of this configuration, on `first` (when connected).
+    fn limiter(
+        self,
+        checked: Checked,
+        fallback: Option<Pace<String>>,
+        how: Connector,
+        first: Option<Conn>,
+        seen_policy: Option<String>,
+    ) -> RedisPace {
+        let Checked {
+            capacity,
+            interval,
+            hold_limit,
+        } = checked;
+        RedisPace {
             inner: Arc::new(Inner {
                 link: Link {
                     how,
@@ -1171,12 +1217,15 @@ impl Builder {
                 down_until: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
-        };
-        if !connected {
-            limiter.reconnect();
         }
-        Ok(limiter)
     }
+}
+
+/// A [`Builder`]'s capacity (tokens), interval and hold limit (ns), checked.
+struct Checked {
+    capacity: u64,
+    interval: u64,
+    hold_limit: u64,
 }
 
 /// How the limiter reaches Redis.
@@ -1933,23 +1982,60 @@ impl RedisPace {
             Prepared::Done(r) => return r.map(|r| self.hold_of(r)),
             Prepared::Send { key, call } => (key, call),
         };
-        let inner = &*self.inner;
         let id = hold_id();
-        let mut cmd = self.script_cmd(&key);
+        let cmd = self.hold_cmd(&key, id, call, now);
+        let reply = self.eval(&cmd).await;
+        self.finish_hold(key, id, call, sent_at, reply)
+    }
+
+    /// A hold: `h id n interval capacity hold_limit` (and `now`).
+    #[inline]
+    fn hold_cmd(&self, key: &str, id: u64, call: Call, now: Option<u64>) -> Cmd {
+        let mut cmd = self.script_cmd(key);
         cmd.arg("h")
             .arg(format!("{id:x}"))
             .arg(call.n)
             .arg(call.limits.interval)
             .arg(call.limits.capacity)
-            .arg(inner.hold_limit);
+            .arg(self.inner.hold_limit);
         if let Some(now) = now {
             cmd.arg(now);
         }
+        cmd
+    }
+
+    /// The hold `id` as the server decided it, or else as the local
+    /// fallback (if any) decides it.
+    #[inline]
+    fn finish_hold(
+        &self,
+        key: String,
+        id: u64,
+        call: Call,
+        sent_at: Instant,
+        reply: Result<Value, BackendError>,
+    ) -> Result<Hold, Error> {
+        match reply.and_then(|v| parse_hold(&v)) {
+            Ok(decided) => self.server_hold(key, id, call, sent_at, decided),
+            Err(e) => self.local_hold(key, call, e),
+        }
+    }
+
+    /// The server's decision on the hold `id`.
+    #[inline]
+    fn server_hold(
+        &self,
+        key: String,
+        id: u64,
+        call: Call,
+        sent_at: Instant,
+        decided: HoldReply,
+    ) -> Result<Hold, Error> {
+        let inner = &*self.inner;
         let limits = call.limits;
-        let reply = self.eval(&cmd).await.and_then(|v| parse_hold(&v));
-        match reply {
-            Ok(HoldReply::Admitted { debt, held, now }) => {
-                bump(&inner.counters.shard().server_decisions, 1);
+        bump(&inner.counters.shard().server_decisions, 1);
+        match decided {
+            HoldReply::Admitted { debt, held, now } => {
                 let debt = debt.saturating_add(held);
                 Ok(Hold {
                     limiter: Some(self.clone()),
@@ -1964,8 +2050,7 @@ impl RedisPace {
                     reset_ns: Some(debt),
                 })
             }
-            Ok(HoldReply::Denied { wait, now }) => {
-                bump(&inner.counters.shard().server_decisions, 1);
+            HoldReply::Denied { wait, now } => {
                 let debt = wait
                     .saturating_add(limits.tau())
                     .saturating_sub(call.n.saturating_mul(limits.interval));
@@ -1979,37 +2064,37 @@ impl RedisPace {
                     reset_ns: Some(debt),
                 }))
             }
-            Ok(HoldReply::Never { now }) => {
-                bump(&inner.counters.shard().server_decisions, 1);
-                Err(Error::Denied(Denied {
-                    reason: DenyReason::ExceedsCapacity,
-                    wait_ns: u64::MAX,
-                    server_now_ns: Some(now),
-                    source: Source::Server,
-                    remaining: None,
-                    reset_ns: None,
-                }))
-            }
-            // The local fallback (if any) holds on the local `pace::Pace`.
-            Err(e) => {
-                bump(&inner.counters.shard().unavailable, 1);
-                let Some(local) = &inner.fallback else {
-                    return Err(Error::Unavailable(e));
-                };
-                bump(&inner.counters.shard().local_decisions, 1);
-                let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
-                let decided = match call.quota {
-                    None => local.hold_n(local_key, call.n),
-                    Some(q) => match self.local_quota(q) {
-                        Some(q) => local.hold_n_with(local_key, call.n, q),
-                        None => return Err(Error::Unavailable(e)),
-                    },
-                }
-                .map(pace::Hold::detach);
-                self.local_answer(key, call.n, decided)
-                    .map(|r| self.hold_of(r))
-            }
+            HoldReply::Never { now } => Err(Error::Denied(Denied {
+                reason: DenyReason::ExceedsCapacity,
+                wait_ns: u64::MAX,
+                server_now_ns: Some(now),
+                source: Source::Server,
+                remaining: None,
+                reset_ns: None,
+            })),
         }
+    }
+
+    /// A hold without the server's decision (`e`): held on the local
+    /// fallback's `pace::Pace`, or [`Error::Unavailable`] without one.
+    fn local_hold(&self, key: String, call: Call, e: BackendError) -> Result<Hold, Error> {
+        let inner = &*self.inner;
+        bump(&inner.counters.shard().unavailable, 1);
+        let Some(local) = &inner.fallback else {
+            return Err(Error::Unavailable(e));
+        };
+        bump(&inner.counters.shard().local_decisions, 1);
+        let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
+        let decided = match call.quota {
+            None => local.hold_n(local_key, call.n),
+            Some(q) => match self.local_quota(q) {
+                Some(q) => local.hold_n_with(local_key, call.n, q),
+                None => return Err(Error::Unavailable(e)),
+            },
+        }
+        .map(pace::Hold::detach);
+        self.local_answer(key, call.n, decided)
+            .map(|r| self.hold_of(r))
     }
 
     /// A hold answered without the script (`n == 0`, the local fallback).

@@ -1,0 +1,259 @@
+//! The chain of limits a layer reserves, and where a request's
+//! reservations stand.
+
+use std::task::{Context, Poll};
+
+use http::StatusCode;
+use metrics::{Counter, Gauge};
+use pace::{DenyReason, Quota, Rate};
+
+use super::fields::FieldAcc;
+use super::{InvalidPolicyName, ResponseHead};
+#[cfg(doc)]
+use super::{PaceLayer, PaceLayerBuilder};
+use crate::key::RequestHead;
+use crate::limit::{Acquire, Refusal};
+
+/// A limit's counters and row gauge.
+pub(super) struct Counters {
+    pub(super) admitted: Counter,
+    pub(super) refunded: Counter,
+    pub(super) exhausted: Counter,
+    exceeds_capacity: Counter,
+    time_exhausted: Counter,
+    pub(super) missing_key: Counter,
+    pub(super) unavailable: Counter,
+    pub(super) rows: Gauge,
+}
+
+impl Counters {
+    pub(super) fn new(name: &str) -> Counters {
+        let limit = name.to_string();
+        let denied = |reason: &'static str| metrics::counter!("pace_denied_total", "limit" => limit.clone(), "reason" => reason);
+        Counters {
+            admitted: metrics::counter!("pace_admitted_total", "limit" => limit.clone()),
+            refunded: metrics::counter!("pace_refunded_total", "limit" => limit.clone()),
+            exhausted: denied("exhausted"),
+            exceeds_capacity: denied("exceeds_capacity"),
+            time_exhausted: denied("time_exhausted"),
+            missing_key: denied("missing_key"),
+            unavailable: denied("unavailable"),
+            rows: metrics::gauge!("pace_rows", "limit" => limit.clone()),
+        }
+    }
+
+    pub(super) fn denied(&self, reason: DenyReason) -> &Counter {
+        match reason {
+            DenyReason::Exhausted => &self.exhausted,
+            DenyReason::ExceedsCapacity => &self.exceeds_capacity,
+            _ => &self.time_exhausted,
+        }
+    }
+}
+
+/// What the layer keeps of each limit besides the limit itself.
+#[doc(hidden)]
+pub struct Meta {
+    pub(super) name: String,
+    /// The name as a serialized structured-field String.
+    pub(super) sf_name: String,
+    pub(super) counters: Counters,
+}
+
+mod sealed {
+    use super::*;
+
+    /// Why a request stops before the inner service.
+    pub enum Stop {
+        Missing { index: usize, status: StatusCode },
+        NoPeer { index: usize },
+        Refused { index: usize, refusal: Refusal },
+    }
+
+    /// Where a request's quotas are read from: its state (admitted), or
+    /// its head (answered by the layer).
+    pub enum Src<'a, 'h, S> {
+        State(&'a S),
+        Head(&'a RequestHead<'h>),
+    }
+
+    impl<S> Clone for Src<'_, '_, S> {
+        fn clone(&self) -> Self {
+            *self
+        }
+    }
+
+    impl<S> Copy for Src<'_, '_, S> {}
+
+    /// The limits of a layer: `()` and `(limits, Limit)`, reserved left to
+    /// right.
+    pub trait LimitsImpl: Send + Sync + 'static {
+        /// Per request: where each limit's reservation stands.
+        type State: Send + 'static;
+
+        /// Validates names and registers counters, in order.
+        fn prepare(&mut self, metas: &mut Vec<Meta>) -> Result<(), InvalidPolicyName>;
+        /// `(name, capacity, rate)` of each limit under its own quota.
+        fn policy_items<'a>(&'a self, metas: &'a [Meta], out: &mut Vec<(&'a str, u64, Rate)>);
+        /// Whether any limit refunds on the response.
+        fn refunds_on_response(&self) -> bool;
+        /// Every limit's key and cost, in order, reserving each limit that
+        /// decides at once ([`AsyncLimit::reserve_now`]) as long as every
+        /// limit before it was decided; true when all were (the request is
+        /// admitted). On a stop, whatever was reserved is refunded, newest
+        /// first, before this returns it.
+        fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop>;
+        /// Whether every limit decides at once ([`AsyncLimit::decides_at_once`],
+        /// no queueing) and takes its own quota (no [`Limit::quota`]
+        /// closure): [`light`](Self::light) then applies.
+        fn at_once(&self) -> bool;
+        /// Reserves every limit in order, each at once, then runs `then`
+        /// (the limits after it; `()` has none): a limit that refuses (or a
+        /// request without its key) stops the chain, and each limit before
+        /// it refunds its reservation as the stop passes it back (newest
+        /// first). Keeps nothing: when `then` passes, each admission is
+        /// counted and its debit kept ([`AsyncLimit::keep`] for a held
+        /// one). With `fields`, each limit adds
+        /// its `RateLimit` item right after its reservation. Only for
+        /// limits that are [`at_once`](Self::at_once).
+        fn light<F>(
+            &self,
+            head: &RequestHead<'_>,
+            fields: Option<&mut FieldAcc<'_>>,
+            then: F,
+        ) -> Result<(), Stop>
+        where
+            F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>;
+        /// Reserves the limits in order (each once the ones before it
+        /// admitted). On a refusal, the ones before it are refunded, newest
+        /// first, before this returns it.
+        fn poll_reserve(
+            &self,
+            st: &mut Self::State,
+            cx: &mut Context<'_>,
+        ) -> Poll<Result<(), Stop>>;
+        /// Refunds everything `st` holds, newest first.
+        fn undo(&self, st: &mut Self::State);
+        /// Keeps everything `st` holds that was not refunded (a held debit
+        /// with [`AsyncLimit::keep`]): every admitted request's state ends
+        /// here or in [`undo`](Self::undo).
+        fn keep(&self, st: &mut Self::State);
+        /// At admission, when the state goes on to the response: keeps the
+        /// debits no refund predicate can return (held only while a later
+        /// limit could refuse), so that their rows hold no hold while the
+        /// inner service works.
+        fn keep_unrefunded(&self, st: &mut Self::State);
+        /// Marks the limits the layer may refund (a refund predicate, or a
+        /// limit after it: `later`), which then hold.
+        fn mark_holds(&mut self, later: bool);
+        /// Counts the admission.
+        fn admitted(&self, st: &Self::State);
+        /// Applies the refund predicates to the response, newest first.
+        fn settle(&self, st: &mut Self::State, resp: &ResponseHead<'_>, metas: &[Meta]);
+        /// Adds one `RateLimit` item per reserved limit, and notes whether
+        /// every limit's `(capacity, rate)` for the request is the one the
+        /// layer was built with.
+        fn fields(&self, st: &Self::State, acc: &mut FieldAcc<'_>);
+        /// `f(index, capacity, rate)` of each limit, in order, under the
+        /// request's quotas.
+        fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, Rate));
+    }
+
+    /// One limit's part of a request (`q`: its quota, `None` for the
+    /// limit's own).
+    pub enum Step<K, D: 'static, R> {
+        /// No key, and the limit is skipped.
+        Skip,
+        /// Its turn has not come.
+        Queued { key: K, n: u64, q: Option<Quota> },
+        /// Its reservation is in flight.
+        Waiting { key: K, q: Option<Quota>, fut: R },
+        /// It waits for the key's turn ([`Limit::wait_up_to`]).
+        Turning {
+            key: K,
+            q: Option<Quota>,
+            fut: Acquire<D>,
+        },
+        /// Admitted (`debit` is `None` once refunded).
+        Held {
+            key: K,
+            q: Option<Quota>,
+            debit: Option<D>,
+        },
+        /// Refused, or moved out.
+        Gone,
+    }
+
+    impl<K, D, R> Step<K, D, R> {
+        /// The step's quota.
+        #[inline]
+        pub fn quota(&self) -> Option<Quota> {
+            match self {
+                Step::Queued { q, .. }
+                | Step::Waiting { q, .. }
+                | Step::Turning { q, .. }
+                | Step::Held { q, .. } => *q,
+                Step::Skip | Step::Gone => None,
+            }
+        }
+    }
+}
+
+pub(super) use sealed::{LimitsImpl, Src, Step, Stop};
+
+/// The limits of a [`PaceLayer`], as [`PaceLayerBuilder::limit`] chains
+/// them (implemented for those chains only).
+pub trait Limits: LimitsImpl {}
+
+impl<T: LimitsImpl> Limits for T {}
+
+impl LimitsImpl for () {
+    type State = ();
+
+    fn prepare(&mut self, _: &mut Vec<Meta>) -> Result<(), InvalidPolicyName> {
+        Ok(())
+    }
+    fn policy_items<'a>(&'a self, _: &'a [Meta], _: &mut Vec<(&'a str, u64, Rate)>) {}
+    fn refunds_on_response(&self) -> bool {
+        false
+    }
+    #[inline]
+    fn start(&self, _: &RequestHead<'_>) -> Result<((), bool), Stop> {
+        Ok(((), true))
+    }
+    #[inline]
+    fn at_once(&self) -> bool {
+        true
+    }
+    #[inline(always)]
+    fn light<F>(
+        &self,
+        _: &RequestHead<'_>,
+        fields: Option<&mut FieldAcc<'_>>,
+        then: F,
+    ) -> Result<(), Stop>
+    where
+        F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
+    {
+        then(fields)
+    }
+    #[inline]
+    fn poll_reserve(&self, _: &mut (), _: &mut Context<'_>) -> Poll<Result<(), Stop>> {
+        Poll::Ready(Ok(()))
+    }
+    #[inline]
+    fn undo(&self, _: &mut ()) {}
+    #[inline]
+    fn keep(&self, _: &mut ()) {}
+    #[inline]
+    fn keep_unrefunded(&self, _: &mut ()) {}
+    fn mark_holds(&mut self, _: bool) {}
+    #[inline]
+    fn admitted(&self, _: &()) {}
+    #[inline]
+    fn settle(&self, _: &mut (), _: &ResponseHead<'_>, _: &[Meta]) {}
+    #[inline]
+    fn fields(&self, _: &(), _: &mut FieldAcc<'_>) {}
+    #[inline]
+    fn terms(&self, _: Src<'_, '_, ()>, _: &mut dyn FnMut(usize, u64, Rate)) {}
+}

@@ -1,0 +1,242 @@
+//! The layer's own answers: a request stopped before the inner service.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::{HeaderValue, Response, StatusCode};
+use pace::DenyReason;
+
+use super::limits::{Limits, Meta, Src, Stop};
+use super::service::Shared;
+#[cfg(doc)]
+use super::{MissingKey, PaceLayer, PaceLayerBuilder};
+use crate::headers::{self, FieldWriter};
+use crate::key::RequestHead;
+use crate::limit::Refusal;
+
+/// Why a [`PaceLayer`] answered a request itself (see [`Rejection`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The limit lacks the tokens now: wait this long (exact; the default
+    /// `Retry-After` is it in whole seconds, rounded up).
+    Exhausted {
+        /// The exact wait.
+        retry_after: Duration,
+    },
+    /// Waiting does not help (`pace::DenyReason::ExceedsCapacity` or
+    /// `TimeExhausted`).
+    Permanent(DenyReason),
+    /// The request has no key for the limit and the limit's
+    /// [`MissingKey`] is `Reject`.
+    MissingKey,
+    /// The limit keys by the peer address and the server recorded none: the
+    /// server is not configured to (with axum,
+    /// `into_make_service_with_connect_info::<SocketAddr>()`; otherwise a
+    /// [`PeerAddr`](crate::PeerAddr) extension).
+    MissingPeerAddr,
+    /// The limit gave no decision ([`Refusal::Unavailable`]: a shared
+    /// limit that is down); the default answer is `503`.
+    Unavailable,
+}
+
+/// A request a [`PaceLayer`] answers itself, as its response hook
+/// ([`PaceLayerBuilder::on_reject`]) sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Rejection<'a> {
+    /// The limit's name.
+    pub limit: &'a str,
+    /// Its index, in the order the limits were added.
+    pub index: usize,
+    /// Why.
+    pub reason: Reason,
+    /// The request.
+    pub request: &'a RequestHead<'a>,
+}
+
+/// The body of the default answer to a request without a peer address.
+pub const MISSING_PEER_ADDR_BODY: &str = "pace-tower: this limit keys by the peer address and the \
+server recorded none. With axum, serve the router with \
+`app.into_make_service_with_connect_info::<std::net::SocketAddr>()`; with another server, \
+insert a `pace_tower::PeerAddr` (or `SocketAddr`) request extension before the layer.\n";
+
+/// Builds the response to a [`Rejection`] (see [`PaceLayerBuilder::on_reject`]).
+pub trait Respond<B>: Send + Sync + 'static {
+    /// The response to `rejection`. `default` is what the layer sends
+    /// without a hook: its status and header fields, with an empty body
+    /// (the body of [`MISSING_PEER_ADDR_BODY`] for a missing peer address).
+    fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B>;
+}
+
+/// The default answers: `429` with `Retry-After` (whole seconds, rounded
+/// up) and the `RateLimit` / `RateLimit-Policy` fields; a permanent denial
+/// with [`permanent_status`](PaceLayerBuilder::permanent_status) (413) and
+/// `RateLimit-Policy`; a missing key with the limit's status; a missing
+/// peer address `500` with the body [`MISSING_PEER_ADDR_BODY`]. Empty
+/// bodies otherwise.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DefaultRespond;
+
+impl<B: From<&'static str>> Respond<B> for DefaultRespond {
+    fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B> {
+        let body = match rejection.reason {
+            Reason::MissingPeerAddr => MISSING_PEER_ADDR_BODY,
+            _ => "",
+        };
+        default.map(|()| B::from(body))
+    }
+}
+
+/// A closure as a response hook (see [`PaceLayerBuilder::on_reject`]).
+pub struct RespondFn<F>(pub(super) F);
+
+impl<F> fmt::Debug for RespondFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RespondFn")
+    }
+}
+
+impl<F, B> Respond<B> for RespondFn<F>
+where
+    F: Fn(&Rejection<'_>, Response<()>) -> Response<B> + Send + Sync + 'static,
+{
+    fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B> {
+        (self.0)(rejection, default)
+    }
+}
+
+/// `Retry-After` for `wait`: whole seconds, rounded up, at least 1.
+fn retry_after_secs(wait: Duration) -> u64 {
+    #[cfg(pace_mutant = "retry_after_truncated")]
+    return wait.as_secs();
+    #[cfg(not(pace_mutant = "retry_after_truncated"))]
+    {
+        let s = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        s.max(1)
+    }
+}
+
+/// An empty response with `status`.
+fn status(status: StatusCode) -> Response<()> {
+    let mut r = Response::new(());
+    *r.status_mut() = status;
+    r
+}
+
+impl<L: Limits, H> Shared<L, H> {
+    /// The answer to a request stopped before the inner service.
+    #[cold]
+    pub(super) fn reject<B>(&self, stop: Stop, head: &RequestHead<'_>) -> Response<B>
+    where
+        H: Respond<B>,
+    {
+        let (index, reason, r) = match stop {
+            Stop::Missing { index, status: s } => {
+                self.metas[index].counters.missing_key.increment(1);
+                tracing::debug!(
+                    target: "pace_tower",
+                    limit = %self.metas[index].name,
+                    status = s.as_u16(),
+                    "request without a key for the limit"
+                );
+                (index, Reason::MissingKey, status(s))
+            }
+            Stop::NoPeer { index } => {
+                self.metas[index].counters.missing_key.increment(1);
+                tracing::error!(
+                    target: "pace_tower",
+                    limit = %self.metas[index].name,
+                    "no peer address: serve axum with \
+                     into_make_service_with_connect_info::<SocketAddr>() \
+                     (or insert a pace_tower::PeerAddr extension)"
+                );
+                (
+                    index,
+                    Reason::MissingPeerAddr,
+                    status(StatusCode::INTERNAL_SERVER_ERROR),
+                )
+            }
+            Stop::Refused { index, refusal } => {
+                let (reason, r) = self.refused(&self.metas[index], refusal, head);
+                (index, reason, r)
+            }
+        };
+        let rejection = Rejection {
+            limit: &self.metas[index].name,
+            index,
+            reason,
+            request: head,
+        };
+        self.respond.respond(&rejection, r)
+    }
+
+    /// The reason and default answer of a limit's refusal (`m`: the
+    /// limit's name and counters).
+    fn refused(
+        &self,
+        m: &Meta,
+        refusal: Refusal,
+        head: &RequestHead<'_>,
+    ) -> (Reason, Response<()>) {
+        match refusal {
+            Refusal::Exhausted { retry_after: wait } => {
+                m.counters.exhausted.increment(1);
+                tracing::debug!(
+                    target: "pace_tower",
+                    limit = %m.name,
+                    retry_after_ms = wait.as_millis() as u64,
+                    "denied"
+                );
+                (
+                    Reason::Exhausted { retry_after: wait },
+                    self.exhausted(m, wait, head),
+                )
+            }
+            Refusal::Permanent(reason) => {
+                m.counters.denied(reason).increment(1);
+                tracing::debug!(
+                    target: "pace_tower",
+                    limit = %m.name,
+                    reason = ?reason,
+                    "denied for good"
+                );
+                let mut r = status(self.permanent);
+                self.policy_field(&mut r, head);
+                (Reason::Permanent(reason), r)
+            }
+            Refusal::Unavailable(error) => {
+                m.counters.unavailable.increment(1);
+                tracing::warn!(
+                    target: "pace_tower",
+                    limit = %m.name,
+                    error = %error,
+                    "no decision from the limit"
+                );
+                (Reason::Unavailable, status(StatusCode::SERVICE_UNAVAILABLE))
+            }
+        }
+    }
+
+    /// The default answer to an exhausted limit (`m`) that frees its
+    /// tokens after `wait`: `429`, `Retry-After`, `RateLimit` and
+    /// `RateLimit-Policy`.
+    fn exhausted(&self, m: &Meta, wait: Duration, head: &RequestHead<'_>) -> Response<()> {
+        let secs = retry_after_secs(wait);
+        let mut r = status(StatusCode::TOO_MANY_REQUESTS);
+        r.headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+        let mut w = FieldWriter::new();
+        w.item(&m.sf_name, 0, secs);
+        if let Some(v) = w.value() {
+            r.headers_mut().insert(headers::RATELIMIT.clone(), v);
+        }
+        self.policy_field(&mut r, head);
+        r
+    }
+
+    fn policy_field<B>(&self, r: &mut Response<B>, head: &RequestHead<'_>) {
+        if let Some(p) = self.policy_for(Src::Head(head)) {
+            r.headers_mut().insert(headers::RATELIMIT_POLICY.clone(), p);
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The layer, its builder and the admission of a request.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use http::{HeaderValue, Request, Response, StatusCode};
+use pace::Rate;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::fields::{policy_value, FieldAcc};
+use super::future::ResponseFuture;
+use super::limits::{Limits, Meta, Src};
+use super::reject::{DefaultRespond, Rejection, Respond, RespondFn};
+use super::{InvalidPolicyName, Limit};
+#[cfg(doc)]
+use super::{MissingKey, MISSING_PEER_ADDR_BODY};
+use crate::headers;
+use crate::key::{KeyExtractor, RequestHead};
+use crate::limit::AsyncLimit;
+
+/// What every request of a layer reads: its limits, their names and
+/// counters, the `RateLimit-Policy` value it was built with, and how it
+/// answers.
+pub(super) struct Shared<L, H> {
+    pub(super) limits: L,
+    pub(super) metas: Vec<Meta>,
+    /// The `RateLimit-Policy` value under the quotas the layer was built
+    /// with, and those quotas' `(capacity, rate)` per limit.
+    pub(super) policy: Option<HeaderValue>,
+    pub(super) policy_terms: Vec<(u64, Rate)>,
+    pub(super) headers: bool,
+    /// Whether a limit refunds on the response: an admitted request then
+    /// keeps its reservations (and the layer) until the response, and its
+    /// fields are written after its refunds; otherwise they are written
+    /// when it is admitted and the response future holds only their
+    /// values.
+    pub(super) refunds: bool,
+    /// No refunds, and every limit decides at once with its own quota:
+    /// admitted requests go through [`LimitsImpl::light`] and keep
+    /// nothing.
+    light: bool,
+    pub(super) permanent: StatusCode,
+    pub(super) respond: H,
+}
+
+/// Builds a [`PaceLayer`].
+#[must_use = "a builder does nothing until build() is called"]
+pub struct PaceLayerBuilder<L = (), H = DefaultRespond> {
+    limits: L,
+    headers: bool,
+    permanent: StatusCode,
+    respond: H,
+}
+
+impl<L: Limits, H> PaceLayerBuilder<L, H> {
+    /// Adds a limit. Limits are reserved in the order added, all or nothing
+    /// (as `pace::all`): put the limits that are never refunded (per source)
+    /// before the ones refunded on outcome (per claimed id) only if you want
+    /// a denial of the later one to refund the earlier; either order admits
+    /// exactly the same requests.
+    ///
+    /// The layer *holds* every limit it may refund
+    /// ([`AsyncLimit::hold`]), so that the refund is exact whatever else
+    /// happens on the key: a limit with a [`refund_if`](Limit::refund_if),
+    /// and every limit but the last (a limit after it may refuse the
+    /// request, which refunds it). A held limit the layer does not refund
+    /// is kept ([`AsyncLimit::keep`]: for a `pace::Pace`, a second CAS on
+    /// the key's row, and the core's held record per request, taken from
+    /// the thread's pool of freed records or else allocated).
+    /// The last limit, without a refund predicate, is never refunded and
+    /// keeps the plain one-CAS reservation: a layer of one such limit costs
+    /// what it did before holds; in a layer of several, put the busiest
+    /// limit that is never refunded last, or give up the exact refunds of a
+    /// limit whose traces hurt only its own key
+    /// ([`Limit::exact_refunds`]`(false)`). A limit without holds
+    /// ([`AsyncLimit::holds`] false, as a shared Redis limit) and a
+    /// queueing one ([`Limit::wait_up_to`]) are reserved plainly.
+    pub fn limit<E, A>(self, limit: Limit<E, A>) -> PaceLayerBuilder<(L, Limit<E, A>), H>
+    where
+        E: KeyExtractor,
+        A: AsyncLimit<E::Key>,
+    {
+        PaceLayerBuilder {
+            limits: (self.limits, limit),
+            headers: self.headers,
+            permanent: self.permanent,
+            respond: self.respond,
+        }
+    }
+
+    /// Whether admitted responses carry the `RateLimit` / `RateLimit-Policy`
+    /// fields (default true; denials always carry them).
+    pub fn rate_limit_headers(mut self, on: bool) -> Self {
+        self.headers = on;
+        self
+    }
+
+    /// The status of a permanent denial (a cost above the capacity, or a
+    /// clock past the limiter's time space): 413 by default. It carries no
+    /// `Retry-After`, since waiting does not help.
+    pub fn permanent_status(mut self, status: StatusCode) -> Self {
+        self.permanent = status;
+        self
+    }
+
+    /// The response hook: every request the layer answers itself (denied,
+    /// denied for good, without a key, without a peer address) is answered
+    /// with `f(&rejection, default)`, where `default` is the response the
+    /// layer would send (status and header fields; see [`DefaultRespond`]).
+    /// Change the status or the fields, and give the body:
+    ///
+    /// ```
+    /// use axum::body::Body;
+    /// use axum::http::{header, HeaderValue, Response};
+    /// use pace_tower::{PaceLayer, Reason, Rejection};
+    ///
+    /// let builder = PaceLayer::builder().on_reject(|r: &Rejection<'_>, default: Response<()>| {
+    ///     let (mut head, ()) = default.into_parts();
+    ///     let error = match r.reason {
+    ///         Reason::Exhausted { .. } => "slow_down",
+    ///         _ => "invalid_request",
+    ///     };
+    ///     head.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    ///     Response::from_parts(head, Body::from(format!("{{\"error\":\"{error}\"}}")))
+    /// });
+    /// ```
+    pub fn on_reject<F, B>(self, f: F) -> PaceLayerBuilder<L, RespondFn<F>>
+    where
+        F: Fn(&Rejection<'_>, Response<()>) -> Response<B> + Send + Sync + 'static,
+    {
+        PaceLayerBuilder {
+            limits: self.limits,
+            headers: self.headers,
+            permanent: self.permanent,
+            respond: RespondFn(f),
+        }
+    }
+
+    /// The layer. Counters are registered with the `metrics` recorder
+    /// installed now (install it first; without one they cost nothing).
+    ///
+    /// # Errors
+    /// [`InvalidPolicyName`] when a limit's name is not printable ASCII.
+    pub fn build(mut self) -> Result<PaceLayer<L, H>, InvalidPolicyName> {
+        let mut metas = Vec::new();
+        self.limits.prepare(&mut metas)?;
+        let mut items = Vec::new();
+        self.limits.policy_items(&metas, &mut items);
+        let policy_terms = items.iter().map(|&(_, q, rate)| (q, rate)).collect();
+        // Static: cloned per response without a reference count.
+        let policy = policy_value(items).and_then(|v| headers::interned(&v));
+        self.limits.mark_holds(false);
+        let refunds = self.limits.refunds_on_response();
+        let light = !refunds && self.limits.at_once();
+        Ok(PaceLayer {
+            shared: Arc::new(Shared {
+                limits: self.limits,
+                metas,
+                policy,
+                policy_terms,
+                headers: self.headers,
+                refunds,
+                light,
+                permanent: self.permanent,
+                respond: self.respond,
+            }),
+        })
+    }
+}
+
+/// A tower layer that reserves every configured limit for each request,
+/// all or nothing, before the inner service sees it.
+///
+/// * admitted: the inner service answers; the response carries `RateLimit`
+///   and `RateLimit-Policy` (unless turned off); limits whose
+///   [`refund_if`](Limit::refund_if) holds for the response are refunded.
+/// * exhausted: `429 Too Many Requests`, `Retry-After` in whole seconds
+///   rounded up (at least 1), `RateLimit` with `r=0` and `t` the same wait.
+/// * permanent (cost above capacity): [`permanent_status`](PaceLayerBuilder::permanent_status)
+///   (413 by default), no `Retry-After`.
+/// * no key: as the limit's [`MissingKey`] says (400 by default).
+/// * no peer address for a limit keyed by it: `500` with a body that says
+///   how to configure the server ([`MISSING_PEER_ADDR_BODY`]).
+///
+/// [`PaceLayerBuilder::on_reject`] replaces these answers. Denials and
+/// missing keys are `tracing` events (target `pace_tower`): `DEBUG` for a
+/// denial or a missing key, `ERROR` for a missing peer address.
+///
+/// An admitted request allocates nothing in the layer except, with the
+/// fields on, the `RateLimit` value (and the `RateLimit-Policy` value when
+/// a limit's quota for the request differs from the one the layer was built
+/// with), a request to a queueing limit ([`Limit::wait_up_to`]) its
+/// wait, and, in the core, each held limit's record (see
+/// [`PaceLayerBuilder::limit`]). Reservations are kept when the inner
+/// service fails or the response future is dropped. The layer is `Clone`
+/// and cheap to clone (one `Arc`).
+pub struct PaceLayer<L = (), H = DefaultRespond> {
+    shared: Arc<Shared<L, H>>,
+}
+
+impl<L, H> Clone for PaceLayer<L, H> {
+    fn clone(&self) -> Self {
+        PaceLayer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl PaceLayer {
+    /// A builder with no limits.
+    pub fn builder() -> PaceLayerBuilder {
+        PaceLayerBuilder {
+            limits: (),
+            headers: true,
+            permanent: StatusCode::PAYLOAD_TOO_LARGE,
+            respond: DefaultRespond,
+        }
+    }
+}
+
+impl<L, H> fmt::Debug for PaceLayer<L, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PaceLayer")
+            .field("limits", &self.shared.metas.len())
+            .finish()
+    }
+}
+
+impl<S, L, H> Layer<S> for PaceLayer<L, H> {
+    type Service = PaceService<S, L, H>;
+
+    fn layer(&self, inner: S) -> PaceService<S, L, H> {
+        PaceService {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The service of a [`PaceLayer`].
+pub struct PaceService<S, L = (), H = DefaultRespond> {
+    inner: S,
+    shared: Arc<Shared<L, H>>,
+}
+
+impl<S: Clone, L, H> Clone for PaceService<S, L, H> {
+    fn clone(&self) -> Self {
+        PaceService {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, L, H> fmt::Debug for PaceService<S, L, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PaceService").finish_non_exhaustive()
+    }
+}
+
+impl<S, L, H, ReqBody, ResBody> Service<Request<ReqBody>> for PaceService<S, L, H>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    L: Limits,
+    H: Respond<ResBody>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody, L, H>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let shared = &*self.shared;
+        let head = RequestHead::of(&req);
+        if shared.light {
+            // Every limit decides at once and nothing is kept after the
+            // admission: no state, no reference to the layer in the future.
+            if shared.headers {
+                let mut acc = FieldAcc::new(shared);
+                if let Err(stop) = shared.limits.light(&head, Some(&mut acc), |_| Ok(())) {
+                    return ResponseFuture::rejected(shared.reject(stop, &head));
+                }
+                let fields = acc.finish(shared, Src::Head(&head));
+                return ResponseFuture::fields(self.inner.call(req), fields);
+            }
+            if let Err(stop) = shared.limits.light(&head, None, |_| Ok(())) {
+                return ResponseFuture::rejected(shared.reject(stop, &head));
+            }
+            return ResponseFuture::passthrough(self.inner.call(req));
+        }
+        let mut st = match shared.limits.start(&head) {
+            Ok((st, true)) => {
+                // Every limit decided at once (local limits): admitted.
+                return ResponseFuture::admitted(&mut self.inner, req, st, &self.shared);
+            }
+            Ok((st, false)) => st,
+            Err(stop) => return ResponseFuture::rejected(shared.reject(stop, &head)),
+        };
+        // A limit that answers later: try once (it may answer at once).
+        let mut cx = Context::from_waker(Waker::noop());
+        match shared.limits.poll_reserve(&mut st, &mut cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(stop)) => return ResponseFuture::rejected(shared.reject(stop, &head)),
+            Poll::Pending => {
+                // A shared limit is in flight: the request waits for it, and
+                // the inner service that was made ready goes with it.
+                let ready = self.inner.clone();
+                let svc = std::mem::replace(&mut self.inner, ready);
+                return ResponseFuture::reserving(st, req, svc, self.shared.clone());
+            }
+        }
+        ResponseFuture::admitted(&mut self.inner, req, st, &self.shared)
+    }
+}
