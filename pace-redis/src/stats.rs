@@ -1,0 +1,73 @@
+//! The limiter's counters: [`Stats`], summed over per-thread shards.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+#[cfg(doc)]
+use crate::RedisPace;
+
+/// Counters since the limiter was built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests written to the server (a pipeline of k decisions counts 1;
+    /// a script load counts 1).
+    pub round_trips: u64,
+    /// `SCRIPT LOAD`s after a NOSCRIPT answer.
+    pub script_loads: u64,
+    /// Decisions (reserve or refund) the server made.
+    pub server_decisions: u64,
+    /// Denials answered from the local cache.
+    pub cache_denials: u64,
+    /// Decisions of the local fallback.
+    pub local_decisions: u64,
+    /// Calls that found Redis unavailable (timeout, error, open circuit).
+    pub unavailable: u64,
+    /// Connections made in the background (after starting with the server
+    /// away, or after `READONLY`/`MASTERDOWN`).
+    pub connects: u64,
+}
+
+/// The counters of [`Stats`], in one shard per thread (up to
+/// [`SHARDS`], then shared): a call bumps its own thread's counters, not a
+/// cache line every thread writes; [`RedisPace::stats`] adds the shards.
+#[derive(Default)]
+pub(crate) struct Counters {
+    shards: [Shard; SHARDS],
+}
+
+const SHARDS: usize = 8;
+
+/// One thread's counters, on cache lines of their own.
+#[derive(Default)]
+#[repr(align(128))]
+pub(crate) struct Shard {
+    pub(crate) round_trips: AtomicU64,
+    pub(crate) script_loads: AtomicU64,
+    pub(crate) server_decisions: AtomicU64,
+    pub(crate) cache_denials: AtomicU64,
+    pub(crate) local_decisions: AtomicU64,
+    pub(crate) unavailable: AtomicU64,
+    pub(crate) connects: AtomicU64,
+}
+
+impl Counters {
+    /// The calling thread's shard.
+    pub(crate) fn shard(&self) -> &Shard {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        }
+        &self.shards[INDEX.with(|i| *i)]
+    }
+
+    /// The sum of one counter over the shards.
+    pub(crate) fn sum(&self, field: impl Fn(&Shard) -> &AtomicU64) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| field(s).load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
+    }
+}
+
+pub(crate) fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Ordering::Relaxed);
+}
