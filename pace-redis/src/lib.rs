@@ -90,6 +90,7 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeSnippets;
 
+mod error;
 mod reply;
 
 use std::collections::HashMap;
@@ -103,6 +104,9 @@ use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, ErrorKind, RedisError, Script, Value};
 
+#[allow(unused_imports)]
+use error::*;
+pub use error::{BackendError, ConfigError, ConnectError, Error, KeyError};
 #[allow(unused_imports)]
 use reply::*;
 
@@ -190,114 +194,6 @@ pub enum EvictionCheck {
     Refuse,
     /// Do not read the policy.
     Ignore,
-}
-
-/// A rejected configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// The rate or capacity is invalid for the core crate as well.
-    Pace(pace::ConfigError),
-    /// `capacity x interval` exceeds [`MAX_TAU_NS`].
-    TauTooLarge {
-        /// The configured `capacity x interval` (saturated).
-        tau_ns: u64,
-        /// [`MAX_TAU_NS`].
-        max_ns: u64,
-    },
-    /// `LocalFallback { replicas: 0 }`.
-    ZeroReplicas,
-    /// A zero timeout would fail every call.
-    ZeroTimeout,
-    /// The key prefix alone exceeds the key size limit.
-    PrefixTooLong,
-    /// The server's `maxmemory-policy` can evict the limiter's keys and the
-    /// builder refuses it ([`EvictionCheck::Refuse`]).
-    EvictingPolicy {
-        /// The policy, as the server reports it.
-        policy: String,
-    },
-    /// [`Builder::hold_limit`] is zero or exceeds [`MAX_TAU_NS`].
-    HoldLimit {
-        /// The configured limit (ns, saturated).
-        ns: u64,
-    },
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConfigError::Pace(e) => write!(f, "{e}"),
-            ConfigError::TauTooLarge { tau_ns, max_ns } => write!(
-                f,
-                "capacity x interval = {tau_ns} ns exceeds {max_ns} ns (2^50, ~13 days): \
-                 Lua numbers would lose precision"
-            ),
-            ConfigError::ZeroReplicas => f.write_str("LocalFallback needs at least 1 replica"),
-            ConfigError::ZeroTimeout => f.write_str("the timeout must be longer than zero"),
-            ConfigError::PrefixTooLong => f.write_str("the key prefix exceeds the key size limit"),
-            ConfigError::EvictingPolicy { policy } => write!(
-                f,
-                "the server's maxmemory-policy {policy} can evict the limiter's keys \
-                 (a lost key hands out a full bucket); use noeviction"
-            ),
-            ConfigError::HoldLimit { ns } => write!(
-                f,
-                "hold limit of {ns} ns: it must be at least 1 ns and at most 2^50 ns"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-/// Why Redis gave no decision.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum BackendError {
-    /// No answer within the configured timeout.
-    Timeout(Duration),
-    /// A connection or server error.
-    Redis(RedisError),
-    /// A recent failure: Redis is not tried again until the backoff passes.
-    CircuitOpen,
-    /// The stored `tat` lies further ahead of the server's clock than any
-    /// bucket can (the server's clock went back by days).
-    ClockOutOfRange,
-    /// The script answered something this crate does not understand.
-    BadReply(String),
-    /// No connection yet: the server was unreachable at start and the
-    /// limiter connects in the background.
-    NotConnected,
-}
-
-impl fmt::Display for BackendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BackendError::Timeout(d) => write!(f, "no answer from redis within {d:?}"),
-            BackendError::Redis(e) => write!(f, "redis: {e}"),
-            BackendError::CircuitOpen => f.write_str("redis failed recently; not retried yet"),
-            BackendError::ClockOutOfRange => {
-                f.write_str("stored state lies days ahead of the server's clock")
-            }
-            BackendError::BadReply(s) => write!(f, "unexpected script reply: {s}"),
-            BackendError::NotConnected => f.write_str("not connected to redis yet"),
-        }
-    }
-}
-
-/// Why a key was refused before any decision.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeyError {
-    /// The empty key.
-    Empty,
-    /// Prefix plus key exceed the configured maximum size.
-    TooLong {
-        /// Bytes of prefix plus key.
-        bytes: usize,
-        /// The configured maximum.
-        max: usize,
-    },
 }
 
 /// Where an answer came from.
@@ -392,48 +288,6 @@ impl Peek {
         self.source
     }
 }
-
-/// Everything that is not an admission.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Error {
-    /// The bucket lacks the tokens (or never will hold them).
-    Denied(Denied),
-    /// The key is empty or too long; nothing was sent.
-    InvalidKey(KeyError),
-    /// Redis gave no decision and the policy is [`OnUnavailable::FailClosed`].
-    Unavailable(BackendError),
-    /// An `_at` method was called without [`Builder::time_injection`].
-    TimeInjectionDisabled,
-    /// A call's own quota is outside what the script computes exactly:
-    /// [`ConfigError::TauTooLarge`] when its `capacity x interval` exceeds
-    /// [`MAX_TAU_NS`]. Nothing was sent.
-    InvalidQuota(ConfigError),
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Denied(d) => match d.reason {
-                DenyReason::Exhausted => {
-                    write!(f, "rate exceeded; retry after {:?}", d.retry_after())
-                }
-                _ => f.write_str("request exceeds the bucket's capacity"),
-            },
-            Error::InvalidKey(KeyError::Empty) => f.write_str("empty key"),
-            Error::InvalidKey(KeyError::TooLong { bytes, max }) => {
-                write!(f, "key of {bytes} bytes exceeds {max}")
-            }
-            Error::Unavailable(e) => write!(f, "limiter unavailable: {e}"),
-            Error::TimeInjectionDisabled => {
-                f.write_str("time injection is disabled (Builder::time_injection)")
-            }
-            Error::InvalidQuota(e) => write!(f, "quota rejected: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for Error {}
 
 /// An admitted debit. Dropping it keeps the debit; pass it to
 /// [`RedisPace::refund`] when the exchange did not happen.
@@ -1429,26 +1283,6 @@ fn maxmemory_policy(v: &Value) -> Option<String> {
         other => find(&text(other)?),
     }
 }
-
-/// Why [`Builder::connect`] failed.
-#[derive(Debug)]
-pub enum ConnectError {
-    /// The configuration is rejected.
-    Config(ConfigError),
-    /// The server could not be reached.
-    Redis(RedisError),
-}
-
-impl fmt::Display for ConnectError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConnectError::Config(e) => write!(f, "bad configuration: {e}"),
-            ConnectError::Redis(e) => write!(f, "cannot reach redis: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for ConnectError {}
 
 /// A rate limit shared through one Redis or Valkey server. Cheap to clone;
 /// clones share the connection, the denial cache and the counters.
