@@ -92,6 +92,7 @@ struct ReadmeSnippets;
 
 mod error;
 mod reply;
+mod stats;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -109,6 +110,9 @@ use error::*;
 pub use error::{BackendError, ConfigError, ConnectError, Error, KeyError};
 #[allow(unused_imports)]
 use reply::*;
+pub use stats::Stats;
+#[allow(unused_imports)]
+use stats::*;
 
 /// The largest `capacity x interval` (time for an empty bucket to refill):
 /// 2^50 ns, about 13 days. It keeps every number the script computes below
@@ -562,73 +566,6 @@ impl Drop for Turn {
             let _ = limiter.refund(r).await;
         });
     }
-}
-
-/// Counters since the limiter was built.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Requests written to the server (a pipeline of k decisions counts 1;
-    /// a script load counts 1).
-    pub round_trips: u64,
-    /// `SCRIPT LOAD`s after a NOSCRIPT answer.
-    pub script_loads: u64,
-    /// Decisions (reserve or refund) the server made.
-    pub server_decisions: u64,
-    /// Denials answered from the local cache.
-    pub cache_denials: u64,
-    /// Decisions of the local fallback.
-    pub local_decisions: u64,
-    /// Calls that found Redis unavailable (timeout, error, open circuit).
-    pub unavailable: u64,
-    /// Connections made in the background (after starting with the server
-    /// away, or after `READONLY`/`MASTERDOWN`).
-    pub connects: u64,
-}
-
-/// The counters of [`Stats`], in one shard per thread (up to
-/// [`SHARDS`], then shared): a call bumps its own thread's counters, not a
-/// cache line every thread writes; [`RedisPace::stats`] adds the shards.
-#[derive(Default)]
-struct Counters {
-    shards: [Shard; SHARDS],
-}
-
-const SHARDS: usize = 8;
-
-/// One thread's counters, on cache lines of their own.
-#[derive(Default)]
-#[repr(align(128))]
-struct Shard {
-    round_trips: AtomicU64,
-    script_loads: AtomicU64,
-    server_decisions: AtomicU64,
-    cache_denials: AtomicU64,
-    local_decisions: AtomicU64,
-    unavailable: AtomicU64,
-    connects: AtomicU64,
-}
-
-impl Counters {
-    /// The calling thread's shard.
-    fn shard(&self) -> &Shard {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        thread_local! {
-            static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
-        }
-        &self.shards[INDEX.with(|i| *i)]
-    }
-
-    /// The sum of one counter over the shards.
-    fn sum(&self, field: impl Fn(&Shard) -> &AtomicU64) -> u64 {
-        self.shards
-            .iter()
-            .map(|s| field(s).load(Ordering::Relaxed))
-            .fold(0, u64::wrapping_add)
-    }
-}
-
-fn bump(c: &AtomicU64, by: u64) {
-    c.fetch_add(by, Ordering::Relaxed);
 }
 
 /// Builds a [`RedisPace`].
