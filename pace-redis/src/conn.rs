@@ -10,7 +10,7 @@ use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, ErrorKind, RedisError, Value};
 
-use crate::check_eviction;
+use crate::builder::check_eviction;
 use crate::stats::bump;
 use crate::{BackendError, EvictionCheck, Inner, RedisPace};
 
