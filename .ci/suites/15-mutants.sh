@@ -122,10 +122,15 @@ expect_caught() {
 
 # Holds (tests/holds.rs): each known-wrong variant fails the random
 # histories (an exact model decides every call; the bound over every window)
-# and its own regression test.
+# and its own regression test. The calls that share a variant follow each
+# other here and below: a change of PACE_MUTANT rebuilds the core and
+# everything above it, a second test file of the same variant only itself.
 expect_caught decision_ignores_held holds "" "" \
     held_tokens_count_at_every_decision random_hold_histories_follow_the_rule_exactly \
     random_expiring_hold_histories_never_exceed_the_bound
+# ... and the real-clock test, whose hot keys are a quarter holds.
+expect_caught decision_ignores_held exactness "exceed the bound by" "" \
+    kept_admissions_fit_the_bucket_on_a_real_clock
 expect_caught refund_rewinds_tat holds "" "" \
     a_refund_leaves_the_settled_debt random_hold_histories_follow_the_rule_exactly \
     random_expiring_hold_histories_never_exceed_the_bound
@@ -136,9 +141,6 @@ expect_caught sweep_removes_held holds "" "" \
     a_leaked_hold_expires_as_kept random_hold_histories_follow_the_rule_exactly
 expect_caught holds_never_expire holds "" "" a_leaked_hold_expires_as_kept
 expect_caught copy_removes_held holds "the held token stays held" "" migrations_copy_held_rows
-# ... and the real-clock test, whose hot keys are a quarter holds.
-expect_caught decision_ignores_held exactness "exceed the bound by" "" \
-    kept_admissions_fit_the_bucket_on_a_real_clock
 
 # A `Debit` is refunded only by the limiter that made it, to a key of its
 # hash (tests/refund_origin.rs), against `refund_ignores_origin`: a debit
@@ -149,25 +151,26 @@ expect_caught refund_ignores_origin refund_origin "minted tokens" "" \
 
 # Quotas per call keep the contract (tests/quotas.rs), against
 # `quota_cost_of_default`: a call's quota gives the horizon but its tokens
-# cost the default quota's interval.
+# cost the default quota's interval. The exact model (tests/model.rs,
+# pace_models::debt) catches it too.
 expect_caught quota_cost_of_default quotas "exceed the bound by" "" \
     random_mixed_quota_histories_never_exceed_the_bound
+expect_caught quota_cost_of_default model "Test failed: step" "" \
+    pace_agrees_with_the_debt_model
 # ... and against `turn_before_its_slot`: a turn (`acquire`) is let through
-# when it is decided, up to its whole wait before its debit fits.
+# when it is decided, up to its whole wait before its debit fits; caught
+# also by the real-clock test of quotas and turns (tests/exactness.rs) and
+# the exact model.
 expect_caught turn_before_its_slot quotas "exceed the bound by" "" \
     random_mixed_quota_histories_never_exceed_the_bound
+expect_caught turn_before_its_slot exactness "through early" "" \
+    kept_admissions_fit_under_quota_changes_and_turns_on_a_real_clock
+expect_caught turn_before_its_slot model "Test failed: step" "" \
+    pace_agrees_with_the_debt_model
 # Rows of a short quota are swept soon (tests/quotas.rs), against
 # `sweep_at_default_cadence`: passes keep the default quota's cadence.
 expect_caught sweep_at_default_cadence quotas "still held 20 ms on" "" \
     rows_of_a_short_quota_are_swept_after_its_own_horizon
-# The real-clock test of quotas and turns (tests/exactness.rs) too.
-expect_caught turn_before_its_slot exactness "through early" "" \
-    kept_admissions_fit_under_quota_changes_and_turns_on_a_real_clock
-# The exact model (tests/model.rs, pace_models::debt) catches both too.
-expect_caught quota_cost_of_default model "Test failed: step" "" \
-    pace_agrees_with_the_debt_model
-expect_caught turn_before_its_slot model "Test failed: step" "" \
-    pace_agrees_with_the_debt_model
 
 # All-or-nothing reservations (tests/all.rs) against three variants:
 #   all_first_only:          denials after the first pair are ignored
@@ -291,16 +294,17 @@ expect_caught redis_quota_ignored equivalence "Test failed" "-p pace-redis" \
     script_pace_and_model_agree_on_every_decision
 expect_caught redis_quota_ignored acquire "ExceedsCapacity" "-p pace-redis" \
     quotas_per_call_decide_with_their_own_capacity_and_interval
+# The real-clock test of replicas with quotas and turns (tests/shared.rs)
+# sees the first over-admit over a window,
+expect_caught redis_quota_ignored shared "the contract allows" "-p pace-redis" \
+    replicas_with_quotas_and_turns_keep_the_contract
 expect_caught redis_turn_beyond_wait equivalence "Test failed" "-p pace-redis" \
     script_pace_and_model_agree_on_every_decision
 expect_caught redis_turn_beyond_wait acquire "a turn beyond max_wait was admitted" "-p pace-redis" \
     a_turn_beyond_max_wait_or_capacity_is_refused_at_once_writing_nothing
 expect_caught redis_cache_one_quota acquire "a denial cached under another quota" "-p pace-redis" \
     quotas_per_call_decide_with_their_own_capacity_and_interval
-# The real-clock test of replicas with quotas and turns (tests/shared.rs)
-# sees the first over-admit over a window and the third go through early.
-expect_caught redis_quota_ignored shared "the contract allows" "-p pace-redis" \
-    replicas_with_quotas_and_turns_keep_the_contract
+# ... and the third go through early.
 expect_caught redis_turn_early shared "before its slot" "-p pace-redis" \
     replicas_with_quotas_and_turns_keep_the_contract
 expect_caught redis_turn_early acquire "went through" "-p pace-redis" \
