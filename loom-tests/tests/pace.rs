@@ -4,7 +4,7 @@
 //! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" \
 //!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release
 //!
-//! Keys carry a `loom::sync::Arc`, so an entry that is never freed shows up as
+//! Keys carry a `loom::sync::Arc`, so a key box that is never freed shows up as
 //! a leak at the end of each model and one freed twice as a refcount error;
 //! every model drops its limiter (and with it the collector) at the end.
 //!
@@ -480,8 +480,8 @@ macro_rules! models {
     )*};
 }
 
-/// Every model with rows in entries (`Key`s: a leaked or doubly freed entry
-/// shows) and with rows in cells (`u64` keys).
+/// Every model with boxed keys (`Key`s: a leaked or doubly freed key box
+/// shows) and with keys held as their own bits (`u64` keys).
 macro_rules! both_tables {
     ($($name:ident),* $(,)?) => {
         mod model {

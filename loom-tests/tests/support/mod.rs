@@ -64,8 +64,8 @@ pub fn pace(capacity: u64) -> Arc<P> {
     pace_of::<Key>(capacity)
 }
 
-/// A key of the models: [`Key`] (rows in entries: it owns a loom `Arc`) or
-/// `u64` (rows in cells). Both hash to their id.
+/// A key of the models: [`Key`] (boxed: it owns a loom `Arc`) or `u64`
+/// (held as its own bits). Both hash to their id.
 pub trait ModelKey: Clone + Hash + Eq + Send + Sync + std::fmt::Debug + 'static {
     fn of(id: u64) -> Self;
     fn id(&self) -> u64;
@@ -91,8 +91,8 @@ impl ModelKey for u64 {
 
 pub type PaceOf<K> = Pace<K, BuildHasherDefault<IdHasher>, StdClock>;
 
-/// A limiter of 4 slots (or cells) with the id hasher: rows of `u64` keys
-/// in cells, of [`Key`]s in entries.
+/// A limiter of 4 cells with the id hasher: `u64` keys held as their own
+/// bits, [`Key`]s boxed.
 pub fn pace_of<K: ModelKey>(capacity: u64) -> Arc<PaceOf<K>> {
     let p = Pace::builder(Rate::new(1, Duration::from_nanos(T)).unwrap())
         .capacity(capacity)
