@@ -234,6 +234,39 @@ impl RedisPace {
         cmd
     }
 
+    /// The local fallback's answer to a call the server did not decide
+    /// (`e`): `decide` debits the fallback's `pace::Pace` (a reservation or
+    /// a hold) under the call's local quota. [`Error::Unavailable`] without a
+    /// fallback, or when the call's quota has no local share.
+    pub(crate) fn local_decision(
+        &self,
+        key: String,
+        call: Call,
+        e: BackendError,
+        decide: impl FnOnce(
+            &pace::Pace<String>,
+            &str,
+            Option<Quota>,
+        ) -> Result<pace::Debit, pace::Denied>,
+    ) -> Result<Reservation, Error> {
+        let inner = &*self.inner;
+        bump(&inner.counters.shard().unavailable, 1);
+        let Some(local) = &inner.fallback else {
+            return Err(Error::Unavailable(e));
+        };
+        bump(&inner.counters.shard().local_decisions, 1);
+        let quota = match call.quota {
+            None => None,
+            Some(q) => match self.local_quota(q) {
+                Some(q) => Some(q),
+                None => return Err(Error::Unavailable(e)),
+            },
+        };
+        let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
+        let decided = decide(local, local_key, quota);
+        self.local_answer(key, call.n, decided)
+    }
+
     /// A decision of the local fallback as this crate answers it.
     pub(crate) fn local_answer(
         &self,

@@ -362,23 +362,15 @@ impl RedisPace {
     /// A hold without the server's decision (`e`): held on the local
     /// fallback's `pace::Pace`, or [`Error::Unavailable`] without one.
     fn local_hold(&self, key: String, call: Call, e: BackendError) -> Result<Hold, Error> {
-        let inner = &*self.inner;
-        bump(&inner.counters.shard().unavailable, 1);
-        let Some(local) = &inner.fallback else {
-            return Err(Error::Unavailable(e));
-        };
-        bump(&inner.counters.shard().local_decisions, 1);
-        let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
-        let decided = match call.quota {
-            None => local.hold_n(local_key, call.n),
-            Some(q) => match self.local_quota(q) {
-                Some(q) => local.hold_n_with(local_key, call.n, q),
-                None => return Err(Error::Unavailable(e)),
-            },
-        }
-        .map(pace::Hold::detach);
-        self.local_answer(key, call.n, decided)
-            .map(|r| self.hold_of(r))
+        let n = call.n;
+        self.local_decision(key, call, e, |local, key, quota| {
+            match quota {
+                None => local.hold_n(key, n),
+                Some(q) => local.hold_n_with(key, n, q),
+            }
+            .map(pace::Hold::detach)
+        })
+        .map(|r| self.hold_of(r))
     }
 
     /// A hold answered without the script (`n == 0`, the local fallback).

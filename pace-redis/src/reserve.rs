@@ -565,26 +565,18 @@ impl RedisPace {
         sent_at: Instant,
         reply: Result<Value, BackendError>,
     ) -> Result<Reservation, Error> {
-        let inner = &*self.inner;
         let (key, err) = match self.server_decision(key, call, sent_at, reply) {
             Ok(decided) => return decided,
             Err(back) => back,
         };
-        bump(&inner.counters.shard().unavailable, 1);
-        let Some(local) = &inner.fallback else {
-            return Err(Error::Unavailable(err));
-        };
-        bump(&inner.counters.shard().local_decisions, 1);
-        let local_key = key.strip_prefix(inner.prefix.as_str()).unwrap_or(&key);
-        let decided = match call.quota {
-            None => local.reserve_n(local_key, call.n),
-            Some(q) => match self.local_quota(q) {
-                Some(q) => local.reserve_n_with(local_key, call.n, q),
-                None => return Err(Error::Unavailable(err)),
-            },
-        }
-        .map(|kept| kept.detach());
-        self.local_answer(key, call.n, decided)
+        let n = call.n;
+        self.local_decision(key, call, err, |local, key, quota| {
+            match quota {
+                None => local.reserve_n(key, n),
+                Some(q) => local.reserve_n_with(key, n, q),
+            }
+            .map(|kept| kept.detach())
+        })
     }
 
     async fn refund_inner(&self, r: Reservation, now: Option<u64>) -> Result<Refunded, Error> {
