@@ -9,6 +9,7 @@ use pace::{Quota, Rate};
 
 use super::fields::{refill_ns, FieldAcc};
 use super::limits::{Counters, LimitsImpl, Meta, Src, Step, Stop};
+use super::reject;
 use super::{InvalidPolicyName, Limit, MissingKey, ResponseHead};
 use crate::headers;
 use crate::key::{KeyExtractor, RequestHead};
@@ -328,6 +329,7 @@ where
         m.rows = counters.rows.clone();
         metas.push(Meta {
             counters,
+            missing_body: reject::missing_key_body(&m.name, m.extractor.describe()),
             name: m.name.clone(),
             sf_name,
         });

@@ -58,6 +58,8 @@ pub struct Meta {
     /// The name as a serialized structured-field String.
     pub(super) sf_name: String,
     pub(super) counters: Counters,
+    /// The body of the answer to a request without a key for it.
+    pub(super) missing_body: String,
 }
 
 mod sealed {

@@ -35,6 +35,7 @@ pub use self::future::ResponseFuture;
 pub use self::limits::Limits;
 pub use self::reject::{
     DefaultRespond, Reason, Rejection, Respond, RespondFn, MISSING_PEER_ADDR_BODY,
+    TOO_MANY_REQUESTS_BODY,
 };
 pub use self::service::{PaceLayer, PaceLayerBuilder, PaceService};
 

@@ -52,6 +52,29 @@ pub struct Rejection<'a> {
     pub reason: Reason,
     /// The request.
     pub request: &'a RequestHead<'a>,
+    /// The body of the default answer: [`TOO_MANY_REQUESTS_BODY`] for
+    /// [`Reason::Exhausted`], for [`Reason::MissingKey`] a line naming the
+    /// limit and where its key is read from
+    /// ([`KeyExtractor::describe`](crate::KeyExtractor::describe): a
+    /// [`Header`](crate::Header) names its header),
+    /// [`MISSING_PEER_ADDR_BODY`] for [`Reason::MissingPeerAddr`], else
+    /// empty.
+    pub default_body: &'a str,
+}
+
+/// The body of the default `429` answer.
+pub const TOO_MANY_REQUESTS_BODY: &str =
+    "pace-tower: too many requests; retry after the seconds in Retry-After\n";
+
+/// The body of the default answer to a request without a key for the
+/// limit `name`, whose key is read from `source` if it says.
+pub(super) fn missing_key_body(name: &str, source: Option<String>) -> String {
+    match source {
+        Some(source) => format!(
+            "pace-tower: the request has no key for the limit \"{name}\": {source} is missing\n"
+        ),
+        None => format!("pace-tower: the request has no key for the limit \"{name}\"\n"),
+    }
 }
 
 /// The body of the default answer to a request without a peer address.
@@ -63,27 +86,31 @@ insert a `pace_tower::PeerAddr` (or `SocketAddr`) request extension before the l
 /// Builds the response to a [`Rejection`] (see [`PaceLayerBuilder::on_reject`]).
 pub trait Respond<B>: Send + Sync + 'static {
     /// The response to `rejection`. `default` is what the layer sends
-    /// without a hook: its status and header fields, with an empty body
-    /// (the body of [`MISSING_PEER_ADDR_BODY`] for a missing peer address).
+    /// without a hook: its status and header fields; its body is
+    /// [`Rejection::default_body`].
     fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B>;
 }
 
 /// The default answers: `429` with `Retry-After` (whole seconds, rounded
-/// up) and the `RateLimit` / `RateLimit-Policy` fields; a permanent denial
-/// with [`permanent_status`](PaceLayerBuilder::permanent_status) (413) and
-/// `RateLimit-Policy`; a missing key with the limit's status; a missing
-/// peer address `500` with the body [`MISSING_PEER_ADDR_BODY`]. Empty
-/// bodies otherwise.
+/// up), the `RateLimit` / `RateLimit-Policy` fields and the body
+/// [`TOO_MANY_REQUESTS_BODY`]; a permanent denial with
+/// [`permanent_status`](PaceLayerBuilder::permanent_status) (413) and
+/// `RateLimit-Policy`; a missing key with the limit's status (400) and a
+/// body naming the limit and, for a [`Header`](crate::Header), the header;
+/// a missing peer address `500` with the body [`MISSING_PEER_ADDR_BODY`].
+/// Empty bodies otherwise. (The bodies are [`Rejection::default_body`].)
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultRespond;
 
-impl<B: From<&'static str>> Respond<B> for DefaultRespond {
+impl<B: From<&'static str> + From<String>> Respond<B> for DefaultRespond {
     fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B> {
         let body = match rejection.reason {
-            Reason::MissingPeerAddr => MISSING_PEER_ADDR_BODY,
-            _ => "",
+            Reason::MissingPeerAddr => B::from(MISSING_PEER_ADDR_BODY),
+            Reason::Exhausted { .. } => B::from(TOO_MANY_REQUESTS_BODY),
+            Reason::MissingKey => B::from(rejection.default_body.to_owned()),
+            _ => B::from(""),
         };
-        default.map(|()| B::from(body))
+        default.map(|()| body)
     }
 }
 
@@ -161,11 +188,18 @@ impl<L: Limits, H> Shared<L, H> {
                 (index, reason, r)
             }
         };
+        let default_body = match reason {
+            Reason::Exhausted { .. } => TOO_MANY_REQUESTS_BODY,
+            Reason::MissingKey => &self.metas[index].missing_body,
+            Reason::MissingPeerAddr => MISSING_PEER_ADDR_BODY,
+            _ => "",
+        };
         let rejection = Rejection {
             limit: &self.metas[index].name,
             index,
             reason,
             request: head,
+            default_body,
         };
         self.respond.respond(&rejection, r)
     }
