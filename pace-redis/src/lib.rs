@@ -84,6 +84,9 @@
 //! println!("waited {:?} by the server's clock", turn.wait());
 //! # Ok(()) }
 //! ```
+// docs.rs (`--cfg docsrs`): each feature's items marked with the feature
+// (`doc_cfg` marks every `#[cfg(feature = ...)]` item by itself).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// The README's snippets, compiled as doc-tests.
 #[cfg(doctest)]

@@ -83,7 +83,10 @@ impl std::error::Error for Denied {}
 /// record of what was debited (`n` tokens, moving the bucket from one `tat`
 /// to another). [`detach`](Reservation::detach) turns it into a [`Debit`]
 /// that borrows nothing, for refunds decided later (after a response).
-#[must_use = "dropping a Reservation keeps the debit; refund() it if the exchange did not happen"]
+///
+/// Not `#[must_use]`: dropping it is how a debit is kept, so the common
+/// call `pace.reserve(&key)?;` compiles without a warning (the `Result`
+/// around it is `#[must_use]`, so a decision is never ignored).
 pub struct Reservation<'a, K, Q: ?Sized, S = RandomState, C = DefaultClock> {
     pub(super) pace: &'a Pace<K, S, C>,
     pub(super) key: &'a Q,
@@ -196,7 +199,7 @@ impl Debit {
 /// [`Builder::hold_limit`] may expire: it then counts as kept, and its
 /// refund returns nothing ([`Refunded::Expired`]). A hold dropped while its
 /// thread unwinds from a panic is left to expire so.
-#[must_use = "dropping a Hold keeps it; refund() it if the exchange did not happen"]
+#[must_use = "a Hold dropped at once is kept at the cost of a second CAS; use reserve() where nothing will be refunded"]
 pub struct Hold<'a, K, Q, S = RandomState, C = DefaultClock>
 where
     K: Hash + Eq + Borrow<Q>,
