@@ -261,6 +261,16 @@ pub use crate::pace::{
 };
 pub use crate::rate::{ConfigError, Quota, Rate};
 
+/// The README's Rust blocks, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
+/// The Rust blocks of docs/reference.md, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/reference.md")]
+struct ReferenceDoctests;
+
 /// The commonest calls compile without a warning: dropping a
 /// [`Reservation`] is how a debit is kept, so it is not `#[must_use]` (the
 /// `Result` around it is).
