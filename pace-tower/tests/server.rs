@@ -212,7 +212,11 @@ async fn route_layer_charges_matched_routes_only() {
         assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
         let after_405 = p.peek(&localhost());
         assert_eq!(c.get("/", &[]).await.status(), StatusCode::OK);
-        assert_eq!(p.peek(&localhost()), after_405 - 1, "a routed request spends");
+        assert_eq!(
+            p.peek(&localhost()),
+            after_405 - 1,
+            "a routed request spends"
+        );
         (before - after_404, after_404 - after_405)
     }
     let router_layer = Router::new().route("/", get(handler)).layer(layer.clone());
