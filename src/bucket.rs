@@ -302,7 +302,10 @@ mod tests {
         let Decision::Admit(first) = long.reserve(0, 1_000_000_000, 1) else {
             panic!("a full bucket admits one token");
         };
-        assert_eq!(long.reserve(first, 1_000_000_000, 1), Decision::Wait(MAX_TAU));
+        assert_eq!(
+            long.reserve(first, 1_000_000_000, 1),
+            Decision::Wait(MAX_TAU)
+        );
         // Past the time space, an admissible debit is `TimeExhausted`.
         assert_eq!(
             long.reserve(0, MAX_TIME - MAX_TAU + 1, 1),

@@ -105,7 +105,11 @@ fn exact_history(rng: &mut impl Rng) -> i128 {
                 let t = stale(rng, now);
                 let n = rng.gen_range(1..=capacity);
                 let got = p.reserve_n_at(&0, n, t).map(|r| r.detach());
-                assert_eq!(got.is_ok(), m.admits(t, n * interval), "reserve of {n} at {t}");
+                assert_eq!(
+                    got.is_ok(),
+                    m.admits(t, n * interval),
+                    "reserve of {n} at {t}"
+                );
                 match got {
                     Ok(_) => {
                         m.tat = m.tat.max(t) + n * interval;
@@ -124,7 +128,11 @@ fn exact_history(rng: &mut impl Rng) -> i128 {
                 assert_eq!(h.is_ok(), m.admits(t, n * interval), "hold of {n} at {t}");
                 match h {
                     Ok(h) => {
-                        m.latest = if m.held.is_empty() { t } else { m.latest.max(t) };
+                        m.latest = if m.held.is_empty() {
+                            t
+                        } else {
+                            m.latest.max(t)
+                        };
                         m.held.push((next_id, n * interval, t));
                         holds.push((next_id, h, t, n));
                         next_id += 1;
@@ -353,7 +361,10 @@ fn within_the_limit_history(rng: &mut impl Rng) -> usize {
                     } else {
                         Refunded::Restored
                     };
-                    assert_eq!(got, want, "a hold read at {at} resolved at {t}, limit {limit}");
+                    assert_eq!(
+                        got, want,
+                        "a hold read at {at} resolved at {t}, limit {limit}"
+                    );
                 }
             }
             _ => now += rng.gen_range(0..=limit),

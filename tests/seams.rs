@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use pace::internals::PaceInternals;
 use pace::{Clock, ConfigError, DenyReason, ManualClock, Pace, Quota, Rate, Refunded};
 
 const MS: u64 = 1_000_000;
@@ -38,7 +39,9 @@ fn a_turn_waits_behind_held_tokens() {
     let _kept = p.reserve(&1).unwrap();
     // Nothing is left at 10 s: the turn is let through at 10.1 s, which the
     // frozen clock never reaches, so it is denied within 50 ms ...
-    let d = p.acquire_blocking(&1, Duration::from_millis(50)).unwrap_err();
+    let d = p
+        .acquire_blocking(&1, Duration::from_millis(50))
+        .unwrap_err();
     assert_eq!(d.reason(), DenyReason::Held);
     // ... and waits for its slot within a second: another thread moves the
     // clock to the slot, and the turn returns only then.
@@ -71,7 +74,13 @@ fn a_turn_beside_a_full_hold_is_denied_as_held() {
     let (p, _clock) = limiter::<u64>(2);
     let a = p.hold(&1).unwrap();
     let b = p.hold(&1).unwrap();
-    let d = p.acquire_blocking(&1, Duration::from_secs(5)).unwrap_err();
+    // The turn's reservation alone (no sleep): a turn admitted here would
+    // otherwise wait for a frozen clock.
+    let now = p.clock().now_ns();
+    let d = p
+        .reserve_turn_at(&1, 1, None, 5_000 * MS, now)
+        .map(|(_, slot)| slot)
+        .unwrap_err();
     assert_eq!(d.reason(), DenyReason::Held);
     assert!(!d.is_permanent());
     // Kept at 10 s, the two tokens are back at 10.2 s; one of them at 10.1 s.

@@ -180,7 +180,9 @@ impl Model {
         }
         let latest = self.held_latest.get(&key).copied().unwrap_or(0);
         let kept = self.state(key).max(latest) + held;
-        Some(Outcome::Held((kept.max(now) + need - now - tau).max(0) as u128))
+        Some(Outcome::Held(
+            (kept.max(now) + need - now - tau).max(0) as u128
+        ))
     }
 
     fn remove(&mut self, key: u16, last: i128) {
@@ -568,7 +570,11 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                     return fail(format!("got {got:?}, model {expect:?}"));
                 }
                 if let Ok((_, slot)) = &got {
-                    let want = if n == 0 { 0 } else { (end + held_ns - tau).max(0) };
+                    let want = if n == 0 {
+                        0
+                    } else {
+                        (end + held_ns - tau).max(0)
+                    };
                     if *slot as i128 != want {
                         return fail(format!("slot {slot}, model {want}"));
                     }

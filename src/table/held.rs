@@ -532,10 +532,12 @@ mod tests {
     fn a_settled_tat_stays_in_the_time_space() {
         let l = lim(3);
         let s = Held::plain(MAX_TIME - 1);
-        let (s, a) = s.hold(&l, MAX_TIME - 3 * T, 1, u64::MAX, &|| 1).unwrap_or_else(|_| {
-            // Denied at the edge: hold at an earlier state instead.
-            Held::plain(0).hold(&l, 0, 1, u64::MAX, &|| 1).unwrap()
-        });
+        let (s, a) = s
+            .hold(&l, MAX_TIME - 3 * T, 1, u64::MAX, &|| 1)
+            .unwrap_or_else(|_| {
+                // Denied at the edge: hold at an earlier state instead.
+                Held::plain(0).hold(&l, 0, 1, u64::MAX, &|| 1).unwrap()
+            });
         let late = Held { tat: MAX_TIME, ..s };
         let Resolution::Done(k) = late.resolve(a, true) else {
             panic!()
