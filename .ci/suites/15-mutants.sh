@@ -178,12 +178,16 @@ expect_caught turn_slot_ignores_held seams "the turn came before its slot" "" \
     a_turn_waits_behind_held_tokens
 expect_caught turn_slot_ignores_held model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
+expect_caught turn_slot_ignores_held quotas "exceed the bound by" "" \
+    random_mixed_quota_histories_never_exceed_the_bound
 expect_caught turn_beside_too_many_held holds "turn of" "" \
     random_hold_histories_follow_the_rule_exactly
 expect_caught turn_beside_too_many_held seams "panicked" "" \
     a_turn_beside_a_full_hold_is_denied_as_held
 expect_caught turn_beside_too_many_held model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
+expect_caught turn_beside_too_many_held quotas "exceed the bound by" "" \
+    random_mixed_quota_histories_never_exceed_the_bound
 # A stale hold opens no lot in the past (tests/holds.rs), against
 # `stale_lot_opens_in_the_past`: such a lot settles the previous one early.
 expect_caught stale_lot_opens_in_the_past holds "resolved at" "" \
