@@ -723,7 +723,8 @@ impl RedisPace {
             use futures_util::StreamExt;
             loop {
                 let Some(inner) = weak.upgrade() else { return };
-                let pause = inner.backoff.max(Duration::from_millis(10));
+                // Between attempts to subscribe (no Sentinel answers).
+                let pause = inner.backoff.max(Duration::from_millis(500));
                 let subscribed = tokio::time::timeout(inner.timeout, async {
                     let Connector::Sentinel { sentinel, .. } = &inner.link.how else {
                         return None;

@@ -9,7 +9,7 @@ use redis::RedisError;
 
 use crate::Denied;
 #[cfg(doc)]
-use crate::{Builder, EvictionCheck, OnUnavailable, MAX_TAU_NS};
+use crate::{Builder, EvictionCheck, OnUnavailable, RedisPace, MAX_TAU_NS};
 
 /// A rejected configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,6 +128,8 @@ pub enum Error {
     /// The key is empty or too long; nothing was sent.
     InvalidKey(KeyError),
     /// Redis gave no decision and the policy is [`OnUnavailable::FailClosed`].
+    /// [`RedisPace::unavailable_for`] tells when a call on the key tries
+    /// Redis again (the rest of the circuit's backoff).
     Unavailable(BackendError),
     /// An `_at` method was called without [`Builder::time_injection`].
     TimeInjectionDisabled,
