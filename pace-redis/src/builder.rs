@@ -389,6 +389,7 @@ impl Builder {
             limiter.refresh_topology().await;
         } else {
             if limiter.inner.link.circuit.begin_outage() {
+                crate::stats::bump(&limiter.inner.counters.shard().outages, 1);
                 log::warn!(
                     target: "pace_redis",
                     "redis cannot be reached at start: calls decide on the local fallback \

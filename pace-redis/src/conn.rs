@@ -428,6 +428,7 @@ impl RedisPace {
         let until = self.now_ns() + self.inner.backoff.as_nanos() as u64;
         circuit.until.fetch_max(until, Ordering::Relaxed);
         if circuit.begin_outage() {
+            bump(&self.inner.counters.shard().outages, 1);
             self.log_outage(e, circuit);
         }
         #[cfg(feature = "cluster")]

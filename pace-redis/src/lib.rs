@@ -281,6 +281,7 @@ impl RedisPace {
             local_decisions: c.sum(|s| &s.local_decisions),
             unavailable: c.sum(|s| &s.unavailable),
             connects: c.sum(|s| &s.connects),
+            outages: c.sum(|s| &s.outages),
         }
     }
 }

@@ -88,6 +88,7 @@ async fn each_refusal_says_when_to_retry_and_an_outage_is_logged_once() {
         );
         assert!(warnings[0].1.contains("gives no decision"), "{lines:?}");
         assert!(warnings[0].1.contains("FailClosed"), "{lines:?}");
+        assert_eq!(p.stats().outages, outage + 1);
 
         server.restart();
         let deadline = Instant::now() + Duration::from_secs(10);
