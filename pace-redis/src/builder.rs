@@ -92,8 +92,10 @@ impl Builder {
         self.timeout = timeout;
         self
     }
-    /// After a failed call, Redis is not tried again for this long: calls go
-    /// straight to the policy (default 100 ms).
+    /// After a failed call, Redis (in a cluster, the node that serves the
+    /// call's slot) is not tried again for this long: calls go straight to
+    /// the policy (default 100 ms). [`RedisPace::unavailable_for`] tells
+    /// what is left of it.
     pub fn backoff(mut self, backoff: Duration) -> Self {
         self.backoff = backoff;
         self
@@ -261,8 +263,10 @@ impl Builder {
     /// (`redis://host:port`, or `rediss://` with the `tls` feature and the
     /// builder's TLS settings): each key goes to its slot's primary, MOVED
     /// and ASK are followed, and [`RedisPace::reserve_many`] sends one
-    /// pipeline per slot, concurrently. Otherwise as
-    /// [`connect`](Builder::connect).
+    /// pipeline per slot, concurrently. The circuit is one per node (read
+    /// from `CLUSTER SLOTS` at connect and after a node's circuit opens):
+    /// a node that fails does not stop the calls of the others. Otherwise
+    /// as [`connect`](Builder::connect).
     ///
     /// # Errors
     /// As [`connect`](Builder::connect).
@@ -308,7 +312,11 @@ impl Builder {
     /// (`redis://host:port`) report for `service` (`sentinel monitor
     /// <service> ...`). Every new connection asks them again: after a
     /// `READONLY`, `MASTERDOWN` or a lost connection, the limiter follows a
-    /// failover to the new primary. Otherwise as [`connect`](Builder::connect).
+    /// failover to the new primary. A task on the current tokio runtime
+    /// also subscribes to the Sentinels' `+switch-master` channel and
+    /// moves the limiter to the new primary at each switch, so that a
+    /// graceful failover (the old primary still up) does not leave it
+    /// deciding on the old one. Otherwise as [`connect`](Builder::connect).
     ///
     /// # Errors
     /// As [`connect`](Builder::connect).
