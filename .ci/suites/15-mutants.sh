@@ -391,10 +391,33 @@ expect_caught redis_expiry_refunds holds "an expired hold was returned" "-p pace
     an_unresolved_hold_settles_as_kept_after_the_hold_limit \
     a_dead_clients_hold_expires_on_the_servers_clock
 
+# Operations (the features cluster, sentinel, tls; the tests start their
+# own servers on loopback), against four variants, built once together
+# (each changes what one test sees only, and fails it with its own message):
+#   redis_warn_every_trip:     every failed call logs a warning (a log flood
+#                              during an outage, not one line per outage)
+#   redis_cluster_one_circuit: one circuit for the whole cluster (a dead
+#                              primary's timeouts refuse the healthy ones)
+#   redis_sentinel_unfollowed: no +switch-master follower (a limiter stays on
+#                              the old primary after a graceful failover)
+#   redis_refusal_is_outage:   a refused login or certificate counts as a
+#                              server that cannot be reached
+ops=redis_warn_every_trip,redis_cluster_one_circuit,redis_sentinel_unfollowed,redis_refusal_is_outage
+expect_caught "$ops" outage "one warning per outage" "-p pace-redis --all-features" \
+    each_refusal_says_when_to_retry_and_an_outage_is_logged_once
+expect_caught "$ops" cluster "server decisions (< 95%)" "-p pace-redis --all-features" \
+    one_primary_down_leaves_the_others_deciding
+expect_caught "$ops" sentinel "over the bound" "-p pace-redis --all-features" \
+    a_graceful_failover_does_not_split_the_limit
+expect_caught "$ops" refusals "connected without the password" "-p pace-redis --all-features" \
+    a_refused_login_fails_connect_under_either_policy
+expect_caught "$ops" tls "expected a TLS failure" "-p pace-redis --all-features" \
+    an_unknown_ca_is_refused
+
 # pace-tower's known-wrong variants (PACE_MUTANT, read by pace-tower/build.rs):
 # each must make its test file fail (tests, not the build).
 [ "$part" = release ] || for entry in xff_leftmost=server v6_full_address=server retry_after_truncated=server \
-    tower_plain_reserve=holds tower_no_keep=holds; do
+    tower_plain_reserve=holds tower_no_keep=holds tower_warn_every_outage_request=operable; do
     m=${entry%%=*}
     f=${entry#*=}
     status=0

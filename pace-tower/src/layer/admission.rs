@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use pace::{Quota, Rate};
@@ -189,6 +190,9 @@ where
     #[inline(always)]
     fn count_admitted(&self) {
         self.admitted.increment(1);
+        if self.outage.load(Ordering::Relaxed) && self.outage.swap(false, Ordering::Relaxed) {
+            tracing::info!(target: "pace_tower", limit = %self.name, "the limit decides again");
+        }
         if let Some(rows) = self.limiter.rows() {
             self.rows.set(rows as f64);
         }
@@ -235,7 +239,7 @@ where
             None => {
                 return Err(Stop::Refused {
                     index: self.index,
-                    refusal: Refusal::Unavailable("the limit did not decide at once".into()),
+                    refusal: Refusal::unavailable("the limit did not decide at once"),
                 })
             }
         };
@@ -326,6 +330,7 @@ where
         let counters = Counters::new(&m.name);
         m.admitted = counters.admitted.clone();
         m.rows = counters.rows.clone();
+        m.outage = counters.outage.clone();
         metas.push(Meta {
             counters,
             name: m.name.clone(),

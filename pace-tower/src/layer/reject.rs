@@ -1,6 +1,7 @@
 //! The layer's own answers: a request stopped before the inner service.
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use http::{HeaderValue, Response, StatusCode};
@@ -36,8 +37,13 @@ pub enum Reason {
     /// [`PeerAddr`](crate::PeerAddr) extension).
     MissingPeerAddr,
     /// The limit gave no decision ([`Refusal::Unavailable`]: a shared
-    /// limit that is down); the default answer is `503`.
-    Unavailable,
+    /// limit that is down); the default answer is `503` with `Retry-After`
+    /// (this wait in whole seconds, rounded up, at least 1; 1 when `None`)
+    /// and the body [`UNAVAILABLE_BODY`].
+    Unavailable {
+        /// When the limit tries its store again, if it knows.
+        retry_after: Option<Duration>,
+    },
 }
 
 /// A request a [`PaceLayer`] answers itself, as its response hook
@@ -60,11 +66,17 @@ server recorded none. With axum, serve the router with \
 `app.into_make_service_with_connect_info::<std::net::SocketAddr>()`; with another server, \
 insert a `pace_tower::PeerAddr` (or `SocketAddr`) request extension before the layer.\n";
 
+/// The body of the default answer to a request the limit could not decide
+/// ([`Reason::Unavailable`]).
+pub const UNAVAILABLE_BODY: &str =
+    "pace-tower: the rate limit could not decide (its store is unavailable); retry later\n";
+
 /// Builds the response to a [`Rejection`] (see [`PaceLayerBuilder::on_reject`]).
 pub trait Respond<B>: Send + Sync + 'static {
     /// The response to `rejection`. `default` is what the layer sends
     /// without a hook: its status and header fields, with an empty body
-    /// (the body of [`MISSING_PEER_ADDR_BODY`] for a missing peer address).
+    /// (the body of [`MISSING_PEER_ADDR_BODY`] for a missing peer address,
+    /// of [`UNAVAILABLE_BODY`] for no decision).
     fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B>;
 }
 
@@ -72,8 +84,9 @@ pub trait Respond<B>: Send + Sync + 'static {
 /// up) and the `RateLimit` / `RateLimit-Policy` fields; a permanent denial
 /// with [`permanent_status`](PaceLayerBuilder::permanent_status) (413) and
 /// `RateLimit-Policy`; a missing key with the limit's status; a missing
-/// peer address `500` with the body [`MISSING_PEER_ADDR_BODY`]. Empty
-/// bodies otherwise.
+/// peer address `500` with the body [`MISSING_PEER_ADDR_BODY`]; no decision
+/// `503` with `Retry-After` and the body [`UNAVAILABLE_BODY`]. Empty bodies
+/// otherwise.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultRespond;
 
@@ -81,6 +94,7 @@ impl<B: From<&'static str>> Respond<B> for DefaultRespond {
     fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B> {
         let body = match rejection.reason {
             Reason::MissingPeerAddr => MISSING_PEER_ADDR_BODY,
+            Reason::Unavailable { .. } => UNAVAILABLE_BODY,
             _ => "",
         };
         default.map(|()| B::from(body))
@@ -113,6 +127,14 @@ fn retry_after_secs(wait: Duration) -> u64 {
     {
         let s = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         s.max(1)
+    }
+}
+
+/// A decision of the limit `m`: ends its outage, if any (an `INFO` event).
+fn decided(m: &Meta) {
+    let outage = &m.counters.outage;
+    if outage.load(Ordering::Relaxed) && outage.swap(false, Ordering::Relaxed) {
+        tracing::info!(target: "pace_tower", limit = %m.name, "the limit decides again");
     }
 }
 
@@ -181,6 +203,7 @@ impl<L: Limits, H> Shared<L, H> {
         match refusal {
             Refusal::Exhausted { retry_after: wait } => {
                 m.counters.exhausted.increment(1);
+                decided(m);
                 tracing::debug!(
                     target: "pace_tower",
                     limit = %m.name,
@@ -194,6 +217,7 @@ impl<L: Limits, H> Shared<L, H> {
             }
             Refusal::Permanent(reason) => {
                 m.counters.denied(reason).increment(1);
+                decided(m);
                 tracing::debug!(
                     target: "pace_tower",
                     limit = %m.name,
@@ -204,15 +228,37 @@ impl<L: Limits, H> Shared<L, H> {
                 self.policy_field(&mut r, head);
                 (Reason::Permanent(reason), r)
             }
-            Refusal::Unavailable(error) => {
+            Refusal::Unavailable { error, retry_after } => {
                 m.counters.unavailable.increment(1);
-                tracing::warn!(
-                    target: "pace_tower",
-                    limit = %m.name,
-                    error = %error,
-                    "no decision from the limit"
+                let wait = retry_after.unwrap_or(Duration::from_secs(1));
+                // One warning per outage: at its first refusal (until the
+                // limit decides again).
+                #[cfg(not(pace_mutant = "tower_warn_every_outage_request"))]
+                let first = !m.counters.outage.swap(true, Ordering::Relaxed);
+                #[cfg(pace_mutant = "tower_warn_every_outage_request")]
+                let first = true;
+                if first {
+                    tracing::warn!(
+                        target: "pace_tower",
+                        limit = %m.name,
+                        error = %error,
+                        retry_after_ms = wait.as_millis() as u64,
+                        "no decision from the limit: answering 503 until it decides again"
+                    );
+                } else {
+                    tracing::debug!(
+                        target: "pace_tower",
+                        limit = %m.name,
+                        error = %error,
+                        "no decision from the limit"
+                    );
+                }
+                let mut r = status(StatusCode::SERVICE_UNAVAILABLE);
+                r.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    HeaderValue::from(retry_after_secs(wait)),
                 );
-                (Reason::Unavailable, status(StatusCode::SERVICE_UNAVAILABLE))
+                (Reason::Unavailable { retry_after }, r)
             }
         }
     }
