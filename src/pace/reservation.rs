@@ -309,11 +309,13 @@ where
     fn drop(&mut self) {
         // Kept also while the thread unwinds; a key's `Eq` that panics then
         // is caught (the hold stays held until it expires, then counts as
-        // kept).
-        each_in_drop(self.inner.take(), |r| {
-            let now = r.pace.clock.now_ns();
-            r.pace.resolve_hashed(r.key, r.debit, true, now);
-        });
+        // kept). A hold kept, refunded or detached has nothing left here.
+        if let Some(r) = self.inner.take() {
+            each_in_drop(Some(r), |r| {
+                let now = r.pace.clock.now_ns();
+                r.pace.resolve_hashed(r.key, r.debit, true, now);
+            });
+        }
     }
 }
 
