@@ -167,6 +167,49 @@ expect_caught turn_before_its_slot exactness "through early" "" \
     kept_admissions_fit_under_quota_changes_and_turns_on_a_real_clock
 expect_caught turn_before_its_slot model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
+# Turns beside holds (tests/holds.rs, tests/seams.rs, the exact model):
+#   turn_slot_ignores_held:    a turn's slot comes from the settled tat,
+#                              ahead of the held tokens its decision counted
+#   turn_beside_too_many_held: a turn is placed after held tokens that leave
+#                              it no room in the bucket
+expect_caught turn_slot_ignores_held holds "turn of" "" \
+    random_hold_histories_follow_the_rule_exactly
+expect_caught turn_slot_ignores_held seams "the turn came before its slot" "" \
+    a_turn_waits_behind_held_tokens
+expect_caught turn_slot_ignores_held model "Test failed: step" "" \
+    pace_agrees_with_the_debt_model
+expect_caught turn_slot_ignores_held quotas "exceed the bound by" "" \
+    random_mixed_quota_histories_never_exceed_the_bound
+expect_caught turn_beside_too_many_held holds "turn of" "" \
+    random_hold_histories_follow_the_rule_exactly
+expect_caught turn_beside_too_many_held seams "panicked" "" \
+    a_turn_beside_a_full_hold_is_denied_as_held
+expect_caught turn_beside_too_many_held model "Test failed: step" "" \
+    pace_agrees_with_the_debt_model
+expect_caught turn_beside_too_many_held quotas "exceed the bound by" "" \
+    random_mixed_quota_histories_never_exceed_the_bound
+# A stale hold opens no lot in the past (tests/holds.rs), against
+# `stale_lot_opens_in_the_past`: such a lot settles the previous one early.
+expect_caught stale_lot_opens_in_the_past holds "resolved at" "" \
+    holds_resolved_within_the_limit_are_exact_in_any_reading_order
+expect_caught stale_lot_opens_in_the_past holds "Expired" "" \
+    a_stale_hold_settles_no_lot_early
+# Drops while unwinding (tests/seams.rs), against
+# `drop_panics_while_unwinding`: a key's panic escapes a Drop during
+# unwinding, which aborts the test process (so no FAILED line: the abort's
+# own message is the evidence).
+if [ "$part" != release ]; then
+    status=0
+    out=$(PACE_MUTANT=drop_panics_while_unwinding cargo test --test seams -- --test-threads=1 \
+        --exact an_all_reservation_dropped_while_unwinding_keeps_every_pair 2>&1) || status=$?
+    if [ "$status" -eq 0 ] || ! grep -qE "panic in a destructor during cleanup|non-unwinding panic" <<<"$out"; then
+        echo "$out" | tail -30
+        echo "drop_panics_while_unwinding not caught by an_all_reservation_dropped_while_unwinding_keeps_every_pair"
+        exit 1
+    fi
+    echo "drop_panics_while_unwinding caught by an_all_reservation_dropped_while_unwinding_keeps_every_pair (the process aborts)"
+    caught[drop_panics_while_unwinding]=1
+fi
 # Rows of a short quota are swept soon (tests/quotas.rs), against
 # `sweep_at_default_cadence`: passes keep the default quota's cadence.
 expect_caught sweep_at_default_cadence quotas "still held 20 ms on" "" \
@@ -348,10 +391,33 @@ expect_caught redis_expiry_refunds holds "an expired hold was returned" "-p pace
     an_unresolved_hold_settles_as_kept_after_the_hold_limit \
     a_dead_clients_hold_expires_on_the_servers_clock
 
+# Operations (the features cluster, sentinel, tls; the tests start their
+# own servers on loopback), against four variants, built once together
+# (each changes what one test sees only, and fails it with its own message):
+#   redis_warn_every_trip:     every failed call logs a warning (a log flood
+#                              during an outage, not one line per outage)
+#   redis_cluster_one_circuit: one circuit for the whole cluster (a dead
+#                              primary's timeouts refuse the healthy ones)
+#   redis_sentinel_unfollowed: no +switch-master follower (a limiter stays on
+#                              the old primary after a graceful failover)
+#   redis_refusal_is_outage:   a refused login or certificate counts as a
+#                              server that cannot be reached
+ops=redis_warn_every_trip,redis_cluster_one_circuit,redis_sentinel_unfollowed,redis_refusal_is_outage
+expect_caught "$ops" outage "one warning per outage" "-p pace-redis --all-features" \
+    each_refusal_says_when_to_retry_and_an_outage_is_logged_once
+expect_caught "$ops" cluster "server decisions (< 95%)" "-p pace-redis --all-features" \
+    one_primary_down_leaves_the_others_deciding
+expect_caught "$ops" sentinel "over the bound" "-p pace-redis --all-features" \
+    a_graceful_failover_does_not_split_the_limit
+expect_caught "$ops" refusals "connected without the password" "-p pace-redis --all-features" \
+    a_refused_login_fails_connect_under_either_policy
+expect_caught "$ops" tls "expected a TLS failure" "-p pace-redis --all-features" \
+    an_unknown_ca_is_refused
+
 # pace-tower's known-wrong variants (PACE_MUTANT, read by pace-tower/build.rs):
 # each must make its test file fail (tests, not the build).
 [ "$part" = release ] || for entry in xff_leftmost=server v6_full_address=server retry_after_truncated=server \
-    tower_plain_reserve=holds tower_no_keep=holds; do
+    tower_plain_reserve=holds tower_no_keep=holds tower_warn_every_outage_request=operable; do
     m=${entry%%=*}
     f=${entry#*=}
     status=0

@@ -104,7 +104,7 @@ mod reserve;
 mod stats;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -214,8 +214,6 @@ pub(crate) struct Inner {
     /// [`Builder::hold_limit`], ns.
     pub(crate) hold_limit: u64,
     pub(crate) origin: Instant,
-    /// ns since `origin` before which Redis is not tried (circuit open).
-    pub(crate) down_until: AtomicU64,
     pub(crate) counters: Counters,
 }
 
@@ -286,6 +284,7 @@ impl RedisPace {
             local_decisions: c.sum(|s| &s.local_decisions),
             unavailable: c.sum(|s| &s.unavailable),
             connects: c.sum(|s| &s.connects),
+            outages: c.sum(|s| &s.outages),
         }
     }
 }

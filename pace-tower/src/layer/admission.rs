@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use pace::{Quota, Rate};
@@ -190,6 +191,9 @@ where
     #[inline(always)]
     fn count_admitted(&self) {
         self.admitted.increment(1);
+        if self.outage.load(Ordering::Relaxed) && self.outage.swap(false, Ordering::Relaxed) {
+            tracing::info!(target: "pace_tower", limit = %self.name, "the limit decides again");
+        }
         if let Some(rows) = self.limiter.rows() {
             self.rows.set(rows as f64);
         }
@@ -236,7 +240,7 @@ where
             None => {
                 return Err(Stop::Refused {
                     index: self.index,
-                    refusal: Refusal::Unavailable("the limit did not decide at once".into()),
+                    refusal: Refusal::unavailable("the limit did not decide at once"),
                 })
             }
         };
@@ -327,6 +331,7 @@ where
         let counters = Counters::new(&m.name);
         m.admitted = counters.admitted.clone();
         m.rows = counters.rows.clone();
+        m.outage = counters.outage.clone();
         metas.push(Meta {
             counters,
             missing_body: reject::missing_key_body(&m.name, m.extractor.describe()),
