@@ -334,10 +334,11 @@ impl RedisPace {
                     reset_ns: Some(debt),
                 })
             }
-            HoldReply::Denied { wait, now } => {
-                let debt = wait
-                    .saturating_add(limits.tau())
-                    .saturating_sub(call.n.saturating_mul(limits.interval));
+            HoldReply::Denied { wait, debt, now } => {
+                let debt = debt.unwrap_or_else(|| {
+                    wait.saturating_add(limits.tau())
+                        .saturating_sub(call.n.saturating_mul(limits.interval))
+                });
                 self.remember_denial(&key, sent_at, debt);
                 Err(Error::Denied(Denied {
                     reason: DenyReason::Exhausted,

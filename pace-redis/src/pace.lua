@@ -64,10 +64,16 @@
 --          debt).
 -- A reserve on a key with holds answers an admission as '4 d held tat'
 -- (held > 0: the sum of the costs still held, which the decision counted as
--- debt: d + held + n x interval <= tau + wait); a denial's wait counts it.
+-- debt: d + held + n x interval <= tau + wait), or, for a turn that waits
+-- for held tokens (d + held + n x interval > tau), '5 d held tat' with tat
+-- = now + d + held + n x interval: debited behind what is held. A denial
+-- on a key with holds answers '6 wait debt s ns': debt = d + held, and
+-- wait the time until the call would pass if nothing else touched the key,
+-- the holds expiring meanwhile settled as kept from their expiry (at least
+-- d + held + n x interval - tau).
 -- hold:    '1 d held s ns' admitted (d the debt before, held the sum after,
---          this hold included); otherwise as a reserve ('0 wait s ns',
---          '2 0 s ns', '3 0 s ns').
+--          this hold included); otherwise as a reserve ('0 wait s ns' or
+--          '6 wait debt s ns', '2 0 s ns', '3 0 s ns').
 -- keep, release: {1, s, ns} done; {0, s, ns} no such hold (it expired and
 --          settled as kept, or the key was lost): nothing changed.
 --
@@ -402,12 +408,62 @@ if op == 'r' or op == 'h' then
   local nd = d + c
   -- The decision counts what is held: max(tat, now) + held + c <= now + tau.
   if nd + held > tau + wait then
-    return string.format('0 %d %d %d', nd + held - tau, now_s, now_n)
+    if tail == '' then
+      return string.format('0 %d %d %d', nd + held - tau, now_s, now_n)
+    end
+    -- The wait until this call would pass if nothing else touched the key:
+    -- the live holds that expire meanwhile settle as kept from their expiry
+    -- (tat = max(tat, expiry) + cost), which can push it further. Between
+    -- two expiries the state is fixed: (ts, h) from `from` on; the call
+    -- passes there at max(from, ts + h + c - tau) when h + c <= tau and
+    -- that comes before the next expiry. The last state holds nothing.
+    local ts, tn, h = tat_s, tat_n, held
+    local fs, fn = now_s, now_n
+    local pos = 1
+    while true do
+      local cs, e, nxt = string.match(tail, '^|%x+,(%d+),%d+,(%d+)()', pos)
+      local es, en
+      if cs then
+        es, en = split(e)
+      end
+      if h + c <= tau then
+        local as, an = add(ts, tn, h + c - tau)
+        if later(fs, fn, as, an) then
+          as, an = fs, fn
+        end
+        if not cs or later(es, en, as, an) then
+          return string.format('6 %d %d %d %d', (as - now_s) * E9 + (an - now_n), d + held,
+            now_s, now_n)
+        end
+      end
+      if not cs then
+        return redis.error_reply('pace: the key holds something other than a tat')
+      end
+      if later(es, en, ts, tn) then
+        ts, tn = es, en
+      end
+      ts, tn = add(ts, tn, tonumber(cs))
+      h = h - tonumber(cs)
+      fs, fn = es, en
+      pos = nxt
+    end
   end
   if op == 'r' then
-    tat_s, tat_n = add(now_s, now_n, nd)
+    -- A turn that waits for held tokens too (its slot lies beyond what the
+    -- settled debt alone needs: nd + held > tau) is debited behind them,
+    -- tat = max(tat, now) + held + c, so that its slot is tat - tau and
+    -- its debit starts at or after its slot: a later refund of a hold then
+    -- leaves a gap (fewer admissions), never a second token on that slot.
+    local behind = 0
+    if held > 0 and nd + held > tau then
+      behind = held
+    end
+    tat_s, tat_n = add(now_s, now_n, nd + behind)
     put()
     local v = fmt(tat_s, tat_n)
+    if behind > 0 then
+      return string.format('5 %d %d %s', d, held, v)
+    end
     if held > 0 then
       return string.format('4 %d %d %s', d, held, v)
     end

@@ -7,14 +7,21 @@ use redis::{ErrorKind, RedisError, Value};
 use crate::BackendError;
 
 pub(crate) enum ReserveReply {
+    /// `behind`: a turn debited behind the held tokens (`tat = now + debt
+    /// + held + cost`).
     Admitted {
         prev: u64,
         tat: u64,
         now: u64,
         held: u64,
+        behind: bool,
     },
+    /// `debt`: the debt before the call (held tokens included) when the
+    /// script answered it apart from the wait (a key with holds, whose
+    /// expiries the wait counts); otherwise `wait + tau - cost`.
     Denied {
         wait: u64,
+        debt: Option<u64>,
         now: u64,
     },
     Never {
@@ -96,33 +103,45 @@ pub(crate) fn parse_reserve(
     n: u64,
     interval: u64,
 ) -> Result<ReserveReply, BackendError> {
-    // Up to four decimal integers separated by spaces.
-    let (fields, count) = reply_numbers::<4>(v)?;
+    // Up to five decimal integers separated by spaces.
+    let (fields, count) = reply_numbers::<5>(v)?;
     let time = |i: usize| reply_time(v, &fields[..count], i);
     // An admission: the stored tat, and the debt before unless it was 0;
-    // the debit itself is n x interval.
-    let admitted = |debt: u64, tat: u64, held: u64| -> Result<ReserveReply, BackendError> {
-        let cost = n.checked_mul(interval).ok_or_else(|| bad(v))?;
-        let now = tat
-            .checked_sub(cost)
-            .and_then(|t| t.checked_sub(debt))
-            .ok_or_else(|| bad(v))?;
-        let prev = if debt == 0 { 0 } else { tat - cost };
-        Ok(ReserveReply::Admitted {
-            prev,
-            tat,
-            now,
-            held,
-        })
-    };
+    // the debit itself is n x interval, behind what is held for a turn
+    // that waits for it.
+    let admitted =
+        |debt: u64, tat: u64, held: u64, behind: bool| -> Result<ReserveReply, BackendError> {
+            let cost = n.checked_mul(interval).ok_or_else(|| bad(v))?;
+            let start = tat
+                .checked_sub(cost)
+                .and_then(|t| t.checked_sub(if behind { held } else { 0 }))
+                .ok_or_else(|| bad(v))?;
+            let now = start.checked_sub(debt).ok_or_else(|| bad(v))?;
+            let prev = if debt == 0 { 0 } else { start };
+            Ok(ReserveReply::Admitted {
+                prev,
+                tat,
+                now,
+                held,
+                behind,
+            })
+        };
     match (count, fields[0]) {
-        (1, tat) => admitted(0, tat, 0),
-        (3, 1) if fields[1] > 0 => admitted(fields[1], fields[2], 0),
+        (1, tat) => admitted(0, tat, 0, false),
+        (3, 1) if fields[1] > 0 => admitted(fields[1], fields[2], 0, false),
         // A key with holds: the debt before (may be 0) and what is held.
-        (4, 4) if fields[2] > 0 => admitted(fields[1], fields[3], fields[2]),
+        (4, 4) if fields[2] > 0 => admitted(fields[1], fields[3], fields[2], false),
+        // A turn debited behind what is held.
+        (4, 5) if fields[2] > 0 => admitted(fields[1], fields[3], fields[2], true),
         (_, 0) => Ok(ReserveReply::Denied {
             wait: fields[1],
+            debt: None,
             now: time(2)?,
+        }),
+        (_, 6) => Ok(ReserveReply::Denied {
+            wait: fields[1],
+            debt: Some(fields[2]),
+            now: time(3)?,
         }),
         (_, 2) => Ok(ReserveReply::Never { now: time(2)? }),
         (_, 3) => Err(BackendError::ClockOutOfRange),
@@ -157,7 +176,12 @@ pub(crate) fn parse_peek(v: &Value) -> Result<(u64, u64, u64), BackendError> {
 /// A hold's reply.
 pub(crate) enum HoldReply {
     Admitted { debt: u64, held: u64, now: u64 },
-    Denied { wait: u64, now: u64 },
+    /// `debt` as in [`ReserveReply::Denied`].
+    Denied {
+        wait: u64,
+        debt: Option<u64>,
+        now: u64,
+    },
     Never { now: u64 },
 }
 
@@ -172,7 +196,13 @@ pub(crate) fn parse_hold(v: &Value) -> Result<HoldReply, BackendError> {
         }),
         0 => Ok(HoldReply::Denied {
             wait: fields[1],
+            debt: None,
             now: time(2)?,
+        }),
+        6 => Ok(HoldReply::Denied {
+            wait: fields[1],
+            debt: Some(fields[2]),
+            now: time(3)?,
         }),
         2 => Ok(HoldReply::Never { now: time(2)? }),
         3 => Err(BackendError::ClockOutOfRange),

@@ -510,10 +510,18 @@ impl RedisPace {
                 tat,
                 now,
                 held,
+                behind,
             } => {
                 bump(&inner.counters.shard().server_decisions, 1);
                 // The key's holds count as debt.
                 let debt = tat.saturating_sub(now).saturating_add(held);
+                // A turn's slot: `tat - tau` when debited behind what is
+                // held, else `tat + held - tau`.
+                let until_slot = if behind {
+                    tat.saturating_sub(now)
+                } else {
+                    debt
+                };
                 Ok(Ok(Reservation {
                     key,
                     n,
@@ -523,17 +531,18 @@ impl RedisPace {
                     source: Source::Server,
                     local: None,
                     remaining: Some(limits.tokens_at_debt(debt)),
-                    wait: debt.saturating_sub(limits.tau()),
+                    wait: until_slot.saturating_sub(limits.tau()),
                     held,
                 }))
             }
-            ReserveReply::Denied { wait, now } => {
+            ReserveReply::Denied { wait, debt, now } => {
                 bump(&inner.counters.shard().server_decisions, 1);
-                // wait = debt + n x interval - tau: the debt before this
-                // request, as the script saw it.
-                let debt = wait
-                    .saturating_add(limits.tau())
-                    .saturating_sub(n.saturating_mul(limits.interval));
+                // The debt before this request, as the script saw it:
+                // answered, or else wait = debt + n x interval - tau.
+                let debt = debt.unwrap_or_else(|| {
+                    wait.saturating_add(limits.tau())
+                        .saturating_sub(n.saturating_mul(limits.interval))
+                });
                 self.remember_denial(&key, sent_at, debt);
                 Ok(Err(Error::Denied(Denied {
                     reason: DenyReason::Exhausted,
