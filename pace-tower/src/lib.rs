@@ -25,7 +25,7 @@ pub use crate::key::{
     RequestHead,
 };
 pub use crate::layer::{
-    DefaultRespond, InvalidPolicyName, Limit, Limits, MissingKey, PaceLayer, PaceLayerBuilder,
+    BuildError, DefaultRespond, InvalidPolicyName, Limit, Limits, MissingKey, PaceLayer, PaceLayerBuilder,
     PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture, ResponseHead,
     MISSING_PEER_ADDR_BODY,
 };

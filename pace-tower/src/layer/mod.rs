@@ -227,6 +227,57 @@ where
     }
 }
 
+/// Why [`PaceLayerBuilder::build`] refused its limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A limit's name is not printable ASCII.
+    InvalidPolicyName(InvalidPolicyName),
+    /// A queueing limit ([`Limit::wait_up_to`]) that the layer may refund
+    /// (it has a [`Limit::refund_if`], or a limit after it may refuse the
+    /// request) with exact refunds ([`Limit::exact_refunds`], true by
+    /// default). A turn is a plain reservation of a slot ahead (the core's
+    /// `Pace::acquire_n`, pace-redis's `RedisPace::acquire_n`), not a
+    /// hold: its refund would return nothing once another request of the
+    /// key was debited after it, so a flood of refunded turns on a key
+    /// someone else can name would drain it. Make the queueing limit the
+    /// last one without a refund predicate, or give up its exact refunds
+    /// (`exact_refunds(false)`: its refunds then follow the plain rule).
+    QueuedRefund {
+        /// The limit's name.
+        limit: String,
+    },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::InvalidPolicyName(e) => e.fmt(f),
+            BuildError::QueuedRefund { limit } => write!(
+                f,
+                "limit {limit:?} queues (wait_up_to) and may be refunded (refund_if, or a \
+                 limit after it), but a turn cannot be refunded exactly: make it the last \
+                 limit without refund_if, or set exact_refunds(false)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BuildError::InvalidPolicyName(e) => Some(e),
+            BuildError::QueuedRefund { .. } => None,
+        }
+    }
+}
+
+impl From<InvalidPolicyName> for BuildError {
+    fn from(e: InvalidPolicyName) -> BuildError {
+        BuildError::InvalidPolicyName(e)
+    }
+}
+
 /// A policy name the `RateLimit` fields cannot carry (not printable ASCII).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InvalidPolicyName(pub String);

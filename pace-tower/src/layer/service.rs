@@ -13,7 +13,7 @@ use super::fields::{policy_value, FieldAcc};
 use super::future::ResponseFuture;
 use super::limits::{Limits, Meta, Src};
 use super::reject::{DefaultRespond, Rejection, Respond, RespondFn};
-use super::{InvalidPolicyName, Limit};
+use super::{BuildError, Limit};
 #[cfg(doc)]
 use super::{MissingKey, MISSING_PEER_ADDR_BODY};
 use crate::headers;
@@ -142,8 +142,11 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// installed now (install it first; without one they cost nothing).
     ///
     /// # Errors
-    /// [`InvalidPolicyName`] when a limit's name is not printable ASCII.
-    pub fn build(mut self) -> Result<PaceLayer<L, H>, InvalidPolicyName> {
+    /// [`BuildError::InvalidPolicyName`] when a limit's name is not
+    /// printable ASCII; [`BuildError::QueuedRefund`] for a queueing limit
+    /// ([`Limit::wait_up_to`]) the layer may refund exactly (a
+    /// [`Limit::refund_if`], or a limit after it).
+    pub fn build(mut self) -> Result<PaceLayer<L, H>, BuildError> {
         let mut metas = Vec::new();
         self.limits.prepare(&mut metas)?;
         let mut items = Vec::new();
@@ -151,7 +154,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
         let policy_terms = items.iter().map(|&(_, q, rate)| (q, rate)).collect();
         // Static: cloned per response without a reference count.
         let policy = policy_value(items).and_then(|v| headers::interned(&v));
-        self.limits.mark_holds(false);
+        self.limits.mark_holds(false)?;
         let refunds = self.limits.refunds_on_response();
         let light = !refunds && self.limits.at_once();
         Ok(PaceLayer {
