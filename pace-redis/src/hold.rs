@@ -335,11 +335,15 @@ impl RedisPace {
                 })
             }
             HoldReply::Denied { wait, debt, now } => {
-                let debt = debt.unwrap_or_else(|| {
-                    wait.saturating_add(limits.tau())
-                        .saturating_sub(call.n.saturating_mul(limits.interval))
+                let (settled, held) = debt.unwrap_or_else(|| {
+                    let debt = wait
+                        .saturating_add(limits.tau())
+                        .saturating_sub(call.n.saturating_mul(limits.interval));
+                    (debt, 0)
                 });
-                self.remember_denial(&key, sent_at, debt);
+                let debt = settled.saturating_add(held);
+                // Only the settled debt is remembered (see reserve.rs).
+                self.remember_denial(&key, sent_at, settled);
                 Err(Error::Denied(Denied {
                     reason: DenyReason::Exhausted,
                     wait_ns: wait,

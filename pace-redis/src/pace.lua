@@ -67,13 +67,13 @@
 -- debt: d + held + n x interval <= tau + wait), or, for a turn that waits
 -- for held tokens (d + held + n x interval > tau), '5 d held tat' with tat
 -- = now + d + held + n x interval: debited behind what is held. A denial
--- on a key with holds answers '6 wait debt s ns': debt = d + held, and
--- wait the time until the call would pass if nothing else touched the key,
+-- on a key with holds answers '6 wait d held s ns': wait is the time until
+-- the call would pass if nothing else touched the key,
 -- the holds expiring meanwhile settled as kept from their expiry (at least
 -- d + held + n x interval - tau).
 -- hold:    '1 d held s ns' admitted (d the debt before, held the sum after,
 --          this hold included); otherwise as a reserve ('0 wait s ns' or
---          '6 wait debt s ns', '2 0 s ns', '3 0 s ns').
+--          '6 wait d held s ns', '2 0 s ns', '3 0 s ns').
 -- keep, release: {1, s, ns} done; {0, s, ns} no such hold (it expired and
 --          settled as kept, or the key was lost): nothing changed.
 --
@@ -432,7 +432,7 @@ if op == 'r' or op == 'h' then
           as, an = fs, fn
         end
         if not cs or later(es, en, as, an) then
-          return string.format('6 %d %d %d %d', (as - now_s) * E9 + (an - now_n), d + held,
+          return string.format('6 %d %d %d %d %d', (as - now_s) * E9 + (an - now_n), d, held,
             now_s, now_n)
         end
       end

@@ -16,12 +16,13 @@ pub(crate) enum ReserveReply {
         held: u64,
         behind: bool,
     },
-    /// `debt`: the debt before the call (held tokens included) when the
-    /// script answered it apart from the wait (a key with holds, whose
-    /// expiries the wait counts); otherwise `wait + tau - cost`.
+    /// `debt`: the settled debt before the call and what the key held,
+    /// when the script answered them apart from the wait (a key with
+    /// holds, whose expiries the wait counts); otherwise the debt is `wait
+    /// + tau - cost`, nothing held.
     Denied {
         wait: u64,
-        debt: Option<u64>,
+        debt: Option<(u64, u64)>,
         now: u64,
     },
     Never {
@@ -103,8 +104,8 @@ pub(crate) fn parse_reserve(
     n: u64,
     interval: u64,
 ) -> Result<ReserveReply, BackendError> {
-    // Up to five decimal integers separated by spaces.
-    let (fields, count) = reply_numbers::<5>(v)?;
+    // Up to six decimal integers separated by spaces.
+    let (fields, count) = reply_numbers::<6>(v)?;
     let time = |i: usize| reply_time(v, &fields[..count], i);
     // An admission: the stored tat, and the debt before unless it was 0;
     // the debit itself is n x interval, behind what is held for a turn
@@ -140,8 +141,8 @@ pub(crate) fn parse_reserve(
         }),
         (_, 6) => Ok(ReserveReply::Denied {
             wait: fields[1],
-            debt: Some(fields[2]),
-            now: time(3)?,
+            debt: Some((fields[2], fields[3])),
+            now: time(4)?,
         }),
         (_, 2) => Ok(ReserveReply::Never { now: time(2)? }),
         (_, 3) => Err(BackendError::ClockOutOfRange),
@@ -179,14 +180,14 @@ pub(crate) enum HoldReply {
     /// `debt` as in [`ReserveReply::Denied`].
     Denied {
         wait: u64,
-        debt: Option<u64>,
+        debt: Option<(u64, u64)>,
         now: u64,
     },
     Never { now: u64 },
 }
 
 pub(crate) fn parse_hold(v: &Value) -> Result<HoldReply, BackendError> {
-    let (fields, count) = reply_numbers::<5>(v)?;
+    let (fields, count) = reply_numbers::<6>(v)?;
     let time = |i: usize| reply_time(v, &fields[..count], i);
     match fields[0] {
         1 => Ok(HoldReply::Admitted {
@@ -201,8 +202,8 @@ pub(crate) fn parse_hold(v: &Value) -> Result<HoldReply, BackendError> {
         }),
         6 => Ok(HoldReply::Denied {
             wait: fields[1],
-            debt: Some(fields[2]),
-            now: time(3)?,
+            debt: Some((fields[2], fields[3])),
+            now: time(4)?,
         }),
         2 => Ok(HoldReply::Never { now: time(2)? }),
         3 => Err(BackendError::ClockOutOfRange),

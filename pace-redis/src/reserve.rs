@@ -538,12 +538,18 @@ impl RedisPace {
             ReserveReply::Denied { wait, debt, now } => {
                 bump(&inner.counters.shard().server_decisions, 1);
                 // The debt before this request, as the script saw it:
-                // answered, or else wait = debt + n x interval - tau.
-                let debt = debt.unwrap_or_else(|| {
-                    wait.saturating_add(limits.tau())
-                        .saturating_sub(n.saturating_mul(limits.interval))
+                // answered (settled, held), or else wait = debt + n x
+                // interval - tau.
+                let (settled, held) = debt.unwrap_or_else(|| {
+                    let debt = wait
+                        .saturating_add(limits.tau())
+                        .saturating_sub(n.saturating_mul(limits.interval));
+                    (debt, 0)
                 });
-                self.remember_denial(&key, sent_at, debt);
+                let debt = settled.saturating_add(held);
+                // Only the settled debt is remembered: a hold may be
+                // refunded at any moment.
+                self.remember_denial(&key, sent_at, settled);
                 Ok(Err(Error::Denied(Denied {
                     reason: DenyReason::Exhausted,
                     wait_ns: wait,

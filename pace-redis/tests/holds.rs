@@ -41,6 +41,13 @@ enum Op {
         n: u64,
         other: bool,
     },
+    /// A turn (`acquire_n`'s reservation, without its sleep) that may wait
+    /// up to `quarters / 4` of tau plus `ns`.
+    Turn {
+        n: u64,
+        quarters: u64,
+        ns: u64,
+    },
     Keep {
         pick: usize,
     },
@@ -62,6 +69,8 @@ fn op(cap: u64) -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..=cap + 1).prop_map(|n| Op::Reserve { n }),
         5 => (0..=cap + 1, any::<bool>()).prop_map(|(n, other)| Op::Hold { n, other }),
+        3 => (0..=cap + 1, 0u64..9, prop_oneof![Just(0u64), Just(1), 0u64..1_000_000_000])
+            .prop_map(|(n, quarters, ns)| Op::Turn { n, quarters, ns }),
         3 => any::<usize>().prop_map(|pick| Op::Keep { pick }),
         3 => any::<usize>().prop_map(|pick| Op::Release { pick }),
         2 => any::<usize>().prop_map(|pick| Op::Refund { pick }),
@@ -174,16 +183,49 @@ impl Model {
         )
     }
 
-    /// A reserve (`hold` None) or a hold (model id, hold limit): Ok((prev,
-    /// tat, debt after counting what is held)) or Err((reason, wait, debt
-    /// before counting what is held)).
+    /// Whether a call of `c` ns of tokens passes at `t` if nothing else
+    /// touches the key from now on (the holds expiring by then settled).
+    fn passes_at(&self, c: u64, t: u64) -> bool {
+        let (tat, live, _) = self.view(t);
+        let held: u64 = live.iter().map(|h| h.cost).sum();
+        tat.max(t) + held + c <= t + self.tau()
+    }
+
+    /// The wait from `now` until a call of `c` ns of tokens passes if
+    /// nothing else touches the key: the first of the times where the
+    /// key's state changes (now, each hold's expiry) or where a state
+    /// lets it pass (its tat + held + c - tau) at which it passes.
+    fn retry(&self, c: u64, now: u64) -> u64 {
+        let mut at = vec![now];
+        if let Some(s) = &self.stored {
+            at.extend(s.holds.iter().map(|h| h.expiry).filter(|&e| e > now));
+        }
+        let mut candidates = at.clone();
+        for &t in &at {
+            let (tat, live, _) = self.view(t);
+            let held: u64 = live.iter().map(|h| h.cost).sum();
+            candidates.push((tat + held + c).saturating_sub(self.tau()).max(t));
+        }
+        candidates.sort_unstable();
+        let t = candidates
+            .into_iter()
+            .find(|&t| self.passes_at(c, t))
+            .expect("a call of at most the capacity passes once every hold settled");
+        t - now
+    }
+
+    /// A reserve (`hold` None; a turn when `wait` > 0) or a hold (model
+    /// id, hold limit): Ok((prev, tat, debt after counting what is held,
+    /// a turn's wait until its slot)) or Err((reason, wait, debt before
+    /// counting what is held)).
     #[allow(clippy::type_complexity)]
     fn decide(
         &mut self,
         n: u64,
         hold: Option<(u64, u64)>,
+        wait: u64,
         now: u64,
-    ) -> Result<(u64, u64, u64), (DenyReason, u64, u64)> {
+    ) -> Result<(u64, u64, u64, u64), (DenyReason, u64, u64)> {
         if n > self.cap {
             return Err((DenyReason::ExceedsCapacity, u64::MAX, 0));
         }
@@ -191,14 +233,17 @@ impl Model {
         let d = tat.saturating_sub(now);
         let held: u64 = live.iter().map(|h| h.cost).sum();
         let c = n * self.interval;
-        if d + c + held > self.tau() {
-            return Err((DenyReason::Exhausted, d + c + held - self.tau(), d + held));
+        if d + c + held > self.tau() + wait {
+            return Err((DenyReason::Exhausted, self.retry(c, now), d + held));
         }
+        let slot = (d + c + held).saturating_sub(self.tau());
         match hold {
             None => {
-                let new = tat.max(now) + c;
+                // A turn that waits for held tokens is debited behind them.
+                let behind = if slot > 0 { held } else { 0 };
+                let new = tat.max(now) + behind + c;
                 self.put(new, live, now);
-                Ok((if tat > now { tat } else { 0 }, new, new - now + held))
+                Ok((if tat > now { tat } else { 0 }, new, new - now + held, slot))
             }
             Some((id, limit)) => {
                 let expiry = now + limit;
@@ -213,7 +258,7 @@ impl Model {
                     },
                 );
                 self.put(tat, live, now);
-                Ok((0, tat, d + held + c))
+                Ok((0, tat, d + held + c, 0))
             }
         }
     }
@@ -340,16 +385,31 @@ fn run_histories(compare: bool, cases: u32) {
         for (step, op) in ops.iter().enumerate() {
             match *op {
                 Op::Advance { quarters, ns } => now += quarters * tau / 4 + ns,
-                Op::Reserve { n } => {
-                    let got = rt.block_on(limiter.reserve_n_at("k", n, now));
-                    let expect = if n == 0 {
-                        Ok((0, 0, 0))
+                Op::Reserve { .. } | Op::Turn { .. } => {
+                    let (n, wait) = match *op {
+                        Op::Turn { n, quarters, ns } => (n, quarters * tau / 4 + ns),
+                        Op::Reserve { n } => (n, 0),
+                        _ => unreachable!(),
+                    };
+                    let got = if wait > 0 {
+                        rt.block_on(limiter.reserve_turn_at(
+                            "k",
+                            n,
+                            None,
+                            Duration::from_nanos(wait),
+                            now,
+                        ))
                     } else {
-                        model.decide(n, None, now)
+                        rt.block_on(limiter.reserve_n_at("k", n, now))
+                    };
+                    let expect = if n == 0 {
+                        Ok((0, 0, 0, 0))
+                    } else {
+                        model.decide(n, None, wait, now)
                     };
                     if compare {
                         match (&expect, &got) {
-                            (Ok((prev, tat, debt)), Ok(r)) => {
+                            (Ok((prev, tat, debt, slot)), Ok(r)) => {
                                 prop_assert_eq!(r.tokens(), n);
                                 if n > 0 {
                                     prop_assert_eq!(r.prev_ns(), *prev, "prev, step {}", step);
@@ -366,7 +426,12 @@ fn run_histories(compare: bool, cases: u32) {
                                         "reset, step {}",
                                         step
                                     );
-                                    prop_assert_eq!(r.wait(), Duration::ZERO);
+                                    prop_assert_eq!(
+                                        r.wait(),
+                                        Duration::from_nanos(*slot),
+                                        "a turn's wait, step {}",
+                                        step
+                                    );
                                 }
                             }
                             (Err((reason, wait, debt)), Err(Error::Denied(d))) => {
@@ -396,8 +461,10 @@ fn run_histories(compare: bool, cases: u32) {
                     }
                     match got {
                         Ok(r) => {
+                            // A turn goes through at its slot.
+                            let at = now + u64::try_from(r.wait().as_nanos()).unwrap();
                             let index = (n > 0).then(|| {
-                                admissions.push(Some((now, n * interval)));
+                                admissions.push(Some((at, n * interval)));
                                 admissions.len() - 1
                             });
                             reservations.push((index, r));
@@ -413,13 +480,13 @@ fn run_histories(compare: bool, cases: u32) {
                     let id = next_id;
                     next_id += 1;
                     let expect = if n == 0 {
-                        Ok((0, 0, 0))
+                        Ok((0, 0, 0, 0))
                     } else {
-                        model.decide(n, Some((id, limit)), now)
+                        model.decide(n, Some((id, limit)), 0, now)
                     };
                     if compare {
                         match (&expect, &got) {
-                            (Ok((_, _, debt)), Ok(h)) => {
+                            (Ok((_, _, debt, _)), Ok(h)) => {
                                 prop_assert_eq!(h.tokens(), n);
                                 if n > 0 {
                                     prop_assert_eq!(h.source(), Source::Server);
@@ -797,4 +864,110 @@ async fn holds_of_the_local_fallback_are_exact_too() {
     // Dropping a local hold keeps it.
     drop(p.hold("k").await.unwrap());
     assert_eq!(p.peek("k").await.unwrap().remaining(), 1);
+}
+
+/// A limiter of `rate`, capacity `cap`, on injected time.
+async fn injected(server: &common::RedisServer, prefix: &str, rate: Rate, cap: u64) -> RedisPace {
+    RedisPace::builder(rate)
+        .capacity(cap)
+        .prefix(prefix)
+        .deny_cache(false)
+        .time_injection(true)
+        .connect(&server.url())
+        .await
+        .unwrap()
+}
+
+/// A turn that waits for held tokens is debited behind them: after the
+/// hold's refund, nothing else lands on the turn's slot (10/s, capacity 2:
+/// two tokens held at T, a turn at T gets slot T + 100 ms; the hold
+/// refunded, two reserves at T + 100 ms would make 3 tokens at one
+/// instant).
+#[tokio::test]
+async fn a_turn_beside_a_hold_is_debited_behind_it() {
+    let server = common::RedisServer::start();
+    let p = injected(&server, "behind:", Rate::per_second(10).unwrap(), 2).await;
+    let ms = 1_000_000u64;
+    let t = BASE;
+    let h = p.hold_n_at("k", 2, None, t).await.unwrap();
+    let turn = p
+        .reserve_turn_at("k", 1, None, Duration::from_millis(100), t)
+        .await
+        .unwrap();
+    assert_eq!(turn.wait(), Duration::from_millis(100), "the turn's slot");
+    assert_eq!(h.refund_at(t).await.unwrap(), Refunded::Restored);
+    let slot = t + 100 * ms;
+    let mut through = 1; // the turn
+    for _ in 0..2 {
+        if p.reserve_n_at("k", 1, slot).await.is_ok() {
+            through += 1;
+        }
+    }
+    assert!(
+        through <= 2,
+        "{through} tokens at one instant, capacity 2: a reserve landed on the turn's slot"
+    );
+    // Stored behind the held tokens (its slot is tat - tau), the refunded
+    // hold leaves a gap: the next token only at T + 200 ms.
+    assert_eq!(turn.tat_ns(), t + 300 * ms);
+    assert_eq!(through, 1);
+    assert!(p.reserve_n_at("k", 1, t + 200 * ms - 1).await.is_err());
+    assert!(p.reserve_n_at("k", 1, t + 200 * ms).await.is_ok());
+
+    // Turns only: 1 held at T, a turn of 2 at T (slot T + 100 ms), the hold
+    // refunded, a turn of 1 at T: its slot comes one interval after the
+    // first one's, not on it.
+    let h = p.hold_n_at("j", 1, None, t).await.unwrap();
+    let first = p
+        .reserve_turn_at("j", 2, None, Duration::from_millis(500), t)
+        .await
+        .unwrap();
+    assert_eq!(first.wait(), Duration::from_millis(100));
+    assert_eq!(h.refund_at(t).await.unwrap(), Refunded::Restored);
+    let second = p
+        .reserve_turn_at("j", 1, None, Duration::from_millis(500), t)
+        .await
+        .unwrap();
+    assert!(
+        second.wait() >= first.wait() + Duration::from_millis(100),
+        "the second turn's slot {:?} lies within one interval of the first's {:?} \
+         (3 tokens at one instant, capacity 2)",
+        second.wait(),
+        first.wait()
+    );
+    assert_eq!(second.wait(), Duration::from_millis(200));
+}
+
+/// A denial's `retry_after` counts the holds that expire before it: they
+/// settle as kept from their expiry (1 per minute, capacity 1, a hold at T
+/// with the default 10 s hold limit: the retry passes at T + 70 s, not T +
+/// 60 s).
+#[tokio::test]
+async fn a_denials_retry_after_counts_the_holds_expiring_before_it() {
+    let server = common::RedisServer::start();
+    let p = injected(&server, "retry:", Rate::new(1, Duration::from_secs(60)).unwrap(), 1).await;
+    let s = 1_000_000_000u64;
+    let t = BASE;
+    let h = p.hold_n_at("k", 1, None, t).await.unwrap();
+    assert_eq!(h.expires_at_ns(), Some(t + 10 * s));
+    let Err(Error::Denied(d)) = p.reserve_n_at("k", 1, t).await else {
+        panic!("admitted beside a full hold");
+    };
+    assert_eq!(
+        d.retry_after(),
+        Duration::from_secs(70),
+        "the retry_after ignores the hold that expires before it"
+    );
+    // The debt as the denial saw it: the held token (60 s).
+    assert_eq!(d.reset_after(), Some(Duration::from_secs(60)));
+    assert_eq!(d.remaining(), Some(0));
+    // A hold is denied the same way.
+    let Err(Error::Denied(dh)) = p.hold_n_at("k", 1, None, t + s).await else {
+        panic!("a hold admitted beside a full hold");
+    };
+    assert_eq!(dh.retry_after(), Duration::from_secs(69));
+    // The retry at the advertised time passes, not a nanosecond before.
+    assert!(p.reserve_n_at("k", 1, t + 70 * s - 1).await.is_err());
+    assert!(p.reserve_n_at("k", 1, t + 70 * s).await.is_ok());
+    std::mem::forget(h);
 }
