@@ -1,0 +1,520 @@
+//! Shared limits keep the layer's promises (pace-tower README: "Shared
+//! limits"), over real loopback HTTP against a real `redis-server` (started
+//! here on a free loopback port): two replicas, each an axum server with
+//! its own `RedisPace` connection, in this one test process.
+//!
+//! * `a_401_flood_on_two_replicas_keeps_the_victim_whole`: `refund_if(401)`
+//!   on a `RedisPace` limit (5/s, capacity 10) holds it, so a flood of
+//!   wrong secrets naming a victim's client id on both replicas (32
+//!   connections) leaves no trace: the victim, at 2/s meanwhile, gets every
+//!   request through.
+//! * `a_shared_and_a_local_limit_all_or_nothing_under_a_flood`: the shared
+//!   limit first, a local one after it that denies the flood: the shared
+//!   limit is held, and each denial refunds it exactly.
+//! * `a_waiting_shared_limit_serves_every_request_at_its_slot`: 15
+//!   concurrent requests of a fresh client at 5/s, capacity 10, with
+//!   `wait_up_to(2 s)`: 15 × 200, the five that queue each at or after its
+//!   slot on the server's clock.
+//! * `a_quota_per_request_decides_a_shared_limit`: `Limit::quota` on a
+//!   `RedisPace` limit decides the request and its fields.
+//! * `a_queueing_limit_the_layer_may_refund_is_refused_at_build`.
+//!
+//! Known-wrong variants these tests catch (`PACE_MUTANT=NAME cargo test -p
+//! pace-tower --all-features --test shared_holds`, as
+//! `.ci/suites/15-mutants.sh` runs them): `tower_redis_plain` (the layer
+//! reserves a `RedisPace` plainly and refunds it by the plain rule: the
+//! floods drain the victim), `tower_redis_no_turn` (a `RedisPace` limit
+//! cannot wait: 10 × 200 and 5 × 429).
+
+mod support;
+
+use std::collections::hash_map::RandomState;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::Request;
+use axum::http::{HeaderName, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use pace::{Pace, Quota, Rate};
+use pace_tower::{from_fn, BuildError, Header, Limit, Limits, PaceLayer, ResponseHead};
+use support::{header, serve, Client};
+
+/// The claimed client id, as a `String` (a `RedisPace` key is the key's
+/// `Display` form).
+fn client_id() -> pace_tower::FromFn<impl Fn(&pace_tower::RequestHead<'_>) -> Option<String>> {
+    from_fn(|h| Some(h.headers.get("x-client-id")?.to_str().ok()?.to_string()))
+}
+
+fn api_key() -> Header {
+    Header(HeaderName::from_static("x-api-key"))
+}
+
+/// 200, or 401 when the request says `x-valid: no`.
+async fn handler(req: Request) -> StatusCode {
+    if req.headers().get("x-valid").is_some_and(|v| v == "no") {
+        StatusCode::UNAUTHORIZED
+    } else {
+        StatusCode::OK
+    }
+}
+
+fn app<L: Limits>(layer: PaceLayer<L>) -> Router {
+    Router::new().route("/", get(handler)).layer(layer)
+}
+
+fn is_401(r: &ResponseHead<'_>) -> bool {
+    r.status == StatusCode::UNAUTHORIZED
+}
+
+#[test]
+fn a_queueing_limit_the_layer_may_refund_is_refused_at_build() {
+    fn pace<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>() -> Arc<Pace<K, RandomState>> {
+        Arc::new(
+            Pace::builder(Rate::per_second(5).unwrap())
+                .capacity(10)
+                .build()
+                .unwrap(),
+        )
+    }
+    let wait = Duration::from_secs(2);
+    // With a refund predicate.
+    let e = PaceLayer::builder()
+        .limit(
+            Limit::new("client", pace(), client_id())
+                .refund_if(is_401)
+                .wait_up_to(wait),
+        )
+        .build()
+        .err();
+    assert_eq!(
+        e,
+        Some(BuildError::QueuedRefund {
+            limit: "client".into()
+        })
+    );
+    // Before a limit that may refuse.
+    let e = PaceLayer::builder()
+        .limit(Limit::new("client", pace(), client_id()).wait_up_to(wait))
+        .limit(Limit::new("key", pace(), api_key()))
+        .build()
+        .err();
+    assert_eq!(
+        e,
+        Some(BuildError::QueuedRefund {
+            limit: "client".into()
+        })
+    );
+    assert!(e.unwrap().to_string().contains("exact_refunds(false)"));
+    // Last, without a refund predicate; or with plain refunds chosen.
+    assert!(PaceLayer::builder()
+        .limit(Limit::new("key", pace(), api_key()))
+        .limit(Limit::new("client", pace(), client_id()).wait_up_to(wait))
+        .build()
+        .is_ok());
+    assert!(PaceLayer::builder()
+        .limit(
+            Limit::new("client", pace(), client_id())
+                .refund_if(is_401)
+                .wait_up_to(wait)
+                .exact_refunds(false)
+        )
+        .limit(Limit::new("key", pace(), api_key()))
+        .build()
+        .is_ok());
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use pace_redis::RedisPace;
+
+    use super::*;
+
+    /// A redis-server on a free loopback port, no persistence, killed on
+    /// drop.
+    struct Server(Child, u16);
+
+    impl Server {
+        fn start() -> Server {
+            for _ in 0..20 {
+                let port = TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port();
+                let mut child = Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server (the redis feature's tests need one)");
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    if child.try_wait().ok().flatten().is_some() {
+                        break; // the port was taken: another one
+                    }
+                    if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+                        let mut buf = [0u8; 7];
+                        if s.write_all(b"PING\r\n").is_ok()
+                            && s.read_exact(&mut buf).is_ok()
+                            && &buf == b"+PONG\r\n"
+                        {
+                            return Server(child, port);
+                        }
+                    }
+                    if Instant::now() >= deadline {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            panic!("redis-server did not start");
+        }
+
+        fn url(&self) -> String {
+            format!("redis://127.0.0.1:{}/", self.1)
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// One replica's connection to the shared limit: 5/s, capacity 10.
+    async fn shared(server: &Server, prefix: &str) -> Arc<RedisPace> {
+        Arc::new(
+            RedisPace::builder(Rate::per_second(5).unwrap())
+                .capacity(10)
+                .prefix(prefix)
+                .connect(&server.url())
+                .await
+                .unwrap(),
+        )
+    }
+
+    /// Statuses seen by a flood.
+    #[derive(Debug, Default)]
+    struct Seen {
+        ok: u64,
+        unauthorized: u64,
+        too_many: u64,
+        other: u64,
+    }
+
+    /// 32 connections, spread over `replicas`, sending `headers` as fast
+    /// as they are answered until `end`.
+    async fn flood(
+        replicas: &[SocketAddr],
+        headers: &'static [(&'static str, &'static str)],
+        end: Instant,
+    ) -> Seen {
+        let counts: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+        let mut tasks = Vec::new();
+        for i in 0..32 {
+            let counts = counts.clone();
+            let addr = replicas[i % replicas.len()];
+            tasks.push(tokio::spawn(async move {
+                let mut c = Client::connect(addr).await;
+                while Instant::now() < end {
+                    let r = c.get("/", headers).await;
+                    let slot = match r.status() {
+                        StatusCode::OK => 0,
+                        StatusCode::UNAUTHORIZED => 1,
+                        StatusCode::TOO_MANY_REQUESTS => 2,
+                        _ => 3,
+                    };
+                    counts[slot].fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let n = |k: usize| counts[k].load(Ordering::Relaxed);
+        Seen {
+            ok: n(0),
+            unauthorized: n(1),
+            too_many: n(2),
+            other: n(3),
+        }
+    }
+
+    /// The victim: one valid request every 500 ms from `start` for 3 s,
+    /// alternating replicas; the statuses it got.
+    async fn victim(
+        replicas: &[SocketAddr],
+        headers: &'static [(&'static str, &'static str)],
+        start: Instant,
+    ) -> Vec<StatusCode> {
+        let mut out = Vec::new();
+        let mut clients = Vec::new();
+        for &addr in replicas {
+            clients.push(Client::connect(addr).await);
+        }
+        for i in 0..6u32 {
+            tokio::time::sleep_until((start + Duration::from_millis(250) * (2 * i + 1)).into())
+                .await;
+            let n = clients.len();
+            out.push(clients[i as usize % n].get("/", headers).await.status());
+        }
+        out
+    }
+
+    const FLOOD: Duration = Duration::from_millis(3_100);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_401_flood_on_two_replicas_keeps_the_victim_whole() {
+        let server = Server::start();
+        let mut replicas = Vec::new();
+        let mut limiters = Vec::new();
+        for _ in 0..2 {
+            let limiter = shared(&server, "flood401:").await;
+            let layer = PaceLayer::builder()
+                .limit(Limit::new("client", limiter.clone(), client_id()).refund_if(is_401))
+                .build()
+                .unwrap();
+            replicas.push(serve(app(layer)).await);
+            limiters.push(limiter);
+        }
+        let start = Instant::now();
+        let wrong: &'static [(&str, &str)] = &[("x-client-id", "victim"), ("x-valid", "no")];
+        let attack = tokio::spawn({
+            let replicas = replicas.clone();
+            async move { flood(&replicas, wrong, start + FLOOD).await }
+        });
+        let got = victim(&replicas, &[("x-client-id", "victim")], start).await;
+        let seen = attack.await.unwrap();
+        let through = got.iter().filter(|s| **s == StatusCode::OK).count();
+        eprintln!(
+            "401 flood on two replicas: {seen:?}; the victim got {through} of {} through: {got:?}",
+            got.len()
+        );
+        assert!(seen.unauthorized > 100, "the flood ran: {seen:?}");
+        assert_eq!(seen.ok + seen.other, 0, "{seen:?}");
+        assert!(through > 0, "the victim got nothing through: {got:?}");
+        whole(&replicas, &limiters[0], false).await;
+    }
+
+    /// Once the flood's refunds landed, the victim's bucket is whole but
+    /// for its own requests (at most its last token still refilling: 9 or
+    /// 10 of 10), and a burst of the victim's requests gets that many
+    /// through, from either replica.
+    /// With `keys`, each request presents an API key of its own.
+    async fn whole(replicas: &[SocketAddr], limiter: &RedisPace, keys: bool) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let left = limiter.peek("victim").await.unwrap().remaining();
+        assert!(
+            left >= 9,
+            "the flood left a trace on the victim: {left} of 10"
+        );
+        let mut clients = Vec::new();
+        for &addr in replicas {
+            clients.push(Client::connect(addr).await);
+        }
+        for i in 0..9 {
+            let n = clients.len();
+            let key = format!("after{i}");
+            let mut headers = vec![("x-client-id", "victim")];
+            if keys {
+                headers.push(("x-api-key", &key));
+            }
+            let r = clients[i % n].get("/", &headers).await;
+            assert_eq!(
+                r.status(),
+                StatusCode::OK,
+                "the victim's request {i} after the flood"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_shared_and_a_local_limit_all_or_nothing_under_a_flood() {
+        let server = Server::start();
+        let mut replicas = Vec::new();
+        let mut limiters = Vec::new();
+        for _ in 0..2 {
+            let limiter = shared(&server, "allor:").await;
+            // Per API key, on each replica: one token an hour.
+            let keys: Arc<Pace<axum::http::HeaderValue>> = Arc::new(
+                Pace::builder(Rate::new(1, Duration::from_secs(3600)).unwrap())
+                    .capacity(1)
+                    .build()
+                    .unwrap(),
+            );
+            let layer = PaceLayer::builder()
+                .limit(Limit::new("client", limiter.clone(), client_id()))
+                .limit(Limit::new("key", keys, api_key()))
+                .build()
+                .unwrap();
+            let addr = serve(app(layer)).await;
+            // Spend the key the flood presents, on this replica.
+            let r = Client::connect(addr)
+                .await
+                .get("/", &[("x-client-id", "other"), ("x-api-key", "spent")])
+                .await;
+            assert_eq!(r.status(), StatusCode::OK);
+            replicas.push(addr);
+            limiters.push(limiter);
+        }
+        let start = Instant::now();
+        let denied: &'static [(&str, &str)] = &[("x-client-id", "victim"), ("x-api-key", "spent")];
+        let attack = tokio::spawn({
+            let replicas = replicas.clone();
+            async move { flood(&replicas, denied, start + FLOOD).await }
+        });
+        // The victim presents its own key: a new one for each request.
+        let mut got = Vec::new();
+        let mut clients = Vec::new();
+        for &addr in &replicas {
+            clients.push(Client::connect(addr).await);
+        }
+        const KEYS: [&str; 6] = ["k0", "k1", "k2", "k3", "k4", "k5"];
+        for (i, key) in KEYS.iter().enumerate() {
+            tokio::time::sleep_until(
+                (start + Duration::from_millis(250) * (2 * i as u32 + 1)).into(),
+            )
+            .await;
+            let r = clients[i % 2]
+                .get("/", &[("x-client-id", "victim"), ("x-api-key", key)])
+                .await;
+            got.push(r.status());
+        }
+        let seen = attack.await.unwrap();
+        let through = got.iter().filter(|s| **s == StatusCode::OK).count();
+        eprintln!(
+            "denied by the local limit on two replicas: {seen:?}; the victim got {through} of 6: \
+             {got:?}"
+        );
+        assert!(seen.too_many > 100, "the flood ran: {seen:?}");
+        assert_eq!(seen.ok + seen.unauthorized + seen.other, 0, "{seen:?}");
+        assert!(through > 0, "the victim got nothing through: {got:?}");
+        whole(&replicas, &limiters[0], true).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_waiting_shared_limit_serves_every_request_at_its_slot() {
+        let server = Server::start();
+        // The server's clock when each request reaches the handler.
+        let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let probe = shared(&server, "probe:").await;
+        let mut replicas = Vec::new();
+        let mut limiters = Vec::new();
+        for _ in 0..2 {
+            let limiter = shared(&server, "turns:").await;
+            let layer = PaceLayer::builder()
+                .limit(
+                    Limit::new("client", limiter.clone(), client_id())
+                        .wait_up_to(Duration::from_secs(2)),
+                )
+                .build()
+                .unwrap();
+            let (seen, probe) = (seen.clone(), probe.clone());
+            let app = Router::new()
+                .route(
+                    "/",
+                    get(move || async move {
+                        let now = probe.peek("clock").await.unwrap().server_now_ns().unwrap();
+                        seen.lock().unwrap().push(now);
+                        StatusCode::OK
+                    }),
+                )
+                .layer(layer);
+            replicas.push(serve(app).await);
+            limiters.push(limiter);
+        }
+        let mut clients = Vec::new();
+        for i in 0..15 {
+            clients.push(Client::connect(replicas[i % 2]).await);
+        }
+        let mut tasks = Vec::new();
+        for mut c in clients {
+            tasks.push(tokio::spawn(async move {
+                c.get("/", &[("x-client-id", "fresh")]).await.status()
+            }));
+        }
+        let mut statuses = Vec::new();
+        for t in tasks {
+            statuses.push(t.await.unwrap());
+        }
+        let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+        assert_eq!(ok, 15, "every queued request is served: {statuses:?}");
+        // The key's tat: 15 tokens from the first decision, a1 + 3 s (the
+        // requests came within far less than an interval of each other).
+        let peek = limiters[0].peek("fresh").await.unwrap();
+        let tat = peek.server_now_ns().unwrap() + peek.reset_after().unwrap().as_nanos() as u64;
+        let first = tat - 15 * 200_000_000;
+        let mut at = seen.lock().unwrap().clone();
+        at.sort_unstable();
+        // The k-th request (k = 11..15) has slot first + (k - 10) x 200 ms:
+        // the k-th earliest handler time lies at or after it.
+        for k in 11..=15u64 {
+            let slot = first + (k - 10) * 200_000_000;
+            let got = at[k as usize - 1];
+            assert!(
+                got >= slot,
+                "request {k} reached the handler {} ns before its slot",
+                slot - got
+            );
+        }
+        eprintln!(
+            "15 queued requests: handler times after the first decision (ms): {:?}",
+            at.iter()
+                .map(|t| (t.saturating_sub(first)) / 1_000_000)
+                .collect::<Vec<_>>()
+        );
+        // The first ten went through at once, the last one about a second
+        // after the first decision.
+        assert!(at[9] < first + 200_000_000, "{at:?}");
+    }
+
+    #[tokio::test]
+    async fn a_quota_per_request_decides_a_shared_limit() {
+        let server = Server::start();
+        let limiter = shared(&server, "quota:").await;
+        let small = Quota::new(Rate::per_second(1).unwrap(), 2).unwrap();
+        let layer = PaceLayer::builder()
+            .limit(
+                Limit::new("client", limiter.clone(), client_id())
+                    .quota(move |h| h.headers.contains_key("x-free").then_some(small)),
+            )
+            .build()
+            .unwrap();
+        let addr = serve(app(layer)).await;
+        let mut c = Client::connect(addr).await;
+        let free = [("x-client-id", "f"), ("x-free", "1")];
+        for r in [1, 0] {
+            let resp = c.get("/", &free).await;
+            assert_eq!(resp.status(), StatusCode::OK);
+            assert_eq!(header(&resp, "ratelimit-policy"), Some("\"client\";q=2;w=2"));
+            let item = format!("\"client\";r={r};");
+            assert!(
+                header(&resp, "ratelimit").unwrap().starts_with(&item),
+                "{:?}",
+                header(&resp, "ratelimit")
+            );
+        }
+        let resp = c.get("/", &free).await;
+        assert_eq!(
+            resp.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "the request's quota was ignored"
+        );
+        // The limit's own quota (capacity 10) for a request without one.
+        let resp = c.get("/", &[("x-client-id", "g")]).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            header(&resp, "ratelimit-policy"),
+            Some("\"client\";q=10;w=2")
+        );
+    }
+}
