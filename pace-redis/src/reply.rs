@@ -176,14 +176,20 @@ pub(crate) fn parse_peek(v: &Value) -> Result<(u64, u64, u64), BackendError> {
 
 /// A hold's reply.
 pub(crate) enum HoldReply {
-    Admitted { debt: u64, held: u64, now: u64 },
+    Admitted {
+        debt: u64,
+        held: u64,
+        now: u64,
+    },
     /// `debt` as in [`ReserveReply::Denied`].
     Denied {
         wait: u64,
         debt: Option<(u64, u64)>,
         now: u64,
     },
-    Never { now: u64 },
+    Never {
+        now: u64,
+    },
 }
 
 pub(crate) fn parse_hold(v: &Value) -> Result<HoldReply, BackendError> {

@@ -945,7 +945,13 @@ async fn a_turn_beside_a_hold_is_debited_behind_it() {
 #[tokio::test]
 async fn a_denials_retry_after_counts_the_holds_expiring_before_it() {
     let server = common::RedisServer::start();
-    let p = injected(&server, "retry:", Rate::new(1, Duration::from_secs(60)).unwrap(), 1).await;
+    let p = injected(
+        &server,
+        "retry:",
+        Rate::new(1, Duration::from_secs(60)).unwrap(),
+        1,
+    )
+    .await;
     let s = 1_000_000_000u64;
     let t = BASE;
     let h = p.hold_n_at("k", 1, None, t).await.unwrap();

@@ -25,8 +25,8 @@ pub use crate::key::{
     RequestHead,
 };
 pub use crate::layer::{
-    BuildError, DefaultRespond, InvalidPolicyName, Limit, Limits, MissingKey, PaceLayer, PaceLayerBuilder,
-    PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture, ResponseHead,
-    MISSING_PEER_ADDR_BODY,
+    BuildError, DefaultRespond, InvalidPolicyName, Limit, Limits, MissingKey, PaceLayer,
+    PaceLayerBuilder, PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture,
+    ResponseHead, MISSING_PEER_ADDR_BODY,
 };
 pub use crate::limit::{Acquire, AsyncLimit, Refusal};

@@ -73,7 +73,8 @@ fn is_401(r: &ResponseHead<'_>) -> bool {
 
 #[test]
 fn a_queueing_limit_the_layer_may_refund_is_refused_at_build() {
-    fn pace<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>() -> Arc<Pace<K, RandomState>> {
+    fn pace<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>() -> Arc<Pace<K, RandomState>>
+    {
         Arc::new(
             Pace::builder(Rate::per_second(5).unwrap())
                 .capacity(10)
@@ -495,7 +496,10 @@ mod redis {
         for r in [1, 0] {
             let resp = c.get("/", &free).await;
             assert_eq!(resp.status(), StatusCode::OK);
-            assert_eq!(header(&resp, "ratelimit-policy"), Some("\"client\";q=2;w=2"));
+            assert_eq!(
+                header(&resp, "ratelimit-policy"),
+                Some("\"client\";q=2;w=2")
+            );
             let item = format!("\"client\";r={r};");
             assert!(
                 header(&resp, "ratelimit").unwrap().starts_with(&item),

@@ -74,9 +74,12 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// what it did before holds; in a layer of several, put the busiest
     /// limit that is never refunded last, or give up the exact refunds of a
     /// limit whose traces hurt only its own key
-    /// ([`Limit::exact_refunds`]`(false)`). A limit without holds
-    /// ([`AsyncLimit::holds`] false, as a shared Redis limit) and a
-    /// queueing one ([`Limit::wait_up_to`]) are reserved plainly.
+    /// ([`Limit::exact_refunds`]`(false)`). A shared `pace_redis::RedisPace`
+    /// limit is held the same way, on the server (`RedisPace::hold_n`, kept
+    /// with `Hold::keep`: a second script call). A limit without holds
+    /// ([`AsyncLimit::holds`] false) is reserved plainly; a queueing one
+    /// ([`Limit::wait_up_to`]) the layer may refund is refused
+    /// ([`BuildError::QueuedRefund`]).
     pub fn limit<E, A>(self, limit: Limit<E, A>) -> PaceLayerBuilder<(L, Limit<E, A>), H>
     where
         E: KeyExtractor,
