@@ -47,7 +47,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 
 use crate::clock::Clock;
-use crate::pace::{Debit, Denied, Pace, Refunded};
+use crate::pace::{each_in_drop, Debit, Denied, Pace, Refunded};
 
 /// One `(limiter, key)` pair, with the key's type erased so that pairs of
 /// different key types can be reserved together.
@@ -204,19 +204,34 @@ impl<'a> All<'a> {
     /// after it are not touched. When several limits are exhausted,
     /// [`Denied::retry_after`] is therefore the wait of the first of them in
     /// order: a lower bound of the wait until all of them would admit.
+    ///
+    /// A pair whose key's `Hash` or `Eq` panics fails the call with that
+    /// panic; the pairs held before it are refunded on the way out.
     pub fn reserve(self) -> Result<AllReservation<'a>, AllDenied> {
-        let mut held: Vec<(BoxAxis<'a>, Option<Debit>)> = Vec::with_capacity(self.axes.len());
+        let mut held = Pending(Vec::with_capacity(self.axes.len()));
         for (index, (axis, n)) in self.axes.into_iter().enumerate() {
             match axis.hold_n(n) {
-                Ok(debit) => held.push((axis, Some(debit))),
-                Err(_) if denial_ignored(index) => held.push((axis, None)),
+                Ok(debit) => held.0.push((axis, Some(debit))),
+                Err(_) if denial_ignored(index) => held.0.push((axis, None)),
                 Err(denied) => {
-                    give_back(held);
+                    drop(held);
                     return Err(AllDenied { index, denied });
                 }
             }
         }
-        Ok(AllReservation { held })
+        Ok(AllReservation {
+            held: std::mem::take(&mut held.0),
+        })
+    }
+}
+
+/// The pairs an [`All::reserve`] has held so far: given back when it ends
+/// without reserving them all, by a denial or by a key's panic.
+struct Pending<'a>(Vec<(BoxAxis<'a>, Option<Debit>)>);
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        give_back(std::mem::take(&mut self.0));
     }
 }
 
@@ -234,14 +249,15 @@ fn denial_ignored(index: usize) -> bool {
     index > 0
 }
 
-/// Refunds the pairs held before a denial, newest first.
+/// Refunds the pairs held before a denial, newest first (each whatever
+/// the others did: a key's panic is resumed after all, `each_in_drop`).
 #[cfg(not(any(pace_mutant = "all_no_refund", pace_mutant = "all_refund_oldest_first")))]
 fn give_back(held: Vec<(BoxAxis<'_>, Option<Debit>)>) {
-    for (axis, debit) in held.into_iter().rev() {
+    each_in_drop(held.into_iter().rev(), |(axis, debit)| {
         if let Some(debit) = debit {
             axis.refund(debit);
         }
-    }
+    });
 }
 
 /// Known-wrong variant `all_refund_oldest_first`: the pairs are refunded
@@ -357,11 +373,13 @@ impl AllReservation<'_> {
 
 impl Drop for AllReservation<'_> {
     fn drop(&mut self) {
-        for (axis, debit) in self.held.drain(..) {
+        // Each pair is kept whatever the others' keys do, also while the
+        // thread unwinds (`each_in_drop`).
+        each_in_drop(self.held.drain(..), |(axis, debit)| {
             if let Some(d) = debit {
                 axis.keep(d);
             }
-        }
+        });
     }
 }
 

@@ -38,6 +38,9 @@ pub(crate) enum Decision {
     Never,
     /// Denied: the answer would leave the representable time space.
     TimeExhausted,
+    /// Denied while tokens of the row are held (`table/held.rs`): admitted
+    /// after this many ns if the held tokens are kept.
+    Held(u64),
 }
 
 /// What a refund does to a bucket.
@@ -110,9 +113,10 @@ impl Limits {
         let base = tat.max(now);
         // n <= capacity, so n * interval <= tau <= MAX_TAU: no overflow;
         // `base` comes from the clock and may be anything.
-        let new = match base.checked_add(n * self.interval) {
+        let cost = n * self.interval;
+        let new = match base.checked_add(cost) {
             Some(t) if t <= MAX_TIME => t,
-            _ => return Decision::TimeExhausted,
+            _ => return self.reserve_past_time(base, now, cost),
         };
         // Admit iff new - now <= tau; compare without underflow.
         let limit = now.saturating_add(self.tau);
@@ -120,6 +124,23 @@ impl Limits {
             Decision::Admit(new)
         } else {
             Decision::Wait(new - limit)
+        }
+    }
+
+    /// A debit of `cost` from `base` that would end past the time space:
+    /// a denial with its wait when it does not fit the bucket anyway (a
+    /// long interval's debt can reach past `MAX_TIME` at any reading), and
+    /// `TimeExhausted` only when it would be admitted but its end cannot be
+    /// stored, which takes a reading past `MAX_TIME − τ` (at least
+    /// `MAX_TIME − MAX_TAU`, about 36 years of nanoseconds).
+    #[cold]
+    fn reserve_past_time(&self, base: u64, now: u64, cost: u64) -> Decision {
+        let new = u128::from(base) + u128::from(cost);
+        let limit = u128::from(now) + u128::from(self.tau);
+        if new > limit {
+            Decision::Wait(u64::try_from(new - limit).unwrap_or(u64::MAX))
+        } else {
+            Decision::TimeExhausted
         }
     }
 
@@ -274,6 +295,26 @@ mod tests {
         assert_eq!(l.reserve(0, MAX_TIME, 1), Decision::TimeExhausted);
         assert_eq!(l.reserve(0, u64::MAX, 1), Decision::TimeExhausted);
         assert_eq!(l.reserve(0, MAX_TIME - T, 1), Decision::Admit(MAX_TIME));
+        // A debt that would end past the time space but does not fit the
+        // bucket anyway is a wait, not the end of time: one token of the
+        // longest interval, debited twice at a reading of 1 s.
+        let long = Limits::new(MAX_TAU, 1).unwrap();
+        let Decision::Admit(first) = long.reserve(0, 1_000_000_000, 1) else {
+            panic!("a full bucket admits one token");
+        };
+        assert_eq!(
+            long.reserve(first, 1_000_000_000, 1),
+            Decision::Wait(MAX_TAU)
+        );
+        // Past the time space, an admissible debit is `TimeExhausted`.
+        assert_eq!(
+            long.reserve(0, MAX_TIME - MAX_TAU + 1, 1),
+            Decision::TimeExhausted
+        );
+        assert_eq!(
+            long.reserve(0, MAX_TIME - MAX_TAU, 1),
+            Decision::Admit(MAX_TIME)
+        );
         assert!(Limits::new(1, MAX_TAU + 1).is_none());
         assert!(Limits::new(u64::MAX, 2).is_none());
         assert!(Limits::new(T, 0).is_none());

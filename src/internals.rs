@@ -230,7 +230,7 @@ impl BucketMath {
         use crate::bucket::Decision;
         match self.0.reserve(tat, now, n) {
             Decision::Admit(t) => Ok(t),
-            Decision::Wait(w) => Err(w),
+            Decision::Wait(w) | Decision::Held(w) => Err(w),
             Decision::Never | Decision::TimeExhausted => Err(u64::MAX),
         }
     }

@@ -206,6 +206,9 @@ pub enum ConfigError {
     /// two, is more slots than an array can have, or than the allocator
     /// gives.
     MinSlotsTooLarge,
+    /// [`hold_limit`](crate::Builder::hold_limit) is zero: every hold would
+    /// expire at once and no refund of one could return anything.
+    ZeroHoldLimit,
 }
 
 impl fmt::Display for ConfigError {
@@ -225,6 +228,9 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::MinSlotsTooLarge => {
                 "min_slots is more slots than an array can have or the allocator gives"
+            }
+            ConfigError::ZeroHoldLimit => {
+                "hold_limit must be longer than zero (a hold would expire at once)"
             }
         })
     }

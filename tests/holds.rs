@@ -10,11 +10,15 @@ use std::collections::hash_map::RandomState;
 use std::time::{Duration, Instant};
 
 use pace::internals::{PaceInternals, ReservationInternals};
-use pace::{Hold, ManualClock, Pace, Rate, Refunded};
+use pace::{DenyReason, Hold, ManualClock, Pace, Rate, Refunded};
 use pace_models::bound::worst_excess_ns;
 use rand::{Rng, SeedableRng};
 
 const S: u64 = 1_000_000_000;
+
+fn ns(n: u64) -> Duration {
+    Duration::from_nanos(n)
+}
 
 type P<K> = Pace<K, RandomState, ManualClock>;
 type H<'a> = Hold<'a, u8, u8, RandomState, ManualClock>;
@@ -34,12 +38,37 @@ struct Model {
     interval: u64,
     tat: u64,
     held: Vec<(usize, u64, u64)>, // (id, cost, reading)
+    /// The latest reading among the holds since the key last had nothing
+    /// held (no hold expires here: they are one lot).
+    latest: u64,
 }
 
 impl Model {
+    fn held(&self) -> u64 {
+        self.held.iter().map(|h| h.1).sum()
+    }
     fn admits(&self, now: u64, cost: u64) -> bool {
-        let held: u64 = self.held.iter().map(|h| h.1).sum();
-        self.tat.max(now) + held + cost <= now + self.tau
+        self.tat.max(now) + self.held() + cost <= now + self.tau
+    }
+    /// A turn (up to `wait` ns ahead): admitted iff its debit fits within
+    /// `wait` and beside the held tokens (`held + cost ≤ τ`); its slot is
+    /// where the debit ends behind them, less `τ`.
+    fn turn(&self, now: u64, cost: u64, wait: u64) -> Option<u64> {
+        let end = self.tat.max(now) + self.held() + cost;
+        (end <= now + self.tau + wait && self.held() + cost <= self.tau)
+            .then(|| end.saturating_sub(self.tau))
+    }
+    /// A denial's reason and wait: with tokens held, `Held` and the wait if
+    /// they were kept (settled from their latest reading); else `Exhausted`
+    /// and the exact wait.
+    fn denial(&self, now: u64, cost: u64) -> (DenyReason, u64) {
+        if self.held.is_empty() {
+            let end = self.tat.max(now) + cost;
+            return (DenyReason::Exhausted, end - now - self.tau);
+        }
+        let kept = self.tat.max(self.latest) + self.held();
+        let end = kept.max(now) + cost;
+        (DenyReason::Held, end.saturating_sub(now + self.tau))
     }
     fn tokens(&self, now: u64) -> u64 {
         let held: u64 = self.held.iter().map(|h| h.1).sum();
@@ -61,6 +90,7 @@ fn exact_history(rng: &mut impl Rng) -> i128 {
         interval,
         tat: 0,
         held: Vec::new(),
+        latest: 0,
     };
     let mut now = 10 * tau;
     let mut holds: Vec<(usize, H<'_>, u64, u64)> = Vec::new();
@@ -70,15 +100,25 @@ fn exact_history(rng: &mut impl Rng) -> i128 {
         let stale = |rng: &mut dyn rand::RngCore, now: u64| {
             now - rng.gen_range(0..=2 * tau).min(now) * u64::from(rng.gen_bool(0.4))
         };
-        match rng.gen_range(0..10) {
+        match rng.gen_range(0..12) {
             0 | 1 => {
                 let t = stale(rng, now);
                 let n = rng.gen_range(1..=capacity);
-                let admitted = p.reserve_n_at(&0, n, t).map(|r| r.detach()).is_ok();
-                assert_eq!(admitted, m.admits(t, n * interval), "reserve of {n} at {t}");
-                if admitted {
-                    m.tat = m.tat.max(t) + n * interval;
-                    kept.push((t, n));
+                let got = p.reserve_n_at(&0, n, t).map(|r| r.detach());
+                assert_eq!(
+                    got.is_ok(),
+                    m.admits(t, n * interval),
+                    "reserve of {n} at {t}"
+                );
+                match got {
+                    Ok(_) => {
+                        m.tat = m.tat.max(t) + n * interval;
+                        kept.push((t, n));
+                    }
+                    Err(d) => {
+                        let (reason, wait) = m.denial(t, n * interval);
+                        assert_eq!((d.reason(), d.retry_after()), (reason, ns(wait)));
+                    }
                 }
             }
             2..=4 => {
@@ -86,10 +126,50 @@ fn exact_history(rng: &mut impl Rng) -> i128 {
                 let n = rng.gen_range(1..=capacity);
                 let h = p.hold_n_at(&0, n, None, t);
                 assert_eq!(h.is_ok(), m.admits(t, n * interval), "hold of {n} at {t}");
-                if let Ok(h) = h {
-                    m.held.push((next_id, n * interval, t));
-                    holds.push((next_id, h, t, n));
-                    next_id += 1;
+                match h {
+                    Ok(h) => {
+                        m.latest = if m.held.is_empty() {
+                            t
+                        } else {
+                            m.latest.max(t)
+                        };
+                        m.held.push((next_id, n * interval, t));
+                        holds.push((next_id, h, t, n));
+                        next_id += 1;
+                    }
+                    Err(d) => {
+                        let (reason, wait) = m.denial(t, n * interval);
+                        assert_eq!((d.reason(), d.retry_after()), (reason, ns(wait)));
+                    }
+                }
+            }
+            // A turn beside the holds (`acquire`'s reservation): let
+            // through at its slot, the reading it counts at.
+            10 | 11 => {
+                let t = stale(rng, now);
+                let n = rng.gen_range(1..=capacity);
+                let wait = rng.gen_range(0..=2 * tau);
+                let got = p.reserve_turn_at(&0, n, None, wait, t);
+                let want = m.turn(t, n * interval, wait);
+                match got {
+                    Ok((r, slot)) => {
+                        assert_eq!(Some(slot), want, "turn of {n} at {t}, wait {wait}");
+                        let _ = r.detach();
+                        m.tat = m.tat.max(t) + n * interval;
+                        kept.push((slot.max(t), n));
+                    }
+                    Err(d) => {
+                        assert_eq!(want, None, "turn of {n} at {t}, wait {wait}: {d}");
+                        if m.held.is_empty() {
+                            // The whole wait, the turn's own included.
+                            let end = m.tat.max(t) + n * interval;
+                            assert_eq!(d.reason(), DenyReason::Exhausted);
+                            assert_eq!(d.retry_after(), ns(end - t - tau));
+                        } else {
+                            let (reason, wait) = m.denial(t, n * interval);
+                            assert_eq!((d.reason(), d.retry_after()), (reason, ns(wait)));
+                        }
+                    }
                 }
             }
             5..=7 if !holds.is_empty() => {
@@ -144,7 +224,7 @@ fn expiring_history(rng: &mut impl Rng) -> i128 {
     let capacity = rng.gen_range(1..=4u64);
     let interval = rng.gen_range(1..=3u64) * 1_000;
     let tau = capacity * interval;
-    let limit = rng.gen_range(0..=2 * tau);
+    let limit = rng.gen_range(1..=2 * tau);
     let p: P<u8> = limiter(capacity, interval, Duration::from_nanos(limit));
     let mut now = 10 * tau;
     let mut holds = Vec::new();
@@ -213,6 +293,99 @@ fn random_expiring_hold_histories_never_exceed_the_bound() {
             "history {i} (seed {seed:#x}) exceeds the bound by {excess} ns"
         );
     }
+}
+
+/// A hold is exact unless a call on its key read a time a hold limit past
+/// the hold's own reading before it was resolved (DESIGN.md §3, "Lots and
+/// the hold limit"), in any order of readings: here a stale hold opened a
+/// lot "in the past" (at 900 ns, beside a lot opened at 1,000), whose turn
+/// at 1,902 ns settled that lot before its own expiry, so a refund of a
+/// hold read at 1,500 ns answered `Expired` at 2,400 ns, within the limit
+/// of 1,000 ns.
+#[test]
+fn a_stale_hold_settles_no_lot_early() {
+    let p: P<u8> = limiter(10, 1_000, Duration::from_nanos(1_000));
+    let _z = p.hold_n_at(&0, 1, None, 1_000).unwrap().detach();
+    let a = p.hold_n_at(&0, 1, None, 1_500).unwrap();
+    // Rotates the lot of 1,000 to previous: 2,100 < 1,500 + 1,000.
+    drop(p.reserve_n_at(&0, 1, 2_100).unwrap());
+    // A thread pre-empted since 900 ns holds: a fresh lot.
+    let _b = p.hold_n_at(&0, 1, None, 900).unwrap().detach();
+    drop(p.reserve_n_at(&0, 1, 1_902).unwrap());
+    assert_eq!(P::<u8>::resolve_at(a, false, 2_400), Refunded::Restored);
+}
+
+/// One random single-key history with a short hold limit and stale
+/// readings: every hold resolved before any call on the key read a time a
+/// hold limit past its reading is resolved exactly (`Restored` or kept),
+/// whatever order the readings came in. Returns how many were checked.
+fn within_the_limit_history(rng: &mut impl Rng) -> usize {
+    let capacity = rng.gen_range(2..=6u64);
+    let interval = rng.gen_range(1..=3u64) * 1_000;
+    let tau = capacity * interval;
+    let limit = rng.gen_range(1..=tau);
+    let p: P<u8> = limiter(capacity, interval, Duration::from_nanos(limit));
+    let mut now = 10 * tau;
+    // (hold, its reading, the latest reading of a call since it).
+    let mut holds: Vec<(H<'_>, u64, u64)> = Vec::new();
+    let mut checked = 0;
+    for _ in 0..rng.gen_range(1..80) {
+        let t = now - rng.gen_range(0..=2 * limit).min(now) * u64::from(rng.gen_bool(0.5));
+        let seen = |holds: &mut Vec<(H<'_>, u64, u64)>, t: u64| {
+            for h in holds.iter_mut() {
+                h.2 = h.2.max(t);
+            }
+        };
+        match rng.gen_range(0..8) {
+            0 | 1 => {
+                seen(&mut holds, t);
+                if let Ok(r) = p.reserve_n_at(&0, 1, t) {
+                    let _ = r.detach();
+                }
+            }
+            2..=4 => {
+                seen(&mut holds, t);
+                if let Ok(h) = p.hold_n_at(&0, 1, None, t) {
+                    holds.push((h, t, t));
+                }
+            }
+            5 | 6 if !holds.is_empty() => {
+                let (h, at, latest) = holds.swap_remove(rng.gen_range(0..holds.len()));
+                seen(&mut holds, t);
+                let keep = rng.gen_bool(0.5);
+                let got = P::<u8>::resolve_at(h, keep, t);
+                if latest.max(t) < at + limit {
+                    checked += 1;
+                    let want = if keep {
+                        Refunded::Nothing
+                    } else {
+                        Refunded::Restored
+                    };
+                    assert_eq!(
+                        got, want,
+                        "a hold read at {at} resolved at {t}, limit {limit}"
+                    );
+                }
+            }
+            _ => now += rng.gen_range(0..=limit),
+        }
+    }
+    for (h, _, _) in holds {
+        let _ = h.detach();
+    }
+    checked
+}
+
+#[test]
+fn holds_resolved_within_the_limit_are_exact_in_any_reading_order() {
+    let histories = if cfg!(miri) { 20 } else { 20_000 };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5a1e);
+    let mut checked = 0;
+    for _ in 0..histories {
+        let seed: u64 = rng.gen();
+        checked += within_the_limit_history(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    }
+    assert!(checked > histories, "only {checked} resolutions checked");
 }
 
 /// Held tokens count at every decision: two holds of a capacity-2 key leave
@@ -355,19 +528,20 @@ fn holds_survive_migrations() {
     run(|k| format!("key-{k}"));
 }
 
-/// A hold dropped while its thread unwinds is not kept then (a key's `Eq`
-/// that panicked once may panic again, which would abort): its tokens stay
-/// held until its lot expires, then count as kept.
+/// A hold dropped while its thread unwinds is kept, as any dropped hold:
+/// settled from its reading, nothing left held (a key's `Eq` that panics
+/// then is caught: `tests/seams.rs`).
 #[test]
-fn a_hold_dropped_by_a_panic_expires_as_kept() {
+fn a_hold_dropped_by_a_panic_is_kept() {
     let p: P<u8> = limiter(3, 10 * S, Duration::from_secs(1));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _h = p.hold_n_at(&0, 1, None, 0).unwrap();
         panic!("the check panicked");
     }));
     assert!(r.is_err());
-    assert_eq!(p.row_held(&0), Some(10 * S), "still held");
-    assert_eq!(p.peek_at(&0, 2 * S), 2, "expired as kept from its reading");
+    assert_eq!(p.row_held(&0), Some(0), "nothing held");
+    assert_eq!(p.row_tat(&0), Some(10 * S), "kept from its reading");
+    assert_eq!(p.peek_at(&0, 0), 2);
     assert_eq!(p.peek_at(&0, 10 * S), 3);
 }
 

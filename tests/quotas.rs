@@ -177,11 +177,15 @@ fn random_mixed_quota_histories_never_exceed_the_bound() {
         // (reading, cost, horizon, refunded) of each admission.
         let mut admitted: Vec<(u64, u64, u64, bool)> = Vec::new();
         let mut held: Vec<Held<'_>> = Vec::new();
+        // Holds (`Pace::hold`) beside the turns, quotas and quota changes:
+        // each with the index of its admission.
+        let mut holds: Vec<(pace::Hold<'_, u64, u64, RandomState, ManualClock>, usize)> =
+            Vec::new();
         for _ in 0..rng.gen_range(5..60) {
             clock += rng.gen_range(0..80);
             // A reading taken up to 400 ns ago by a pre-empted thread.
             let reading = clock - rng.gen_range(0..400).min(clock);
-            match rng.gen_range(0..12) {
+            match rng.gen_range(0..16) {
                 0..=5 => {
                     let (q, r) = if rng.gen_bool(0.3) {
                         (default, p.reserve_n_at(&key, 1, reading))
@@ -225,6 +229,32 @@ fn random_mixed_quota_histories_never_exceed_the_bound() {
                     let h = held.swap_remove(rng.gen_range(0..held.len()));
                     if h.r.refund_at(reading).returned() {
                         admitted[h.at].3 = true;
+                    }
+                }
+                // A hold under the default quota or the call's own; kept
+                // (at its reading) or refunded later, or never resolved
+                // (then it counts as kept: it expires as kept).
+                12 | 13 => {
+                    let (q, h) = if rng.gen_bool(0.4) {
+                        (default, p.hold_n_at(&key, 1, None, reading))
+                    } else {
+                        let q = quotas[rng.gen_range(0..quotas.len())];
+                        let n = rng.gen_range(1..=q.capacity());
+                        (q, p.hold_n_at(&key, n, Some(q), reading))
+                    };
+                    if let Ok(h) = h {
+                        let t = q.interval().as_nanos() as u64;
+                        let hz = q.horizon().as_nanos() as u64;
+                        admitted.push((reading, h.tokens() * t, hz, false));
+                        holds.push((h, admitted.len() - 1));
+                    }
+                }
+                14 | 15 if !holds.is_empty() => {
+                    let (h, at) = holds.swap_remove(rng.gen_range(0..holds.len()));
+                    let keep = rng.gen_bool(0.5);
+                    match P::<u64>::resolve_at(h, keep, reading) {
+                        Refunded::Restored => admitted[at].3 = true,
+                        got => assert_eq!(got, Refunded::Nothing, "kept within its limit"),
                     }
                 }
                 8 => {

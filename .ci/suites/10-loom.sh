@@ -91,6 +91,7 @@ mutants=(
     "fresh_row_from_zero:fresh_row_from_zero_cells=kept admissions exceed the bucket"
     "quota_read_twice=a decision mixed two quotas"
     "turn_before_its_slot=kept admissions exceed the bucket"
+    "turn_slot_ignores_held=the turn goes behind the held token"
 )
 # Each entry is "mutant=message": built with that mutant, the file's
 # `mutant_<mutant>` test must fail, and with the model's own message.

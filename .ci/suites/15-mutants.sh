@@ -167,6 +167,45 @@ expect_caught turn_before_its_slot exactness "through early" "" \
     kept_admissions_fit_under_quota_changes_and_turns_on_a_real_clock
 expect_caught turn_before_its_slot model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
+# Turns beside holds (tests/holds.rs, tests/seams.rs, the exact model):
+#   turn_slot_ignores_held:    a turn's slot comes from the settled tat,
+#                              ahead of the held tokens its decision counted
+#   turn_beside_too_many_held: a turn is placed after held tokens that leave
+#                              it no room in the bucket
+expect_caught turn_slot_ignores_held holds "turn of" "" \
+    random_hold_histories_follow_the_rule_exactly
+expect_caught turn_slot_ignores_held seams "the turn came before its slot" "" \
+    a_turn_waits_behind_held_tokens
+expect_caught turn_slot_ignores_held model "Test failed: step" "" \
+    pace_agrees_with_the_debt_model
+expect_caught turn_beside_too_many_held holds "turn of" "" \
+    random_hold_histories_follow_the_rule_exactly
+expect_caught turn_beside_too_many_held seams "panicked" "" \
+    a_turn_beside_a_full_hold_is_denied_as_held
+expect_caught turn_beside_too_many_held model "Test failed: step" "" \
+    pace_agrees_with_the_debt_model
+# A stale hold opens no lot in the past (tests/holds.rs), against
+# `stale_lot_opens_in_the_past`: such a lot settles the previous one early.
+expect_caught stale_lot_opens_in_the_past holds "resolved at" "" \
+    holds_resolved_within_the_limit_are_exact_in_any_reading_order
+expect_caught stale_lot_opens_in_the_past holds "Expired" "" \
+    a_stale_hold_settles_no_lot_early
+# Drops while unwinding (tests/seams.rs), against
+# `drop_panics_while_unwinding`: a key's panic escapes a Drop during
+# unwinding, which aborts the test process (so no FAILED line: the abort's
+# own message is the evidence).
+if [ "$part" != release ]; then
+    status=0
+    out=$(PACE_MUTANT=drop_panics_while_unwinding cargo test --test seams -- --test-threads=1 \
+        --exact an_all_reservation_dropped_while_unwinding_keeps_every_pair 2>&1) || status=$?
+    if [ "$status" -eq 0 ] || ! grep -qE "panic in a destructor during cleanup|non-unwinding panic" <<<"$out"; then
+        echo "$out" | tail -30
+        echo "drop_panics_while_unwinding not caught by an_all_reservation_dropped_while_unwinding_keeps_every_pair"
+        exit 1
+    fi
+    echo "drop_panics_while_unwinding caught by an_all_reservation_dropped_while_unwinding_keeps_every_pair (the process aborts)"
+    caught[drop_panics_while_unwinding]=1
+fi
 # Rows of a short quota are swept soon (tests/quotas.rs), against
 # `sweep_at_default_cadence`: passes keep the default quota's cadence.
 expect_caught sweep_at_default_cadence quotas "still held 20 ms on" "" \

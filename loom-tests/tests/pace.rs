@@ -443,6 +443,48 @@ fn turn_vs_reserve_with_quota<K: ModelKey>() {
     });
 }
 
+/// 14. A turn races a hold and its resolution (capacity 2; the key owes T
+///     at 0): a hold of 1 at 0, kept at 0, on another thread. A turn
+///     decided while the token is held goes through behind it (at T, the
+///     slot its decision counted), not at 0 where the held token and the
+///     reserve already are; decided after the keep, it is at T as well;
+///     decided before the hold, it fits at 0 and the hold is denied. The
+///     kept admissions, the turn at its slot, fit the bucket.
+fn turn_vs_hold_and_keep<K: ModelKey>() {
+    model(|| {
+        let p = pace_of::<K>(2);
+        let k = K::of(1);
+        drop(p.reserve_n_at(&k, 1, 0).unwrap()); // kept at 0, owes T
+        let holder = {
+            let (p, k) = (p.clone(), k.clone());
+            thread::spawn(move || match p.hold_n_at(&k, 1, None, 0) {
+                Ok(h) => {
+                    assert_eq!(
+                        PaceInternals::resolve_at(h, true, 0),
+                        pace::Refunded::Nothing
+                    );
+                    true
+                }
+                Err(_) => false,
+            })
+        };
+        let (turn, slot) = p.reserve_turn_at(&k, 1, None, 3 * T, 0).unwrap();
+        drop(turn); // let through at `slot`: kept
+        let held = holder.join().unwrap();
+        let mut kept = vec![(0, 1), (slot, 1)];
+        if held {
+            kept.push((0, 1));
+            assert_eq!(slot, T, "the turn goes behind the held token");
+        } else {
+            assert_eq!(slot, 0, "a turn before the hold fits at once");
+        }
+        assert_fits(&kept, 2);
+        let tokens = kept.len() as u64;
+        assert_eq!(p.row_tat(&k), Some(tokens * T), "every kept token counted");
+        assert_eq!(p.row_held(&k), Some(0), "nothing left held");
+    });
+}
+
 /// Kept admissions `(reading, cost, horizon)`: over every window of
 /// readings their cost is at most the span plus their largest horizon.
 fn assert_fits_mixed(kept: &[(u64, u64, u64)]) {
@@ -509,6 +551,7 @@ both_tables!(
     quota_swap_vs_reserve,
     cancelled_turn_vs_later_turn,
     turn_vs_reserve_with_quota,
+    turn_vs_hold_and_keep,
 );
 
 // Mutants: each runs the model that must catch it. loom aborts the process
@@ -552,4 +595,10 @@ fn mutant_quota_read_twice() {
 #[test]
 fn mutant_turn_before_its_slot() {
     cancelled_turn_vs_later_turn::<Key>();
+}
+
+#[cfg(pace_mutant = "turn_slot_ignores_held")]
+#[test]
+fn mutant_turn_slot_ignores_held() {
+    turn_vs_hold_and_keep::<u64>();
 }

@@ -103,6 +103,8 @@ pub fn quotas(p: &Params) -> [(u64, u64); 3] {
 enum Outcome {
     Admitted,
     Wait(u128),
+    /// Denied while tokens are held: the wait if they were kept.
+    Held(u128),
     Never,
 }
 
@@ -119,6 +121,10 @@ struct Model {
     horizon: i128,
     full_at: HashMap<u16, i128>,
     held: HashMap<u16, i128>,
+    /// The latest reading among the holds of a key since it last had
+    /// nothing held: where its held tokens settle if kept (the runs have no
+    /// hold limit, so a key's holds since then are one lot).
+    held_latest: HashMap<u16, i128>,
     /// Stripe of each key, as the limiter reports it.
     stripe: Vec<usize>,
     floor: HashMap<usize, i128>,
@@ -154,6 +160,31 @@ impl Model {
         self.state(key).max(now) + self.held_of(key) - now
     }
 
+    /// The decision on `need` ns of tokens under horizon `tau` (the call's
+    /// quota `interval × capacity`) for a call that may wait `wait` ns,
+    /// README's rules: held tokens count as debited at the call's reading;
+    /// a call is admitted when its debit fits within `wait`, and, beside
+    /// held tokens, only when it fits the bucket with them (`held + need ≤
+    /// tau`: else it fits at no instant while they are held). A denial
+    /// while tokens are held is `Held`, with the wait until the debit fits
+    /// if every held token were kept (settled from the latest reading of
+    /// the holds), else `Wait` with the exact wait.
+    fn decide(&self, key: u16, need: i128, tau: i128, now: i128, wait: i128) -> Option<Outcome> {
+        let held = self.held_of(key);
+        let room = tau - self.debt(key, now);
+        if need <= room + wait && held + need <= tau {
+            return None;
+        }
+        if held == 0 {
+            return Some(Outcome::Wait((need - room - wait) as u128));
+        }
+        let latest = self.held_latest.get(&key).copied().unwrap_or(0);
+        let kept = self.state(key).max(latest) + held;
+        Some(Outcome::Held(
+            (kept.max(now) + need - now - tau).max(0) as u128
+        ))
+    }
+
     fn remove(&mut self, key: u16, last: i128) {
         self.full_at.remove(&key);
         let f = self.floor.entry(self.stripe[key as usize]).or_insert(0);
@@ -186,18 +217,20 @@ impl Model {
         if n > capacity {
             return (Outcome::Never, 0, 0, None);
         }
-        let room = interval * capacity - self.debt(key, now);
         let need = n * interval;
         let created = !self.full_at.contains_key(&key);
-        let result = if need <= room + wait as i128 {
-            // The debit starts where the previous debt ends (or now) and time
-            // stored in the row never moves back.
-            let prev = self.state(key);
-            let start = prev.max(now);
-            self.full_at.insert(key, start + need);
-            (Outcome::Admitted, start + need, prev)
-        } else {
-            (Outcome::Wait((need - room) as u128), 0, 0)
+        let result = match self.decide(key, need, interval * capacity, now, wait as i128) {
+            None => {
+                // The debit starts where the previous debt ends (or now) and
+                // time stored in the row never moves back.
+                let prev = self.state(key);
+                let start = prev.max(now);
+                self.full_at.insert(key, start + need);
+                (Outcome::Admitted, start + need, prev)
+            }
+            // A turn's denial names its whole wait.
+            Some(Outcome::Wait(w)) => (Outcome::Wait(w + u128::from(wait)), 0, 0),
+            Some(denied) => (denied, 0, 0),
         };
         let created = created && result.0 == Outcome::Admitted;
         // A call under a quota with a shorter horizon than the default's
@@ -289,16 +322,18 @@ impl Model {
         if n > self.capacity {
             return (Outcome::Never, 0, None);
         }
-        let room = self.tau() - self.debt(key, now);
         let need = n * self.interval;
         let created = !self.full_at.contains_key(&key);
-        let result = if need <= room {
-            let state = self.state(key);
-            self.full_at.insert(key, state);
-            *self.held.entry(key).or_insert(0) += need;
-            (Outcome::Admitted, need)
-        } else {
-            (Outcome::Wait((need - room) as u128), 0)
+        let result = match self.decide(key, need, self.tau(), now, 0) {
+            None => {
+                let state = self.state(key);
+                self.full_at.insert(key, state);
+                *self.held.entry(key).or_insert(0) += need;
+                let latest = self.held_latest.entry(key).or_insert(now);
+                *latest = (*latest).max(now);
+                (Outcome::Admitted, need)
+            }
+            Some(denied) => (denied, 0),
         };
         let created = created && result.0 == Outcome::Admitted;
         (result.0, result.1, Some(created))
@@ -316,6 +351,7 @@ impl Model {
         let left = *h;
         if left == 0 {
             self.held.remove(&key);
+            self.held_latest.remove(&key);
         }
         let f = self.full_at.get_mut(&key).expect("a held row stays");
         if keep {
@@ -377,6 +413,9 @@ fn agrees<T>(got: &Result<T, pace::Denied>, expect: &Outcome) -> bool {
         (Err(d), Outcome::Wait(ns)) => {
             d.reason() == DenyReason::Exhausted && d.retry_after().as_nanos() == *ns
         }
+        (Err(d), Outcome::Held(ns)) => {
+            d.reason() == DenyReason::Held && d.retry_after().as_nanos() == *ns
+        }
         (Err(d), Outcome::Never) => d.reason() == DenyReason::ExceedsCapacity,
         _ => false,
     }
@@ -416,6 +455,7 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         horizon: tau.max(MIN_HORIZON),
         full_at: HashMap::new(),
         held: HashMap::new(),
+        held_latest: HashMap::new(),
         stripe: (0..p.keys).map(|k| pace.floor_stripe(&k)).collect(),
         floor: HashMap::new(),
         due: tau.max(MIN_HORIZON),
@@ -520,6 +560,9 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
             Op::Turn { key, n, wait } => {
                 let key = key % p.keys;
                 let tau = model.tau();
+                // Held tokens count as debited at the decision: the turn's
+                // debit fits behind them.
+                let held_ns = model.held_of(key);
                 let (expect, end, prev, made) = model.reserve(key, n, now as i128, None, wait);
                 created = made;
                 let got = pace.reserve_turn_at(&names[key as usize], n, None, wait, now);
@@ -527,7 +570,11 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                     return fail(format!("got {got:?}, model {expect:?}"));
                 }
                 if let Ok((_, slot)) = &got {
-                    let want = if n == 0 { 0 } else { (end - tau).max(0) };
+                    let want = if n == 0 {
+                        0
+                    } else {
+                        (end + held_ns - tau).max(0)
+                    };
                     if *slot as i128 != want {
                         return fail(format!("slot {slot}, model {want}"));
                     }
@@ -570,7 +617,8 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
     Ok(())
 }
 
-/// Decodes fuzzer bytes: 6 bytes of parameters, then 4 bytes per op.
+/// Decodes fuzzer bytes: 6 bytes of parameters, then 4 bytes per op (every
+/// kind of [`Op`]: turns, per-call quotas and quota changes beside holds).
 pub fn decode(data: &[u8], big_tables: bool) -> Option<(Params, Vec<Op>)> {
     if data.len() < 6 {
         return None;
@@ -593,7 +641,18 @@ pub fn decode(data: &[u8], big_tables: bool) -> Option<(Params, Vec<Op>)> {
         .map(|c| {
             let arg = u16::from_le_bytes([c[1], c[2]]);
             let frac = |range: u64| range * u64::from(arg) / u64::from(u16::MAX);
-            match c[0] % 20 {
+            match c[0] % 24 {
+                20 | 21 => Op::Turn {
+                    key: arg,
+                    n: u64::from(c[3] & 0x0f) % (capacity + 2),
+                    wait: u64::from(c[3] >> 4) * tau / 8,
+                },
+                22 => Op::ReserveWith {
+                    key: arg,
+                    n: u64::from(c[3] & 0x0f) % (2 * capacity + 2),
+                    quota: c[3] >> 4,
+                },
+                23 => Op::SetQuota { quota: c[3] },
                 16 | 17 => Op::Hold {
                     key: arg,
                     n: u64::from(c[3]) % (capacity + 2),

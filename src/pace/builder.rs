@@ -139,9 +139,13 @@ impl<K, S, C> Builder<K, S, C> {
     }
 
     /// How long a hold stays exact (default 10 s; see [`Pace::hold`]): a
-    /// hold kept or refunded within this time of being made is resolved
-    /// exactly; a hold never resolved counts as held for at most twice this
-    /// time, then as kept.
+    /// hold kept or refunded before any call on its key reads a time this
+    /// long after the hold's own reading is resolved exactly, in any order
+    /// of readings (DESIGN.md §3, "Lots and the hold limit"); a hold never
+    /// resolved counts as held for at most twice this time after its lot
+    /// opened, then as kept. Zero is refused by
+    /// [`build`](Builder::build) ([`ConfigError::ZeroHoldLimit`]); a limit
+    /// past the time space (`Duration::MAX`) means holds never expire.
     pub fn hold_limit(mut self, limit: Duration) -> Self {
         self.hold_limit = limit;
         self
@@ -174,8 +178,13 @@ impl<K, S, C> Builder<K, S, C> {
     /// [`ConfigError::CapacityTooLarge`] when refilling an empty bucket would
     /// take longer than the time space allows;
     /// [`ConfigError::MinSlotsTooLarge`] when [`min_slots`](Builder::min_slots)
-    /// is more slots than an array can have or the allocator gives.
+    /// is more slots than an array can have or the allocator gives;
+    /// [`ConfigError::ZeroHoldLimit`] for a [`hold_limit`](Builder::hold_limit)
+    /// of zero.
     pub fn build(self) -> Result<Pace<K, S, C>, ConfigError> {
+        if self.hold_limit.is_zero() {
+            return Err(ConfigError::ZeroHoldLimit);
+        }
         let capacity = self.capacity.unwrap_or_else(|| self.rate.one_second());
         let quota = Quota::new(self.rate, capacity)?;
         let horizon = quota.limits().tau().max(MIN_HORIZON_NS);

@@ -20,6 +20,40 @@ use crate::table::quota::QuotaCell;
 use crate::table::words::{self, Borrowed, WordKey};
 use crate::table::{Ask, Cx, Spent, Table};
 
+/// Runs `f` on each item, the work of a `Drop` (or of a way out) that calls
+/// keys' `Hash` or `Eq`: each runs whatever an earlier one did, a panic of
+/// one is caught, and the first is resumed once all ran, unless the thread
+/// is unwinding already (a panic escaping a destructor during unwinding
+/// aborts the process). What a panicking key leaves undone stays as it
+/// leaves it: counts exact (`tests/panics.rs`).
+pub(crate) fn each_in_drop<T>(items: impl IntoIterator<Item = T>, mut f: impl FnMut(T)) {
+    let mut first = None;
+    for item in items {
+        if let Err(p) = catch_in_drop(|| f(item)) {
+            first.get_or_insert(p);
+        }
+    }
+    if let Some(p) = first {
+        if !std::thread::panicking() {
+            std::panic::resume_unwind(p);
+        }
+    }
+}
+
+/// `f` with its panic caught (`each_in_drop`).
+#[cfg(not(pace_mutant = "drop_panics_while_unwinding"))]
+fn catch_in_drop(f: impl FnOnce()) -> std::thread::Result<()> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+}
+
+/// Known-wrong variant `drop_panics_while_unwinding`: a key's panic in a
+/// `Drop` escapes it, also while the thread unwinds (the process aborts).
+#[cfg(pace_mutant = "drop_panics_while_unwinding")]
+fn catch_in_drop(f: impl FnOnce()) -> std::thread::Result<()> {
+    f();
+    Ok(())
+}
+
 /// Default smallest slot array: the table shrinks back to this.
 const DEFAULT_MIN_SLOTS: usize = 64;
 /// Below this many rows, growth alone does not trigger a sweep.
@@ -487,16 +521,16 @@ where
                 &guard,
             )
         })
-        .map(|a| (a.tat, a.prev, a.created, a.lot));
-        let created = matches!(result, Ok((_, _, true, _)));
+        .map(|a| (a.tat, a.prev, a.created, a.lot, a.held));
+        let created = matches!(result, Ok((_, _, true, _, _)));
         if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
             self.sooner_sweep(now, tau);
         }
         self.maybe_sweep(now, created, &guard);
         match result {
-            Ok((tat, prev, _, lot)) => {
+            Ok((tat, prev, _, lot, held)) => {
                 if TURN {
-                    *slot = slot_of(tat, tau, wait_ns);
+                    *slot = slot_of(tat, held, tau, wait_ns);
                 }
                 let debit = Debit {
                     n,

@@ -10,9 +10,22 @@ pub enum DenyReason {
     Exhausted,
     /// More tokens were asked than the bucket holds: never admitted.
     ExceedsCapacity,
-    /// The clock reads past the limiter's time space (about 73 years after
-    /// the clock's origin): nothing is admitted any more.
+    /// The debit would be admitted but would end past the limiter's time
+    /// space: the clock reads past `2^61 − 1 − τ` ns, at least about 36
+    /// years after its origin. (A debit that does not fit the bucket anyway
+    /// is [`Exhausted`](DenyReason::Exhausted) with its wait, however long
+    /// the interval.)
     TimeExhausted,
+    /// Not enough tokens now because tokens of the key are *held* by
+    /// presentations still being checked ([`Pace::hold`]). Held tokens
+    /// count as debited at every decision and do not refill while held, so
+    /// waiting alone does not bring them back: [`Denied::retry_after`] is
+    /// the wait if they are kept (settled from the readings of their
+    /// holds); refunded, they come back at once; still held at the retry,
+    /// they are still in the way. A turn ([`Pace::acquire`]) is denied
+    /// with this reason also when the held tokens and its own together
+    /// exceed the capacity: it fits beside them at no instant.
+    Held,
 }
 
 /// A denied reservation. Nothing was written and no row was created.
@@ -37,15 +50,20 @@ impl Denied {
                 reason: DenyReason::TimeExhausted,
                 wait_ns: u64::MAX,
             },
+            Decision::Held(ns) => Denied {
+                reason: DenyReason::Held,
+                wait_ns: ns,
+            },
         }
     }
 
     /// The exact wait until this request would be admitted if nothing else
-    /// touched the key. [`Duration::MAX`] when it never will be (see
-    /// [`is_permanent`](Denied::is_permanent)).
+    /// touched the key ([`DenyReason::Exhausted`]); with tokens held, the
+    /// wait if they are kept ([`DenyReason::Held`]). [`Duration::MAX`] when
+    /// it never will be (see [`is_permanent`](Denied::is_permanent)).
     pub fn retry_after(&self) -> Duration {
         match self.reason {
-            DenyReason::Exhausted => Duration::from_nanos(self.wait_ns),
+            DenyReason::Exhausted | DenyReason::Held => Duration::from_nanos(self.wait_ns),
             _ => Duration::MAX,
         }
     }
@@ -58,7 +76,7 @@ impl Denied {
     /// True when waiting will not help: the request exceeds the capacity or
     /// the time space is exhausted.
     pub fn is_permanent(&self) -> bool {
-        self.reason != DenyReason::Exhausted
+        !matches!(self.reason, DenyReason::Exhausted | DenyReason::Held)
     }
 }
 
@@ -70,6 +88,12 @@ impl fmt::Display for Denied {
             }
             DenyReason::ExceedsCapacity => f.write_str("request exceeds the bucket's capacity"),
             DenyReason::TimeExhausted => f.write_str("the limiter's time space is exhausted"),
+            DenyReason::Held => write!(
+                f,
+                "pace exceeded while tokens are held by presentations being checked; \
+                 retry after {:?} if they are kept",
+                self.retry_after()
+            ),
         }
     }
 }
@@ -283,15 +307,13 @@ where
     C: Clock,
 {
     fn drop(&mut self) {
-        if let Some(r) = self.inner.take() {
-            // While unwinding, a key's `Eq` that panics again would abort:
-            // the hold is left to expire, and then counts as kept.
-            if std::thread::panicking() {
-                return;
-            }
+        // Kept also while the thread unwinds; a key's `Eq` that panics then
+        // is caught (the hold stays held until it expires, then counts as
+        // kept).
+        each_in_drop(self.inner.take(), |r| {
             let now = r.pace.clock.now_ns();
             r.pace.resolve_hashed(r.key, r.debit, true, now);
-        }
+        });
     }
 }
 

@@ -2,20 +2,36 @@
 
 use super::*;
 
-/// When a debit ending at `tat` fits a bucket of horizon `tau`: the instant
-/// a turn is let through (`Pace::acquire`).
-#[cfg(not(pace_mutant = "turn_before_its_slot"))]
+/// When a debit settled at `tat` beside `held` ns of held tokens fits a
+/// bucket of horizon `tau`: the instant a turn is let through
+/// (`Pace::acquire`). Held tokens count as debited at every decision, so
+/// the turn's slot lies behind them: `tat + held − τ` (DESIGN.md §3,
+/// "Turns beside holds").
+#[cfg(not(any(
+    pace_mutant = "turn_before_its_slot",
+    pace_mutant = "turn_slot_ignores_held"
+)))]
 #[inline]
-pub(super) fn slot_of(tat: u64, tau: u64, _wait: u64) -> u64 {
-    tat.saturating_sub(tau)
+pub(super) fn slot_of(tat: u64, held: u64, tau: u64, _wait: u64) -> u64 {
+    tat.saturating_add(held).saturating_sub(tau)
 }
 
 /// Known-wrong variant for mutation tests: a turn is let through as soon as
 /// it was decided, up to its whole wait before its debit fits.
 #[cfg(pace_mutant = "turn_before_its_slot")]
 #[inline]
-pub(super) fn slot_of(tat: u64, tau: u64, wait: u64) -> u64 {
-    tat.saturating_sub(tau).saturating_sub(wait)
+pub(super) fn slot_of(tat: u64, held: u64, tau: u64, wait: u64) -> u64 {
+    tat.saturating_add(held)
+        .saturating_sub(tau)
+        .saturating_sub(wait)
+}
+
+/// Known-wrong variant `turn_slot_ignores_held`: a turn's slot comes from
+/// the settled `tat` alone, ahead of the held tokens its decision counted.
+#[cfg(pace_mutant = "turn_slot_ignores_held")]
+#[inline]
+pub(super) fn slot_of(tat: u64, _held: u64, tau: u64, _wait: u64) -> u64 {
+    tat.saturating_sub(tau)
 }
 
 /// A turn being waited for (`Pace::acquire`): refunded if dropped before
@@ -37,9 +53,11 @@ where
     C: Clock,
 {
     fn drop(&mut self) {
-        if let Some(r) = self.0.take() {
+        // Refunded also while the thread unwinds (a key's panic then is
+        // caught: the debit stays, as a panicking key leaves it).
+        each_in_drop(self.0.take(), |r| {
             r.refund();
-        }
+        });
     }
 }
 

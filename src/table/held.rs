@@ -82,6 +82,25 @@ fn settle(tat: u64, _at: u64, cost: u64) -> u64 {
     (tat + cost).min(MAX_TIME)
 }
 
+/// Whether a debit of `n` tokens fits the bucket beside `held` ns of held
+/// tokens: `held + n·T ≤ C·T`. A plain decision that admits implies it; a
+/// turn (whose horizon is stretched by its wait) needs it, or no instant
+/// while the tokens are held is one where its debit fits (`n ≤ C` is
+/// checked before).
+#[cfg(not(pace_mutant = "turn_beside_too_many_held"))]
+#[inline]
+fn fits_beside(held: u64, limits: &Limits, n: u64) -> bool {
+    held <= (limits.capacity() - n) * limits.interval()
+}
+
+/// Known-wrong variant `turn_beside_too_many_held`: a turn is placed after
+/// held tokens that leave no room for it in the bucket.
+#[cfg(pace_mutant = "turn_beside_too_many_held")]
+#[inline]
+fn fits_beside(_held: u64, _limits: &Limits, _n: u64) -> bool {
+    true
+}
+
 /// The settled `tat` after a refund of `cost` held: unchanged (a refund
 /// only takes its tokens off their lot).
 #[cfg(not(pace_mutant = "refund_rewinds_tat"))]
@@ -95,6 +114,32 @@ fn refunded(tat: u64, _cost: u64) -> u64 {
 #[cfg(pace_mutant = "refund_rewinds_tat")]
 fn refunded(tat: u64, cost: u64) -> u64 {
     tat.saturating_sub(cost)
+}
+
+/// Where a fresh lot opened at reading `now` starts, beside the previous
+/// lot `prev`: at `now`, but never less than `limit` after `prev` opened.
+/// The fresh lot turns previous, settling `prev`, only at a reading `limit`
+/// after its own start, so never before `prev` expires by itself (`2·limit`
+/// after it opened). A reading older than the previous lot's opening plus
+/// `limit` (a thread pre-empted after its reading) would otherwise open a
+/// lot in the past, whose turn would settle `prev` early: a hold of `prev`
+/// resolved within `limit` of its reading would find its lot gone.
+#[cfg(not(pace_mutant = "stale_lot_opens_in_the_past"))]
+#[inline]
+fn opening(now: u64, prev: &Lot, limit: u64) -> u64 {
+    if prev.is_empty() {
+        now
+    } else {
+        now.max(prev.since.saturating_add(limit))
+    }
+}
+
+/// Known-wrong variant `stale_lot_opens_in_the_past`: a fresh lot starts at
+/// its reading, however stale, and its turn settles the previous lot early.
+#[cfg(pace_mutant = "stale_lot_opens_in_the_past")]
+#[inline]
+fn opening(now: u64, _prev: &Lot, _limit: u64) -> u64 {
+    now
 }
 
 /// What a hold took: its lot, its cost and its reading. A resolution
@@ -227,17 +272,38 @@ impl Held {
     }
 
     /// The decision on `n` more tokens at `now`: admitted iff
-    /// `max(tat, now) + held + n·T ≤ now + τ`. `Ok` carries the `tat` a
-    /// debit of them would settle at.
+    /// `max(tat, now) + held + n·T ≤ now + τ` and `held + n·T ≤ C·T` (the
+    /// second follows from the first unless `limits` wait for a turn, whose
+    /// `τ` is stretched: a turn beside held tokens must be a decision of
+    /// the bucket at its slot, DESIGN.md §3). `Ok` carries the `tat` a debit
+    /// of them would settle at. A denial while tokens are held is
+    /// [`Decision::Held`], with the wait if they are kept.
     pub(crate) fn decide(&self, limits: &Limits, now: u64, n: u64) -> Result<u64, Decision> {
         let held = self.held_in_decision();
         // A reading may be anything: saturate (past MAX_TIME every decision
         // is `TimeExhausted`).
         let base = self.tat.max(now).saturating_add(held);
         match limits.reserve(base, now, n) {
-            Decision::Admit(t) => Ok(t - held),
+            Decision::Admit(t) if fits_beside(held, limits, n) => Ok(t - held),
+            Decision::Admit(_) | Decision::Wait(_) if held > 0 => {
+                Err(self.held_denial(limits, now, n))
+            }
             d => Err(d),
         }
+    }
+
+    /// A denial while tokens are held: the whole wait until `n` tokens
+    /// would fit the bucket (its own horizon `C·T`, not a turn's stretched
+    /// one) if every held token were kept, that is settled as its lot
+    /// settles when it expires (from the latest reading among the lot's
+    /// holds). Refunded sooner, the tokens come back sooner; still held
+    /// then, they are still in the way.
+    #[cold]
+    fn held_denial(&self, limits: &Limits, now: u64, n: u64) -> Decision {
+        let kept = self.cur.settle(self.prev.settle(self.tat));
+        let tau = limits.capacity() * limits.interval();
+        let end = kept.max(now).saturating_add(n * limits.interval());
+        Decision::Held(end.saturating_sub(now.saturating_add(tau)))
     }
 
     /// A plain debit of `n` tokens at `now`: the new state.
@@ -246,13 +312,15 @@ impl Held {
         Ok(Held { tat, ..self })
     }
 
-    /// A hold of `n` tokens at `now` (after [`at`](Held::at)): the new
-    /// state and its ticket. `new_lot` gives a fresh lot identity.
+    /// A hold of `n` tokens at `now` (after [`at`](Held::at) with the hold
+    /// limit `limit`): the new state and its ticket. `new_lot` gives a fresh
+    /// lot identity.
     pub(crate) fn hold(
         self,
         limits: &Limits,
         now: u64,
         n: u64,
+        limit: u64,
         new_lot: &dyn Fn() -> u64,
     ) -> Result<(Held, Ticket), Decision> {
         self.decide(limits, now, n)?;
@@ -262,7 +330,7 @@ impl Held {
             next.cur = Lot {
                 id: new_lot(),
                 cost: 0,
-                since: now,
+                since: opening(now, &self.prev, limit),
                 latest: now,
             };
         }
@@ -432,10 +500,10 @@ mod tests {
             ids.get()
         };
         let s = Held::plain(0);
-        let (s, a) = s.hold(&l, 100, 1, &next).unwrap();
-        let (s, b) = s.hold(&l, 100, 1, &next).unwrap();
-        let (s, c) = s.hold(&l, 100, 1, &next).unwrap();
-        assert_eq!(s.decide(&l, 100, 1), Err(Decision::Wait(T)));
+        let (s, a) = s.hold(&l, 100, 1, u64::MAX, &next).unwrap();
+        let (s, b) = s.hold(&l, 100, 1, u64::MAX, &next).unwrap();
+        let (s, c) = s.hold(&l, 100, 1, u64::MAX, &next).unwrap();
+        assert_eq!(s.decide(&l, 100, 1), Err(Decision::Held(T)));
         let Resolution::Done(s) = s.resolve(a, false) else {
             panic!()
         };
@@ -453,7 +521,7 @@ mod tests {
     fn keeping_settles_from_the_holds_reading() {
         let l = lim(3);
         let s = Held::plain(0);
-        let (s, a) = s.hold(&l, 100, 2, &|| 7).unwrap();
+        let (s, a) = s.hold(&l, 100, 2, u64::MAX, &|| 7).unwrap();
         let Resolution::Done(s) = s.resolve(a, true) else {
             panic!()
         };
@@ -464,10 +532,12 @@ mod tests {
     fn a_settled_tat_stays_in_the_time_space() {
         let l = lim(3);
         let s = Held::plain(MAX_TIME - 1);
-        let (s, a) = s.hold(&l, MAX_TIME - 3 * T, 1, &|| 1).unwrap_or_else(|_| {
-            // Denied at the edge: hold at an earlier state instead.
-            Held::plain(0).hold(&l, 0, 1, &|| 1).unwrap()
-        });
+        let (s, a) = s
+            .hold(&l, MAX_TIME - 3 * T, 1, u64::MAX, &|| 1)
+            .unwrap_or_else(|_| {
+                // Denied at the edge: hold at an earlier state instead.
+                Held::plain(0).hold(&l, 0, 1, u64::MAX, &|| 1).unwrap()
+            });
         let late = Held { tat: MAX_TIME, ..s };
         let Resolution::Done(k) = late.resolve(a, true) else {
             panic!()
@@ -488,7 +558,7 @@ mod tests {
         let l = lim(3);
         let p = 1_000;
         let s = Held::plain(0);
-        let (s, a) = s.hold(&l, 100, 1, &|| 1).unwrap();
+        let (s, a) = s.hold(&l, 100, 1, p, &|| 1).unwrap();
         // Within the limit: still the current lot.
         assert_eq!(s.at(100 + p - 1, p), s);
         // Older than the limit: the previous lot, still exact.

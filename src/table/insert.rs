@@ -367,7 +367,7 @@ impl Table {
         }
         let made = if HOLD {
             Held::plain(floor)
-                .hold(limits, now, n, &|| self.new_lot())
+                .hold(limits, now, n, self.hold_limit, &|| self.new_lot())
                 .map(|(s, t)| (s.publish(), s.tat, Some(t)))
         } else {
             match limits.reserve(floor, now, n) {
@@ -384,6 +384,7 @@ impl Table {
                         prev: floor,
                         created: true,
                         lot: 0,
+                        held: 0,
                     },
                 };
                 let claimed = CellState::Claimed { key: mine }.encode();
@@ -607,6 +608,7 @@ impl Table {
                                 prev: tat,
                                 created: false,
                                 lot: 0,
+                                held: 0,
                             }))
                         }
                         Err(actual) => match cell::live_tat(actual, bits) {
@@ -644,7 +646,7 @@ impl Table {
             // SAFETY: `tat` is the field of a live cell read under `guard`.
             let was = unsafe { Held::of(tat, guard) }.at(now, self.hold_limit);
             let changed: Result<(Held, Option<Ticket>), Decision> = if HOLD {
-                was.hold(limits, now, n, &|| self.new_lot())
+                was.hold(limits, now, n, self.hold_limit, &|| self.new_lot())
                     .map(|(s, t)| (s, Some(t)))
             } else {
                 was.debit(limits, now, n).map(|s| (s, None))
@@ -662,6 +664,7 @@ impl Table {
                             prev: was.tat,
                             created: false,
                             lot: 0,
+                            held: was.held(),
                         },
                     }));
                 }

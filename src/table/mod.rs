@@ -167,6 +167,9 @@ pub(crate) struct Admitted {
     /// A hold's lot (`held.rs`); 0 for a debit. (A ticket packed into the
     /// debit's fields keeps a plain reservation as small as it was.)
     pub(crate) lot: u64,
+    /// The tokens held beside a debit when it was decided, ns (a turn's
+    /// slot lies behind them); 0 for a plain row and for a hold.
+    pub(crate) held: u64,
 }
 
 impl Admitted {
@@ -182,6 +185,7 @@ impl Admitted {
             prev: t.cost,
             created,
             lot: t.lot,
+            held: 0,
         }
     }
 }
