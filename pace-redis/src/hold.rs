@@ -345,7 +345,11 @@ impl RedisPace {
                 // Only the settled debt is remembered (see reserve.rs).
                 self.remember_denial(&key, sent_at, settled);
                 Err(Error::Denied(Denied {
-                    reason: DenyReason::Exhausted,
+                    reason: if held > 0 {
+                        DenyReason::Held
+                    } else {
+                        DenyReason::Exhausted
+                    },
                     wait_ns: wait,
                     server_now_ns: Some(now),
                     source: Source::Server,

@@ -43,7 +43,7 @@ impl Denied {
     /// reported, without the expiries.
     pub fn retry_after(&self) -> Duration {
         match self.reason {
-            DenyReason::Exhausted => Duration::from_nanos(self.wait_ns),
+            DenyReason::Exhausted | DenyReason::Held => Duration::from_nanos(self.wait_ns),
             _ => Duration::MAX,
         }
     }
@@ -53,7 +53,7 @@ impl Denied {
     }
     /// True when waiting will not help (`n` above the capacity).
     pub fn is_permanent(&self) -> bool {
-        self.reason != DenyReason::Exhausted
+        !matches!(self.reason, DenyReason::Exhausted | DenyReason::Held)
     }
     /// The server's time of the decision (ns since the Unix epoch), when the
     /// server decided.

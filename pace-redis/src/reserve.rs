@@ -551,7 +551,11 @@ impl RedisPace {
                 // refunded at any moment.
                 self.remember_denial(&key, sent_at, settled);
                 Ok(Err(Error::Denied(Denied {
-                    reason: DenyReason::Exhausted,
+                    reason: if held > 0 {
+                        DenyReason::Held
+                    } else {
+                        DenyReason::Exhausted
+                    },
                     wait_ns: wait,
                     server_now_ns: Some(now),
                     source: Source::Server,
