@@ -388,14 +388,14 @@ expect_caught redis_expiry_refunds holds "an expired hold was returned" "-p pace
     a_dead_clients_hold_expires_on_the_servers_clock
 # Turns beside holds (tests/holds.rs, whose random histories mix turns with
 # holds), against two variants:
-#   redis_turn_beside_held:     a turn that waits for held tokens is stored
-#                               without them (tat = max(tat, now) + cost), so
-#                               after the hold's refund a reserve lands on
-#                               the turn's own slot
+#   redis_turn_beside_held:     a turn is admitted beside more held tokens
+#                               than the capacity leaves it, stored as any
+#                               debit, so after the holds' refund a reserve
+#                               lands on the turn's own slot
 #   redis_retry_ignores_expiry: a denial's wait ignores the holds expiring
 #                               before it (they settle from their expiry)
 expect_caught redis_turn_beside_held holds "tokens at one instant" "-p pace-redis" \
-    a_turn_beside_a_hold_is_debited_behind_it holds_agree_with_the_integer_model
+    a_turn_is_admitted_only_where_it_fits_beside_held_tokens holds_agree_with_the_integer_model
 expect_caught redis_turn_beside_held holds "exceeds the bound by" "-p pace-redis" \
     random_hold_histories_never_exceed_the_bound
 expect_caught redis_retry_ignores_expiry holds "ignores the hold that expires" "-p pace-redis" \

@@ -168,11 +168,12 @@ pub(crate) fn script_source(interval: u64, capacity: u64) -> String {
     // (tat + cost even when tat lies before the decision).
     #[cfg(pace_mutant = "redis_keep_unclamped")]
     let src = src.replace("if later(ts, tn, tat_s, tat_n) then", "if false then");
-    // Turns beside holds: a turn that waits for held tokens is stored
-    // without them (tat = max(tat, now) + cost), so that a later refund of
-    // the hold lets another call through on the turn's own slot.
+    // Turns beside holds: a turn is admitted beside more held tokens than
+    // the capacity leaves it (held + cost > tau), stored as any debit
+    // (tat = max(tat, now) + cost), so that a later refund of the holds
+    // lets another call through on the turn's own slot.
     #[cfg(pace_mutant = "redis_turn_beside_held")]
-    let src = src.replace("behind = held\n", "behind = 0\n");
+    let src = src.replace(" or held + c > tau then", " then");
     // Holds: a denial's wait ignores the holds that expire before it (they
     // settle as kept from their expiry, which can push the retry further).
     #[cfg(pace_mutant = "redis_retry_ignores_expiry")]

@@ -64,11 +64,10 @@
 --          debt).
 -- A reserve on a key with holds answers an admission as '4 d held tat'
 -- (held > 0: the sum of the costs still held, which the decision counted as
--- debt: d + held + n x interval <= tau + wait), or, for a turn that waits
--- for held tokens (d + held + n x interval > tau), '5 d held tat' with tat
--- = now + d + held + n x interval: debited behind what is held. A denial
--- on a key with holds answers '6 wait d held s ns': wait is the time until
--- the call would pass if nothing else touched the key,
+-- debt: d + held + n x interval <= tau + wait; a turn also needs held + n
+-- x interval <= tau). A denial on a key with holds answers '6 wait d held
+-- s ns': wait is the time until a call of n tokens that does not wait
+-- would pass if nothing else touched the key,
 -- the holds expiring meanwhile settled as kept from their expiry (at least
 -- d + held + n x interval - tau).
 -- hold:    '1 d held s ns' admitted (d the debt before, held the sum after,
@@ -406,8 +405,12 @@ if op == 'r' or op == 'h' then
   local tau = cap * interval
   local c = n * interval
   local nd = d + c
-  -- The decision counts what is held: max(tat, now) + held + c <= now + tau.
-  if nd + held > tau + wait then
+  -- The decision counts what is held: max(tat, now) + held + c <= now + tau
+  -- (+ wait for a turn). A turn must also fit beside what is held, held + c
+  -- <= tau: it goes through at its slot while those tokens may still be
+  -- held, and held tokens do not drain (the core's rule, DESIGN.md "Turns
+  -- beside holds"); a call that does not wait meets it anyway.
+  if nd + held > tau + wait or held + c > tau then
     if tail == '' then
       return string.format('0 %d %d %d', nd + held - tau, now_s, now_n)
     end
@@ -449,21 +452,11 @@ if op == 'r' or op == 'h' then
     end
   end
   if op == 'r' then
-    -- A turn that waits for held tokens too (its slot lies beyond what the
-    -- settled debt alone needs: nd + held > tau) is debited behind them,
-    -- tat = max(tat, now) + held + c, so that its slot is tat - tau and
-    -- its debit starts at or after its slot: a later refund of a hold then
-    -- leaves a gap (fewer admissions), never a second token on that slot.
-    local behind = 0
-    if held > 0 and nd + held > tau then
-      behind = held
-    end
-    tat_s, tat_n = add(now_s, now_n, nd + behind)
+    -- (a turn's slot: now + max(0, nd + held - tau), at or before the
+    -- settled tat since held + c <= tau: a decision of the bucket there)
+    tat_s, tat_n = add(now_s, now_n, nd)
     put()
     local v = fmt(tat_s, tat_n)
-    if behind > 0 then
-      return string.format('5 %d %d %s', d, held, v)
-    end
     if held > 0 then
       return string.format('4 %d %d %s', d, held, v)
     end

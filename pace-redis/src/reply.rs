@@ -7,14 +7,11 @@ use redis::{ErrorKind, RedisError, Value};
 use crate::BackendError;
 
 pub(crate) enum ReserveReply {
-    /// `behind`: a turn debited behind the held tokens (`tat = now + debt
-    /// + held + cost`).
     Admitted {
         prev: u64,
         tat: u64,
         now: u64,
         held: u64,
-        behind: bool,
     },
     /// `debt`: the settled debt before the call and what the key held,
     /// when the script answered them apart from the wait (a key with
@@ -108,32 +105,26 @@ pub(crate) fn parse_reserve(
     let (fields, count) = reply_numbers::<6>(v)?;
     let time = |i: usize| reply_time(v, &fields[..count], i);
     // An admission: the stored tat, and the debt before unless it was 0;
-    // the debit itself is n x interval, behind what is held for a turn
-    // that waits for it.
-    let admitted =
-        |debt: u64, tat: u64, held: u64, behind: bool| -> Result<ReserveReply, BackendError> {
-            let cost = n.checked_mul(interval).ok_or_else(|| bad(v))?;
-            let start = tat
-                .checked_sub(cost)
-                .and_then(|t| t.checked_sub(if behind { held } else { 0 }))
-                .ok_or_else(|| bad(v))?;
-            let now = start.checked_sub(debt).ok_or_else(|| bad(v))?;
-            let prev = if debt == 0 { 0 } else { start };
-            Ok(ReserveReply::Admitted {
-                prev,
-                tat,
-                now,
-                held,
-                behind,
-            })
-        };
+    // the debit itself is n x interval.
+    let admitted = |debt: u64, tat: u64, held: u64| -> Result<ReserveReply, BackendError> {
+        let cost = n.checked_mul(interval).ok_or_else(|| bad(v))?;
+        let now = tat
+            .checked_sub(cost)
+            .and_then(|t| t.checked_sub(debt))
+            .ok_or_else(|| bad(v))?;
+        let prev = if debt == 0 { 0 } else { tat - cost };
+        Ok(ReserveReply::Admitted {
+            prev,
+            tat,
+            now,
+            held,
+        })
+    };
     match (count, fields[0]) {
-        (1, tat) => admitted(0, tat, 0, false),
-        (3, 1) if fields[1] > 0 => admitted(fields[1], fields[2], 0, false),
+        (1, tat) => admitted(0, tat, 0),
+        (3, 1) if fields[1] > 0 => admitted(fields[1], fields[2], 0),
         // A key with holds: the debt before (may be 0) and what is held.
-        (4, 4) if fields[2] > 0 => admitted(fields[1], fields[3], fields[2], false),
-        // A turn debited behind what is held.
-        (4, 5) if fields[2] > 0 => admitted(fields[1], fields[3], fields[2], true),
+        (4, 4) if fields[2] > 0 => admitted(fields[1], fields[3], fields[2]),
         (_, 0) => Ok(ReserveReply::Denied {
             wait: fields[1],
             debt: None,

@@ -510,18 +510,11 @@ impl RedisPace {
                 tat,
                 now,
                 held,
-                behind,
             } => {
                 bump(&inner.counters.shard().server_decisions, 1);
                 // The key's holds count as debt.
                 let debt = tat.saturating_sub(now).saturating_add(held);
-                // A turn's slot: `tat - tau` when debited behind what is
-                // held, else `tat + held - tau`.
-                let until_slot = if behind {
-                    tat.saturating_sub(now)
-                } else {
-                    debt
-                };
+
                 Ok(Ok(Reservation {
                     key,
                     n,
@@ -531,7 +524,7 @@ impl RedisPace {
                     source: Source::Server,
                     local: None,
                     remaining: Some(limits.tokens_at_debt(debt)),
-                    wait: until_slot.saturating_sub(limits.tau()),
+                    wait: debt.saturating_sub(limits.tau()),
                     held,
                 }))
             }

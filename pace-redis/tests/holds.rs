@@ -233,7 +233,9 @@ impl Model {
         let d = tat.saturating_sub(now);
         let held: u64 = live.iter().map(|h| h.cost).sum();
         let c = n * self.interval;
-        if d + c + held > self.tau() + wait {
+        // A turn must also fit beside what is held (held tokens do not
+        // drain: it goes through at its slot while they may be held).
+        if d + c + held > self.tau() + wait || held + c > self.tau() {
             // While tokens are held, the core's reason: `Held`.
             let reason = if held > 0 {
                 DenyReason::Held
@@ -245,9 +247,7 @@ impl Model {
         let slot = (d + c + held).saturating_sub(self.tau());
         match hold {
             None => {
-                // A turn that waits for held tokens is debited behind them.
-                let behind = if slot > 0 { held } else { 0 };
-                let new = tat.max(now) + behind + c;
+                let new = tat.max(now) + c;
                 self.put(new, live, now);
                 Ok((if tat > now { tat } else { 0 }, new, new - now + held, slot))
             }
@@ -884,26 +884,25 @@ async fn injected(server: &common::RedisServer, prefix: &str, rate: Rate, cap: u
         .unwrap()
 }
 
-/// A turn that waits for held tokens is debited behind them: after the
-/// hold's refund, nothing else lands on the turn's slot (10/s, capacity 2:
-/// two tokens held at T, a turn at T gets slot T + 100 ms; the hold
-/// refunded, two reserves at T + 100 ms would make 3 tokens at one
-/// instant).
+/// A turn goes through at its slot while the key's held tokens may still
+/// be held, and held tokens do not drain: it is admitted only when it fits
+/// beside them (held + its cost <= capacity), as the core's turns are (10/s,
+/// capacity 2: two tokens held at T, a turn at T would get slot T + 100 ms;
+/// stored as a plain debit, the hold refunded, two reserves at T + 100 ms
+/// would make 3 tokens at one instant).
 #[tokio::test]
-async fn a_turn_beside_a_hold_is_debited_behind_it() {
+async fn a_turn_is_admitted_only_where_it_fits_beside_held_tokens() {
     let server = common::RedisServer::start();
-    let p = injected(&server, "behind:", Rate::per_second(10).unwrap(), 2).await;
+    let p = injected(&server, "beside:", Rate::per_second(10).unwrap(), 2).await;
     let ms = 1_000_000u64;
     let t = BASE;
     let h = p.hold_n_at("k", 2, None, t).await.unwrap();
     let turn = p
         .reserve_turn_at("k", 1, None, Duration::from_millis(100), t)
-        .await
-        .unwrap();
-    assert_eq!(turn.wait(), Duration::from_millis(100), "the turn's slot");
+        .await;
+    let mut through = u32::from(turn.is_ok());
     assert_eq!(h.refund_at(t).await.unwrap(), Refunded::Restored);
     let slot = t + 100 * ms;
-    let mut through = 1; // the turn
     for _ in 0..2 {
         if p.reserve_n_at("k", 1, slot).await.is_ok() {
             through += 1;
@@ -913,35 +912,50 @@ async fn a_turn_beside_a_hold_is_debited_behind_it() {
         through <= 2,
         "{through} tokens at one instant, capacity 2: a reserve landed on the turn's slot"
     );
-    // Stored behind the held tokens (its slot is tat - tau), the refunded
-    // hold leaves a gap: the next token only at T + 200 ms.
-    assert_eq!(turn.tat_ns(), t + 300 * ms);
-    assert_eq!(through, 1);
-    assert!(p.reserve_n_at("k", 1, t + 200 * ms - 1).await.is_err());
-    assert!(p.reserve_n_at("k", 1, t + 200 * ms).await.is_ok());
+    // Denied while held, the wait being the first time a call of 1 passes
+    // if nothing else touched the key: the hold expires at T + 10 s and
+    // settles as kept from there (T + 10.2 s), one token back 100 ms
+    // before that.
+    let Err(Error::Denied(d)) = turn else {
+        panic!("a turn admitted beside 2 held tokens at capacity 2");
+    };
+    assert_eq!(d.reason(), DenyReason::Held);
+    assert_eq!(d.retry_after(), Duration::from_millis(10_100));
 
-    // Turns only: 1 held at T, a turn of 2 at T (slot T + 100 ms), the hold
-    // refunded, a turn of 1 at T: its slot comes one interval after the
-    // first one's, not on it.
+    // Within the capacity a turn waits beside held tokens: 1 held and 1
+    // reserved at T, a turn of 1 gets slot T + 100 ms and settles as a
+    // plain debit; the hold refunded, one more token at T + 100 ms, not two.
     let h = p.hold_n_at("j", 1, None, t).await.unwrap();
-    let first = p
-        .reserve_turn_at("j", 2, None, Duration::from_millis(500), t)
-        .await
-        .unwrap();
-    assert_eq!(first.wait(), Duration::from_millis(100));
-    assert_eq!(h.refund_at(t).await.unwrap(), Refunded::Restored);
-    let second = p
+    p.reserve_n_at("j", 1, t).await.unwrap();
+    let turn = p
         .reserve_turn_at("j", 1, None, Duration::from_millis(500), t)
         .await
         .unwrap();
+    assert_eq!(turn.wait(), Duration::from_millis(100));
+    assert_eq!(turn.tat_ns(), t + 200 * ms);
+    assert_eq!(h.refund_at(t).await.unwrap(), Refunded::Restored);
+    assert!(p.reserve_n_at("j", 1, slot).await.is_ok());
     assert!(
-        second.wait() >= first.wait() + Duration::from_millis(100),
-        "the second turn's slot {:?} lies within one interval of the first's {:?} \
-         (3 tokens at one instant, capacity 2)",
-        second.wait(),
-        first.wait()
+        p.reserve_n_at("j", 1, slot).await.is_err(),
+        "3 tokens at one instant, capacity 2"
     );
-    assert_eq!(second.wait(), Duration::from_millis(200));
+
+    // Turns only: 1 held at T, a turn of 2 does not fit beside it; the hold
+    // refunded, a turn of 1 at T goes through at once.
+    let h = p.hold_n_at("i", 1, None, t).await.unwrap();
+    let Err(Error::Denied(d)) = p
+        .reserve_turn_at("i", 2, None, Duration::from_millis(500), t)
+        .await
+    else {
+        panic!("a turn of 2 admitted beside 1 held token at capacity 2");
+    };
+    assert_eq!(d.reason(), DenyReason::Held);
+    assert_eq!(h.refund_at(t).await.unwrap(), Refunded::Restored);
+    let turn = p
+        .reserve_turn_at("i", 1, None, Duration::from_millis(500), t)
+        .await
+        .unwrap();
+    assert_eq!(turn.wait(), Duration::ZERO);
 }
 
 /// A denial's `retry_after` counts the holds that expire before it: they
