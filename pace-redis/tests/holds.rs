@@ -926,7 +926,7 @@ async fn a_turn_is_admitted_only_where_it_fits_beside_held_tokens() {
     // reserved at T, a turn of 1 gets slot T + 100 ms and settles as a
     // plain debit; the hold refunded, one more token at T + 100 ms, not two.
     let h = p.hold_n_at("j", 1, None, t).await.unwrap();
-    p.reserve_n_at("j", 1, t).await.unwrap();
+    let _kept = p.reserve_n_at("j", 1, t).await.unwrap();
     let turn = p
         .reserve_turn_at("j", 1, None, Duration::from_millis(500), t)
         .await
