@@ -1,7 +1,8 @@
-//! Shared limits keep the layer's promises (pace-tower README: "Shared
-//! limits"), over real loopback HTTP against a real `redis-server` (started
-//! here on a free loopback port): two replicas, each an axum server with
-//! its own `RedisPace` connection, in this one test process.
+//! Shared limits keep the layer's promises (pace-tower README: "Refunds
+//! under overlap"), over real loopback HTTP against a real `redis-server`
+//! (started here on a free loopback port): two replica processes (this
+//! test binary run again on `redis::replica_process`), each an axum server
+//! with its own `RedisPace` connection and tokio runtime.
 //!
 //! * `a_401_flood_on_two_replicas_keeps_the_victim_whole`: `refund_if(401)`
 //!   on a `RedisPace` limit (5/s, capacity 10) holds it, so a flood of
@@ -31,7 +32,7 @@
 mod support;
 
 use std::collections::hash_map::RandomState;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -197,15 +198,155 @@ mod redis {
     /// timeout long enough for a loaded machine: a flood answered 503 would
     /// test nothing).
     async fn shared(server: &Server, prefix: &str) -> Arc<RedisPace> {
+        connect(&server.url(), prefix).await
+    }
+
+    async fn connect(url: &str, prefix: &str) -> Arc<RedisPace> {
         Arc::new(
             RedisPace::builder(Rate::per_second(5).unwrap())
                 .capacity(10)
                 .timeout(Duration::from_secs(5))
                 .prefix(prefix)
-                .connect(&server.url())
+                .connect(url)
                 .await
                 .unwrap(),
         )
+    }
+
+    /// A replica's app, by kind: `401` (the shared limit refunded on 401),
+    /// `allor` (the shared limit, then a local one per API key of one
+    /// token an hour), `turns` (the shared limit queueing up to 2 s; the
+    /// handler answers the server's clock in `x-server-now`).
+    async fn replica_app(kind: &str, limiter: Arc<RedisPace>, probe: Arc<RedisPace>) -> Router {
+        match kind {
+            "401" => app(PaceLayer::builder()
+                .limit(Limit::new("client", limiter, client_id()).refund_if(is_401))
+                .build()
+                .unwrap()),
+            "allor" => {
+                let keys: Arc<Pace<axum::http::HeaderValue>> = Arc::new(
+                    Pace::builder(Rate::new(1, Duration::from_secs(3600)).unwrap())
+                        .capacity(1)
+                        .build()
+                        .unwrap(),
+                );
+                app(PaceLayer::builder()
+                    .limit(Limit::new("client", limiter, client_id()))
+                    .limit(Limit::new("key", keys, api_key()))
+                    .build()
+                    .unwrap())
+            }
+            "turns" => {
+                let layer = PaceLayer::builder()
+                    .limit(
+                        Limit::new("client", limiter, client_id())
+                            .wait_up_to(Duration::from_secs(2)),
+                    )
+                    .build()
+                    .unwrap();
+                Router::new()
+                    .route(
+                        "/",
+                        get(move || async move {
+                            let now = probe.peek("clock").await.unwrap().server_now_ns().unwrap();
+                            ([("x-server-now", now.to_string())], StatusCode::OK)
+                        }),
+                    )
+                    .layer(layer)
+            }
+            other => panic!("no replica kind {other}"),
+        }
+    }
+
+    /// The body of a replica process: this test binary run again on this
+    /// test alone with `PACE_TEST_REPLICA` (its kind), `PACE_TEST_REDIS`
+    /// (the server's URL) and `PACE_TEST_PREFIX` set; it serves on a free
+    /// loopback port, prints `REPLICA_PORT <port>`, and serves until its
+    /// stdin closes. Run without them (as every test is), it does nothing.
+    #[test]
+    fn replica_process() {
+        let Ok(kind) = std::env::var("PACE_TEST_REPLICA") else {
+            return;
+        };
+        let url = std::env::var("PACE_TEST_REDIS").unwrap();
+        let prefix = std::env::var("PACE_TEST_PREFIX").unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let limiter = connect(&url, &prefix).await;
+            let probe = connect(&url, "probe:").await;
+            let addr = serve(replica_app(&kind, limiter, probe).await).await;
+            println!("REPLICA_PORT {}", addr.port());
+            let _ = tokio::task::spawn_blocking(|| {
+                let mut line = String::new();
+                let _ = std::io::stdin().read_line(&mut line);
+            })
+            .await;
+        });
+    }
+
+    /// A replica process (see [`replica_process`]), killed on drop.
+    struct Replica {
+        child: Child,
+        addr: SocketAddr,
+    }
+
+    impl Replica {
+        fn start(kind: &str, server: &Server, prefix: &str) -> Replica {
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "redis::replica_process",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("PACE_TEST_REPLICA", kind)
+                .env("PACE_TEST_REDIS", server.url())
+                .env("PACE_TEST_PREFIX", prefix)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("the test binary runs again as a replica");
+            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+            let port: u16 = loop {
+                let line = lines
+                    .next()
+                    .expect("the replica exited before serving")
+                    .unwrap();
+                // (after the harness's `test ... ` on the same line)
+                if let Some((_, p)) = line.split_once("REPLICA_PORT ") {
+                    break p.trim().parse().unwrap();
+                }
+            };
+            // The rest of its output, read so that it never blocks.
+            std::thread::spawn(move || lines.for_each(drop));
+            Replica {
+                child,
+                addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            }
+        }
+    }
+
+    impl Drop for Replica {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// Two replica processes of `kind`, and a limiter of the same prefix
+    /// for this process's own readings.
+    async fn replicas(kind: &str, server: &Server, prefix: &str) -> (Vec<Replica>, Arc<RedisPace>) {
+        let started = tokio::task::block_in_place(|| {
+            (0..2)
+                .map(|_| Replica::start(kind, server, prefix))
+                .collect()
+        });
+        (started, shared(server, prefix).await)
     }
 
     /// Statuses seen by a flood.
@@ -281,17 +422,8 @@ mod redis {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_401_flood_on_two_replicas_keeps_the_victim_whole() {
         let server = Server::start();
-        let mut replicas = Vec::new();
-        let mut limiters = Vec::new();
-        for _ in 0..2 {
-            let limiter = shared(&server, "flood401:").await;
-            let layer = PaceLayer::builder()
-                .limit(Limit::new("client", limiter.clone(), client_id()).refund_if(is_401))
-                .build()
-                .unwrap();
-            replicas.push(serve(app(layer)).await);
-            limiters.push(limiter);
-        }
+        let (procs, limiter) = replicas("401", &server, "flood401:").await;
+        let replicas: Vec<SocketAddr> = procs.iter().map(|r| r.addr).collect();
         let start = Instant::now();
         let wrong: &'static [(&str, &str)] = &[("x-client-id", "victim"), ("x-valid", "no")];
         let attack = tokio::spawn({
@@ -310,7 +442,7 @@ mod redis {
         // During the flood the victim passes whenever the flood's checks in
         // flight leave a token (reported, not asserted: it depends on the
         // machine's load); afterwards it is whole.
-        whole(&replicas, &limiters[0], false).await;
+        whole(&replicas, &limiter, false).await;
     }
 
     /// Once the flood's refunds landed, the victim's bucket is whole but
@@ -348,31 +480,16 @@ mod redis {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_shared_and_a_local_limit_all_or_nothing_under_a_flood() {
         let server = Server::start();
-        let mut replicas = Vec::new();
-        let mut limiters = Vec::new();
-        for _ in 0..2 {
-            let limiter = shared(&server, "allor:").await;
-            // Per API key, on each replica: one token an hour.
-            let keys: Arc<Pace<axum::http::HeaderValue>> = Arc::new(
-                Pace::builder(Rate::new(1, Duration::from_secs(3600)).unwrap())
-                    .capacity(1)
-                    .build()
-                    .unwrap(),
-            );
-            let layer = PaceLayer::builder()
-                .limit(Limit::new("client", limiter.clone(), client_id()))
-                .limit(Limit::new("key", keys, api_key()))
-                .build()
-                .unwrap();
-            let addr = serve(app(layer)).await;
-            // Spend the key the flood presents, on this replica.
+        let (procs, limiter) = replicas("allor", &server, "allor:").await;
+        let replicas: Vec<SocketAddr> = procs.iter().map(|r| r.addr).collect();
+        for &addr in &replicas {
+            // Spend the key the flood presents, on this replica (per API
+            // key: one token an hour, in each replica's own process).
             let r = Client::connect(addr)
                 .await
                 .get("/", &[("x-client-id", "other"), ("x-api-key", "spent")])
                 .await;
             assert_eq!(r.status(), StatusCode::OK);
-            replicas.push(addr);
-            limiters.push(limiter);
         }
         let start = Instant::now();
         let denied: &'static [(&str, &str)] = &[("x-client-id", "victim"), ("x-api-key", "spent")];
@@ -405,48 +522,29 @@ mod redis {
         );
         assert!(seen.too_many > 100, "the flood ran: {seen:?}");
         assert_eq!(seen.ok + seen.unauthorized + seen.other, 0, "{seen:?}");
-        whole(&replicas, &limiters[0], true).await;
+        whole(&replicas, &limiter, true).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_waiting_shared_limit_serves_every_request_at_its_slot() {
         let server = Server::start();
-        // The server's clock when each request reaches the handler.
+        let (procs, limiter) = replicas("turns", &server, "turns:").await;
+        let replicas: Vec<SocketAddr> = procs.iter().map(|r| r.addr).collect();
+        // The server's clock when each request reached the handler.
         let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
-        let probe = shared(&server, "probe:").await;
-        let mut replicas = Vec::new();
-        let mut limiters = Vec::new();
-        for _ in 0..2 {
-            let limiter = shared(&server, "turns:").await;
-            let layer = PaceLayer::builder()
-                .limit(
-                    Limit::new("client", limiter.clone(), client_id())
-                        .wait_up_to(Duration::from_secs(2)),
-                )
-                .build()
-                .unwrap();
-            let (seen, probe) = (seen.clone(), probe.clone());
-            let app = Router::new()
-                .route(
-                    "/",
-                    get(move || async move {
-                        let now = probe.peek("clock").await.unwrap().server_now_ns().unwrap();
-                        seen.lock().unwrap().push(now);
-                        StatusCode::OK
-                    }),
-                )
-                .layer(layer);
-            replicas.push(serve(app).await);
-            limiters.push(limiter);
-        }
         let mut clients = Vec::new();
         for i in 0..15 {
             clients.push(Client::connect(replicas[i % 2]).await);
         }
         let mut tasks = Vec::new();
         for mut c in clients {
+            let seen = seen.clone();
             tasks.push(tokio::spawn(async move {
-                c.get("/", &[("x-client-id", "fresh")]).await.status()
+                let r = c.get("/", &[("x-client-id", "fresh")]).await;
+                if let Some(now) = header(&r, "x-server-now") {
+                    seen.lock().unwrap().push(now.parse().unwrap());
+                }
+                r.status()
             }));
         }
         let mut statuses = Vec::new();
@@ -457,7 +555,7 @@ mod redis {
         assert_eq!(ok, 15, "every queued request is served: {statuses:?}");
         // The key's tat: 15 tokens from the first decision, a1 + 3 s (the
         // requests came within far less than an interval of each other).
-        let peek = limiters[0].peek("fresh").await.unwrap();
+        let peek = limiter.peek("fresh").await.unwrap();
         let tat = peek.server_now_ns().unwrap() + peek.reset_after().unwrap().as_nanos() as u64;
         let first = tat - 15 * 200_000_000;
         let mut at = seen.lock().unwrap().clone();
