@@ -997,3 +997,33 @@ async fn a_denials_retry_after_counts_the_holds_expiring_before_it() {
     assert!(p.reserve_n_at("k", 1, t + 70 * s).await.is_ok());
     std::mem::forget(h);
 }
+
+/// Under `LocalFallback` a turn is the core's `acquire`, which follows the
+/// same rule beside held tokens: a turn that does not fit beside them is
+/// denied `Held` (a wait, not a permanent denial), and one that fits goes
+/// through once they are refunded.
+#[tokio::test]
+async fn turns_of_the_local_fallback_fit_beside_held_tokens() {
+    let mut server = common::RedisServer::start();
+    let p = RedisPace::builder(Rate::per_second(10).unwrap())
+        .capacity(2)
+        .prefix("localturn:")
+        .on_unavailable(OnUnavailable::LocalFallback { replicas: 1 })
+        .timeout(Duration::from_millis(300))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    server.stop();
+    let h = p.hold_n("k", 2).await.unwrap();
+    assert_eq!(h.source(), Source::Local);
+    let Err(Error::Denied(d)) = p.acquire("k", Duration::from_millis(100)).await else {
+        panic!("a local turn admitted beside 2 held tokens at capacity 2");
+    };
+    assert_eq!(d.source(), Source::Local);
+    assert_eq!(d.reason(), DenyReason::Held);
+    assert!(!d.is_permanent(), "a denial beside held tokens is a wait");
+    assert!(d.retry_after() < Duration::MAX);
+    assert!(h.refund().await.unwrap().returned());
+    let turn = p.acquire("k", Duration::from_millis(100)).await.unwrap();
+    assert_eq!(turn.source(), Source::Local);
+}
