@@ -7,7 +7,8 @@
 //! * `a_401_flood_on_two_replicas_keeps_the_victim_whole`: `refund_if(401)`
 //!   on a `RedisPace` limit (5/s, capacity 10) holds it, so a flood of
 //!   wrong secrets naming a victim's client id on both replicas (32
-//!   connections) leaves no trace: once its refunds landed, the victim's
+//!   connections; one replica with the `RateLimit` fields, one without)
+//!   leaves no trace: once its refunds landed, the victim's
 //!   bucket is whole (9 of its requests in a row pass). During the flood
 //!   the victim (2/s) passes whenever the flood's checks in flight leave a
 //!   token: reported, not asserted.
@@ -216,10 +217,17 @@ mod redis {
     /// A replica's app, by kind: `401` (the shared limit refunded on 401),
     /// `allor` (the shared limit, then a local one per API key of one
     /// token an hour), `turns` (the shared limit queueing up to 2 s; the
-    /// handler answers the server's clock in `x-server-now`).
-    async fn replica_app(kind: &str, limiter: Arc<RedisPace>, probe: Arc<RedisPace>) -> Router {
+    /// handler answers the server's clock in `x-server-now`); `fields`:
+    /// whether admitted responses carry the `RateLimit` fields.
+    async fn replica_app(
+        kind: &str,
+        fields: bool,
+        limiter: Arc<RedisPace>,
+        probe: Arc<RedisPace>,
+    ) -> Router {
         match kind {
             "401" => app(PaceLayer::builder()
+                .rate_limit_headers(fields)
                 .limit(Limit::new("client", limiter, client_id()).refund_if(is_401))
                 .build()
                 .unwrap()),
@@ -231,6 +239,7 @@ mod redis {
                         .unwrap(),
                 );
                 app(PaceLayer::builder()
+                    .rate_limit_headers(fields)
                     .limit(Limit::new("client", limiter, client_id()))
                     .limit(Limit::new("key", keys, api_key()))
                     .build()
@@ -238,6 +247,7 @@ mod redis {
             }
             "turns" => {
                 let layer = PaceLayer::builder()
+                    .rate_limit_headers(fields)
                     .limit(
                         Limit::new("client", limiter, client_id())
                             .wait_up_to(Duration::from_secs(2)),
@@ -260,7 +270,8 @@ mod redis {
 
     /// The body of a replica process: this test binary run again on this
     /// test alone with `PACE_TEST_REPLICA` (its kind), `PACE_TEST_REDIS`
-    /// (the server's URL) and `PACE_TEST_PREFIX` set; it serves on a free
+    /// (the server's URL), `PACE_TEST_PREFIX` and `PACE_TEST_FIELDS` (`0`:
+    /// without the `RateLimit` fields) set; it serves on a free
     /// loopback port, prints `REPLICA_PORT <port>`, and serves until its
     /// stdin closes. Run without them (as every test is), it does nothing.
     #[test]
@@ -270,6 +281,7 @@ mod redis {
         };
         let url = std::env::var("PACE_TEST_REDIS").unwrap();
         let prefix = std::env::var("PACE_TEST_PREFIX").unwrap();
+        let fields = std::env::var("PACE_TEST_FIELDS").as_deref() != Ok("0");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -278,7 +290,7 @@ mod redis {
         rt.block_on(async move {
             let limiter = connect(&url, &prefix).await;
             let probe = connect(&url, "probe:").await;
-            let addr = serve(replica_app(&kind, limiter, probe).await).await;
+            let addr = serve(replica_app(&kind, fields, limiter, probe).await).await;
             println!("REPLICA_PORT {}", addr.port());
             let _ = tokio::task::spawn_blocking(|| {
                 let mut line = String::new();
@@ -295,7 +307,7 @@ mod redis {
     }
 
     impl Replica {
-        fn start(kind: &str, server: &Server, prefix: &str) -> Replica {
+        fn start(kind: &str, server: &Server, prefix: &str, fields: bool) -> Replica {
             let mut child = Command::new(std::env::current_exe().unwrap())
                 .args([
                     "--exact",
@@ -306,6 +318,7 @@ mod redis {
                 .env("PACE_TEST_REPLICA", kind)
                 .env("PACE_TEST_REDIS", server.url())
                 .env("PACE_TEST_PREFIX", prefix)
+                .env("PACE_TEST_FIELDS", if fields { "1" } else { "0" })
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -338,12 +351,14 @@ mod redis {
         }
     }
 
-    /// Two replica processes of `kind`, and a limiter of the same prefix
-    /// for this process's own readings.
+    /// Two replica processes of `kind`, the first with the `RateLimit`
+    /// fields and the second without (the layer's two ways of settling a
+    /// response), and a limiter of the same prefix for this process's own
+    /// readings.
     async fn replicas(kind: &str, server: &Server, prefix: &str) -> (Vec<Replica>, Arc<RedisPace>) {
         let started = tokio::task::block_in_place(|| {
             (0..2)
-                .map(|_| Replica::start(kind, server, prefix))
+                .map(|i| Replica::start(kind, server, prefix, i == 0))
                 .collect()
         });
         (started, shared(server, prefix).await)
