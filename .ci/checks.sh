@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks on the normal build, one after the other: formatting, lints,
-# docs, pace-tower's MSRV check (1.95, the part of .ci/msrv.sh that can use
-# this build), the README's test command. .ci/run runs this as the first job
+# docs, the packaging check (.ci/package.sh), pace-tower's MSRV check (1.95,
+# the part of .ci/msrv.sh that can use this build), the README's test
+# command. .ci/run runs this as the first job
 # of its pool (then .ci/suites/15-mutants.sh, which builds in the same target
 # directory as the tests here), beside the single-core suites.
 set -euo pipefail
@@ -27,6 +28,9 @@ fi
 
 step "cargo doc (no warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --all-features
+
+step "packaging: cargo publish --dry-run -p pace -p pace-redis -p pace-tower (.ci/package.sh)"
+bash .ci/package.sh
 
 step "MSRV of pace-tower: cargo +1.95 check (.ci/msrv.sh 1.95, on this build)"
 bash .ci/msrv.sh 1.95

@@ -307,8 +307,9 @@ impl std::error::Error for AllDenied {}
 
 /// Every pair of an [`All`] reserved (held). Dropping it keeps every debit
 /// that was not refunded. It owns (or borrows, for `'a`) its pairs, so refunds can be
-/// decided later, pair by pair.
-#[must_use = "dropping an AllReservation keeps every debit"]
+/// decided later, pair by pair. Not `#[must_use]`, as
+/// [`Reservation`](crate::Reservation): dropping it is how its debits are
+/// kept.
 pub struct AllReservation<'a> {
     held: Vec<(BoxAxis<'a>, Option<Debit>)>,
 }

@@ -23,6 +23,7 @@ pub trait Clock: Send + Sync {
 /// The clock a [`Pace`](crate::Pace) uses unless told otherwise:
 /// [`QuantaClock`] with the default `quanta` feature, else [`StdClock`].
 #[cfg(feature = "quanta")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quanta")))]
 pub type DefaultClock = QuantaClock;
 /// The clock a [`Pace`](crate::Pace) uses unless told otherwise:
 /// [`QuantaClock`] with the default `quanta` feature, else [`StdClock`].
@@ -35,6 +36,7 @@ pub type DefaultClock = StdClock;
 /// Some CPUs give quanta readings that are not monotonic across cores; the
 /// limiter tolerates that by construction (a step back never mints tokens).
 #[cfg(feature = "quanta")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quanta")))]
 #[derive(Clone, Debug)]
 pub struct QuantaClock {
     clock: quanta::Clock,
@@ -107,6 +109,7 @@ impl Clock for QuantaClock {
 /// successive loads of one atomic never see an older value after a newer
 /// one. Different threads may see a step at slightly different moments.
 #[cfg(feature = "quanta")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quanta")))]
 #[derive(Clone, Debug)]
 pub struct CoarseClock {
     inner: Arc<Coarse>,

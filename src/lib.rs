@@ -54,7 +54,7 @@
 //! plan, a tenant's limit. [`Pace::set_quota`] replaces the default quota of
 //! [`Pace::reserve`] while the limiter runs. A row stores only a time, so a
 //! key keeps its debt across quotas. [`Pace::acquire_blocking`] (and
-//! `Pace::acquire`, feature `timer`) waits for the key's next turn instead
+//! [`Pace::acquire`] in async code) waits for the key's next turn instead
 //! of being refused: one CAS takes a slot, one sleep waits for it.
 //!
 //! ```
@@ -77,9 +77,10 @@
 //!
 //! * `quanta` (default): [`QuantaClock`], the default clock, and
 //!   [`CoarseClock`].
-//! * `timer`: `Pace::acquire`, `acquire_n` and `acquire_n_with` for async
-//!   code on any executor, waiting on `futures-timer` (one timer thread per
-//!   process, started by the first wait, with nanosecond deadlines).
+//! * `timer` (default): [`Pace::acquire`], [`Pace::acquire_n`] and
+//!   [`Pace::acquire_n_with`] for async code on any executor, waiting on
+//!   `futures-timer` (one timer thread per process, started by the first
+//!   wait, with nanosecond deadlines; no dependencies of its own).
 //! * `foldhash`: [`Builder::fast_hasher`].
 //! * `bytes`: [`Gate`] byte shares attached to `bytes::Bytes` owners.
 //! * `journal`: `gate::journal`, the intent journal and its recovery.
@@ -222,6 +223,9 @@
 //! [`Reservation`], [`Denied`], the clocks) and the gate's most used types;
 //! everything of the gate is in [`gate`], and clocks also in [`clock`].
 #![warn(missing_docs)]
+// docs.rs (`--cfg docsrs`, Cargo.toml's `package.metadata.docs.rs`) marks
+// the items of each feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Unsafe code lives in `table` only, and every block there says why it is
 // sound (`// SAFETY:`); CI denies warnings.
 #![deny(unsafe_code)]
@@ -256,3 +260,36 @@ pub use crate::pace::{
     Builder, Debit, Denied, DenyReason, Hold, MemoryStats, Pace, Refunded, Reservation,
 };
 pub use crate::rate::{ConfigError, Quota, Rate};
+
+/// The README's Rust blocks, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
+/// The Rust blocks of docs/reference.md, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/reference.md")]
+struct ReferenceDoctests;
+
+/// The commonest calls compile without a warning: dropping a
+/// [`Reservation`] is how a debit is kept, so it is not `#[must_use]` (the
+/// `Result` around it is).
+///
+/// ```
+/// #![deny(unused_must_use)]
+/// use std::time::Duration;
+/// use pace::{Denied, Pace};
+///
+/// fn handler(pace: &Pace<String>, key: &str) -> Result<(), Denied> {
+///     pace.reserve(key)?;
+///     Ok(())
+/// }
+///
+/// async fn worker(pace: &Pace<String>, key: &str) -> Result<(), Denied> {
+///     pace.acquire(key, Duration::from_secs(1)).await?;
+///     pace.acquire_blocking(key, Duration::from_secs(1))?;
+///     Ok(())
+/// }
+/// ```
+#[cfg(doctest)]
+struct CommonCallsCompileClean;

@@ -29,6 +29,31 @@ impl Rate {
         Rate::new(n, Duration::from_secs(1))
     }
 
+    /// `n` tokens per minute.
+    ///
+    /// As with every rate, [`Pace::new`](crate::Pace::new) gives it a
+    /// capacity of one second of the rate (at least one token): 100 per
+    /// minute refills a token every 600 ms and holds 1. For governor's
+    /// `Quota::per_minute(n)` (a burst of `n`), set the capacity as well:
+    /// `Pace::builder(Rate::per_minute(n)?).capacity(n)` or
+    /// `Quota::new(Rate::per_minute(n)?, n)`.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroRate`] for `n == 0`; [`ConfigError::IntervalTooShort`]
+    /// above one token per nanosecond.
+    pub fn per_minute(n: u64) -> Result<Rate, ConfigError> {
+        Rate::new(n, Duration::from_secs(60))
+    }
+
+    /// `n` tokens per hour (capacity: as for [`Rate::per_minute`]).
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroRate`] for `n == 0`; [`ConfigError::IntervalTooShort`]
+    /// above one token per nanosecond.
+    pub fn per_hour(n: u64) -> Result<Rate, ConfigError> {
+        Rate::new(n, Duration::from_secs(3600))
+    }
+
     /// `count` tokens per `per`.
     ///
     /// # Errors
@@ -253,6 +278,34 @@ mod tests {
         let r = Rate::per_second(1_000_000_000).unwrap();
         assert_eq!(r.interval_ns(), 1);
         assert_eq!(r.one_second(), 1_000_000_000);
+    }
+
+    #[test]
+    fn per_minute_and_per_hour() {
+        let r = Rate::per_minute(100).unwrap();
+        assert_eq!(r, Rate::new(100, Duration::from_secs(60)).unwrap());
+        assert_eq!((r.count(), r.per()), (100, Duration::from_secs(60)));
+        assert_eq!(r.interval_ns(), 600_000_000);
+        assert_eq!(r.one_second(), 1);
+        // 7 per minute: 8,571,428,571.43 ns, rounded up.
+        assert_eq!(Rate::per_minute(7).unwrap().interval_ns(), 8_571_428_572);
+        assert_eq!(Rate::per_minute(60_000).unwrap().one_second(), 1_000);
+        let r = Rate::per_hour(3).unwrap();
+        assert_eq!((r.count(), r.per()), (3, Duration::from_secs(3600)));
+        assert_eq!(r.interval_ns(), 1_200_000_000_000);
+        assert_eq!(Rate::per_hour(7).unwrap().interval_ns(), 514_285_714_286);
+        assert_eq!(Rate::per_minute(0), Err(ConfigError::ZeroRate));
+        assert_eq!(Rate::per_hour(0), Err(ConfigError::ZeroRate));
+        // The fastest: one token per nanosecond.
+        assert_eq!(Rate::per_hour(3_600_000_000_000).unwrap().interval_ns(), 1);
+        assert_eq!(
+            Rate::per_hour(3_600_000_000_001),
+            Err(ConfigError::IntervalTooShort)
+        );
+        assert_eq!(
+            Rate::per_minute(60_000_000_001),
+            Err(ConfigError::IntervalTooShort)
+        );
     }
 
     #[test]

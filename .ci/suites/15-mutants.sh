@@ -178,12 +178,16 @@ expect_caught turn_slot_ignores_held seams "the turn came before its slot" "" \
     a_turn_waits_behind_held_tokens
 expect_caught turn_slot_ignores_held model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
+expect_caught turn_slot_ignores_held quotas "exceed the bound by" "" \
+    random_mixed_quota_histories_never_exceed_the_bound
 expect_caught turn_beside_too_many_held holds "turn of" "" \
     random_hold_histories_follow_the_rule_exactly
 expect_caught turn_beside_too_many_held seams "panicked" "" \
     a_turn_beside_a_full_hold_is_denied_as_held
 expect_caught turn_beside_too_many_held model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
+expect_caught turn_beside_too_many_held quotas "exceed the bound by" "" \
+    random_mixed_quota_histories_never_exceed_the_bound
 # A stale hold opens no lot in the past (tests/holds.rs), against
 # `stale_lot_opens_in_the_past`: such a lot settles the previous one early.
 expect_caught stale_lot_opens_in_the_past holds "resolved at" "" \
@@ -401,10 +405,33 @@ expect_caught redis_turn_beside_held holds "exceeds the bound by" "-p pace-redis
 expect_caught redis_retry_ignores_expiry holds "ignores the hold that expires" "-p pace-redis" \
     a_denials_retry_after_counts_the_holds_expiring_before_it holds_agree_with_the_integer_model
 
+# Operations (the features cluster, sentinel, tls; the tests start their
+# own servers on loopback), against four variants, built once together
+# (each changes what one test sees only, and fails it with its own message):
+#   redis_warn_every_trip:     every failed call logs a warning (a log flood
+#                              during an outage, not one line per outage)
+#   redis_cluster_one_circuit: one circuit for the whole cluster (a dead
+#                              primary's timeouts refuse the healthy ones)
+#   redis_sentinel_unfollowed: no +switch-master follower (a limiter stays on
+#                              the old primary after a graceful failover)
+#   redis_refusal_is_outage:   a refused login or certificate counts as a
+#                              server that cannot be reached
+ops=redis_warn_every_trip,redis_cluster_one_circuit,redis_sentinel_unfollowed,redis_refusal_is_outage
+expect_caught "$ops" outage "one warning per outage" "-p pace-redis --all-features" \
+    each_refusal_says_when_to_retry_and_an_outage_is_logged_once
+expect_caught "$ops" cluster "server decisions (< 95%)" "-p pace-redis --all-features" \
+    one_primary_down_leaves_the_others_deciding
+expect_caught "$ops" sentinel "over the bound" "-p pace-redis --all-features" \
+    a_graceful_failover_does_not_split_the_limit
+expect_caught "$ops" refusals "connected without the password" "-p pace-redis --all-features" \
+    a_refused_login_fails_connect_under_either_policy
+expect_caught "$ops" tls "expected a TLS failure" "-p pace-redis --all-features" \
+    an_unknown_ca_is_refused
+
 # pace-tower's known-wrong variants (PACE_MUTANT, read by pace-tower/build.rs):
 # each must make its test file fail (tests, not the build).
 [ "$part" = release ] || for entry in xff_leftmost=server v6_full_address=server retry_after_truncated=server \
-    tower_plain_reserve=holds tower_no_keep=holds \
+    tower_plain_reserve=holds tower_no_keep=holds tower_warn_every_outage_request=operable \
     tower_redis_plain=shared_holds tower_redis_no_turn=shared_holds; do
     m=${entry%%=*}
     f=${entry#*=}

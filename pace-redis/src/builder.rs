@@ -10,7 +10,7 @@ use pace::{Pace, Rate};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script, Value};
 
-use crate::conn::{Conn, Connector, Link};
+use crate::conn::{Circuit, Conn, Connector, Link};
 use crate::stats::Counters;
 use crate::{
     script_source, ConfigError, ConnectError, Inner, RedisPace, DEFAULT_HOLD_LIMIT, MAX_TAU_NS,
@@ -92,8 +92,10 @@ impl Builder {
         self.timeout = timeout;
         self
     }
-    /// After a failed call, Redis is not tried again for this long: calls go
-    /// straight to the policy (default 100 ms).
+    /// After a failed call, Redis (in a cluster, the node that serves the
+    /// call's slot) is not tried again for this long: calls go straight to
+    /// the policy (default 100 ms). [`RedisPace::unavailable_for`] tells
+    /// what is left of it.
     pub fn backoff(mut self, backoff: Duration) -> Self {
         self.backoff = backoff;
         self
@@ -166,8 +168,15 @@ impl Builder {
         self
     }
 
-    /// The client of `url`, with the TLS settings.
-    fn client(&self, url: &str) -> Result<redis::Client, RedisError> {
+    /// The client of `url`, with the TLS settings: a URL that does not
+    /// parse is [`ConnectError::InvalidUrl`]; certificates that do not,
+    /// [`ConnectError::Tls`].
+    fn client(&self, url: &str) -> Result<redis::Client, ConnectError> {
+        redis::IntoConnectionInfo::into_connection_info(url).map_err(ConnectError::InvalidUrl)?;
+        self.client_of(url).map_err(ConnectError::Tls)
+    }
+
+    fn client_of(&self, url: &str) -> Result<redis::Client, RedisError> {
         #[cfg(feature = "tls")]
         {
             // rustls needs a process-wide crypto provider; this crate enables
@@ -199,13 +208,21 @@ impl Builder {
     /// connects in the background (one attempt per `backoff`, each within the
     /// timeout); decisions move to the server once it answers.
     ///
+    /// A server that answers but refuses the client is not "unreachable":
+    /// a refused login or TLS handshake fails `connect` under either
+    /// policy.
+    ///
     /// # Errors
     /// [`ConnectError::Config`] for a rejected configuration,
-    /// [`ConnectError::Redis`] for a bad URL, and, under
-    /// [`OnUnavailable::FailClosed`], when the server cannot be reached in
-    /// time.
+    /// [`ConnectError::InvalidUrl`] for a URL that does not parse,
+    /// [`ConnectError::Auth`] for a refused login (a missing or wrong
+    /// password), [`ConnectError::Tls`] for a failed TLS handshake (a
+    /// certificate the client does not trust, or one the server refuses),
+    /// and [`ConnectError::Redis`] for any other failure, which includes,
+    /// under [`OnUnavailable::FailClosed`] only, a server that cannot be
+    /// reached in time.
     pub async fn connect(self, url: &str) -> Result<RedisPace, ConnectError> {
-        let client = self.client(url).map_err(ConnectError::Redis)?;
+        let client = self.client(url)?;
         self.connect_client(client).await
     }
 
@@ -246,8 +263,10 @@ impl Builder {
     /// (`redis://host:port`, or `rediss://` with the `tls` feature and the
     /// builder's TLS settings): each key goes to its slot's primary, MOVED
     /// and ASK are followed, and [`RedisPace::reserve_many`] sends one
-    /// pipeline per slot, concurrently. Otherwise as
-    /// [`connect`](Builder::connect).
+    /// pipeline per slot, concurrently. The circuit is one per node (read
+    /// from `CLUSTER SLOTS` at connect and after a node's circuit opens):
+    /// a node that fails does not stop the calls of the others. Otherwise
+    /// as [`connect`](Builder::connect).
     ///
     /// # Errors
     /// As [`connect`](Builder::connect).
@@ -272,7 +291,7 @@ impl Builder {
                 });
             }
         }
-        let client = builder.build().map_err(ConnectError::Redis)?;
+        let client = builder.build().map_err(ConnectError::InvalidUrl)?;
         self.connect_cluster_client(client).await
     }
 
@@ -293,7 +312,11 @@ impl Builder {
     /// (`redis://host:port`) report for `service` (`sentinel monitor
     /// <service> ...`). Every new connection asks them again: after a
     /// `READONLY`, `MASTERDOWN` or a lost connection, the limiter follows a
-    /// failover to the new primary. Otherwise as [`connect`](Builder::connect).
+    /// failover to the new primary. A task on the current tokio runtime
+    /// also subscribes to the Sentinels' `+switch-master` channel and
+    /// moves the limiter to the new primary at each switch, so that a
+    /// graceful failover (the old primary still up) does not leave it
+    /// deciding on the old one. Otherwise as [`connect`](Builder::connect).
     ///
     /// # Errors
     /// As [`connect`](Builder::connect).
@@ -309,7 +332,7 @@ impl Builder {
             None,
             redis::sentinel::SentinelServerType::Master,
         )
-        .map_err(ConnectError::Redis)?;
+        .map_err(ConnectError::InvalidUrl)?;
         self.connect_sentinel_client(client).await
     }
 
@@ -329,8 +352,22 @@ impl Builder {
             .set_number_of_retries(0)
             .set_max_delay(10);
         let sentinel = Box::new(tokio::sync::Mutex::new(client));
-        self.start(Connector::Sentinel { sentinel, config }, None)
-            .await
+        let primary = Mutex::new(None);
+        let limiter = self
+            .start(
+                Connector::Sentinel {
+                    sentinel,
+                    config,
+                    primary,
+                },
+                None,
+            )
+            .await?;
+        // Known-wrong for mutation tests: no follower (a limiter moves only
+        // after an error from the old primary).
+        #[cfg(not(pace_mutant = "redis_sentinel_unfollowed"))]
+        limiter.follow_sentinels();
+        Ok(limiter)
     }
 
     /// Validates the configuration, makes the first connection (unless given
@@ -345,16 +382,28 @@ impl Builder {
         let mut seen_policy = None;
         if let Some(conn) = &first {
             let mut conn = conn.clone();
-            match check_eviction(&mut conn, self.eviction, self.timeout).await {
+            match check_server(&mut conn, self.eviction, self.timeout).await {
                 Ok(policy) => seen_policy = policy,
-                Err(policy) => {
+                Err(Refused::Policy(policy)) => {
                     return Err(ConnectError::Config(ConfigError::EvictingPolicy { policy }))
                 }
+                Err(Refused::Login(e)) => return Err(ConnectError::Auth(e)),
             }
         }
         let connected = first.is_some();
         let limiter = self.limiter(checked, fallback, how, first, seen_policy);
-        if !connected {
+        if connected {
+            #[cfg(feature = "cluster")]
+            limiter.refresh_topology().await;
+        } else {
+            if limiter.inner.link.circuit.begin_outage() {
+                crate::stats::bump(&limiter.inner.counters.shard().outages, 1);
+                log::warn!(
+                    target: "pace_redis",
+                    "redis cannot be reached at start: calls decide on the local fallback \
+                     while the limiter connects in the background (logged once per outage)"
+                );
+            }
             limiter.reconnect();
         }
         Ok(limiter)
@@ -441,7 +490,13 @@ impl Builder {
     ) -> Result<Option<Conn>, ConnectError> {
         match tokio::time::timeout(self.timeout, how.open()).await {
             Ok(Ok(conn)) => Ok(Some(conn)),
-            Ok(Err(e)) if !(e.is_io_error() && fallback) => Err(ConnectError::Redis(e)),
+            // A server that answers and refuses: under either policy.
+            Ok(Err(e)) => match refusal_kind(&e) {
+                Some(Refusal::Auth) => Err(ConnectError::Auth(e)),
+                Some(Refusal::Tls) => Err(ConnectError::Tls(e)),
+                None if !(e.is_io_error() && fallback) => Err(ConnectError::Redis(e)),
+                None => Ok(None),
+            },
             Err(_) if !fallback => Err(ConnectError::Redis(RedisError::from((
                 ErrorKind::IoError,
                 "connect timed out",
@@ -465,14 +520,20 @@ impl Builder {
             interval,
             hold_limit,
         } = checked;
+        #[cfg(feature = "cluster")]
+        let cluster = matches!(how, Connector::Cluster(_));
         RedisPace {
             inner: Arc::new(Inner {
                 link: Link {
                     how,
                     conn: RwLock::new(first),
                     connecting: AtomicBool::new(false),
+                    next_attempt: AtomicU64::new(0),
                     policy: Mutex::new(seen_policy),
                     eviction: self.eviction,
+                    circuit: Circuit::default(),
+                    #[cfg(feature = "cluster")]
+                    topology: cluster.then(|| Box::new(crate::conn::Topology::new())),
                 },
                 script: Script::new(&script_source(interval, capacity)),
                 rate: self.rate,
@@ -490,7 +551,6 @@ impl Builder {
                 time_injection: self.time_injection,
                 hold_limit,
                 origin: Instant::now(),
-                down_until: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
         }
@@ -509,27 +569,83 @@ fn evicts_limiter_keys(policy: &str) -> bool {
     policy.starts_with("allkeys-") || policy.starts_with("volatile-")
 }
 
-/// Reads the server's `maxmemory-policy` (`INFO memory`) and applies
-/// `check`: `Ok(policy)` to use the server (`None` when not read), `Err` with
-/// the policy to refuse it.
-pub(crate) async fn check_eviction(
+/// Why a server that answered is not used.
+pub(crate) enum Refused {
+    /// Its `maxmemory-policy` can evict keys and the builder refuses it.
+    Policy(String),
+    /// It refused the login (`NOAUTH`, `WRONGPASS`).
+    Login(RedisError),
+}
+
+/// What kind of refusal an error is, if any.
+pub(crate) enum Refusal {
+    /// The server refused the credentials (or their absence).
+    Auth,
+    /// The TLS handshake failed.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    Tls,
+}
+
+/// Whether `e` says the server refused the client (its login or its TLS
+/// handshake) rather than that it cannot be reached.
+pub(crate) fn refusal_kind(e: &RedisError) -> Option<Refusal> {
+    // Known-wrong for mutation tests: every refusal counts as an outage.
+    #[cfg(pace_mutant = "redis_refusal_is_outage")]
+    return None;
+    #[allow(unreachable_code)]
+    if e.kind() == ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+    {
+        return Some(Refusal::Auth);
+    }
+    #[cfg(feature = "tls")]
+    {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+        while let Some(s) = source {
+            if s.is::<rustls::Error>() {
+                return Some(Refusal::Tls);
+            }
+            if let Some(inner) = s
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                if inner.is::<rustls::Error>() {
+                    return Some(Refusal::Tls);
+                }
+            }
+            source = s.source();
+        }
+    }
+    None
+}
+
+/// Checks a new connection's server: the login (a server with
+/// `requirepass` accepts a connection without a password, then answers
+/// every command `NOAUTH`), then the `maxmemory-policy` (`INFO memory`)
+/// under `check`. `Ok(policy)` to use the server (`None` when the policy
+/// was not read), `Err` to refuse it.
+pub(crate) async fn check_server(
     conn: &mut Conn,
     check: EvictionCheck,
     timeout: Duration,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, Refused> {
+    let cmd = if check == EvictionCheck::Ignore {
+        redis::cmd("PING")
+    } else {
+        let mut c = redis::cmd("INFO");
+        c.arg("memory");
+        c
+    };
+    let read = tokio::time::timeout(timeout, cmd.query_async::<Value>(conn)).await;
+    let reply = match read {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) if refusal_kind(&e).is_some() => return Err(Refused::Login(e)),
+        _ => None,
+    };
     if check == EvictionCheck::Ignore {
         return Ok(None);
     }
-    let read = tokio::time::timeout(
-        timeout,
-        redis::cmd("INFO").arg("memory").query_async::<Value>(conn),
-    )
-    .await;
-    let policy = match read {
-        Ok(Ok(v)) => maxmemory_policy(&v),
-        _ => None,
-    };
-    let Some(policy) = policy else {
+    let Some(policy) = reply.as_ref().and_then(maxmemory_policy) else {
         log::warn!(
             target: "pace_redis",
             "could not read the server's maxmemory-policy (INFO memory); \
@@ -539,7 +655,7 @@ pub(crate) async fn check_eviction(
     };
     if evicts_limiter_keys(&policy) {
         if check == EvictionCheck::Refuse {
-            return Err(policy);
+            return Err(Refused::Policy(policy));
         }
         log::warn!(
             target: "pace_redis",

@@ -2,7 +2,7 @@
 //! circuit, reconnects, and the calls themselves (one script call, one
 //! pipeline).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
@@ -10,9 +10,9 @@ use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, ErrorKind, RedisError, Value};
 
-use crate::builder::check_eviction;
+use crate::builder::{check_server, Refused};
 use crate::stats::bump;
-use crate::{BackendError, EvictionCheck, Inner, RedisPace};
+use crate::{BackendError, EvictionCheck, Inner, OnUnavailable, RedisPace};
 
 /// How the limiter reaches Redis.
 pub(crate) enum Connector {
@@ -32,6 +32,8 @@ pub(crate) enum Connector {
     Sentinel {
         sentinel: Box<tokio::sync::Mutex<redis::sentinel::SentinelClient>>,
         config: ConnectionManagerConfig,
+        /// The address of the primary of the last connection made.
+        primary: Mutex<Option<redis::ConnectionAddr>>,
     },
 }
 
@@ -51,11 +53,16 @@ impl Connector {
             #[cfg(feature = "cluster")]
             Connector::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
             #[cfg(feature = "sentinel")]
-            Connector::Sentinel { sentinel, config } => {
+            Connector::Sentinel {
+                sentinel,
+                config,
+                primary,
+            } => {
                 let client = sentinel.lock().await.async_get_client().await?;
-                ConnectionManager::new_with_config(client, config.clone())
-                    .await
-                    .map(Conn::Single)
+                let addr = client.get_connection_info().addr.clone();
+                let conn = ConnectionManager::new_with_config(client, config.clone()).await?;
+                *primary.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
+                Ok(Conn::Single(conn))
             }
         }
     }
@@ -127,9 +134,147 @@ pub(crate) struct Link {
     pub(crate) conn: RwLock<Option<Conn>>,
     /// A background connect is under way.
     pub(crate) connecting: AtomicBool,
+    /// ns since the limiter's origin of the background connect's next
+    /// attempt (while it waits between attempts).
+    pub(crate) next_attempt: AtomicU64,
     /// The `maxmemory-policy` the last connection's server reported.
     pub(crate) policy: Mutex<Option<String>>,
     pub(crate) eviction: EvictionCheck,
+    /// The server's circuit (a cluster's, for the slots of no known node).
+    pub(crate) circuit: Circuit,
+    /// A cluster's slots and one circuit per node.
+    #[cfg(feature = "cluster")]
+    pub(crate) topology: Option<Box<Topology>>,
+}
+
+/// A circuit: after a failed call, its server is not tried again until
+/// `until`. It also marks an outage, so that its start and its end are
+/// logged once each.
+#[derive(Default)]
+pub(crate) struct Circuit {
+    /// ns since the limiter's origin before which the server is not tried
+    /// (0: never opened).
+    until: AtomicU64,
+    /// An outage is under way: its start was logged, its end will be.
+    outage: AtomicBool,
+}
+
+impl Circuit {
+    fn is_open(&self, now: u64) -> bool {
+        let until = self.until.load(Ordering::Relaxed);
+        until != 0 && now < until
+    }
+    /// ns until the circuit closes (0: closed).
+    fn remaining(&self, now: u64) -> u64 {
+        self.until.load(Ordering::Relaxed).saturating_sub(now)
+    }
+    /// Marks the start of an outage: true if it was not under way.
+    pub(crate) fn begin_outage(&self) -> bool {
+        let first = !self.outage.swap(true, Ordering::Relaxed);
+        // Known-wrong for mutation tests: every failed call starts one.
+        #[cfg(pace_mutant = "redis_warn_every_trip")]
+        let first = true;
+        first
+    }
+    /// Marks an answer: true if it ends an outage.
+    fn answered(&self) -> bool {
+        self.outage.load(Ordering::Relaxed) && self.outage.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// Redis Cluster's slot count.
+#[cfg(feature = "cluster")]
+const SLOTS: usize = 16_384;
+
+/// The most cluster nodes with a circuit of their own; the slots of the
+/// nodes beyond share the cluster's circuit.
+#[cfg(feature = "cluster")]
+const MAX_NODES: usize = 1_024;
+
+/// Which node serves each slot (as `CLUSTER SLOTS` last said), and one
+/// circuit per node: a node that fails opens its own circuit, not the
+/// others'.
+#[cfg(feature = "cluster")]
+pub(crate) struct Topology {
+    /// Each slot's node: its index in `addrs` plus one (0: not known).
+    owner: Box<[std::sync::atomic::AtomicU16]>,
+    /// The nodes seen, by address, in the order first seen.
+    addrs: Mutex<Vec<String>>,
+    /// The circuit of each node of `addrs`.
+    nodes: Box<[Circuit]>,
+    /// A `CLUSTER SLOTS` read is under way.
+    refreshing: AtomicBool,
+}
+
+#[cfg(feature = "cluster")]
+impl Topology {
+    pub(crate) fn new() -> Topology {
+        Topology {
+            owner: (0..SLOTS)
+                .map(|_| std::sync::atomic::AtomicU16::new(0))
+                .collect(),
+            addrs: Mutex::new(Vec::new()),
+            nodes: (0..MAX_NODES).map(|_| Circuit::default()).collect(),
+            refreshing: AtomicBool::new(false),
+        }
+    }
+
+    /// The circuit of the node that serves `slot`, when known.
+    fn circuit(&self, slot: u16) -> Option<&Circuit> {
+        let owner = self.owner[usize::from(slot)].load(Ordering::Relaxed);
+        self.nodes.get(usize::from(owner).checked_sub(1)?)
+    }
+
+    /// The address of the node whose circuit is `c`.
+    fn address(&self, c: &Circuit) -> Option<String> {
+        let i = self.nodes.iter().position(|n| std::ptr::eq(n, c))?;
+        self.addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(i)
+            .cloned()
+    }
+
+    /// Takes a `CLUSTER SLOTS` reply: each range's primary, by address.
+    fn update(&self, reply: &Value) {
+        let Value::Array(ranges) = reply else { return };
+        let mut addrs = self.addrs.lock().unwrap_or_else(|p| p.into_inner());
+        for range in ranges {
+            let Value::Array(fields) = range else {
+                continue;
+            };
+            let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(node))) =
+                (fields.first(), fields.get(1), fields.get(2))
+            else {
+                continue;
+            };
+            let host = match node.first() {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(Value::SimpleString(s)) => s.clone(),
+                _ => continue,
+            };
+            let Some(Value::Int(port)) = node.get(1) else {
+                continue;
+            };
+            let addr = format!("{host}:{port}");
+            let index = match addrs.iter().position(|a| *a == addr) {
+                Some(i) => i,
+                None if addrs.len() < MAX_NODES => {
+                    addrs.push(addr);
+                    addrs.len() - 1
+                }
+                None => continue,
+            };
+            let (Ok(start), Ok(end)) = (usize::try_from(*start), usize::try_from(*end)) else {
+                continue;
+            };
+            // The index fits: MAX_NODES < u16::MAX.
+            let owner = (index + 1) as u16;
+            for slot in self.owner.iter().take(end.saturating_add(1)).skip(start) {
+                slot.store(owner, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// The Redis Cluster slot of `key`: CRC16 (XMODEM) of the key, or of its
@@ -185,13 +330,71 @@ fn is_noscript(v: &Value) -> bool {
 }
 
 impl RedisPace {
-    fn circuit_open(&self) -> bool {
-        let until = self.inner.down_until.load(Ordering::Relaxed);
-        // 0: never opened (no clock read).
-        until != 0 && (self.inner.origin.elapsed().as_nanos() as u64) < until
+    /// ns since the limiter's origin.
+    fn now_ns(&self) -> u64 {
+        self.inner.origin.elapsed().as_nanos() as u64
     }
 
-    fn trip(&self, e: &BackendError) {
+    /// The circuit of a call (`EVALSHA <sha> 1 <key> ...`): in a cluster,
+    /// that of the node serving its key's slot (when known); else the
+    /// server's.
+    fn circuit(&self, cmd: &Cmd) -> &Circuit {
+        #[cfg(feature = "cluster")]
+        if let (Some(t), Some(redis::Arg::Simple(key))) =
+            (&self.inner.link.topology, cmd.args_iter().nth(3))
+        {
+            if let Some(c) = t.circuit(key_slot(key)) {
+                // Known-wrong for mutation tests: one circuit for the cluster.
+                #[cfg(not(pace_mutant = "redis_cluster_one_circuit"))]
+                return c;
+            }
+        }
+        let _ = cmd;
+        &self.inner.link.circuit
+    }
+
+    /// The circuit of `slot`'s node (the server's outside a cluster).
+    fn slot_circuit(&self, slot: u16) -> &Circuit {
+        #[cfg(feature = "cluster")]
+        if let Some(c) = self
+            .inner
+            .link
+            .topology
+            .as_ref()
+            .and_then(|t| t.circuit(slot))
+        {
+            #[cfg(not(pace_mutant = "redis_cluster_one_circuit"))]
+            return c;
+        }
+        let _ = slot;
+        &self.inner.link.circuit
+    }
+
+    /// How long until a call on `key` tries Redis again: the rest of the
+    /// backoff of the circuit a failed call opened (in a cluster, that of
+    /// the node serving the key's slot), or, while the limiter connects in
+    /// the background, the wait until its next attempt. Zero when a call
+    /// would try Redis now. A caller that answers "unavailable" can tell
+    /// its own client when to try again (pace-tower's `Retry-After`).
+    pub fn unavailable_for(&self, key: &str) -> Duration {
+        let now = self.now_ns();
+        let slot = key_slot(self.redis_key(key).as_bytes());
+        let mut wait = self.slot_circuit(slot).remaining(now);
+        let link = &self.inner.link;
+        if link.connecting.load(Ordering::Acquire) && self.conn().is_none() {
+            let next = link
+                .next_attempt
+                .load(Ordering::Relaxed)
+                .saturating_sub(now);
+            wait = wait.max(next);
+        }
+        Duration::from_nanos(wait)
+    }
+
+    /// What a failed call does to its circuit: a lost connection, a
+    /// timeout, or a server that is no longer the primary opens it for
+    /// `backoff` (and, at an outage's start, logs one warning).
+    fn trip(&self, e: &BackendError, circuit: &Circuit) {
         let opens = match e {
             BackendError::Timeout(_) => {
                 if self.inner.link.how.asks_for_address() {
@@ -219,11 +422,90 @@ impl RedisPace {
             }
             _ => false,
         };
-        if opens {
-            let until = self.inner.origin.elapsed() + self.inner.backoff;
-            self.inner
-                .down_until
-                .fetch_max(until.as_nanos() as u64, Ordering::Relaxed);
+        if !opens {
+            return;
+        }
+        let until = self.now_ns() + self.inner.backoff.as_nanos() as u64;
+        circuit.until.fetch_max(until, Ordering::Relaxed);
+        if circuit.begin_outage() {
+            bump(&self.inner.counters.shard().outages, 1);
+            self.log_outage(e, circuit);
+        }
+        #[cfg(feature = "cluster")]
+        self.refresh_topology_soon();
+    }
+
+    /// The warning at an outage's start (one per outage, not per call).
+    fn log_outage(&self, e: &BackendError, circuit: &Circuit) {
+        #[cfg(feature = "cluster")]
+        let node = self
+            .inner
+            .link
+            .topology
+            .as_ref()
+            .and_then(|t| t.address(circuit));
+        #[cfg(not(feature = "cluster"))]
+        let node: Option<String> = {
+            let _ = circuit;
+            None
+        };
+        let server = node.map_or_else(|| "redis".to_string(), |n| format!("redis node {n}"));
+        let policy = match self.inner.policy {
+            OnUnavailable::FailClosed => "calls fail (FailClosed)",
+            OnUnavailable::LocalFallback { .. } => "calls decide on the local fallback",
+        };
+        log::warn!(
+            target: "pace_redis",
+            "{server} gives no decision ({e}): {policy}; it is tried again every {:?} \
+             (logged once per outage)",
+            self.inner.backoff
+        );
+    }
+
+    /// A call's answer came: ends its circuit's outage, if any (logged).
+    fn answered(&self, circuit: &Circuit) {
+        if circuit.answered() {
+            log::info!(target: "pace_redis", "redis answers again: the outage ended");
+        }
+    }
+
+    /// Reads the cluster's slots again (`CLUSTER SLOTS`) in the
+    /// background, unless a read is under way.
+    #[cfg(feature = "cluster")]
+    fn refresh_topology_soon(&self) {
+        let Some(t) = &self.inner.link.topology else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if t.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        runtime.spawn(async move {
+            this.refresh_topology().await;
+            if let Some(t) = &this.inner.link.topology {
+                t.refreshing.store(false, Ordering::Release);
+            }
+        });
+    }
+
+    /// Reads the cluster's slots (`CLUSTER SLOTS`, within the timeout).
+    #[cfg(feature = "cluster")]
+    pub(crate) async fn refresh_topology(&self) {
+        let (Some(t), Some(mut conn)) = (&self.inner.link.topology, self.conn()) else {
+            return;
+        };
+        let read = tokio::time::timeout(
+            self.inner.timeout,
+            redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<Value>(&mut conn),
+        )
+        .await;
+        if let Ok(Ok(reply)) = read {
+            t.update(&reply);
         }
     }
 
@@ -245,28 +527,56 @@ impl RedisPace {
         }
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         runtime.spawn(async move {
+            // A refused login or TLS handshake is logged once per reconnect.
+            let mut refusal_logged = false;
             loop {
                 let Some(inner) = weak.upgrade() else { return };
                 let pause = inner.backoff.max(Duration::from_millis(10));
                 let made = tokio::time::timeout(inner.timeout, inner.link.how.open()).await;
-                if let Ok(Ok(mut conn)) = made {
-                    let policy =
-                        check_eviction(&mut conn, inner.link.eviction, inner.timeout).await;
-                    let Ok(policy) = policy else {
-                        // Refused: keep the fallback, try again later.
-                        drop(inner);
-                        tokio::time::sleep(pause).await;
-                        continue;
-                    };
-                    *inner.link.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
-                    bump(&inner.counters.shard().connects, 1);
-                    // The circuit, if open, stays open for its backoff: a
-                    // connection that lands on a replica again is replaced
-                    // at most once per backoff.
-                    *inner.link.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(conn);
-                    inner.link.connecting.store(false, Ordering::Release);
-                    return;
+                let refused = match made {
+                    Ok(Ok(mut conn)) => {
+                        match check_server(&mut conn, inner.link.eviction, inner.timeout).await {
+                            Ok(policy) => {
+                                *inner.link.policy.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    policy;
+                                bump(&inner.counters.shard().connects, 1);
+                                // The circuit, if open, stays open for its
+                                // backoff: a connection that lands on a replica
+                                // again is replaced at most once per backoff.
+                                *inner.link.conn.write().unwrap_or_else(|p| p.into_inner()) =
+                                    Some(conn);
+                                inner.link.connecting.store(false, Ordering::Release);
+                                #[cfg(feature = "cluster")]
+                                RedisPace {
+                                    inner: inner.clone(),
+                                }
+                                .refresh_topology()
+                                .await;
+                                return;
+                            }
+                            // Kept on the fallback; tried again later.
+                            Err(Refused::Policy(_)) => None,
+                            Err(Refused::Login(e)) => Some(e.to_string()),
+                        }
+                    }
+                    Ok(Err(e)) if crate::builder::refusal_kind(&e).is_some() => Some(e.to_string()),
+                    _ => None,
+                };
+                if let Some(why) = refused {
+                    if !refusal_logged {
+                        refusal_logged = true;
+                        log::error!(
+                            target: "pace_redis",
+                            "redis refused the limiter's connection ({why}); \
+                             it is tried again every {pause:?}"
+                        );
+                    }
                 }
+                let next = inner.origin.elapsed() + pause;
+                inner
+                    .link
+                    .next_attempt
+                    .store(next.as_nanos() as u64, Ordering::Relaxed);
                 drop(inner);
                 tokio::time::sleep(pause).await;
             }
@@ -286,7 +596,8 @@ impl RedisPace {
     /// One EVALSHA within the timeout; after NOSCRIPT, loads the script and
     /// sends it again.
     pub(crate) async fn eval(&self, cmd: &Cmd) -> Result<Value, BackendError> {
-        if self.circuit_open() {
+        let circuit = self.circuit(cmd);
+        if circuit.is_open(self.now_ns()) {
             return Err(BackendError::CircuitOpen);
         }
         let inner = &*self.inner;
@@ -319,8 +630,9 @@ impl RedisPace {
             Ok(Err(e)) => Err(BackendError::Redis(e)),
             Err(_) => Err(BackendError::Timeout(inner.timeout)),
         };
-        if let Err(e) = &result {
-            self.trip(e);
+        match &result {
+            Err(e) => self.trip(e, circuit),
+            Ok(_) => self.answered(circuit),
         }
         result
     }
@@ -338,7 +650,12 @@ impl RedisPace {
         pipe: &redis::Pipeline,
         count: usize,
     ) -> Result<Vec<Value>, BackendError> {
-        if self.circuit_open() {
+        // A pipeline holds the calls of one slot (one node) in a cluster.
+        let circuit = match pipe.cmd_iter().next() {
+            Some(first) => self.circuit(first),
+            None => &self.inner.link.circuit,
+        };
+        if circuit.is_open(self.now_ns()) {
             return Err(BackendError::CircuitOpen);
         }
         let inner = &*self.inner;
@@ -380,13 +697,109 @@ impl RedisPace {
             Err(_) => Err(BackendError::Timeout(inner.timeout)),
         };
         match &result {
-            Err(e) => self.trip(e),
-            Ok(values) => {
-                if let Some(e) = values.iter().find_map(not_primary_reply) {
-                    self.trip(&BackendError::Redis(e));
-                }
-            }
+            Err(e) => self.trip(e, circuit),
+            Ok(values) => match values.iter().find_map(not_primary_reply) {
+                Some(e) => self.trip(&BackendError::Redis(e), circuit),
+                None => self.answered(circuit),
+            },
         }
         result
+    }
+}
+
+#[cfg(feature = "sentinel")]
+impl RedisPace {
+    /// Follows the Sentinels' `+switch-master` announcements in the
+    /// background (one pub/sub connection to one Sentinel, made again when
+    /// lost): at each, and at every new subscription (one may have come
+    /// while none was open), the Sentinels are asked for the primary, and a
+    /// new primary gets a new connection at once. Ends when the limiter is
+    /// dropped (checked at least once a second).
+    pub(crate) fn follow_sentinels(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let weak = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            use futures_util::StreamExt;
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                // Between attempts to subscribe (no Sentinel answers).
+                let pause = inner.backoff.max(Duration::from_millis(500));
+                let subscribed = tokio::time::timeout(inner.timeout, async {
+                    let Connector::Sentinel { sentinel, .. } = &inner.link.how else {
+                        return None;
+                    };
+                    let client = sentinel.lock().await.async_get_sentinel_client().await;
+                    let mut pubsub = client.ok()?.get_async_pubsub().await.ok()?;
+                    pubsub.subscribe("+switch-master").await.ok()?;
+                    Some(pubsub)
+                })
+                .await;
+                let Ok(Some(pubsub)) = subscribed else {
+                    drop(inner);
+                    tokio::time::sleep(pause).await;
+                    continue;
+                };
+                let this = RedisPace { inner };
+                this.follow_primary().await;
+                drop(this);
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    match tokio::time::timeout(Duration::from_secs(1), messages.next()).await {
+                        Ok(Some(_switch)) => {
+                            let Some(inner) = weak.upgrade() else { return };
+                            RedisPace { inner }.follow_primary().await;
+                        }
+                        // The subscription is lost: subscribe again.
+                        Ok(None) => break,
+                        Err(_) if weak.strong_count() == 0 => return,
+                        Err(_) => {}
+                    }
+                }
+            }
+        });
+    }
+
+    /// Asks the Sentinels for the primary: when it is not the one of the
+    /// current connection, connects to it and uses that connection from
+    /// now on.
+    async fn follow_primary(&self) {
+        let inner = &*self.inner;
+        let Connector::Sentinel {
+            sentinel,
+            config,
+            primary,
+        } = &inner.link.how
+        else {
+            return;
+        };
+        let asked = tokio::time::timeout(inner.timeout, async {
+            sentinel.lock().await.async_get_client().await
+        })
+        .await;
+        let Ok(Ok(client)) = asked else { return };
+        let addr = client.get_connection_info().addr.clone();
+        if primary.lock().unwrap_or_else(|p| p.into_inner()).as_ref() == Some(&addr) {
+            return;
+        }
+        let made = tokio::time::timeout(
+            inner.timeout,
+            ConnectionManager::new_with_config(client, config.clone()),
+        )
+        .await;
+        let Ok(Ok(conn)) = made else { return };
+        let mut conn = Conn::Single(conn);
+        let Ok(policy) = check_server(&mut conn, inner.link.eviction, inner.timeout).await else {
+            return;
+        };
+        *inner.link.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
+        *primary.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr.clone());
+        *inner.link.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(conn);
+        bump(&inner.counters.shard().connects, 1);
+        log::info!(
+            target: "pace_redis",
+            "the Sentinels name a new primary, {addr}: decisions move to it"
+        );
     }
 }

@@ -9,7 +9,7 @@ use redis::RedisError;
 
 use crate::Denied;
 #[cfg(doc)]
-use crate::{Builder, EvictionCheck, OnUnavailable, MAX_TAU_NS};
+use crate::{Builder, EvictionCheck, OnUnavailable, RedisPace, MAX_TAU_NS};
 
 /// A rejected configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,6 +128,8 @@ pub enum Error {
     /// The key is empty or too long; nothing was sent.
     InvalidKey(KeyError),
     /// Redis gave no decision and the policy is [`OnUnavailable::FailClosed`].
+    /// [`RedisPace::unavailable_for`] tells when a call on the key tries
+    /// Redis again (the rest of the circuit's backoff).
     Unavailable(BackendError),
     /// An `_at` method was called without [`Builder::time_injection`].
     TimeInjectionDisabled,
@@ -163,10 +165,24 @@ impl std::error::Error for Error {}
 
 /// Why [`Builder::connect`] failed.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// The configuration is rejected.
     Config(ConfigError),
-    /// The server could not be reached.
+    /// The URL (or a node's, or a Sentinel's) does not parse; nothing was
+    /// tried.
+    InvalidUrl(RedisError),
+    /// The server refused the login: no password where it requires one
+    /// (`NOAUTH`), or a wrong one (`WRONGPASS`). Under either policy: the
+    /// server answered, it is not down.
+    Auth(RedisError),
+    /// The TLS handshake failed: the server's certificate is not trusted
+    /// (an unknown issuer, another host name) or the server refused the
+    /// client's; or the configured certificates do not parse. Under either
+    /// policy.
+    Tls(RedisError),
+    /// The server could not be reached (under
+    /// [`OnUnavailable::FailClosed`]), or another error.
     Redis(RedisError),
 }
 
@@ -174,6 +190,9 @@ impl fmt::Display for ConnectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ConnectError::Config(e) => write!(f, "bad configuration: {e}"),
+            ConnectError::InvalidUrl(e) => write!(f, "the redis URL does not parse: {e}"),
+            ConnectError::Auth(e) => write!(f, "redis refused the login: {e}"),
+            ConnectError::Tls(e) => write!(f, "the TLS handshake with redis failed: {e}"),
             ConnectError::Redis(e) => write!(f, "cannot reach redis: {e}"),
         }
     }

@@ -84,6 +84,9 @@
 //! println!("waited {:?} by the server's clock", turn.wait());
 //! # Ok(()) }
 //! ```
+// docs.rs (`--cfg docsrs`): each feature's items marked with the feature
+// (`doc_cfg` marks every `#[cfg(feature = ...)]` item by itself).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 /// The README's snippets, compiled as doc-tests.
 #[cfg(doctest)]
@@ -101,7 +104,7 @@ mod reserve;
 mod stats;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -224,8 +227,6 @@ pub(crate) struct Inner {
     /// [`Builder::hold_limit`], ns.
     pub(crate) hold_limit: u64,
     pub(crate) origin: Instant,
-    /// ns since `origin` before which Redis is not tried (circuit open).
-    pub(crate) down_until: AtomicU64,
     pub(crate) counters: Counters,
 }
 
@@ -296,6 +297,7 @@ impl RedisPace {
             local_decisions: c.sum(|s| &s.local_decisions),
             unavailable: c.sum(|s| &s.unavailable),
             connects: c.sum(|s| &s.connects),
+            outages: c.sum(|s| &s.outages),
         }
     }
 }

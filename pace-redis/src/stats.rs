@@ -22,8 +22,14 @@ pub struct Stats {
     /// Calls that found Redis unavailable (timeout, error, open circuit).
     pub unavailable: u64,
     /// Connections made in the background (after starting with the server
-    /// away, or after `READONLY`/`MASTERDOWN`).
+    /// away, after `READONLY`/`MASTERDOWN`, or at a Sentinel's
+    /// `+switch-master`).
     pub connects: u64,
+    /// Outages begun: a failed call that opened a closed circuit (in a
+    /// cluster, a node's), or a start with the server unreachable. Each is
+    /// one warning in the log (target `pace_redis`), whatever the calls it
+    /// refused.
+    pub outages: u64,
 }
 
 /// The counters of [`Stats`], in one shard per thread (up to
@@ -47,6 +53,7 @@ pub(crate) struct Shard {
     pub(crate) local_decisions: AtomicU64,
     pub(crate) unavailable: AtomicU64,
     pub(crate) connects: AtomicU64,
+    pub(crate) outages: AtomicU64,
 }
 
 impl Counters {

@@ -152,3 +152,105 @@ async fn three_hundred_keys_on_a_three_primary_cluster() {
         assert_eq!(p.peek(&key).await.unwrap().remaining(), 1);
     }
 }
+
+/// One primary of a 3-primary cluster (a replica each, node timeout 1 s)
+/// dies while keys on every primary are called: its keys get no decision
+/// until its replica takes over, and the keys of the two healthy primaries
+/// keep their server decisions (a circuit per node: the dead node's
+/// timeouts open its own circuit only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_primary_down_leaves_the_others_deciding() {
+    let mut cluster = common::Cluster::start_with(1, &["--cluster-node-timeout", "1000"]);
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    // One token per 10 s, 100,000 of them: every call admitted, every key
+    // kept for the holder check.
+    let p = RedisPace::builder(Rate::new(1, Duration::from_secs(10)).unwrap())
+        .capacity(100_000)
+        .timeout(Duration::from_millis(200))
+        .backoff(Duration::from_millis(100))
+        .deny_cache(false)
+        .prefix("o:")
+        .connect_cluster(&nodes)
+        .await
+        .unwrap();
+    // Where each key lives: the primary that holds it after a first call.
+    let primaries: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|&i| {
+            cluster.nodes[i]
+                .info_field("replication", "role")
+                .as_deref()
+                == Some("master")
+        })
+        .collect();
+    assert_eq!(primaries.len(), 3);
+    let mut admins: Vec<redis::Connection> = primaries
+        .iter()
+        .map(|&i| cluster.nodes[i].admin())
+        .collect();
+    let keys: Vec<String> = (0..60).map(|i| format!("key-{i}")).collect();
+    let mut on = Vec::new();
+    for k in &keys {
+        assert_eq!(p.reserve(k).await.unwrap().source(), Source::Server);
+        let at = holder(&mut admins, &p.redis_key(k));
+        assert_eq!(at.len(), 1, "{k}: {at:?}");
+        on.push(at[0].0);
+    }
+    let victim = 0;
+    let dead: Vec<String> = (0..keys.len())
+        .filter(|&i| on[i] == victim)
+        .map(|i| keys[i].clone())
+        .collect();
+    let healthy: Vec<String> = (0..keys.len())
+        .filter(|&i| on[i] != victim)
+        .map(|i| keys[i].clone())
+        .collect();
+    assert!(dead.len() > 5 && healthy.len() > 20, "{on:?}");
+
+    cluster.nodes[primaries[victim]].stop();
+    let window = Duration::from_secs(3);
+    let start = std::time::Instant::now();
+    // The dead primary's keys, called all along (their failures open the
+    // circuit they fall under).
+    let pd = p.clone();
+    let dead_calls = tokio::spawn(async move {
+        let (mut served, mut failed) = (0u64, 0u64);
+        while start.elapsed() < window {
+            for k in &dead {
+                match pd.reserve(k).await {
+                    Ok(_) => served += 1,
+                    Err(Error::Unavailable(_)) => failed += 1,
+                    Err(e) => panic!("{k}: {e}"),
+                }
+            }
+        }
+        (served, failed)
+    });
+    let (mut server, mut other) = (0u64, 0u64);
+    let mut errors = std::collections::BTreeMap::new();
+    while start.elapsed() < window {
+        for k in &healthy {
+            match p.reserve(k).await {
+                Ok(r) if r.source() == Source::Server => server += 1,
+                Ok(r) => panic!("{k}: {:?}", r.source()),
+                Err(e) => {
+                    other += 1;
+                    *errors.entry(format!("{e}")).or_insert(0u64) += 1;
+                }
+            }
+        }
+    }
+    let (dead_served, dead_failed) = dead_calls.await.unwrap();
+    let total = server + other;
+    println!(
+        "healthy primaries: {server} of {total} calls decided by the server \
+         ({:.1}%); dead primary's keys: {dead_served} served, {dead_failed} failed; \
+         healthy errors: {errors:?}",
+        100.0 * server as f64 / total as f64
+    );
+    assert!(dead_failed > 0, "the dead primary's keys never failed");
+    assert!(
+        server * 100 >= total * 95,
+        "healthy primaries kept {server} of {total} server decisions (< 95%): {errors:?}"
+    );
+}

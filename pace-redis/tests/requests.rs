@@ -127,7 +127,7 @@ async fn bad_configurations_are_typed_errors() {
     );
     assert!(matches!(
         RedisPace::builder(rate).connect("not a url").await,
-        Err(ConnectError::Redis(_))
+        Err(ConnectError::InvalidUrl(_))
     ));
     assert!(r(RedisPace::builder(rate).capacity(0))
         .await

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use pace::Rate;
-use pace_redis::{ConnectError, Error, RedisPace, Refunded, Source};
+use pace_redis::{ConnectError, Error, OnUnavailable, RedisPace, Refunded, Source};
 
 const S: u64 = 1_000_000_000;
 
@@ -66,22 +66,36 @@ async fn reserve_and_refund_through_tls_with_a_private_ca() {
 #[tokio::test]
 async fn an_unknown_ca_is_refused() {
     let server = common::RedisServer::start_tls();
-    // The system's roots do not hold the test CA: the handshake fails.
-    match builder().connect(&server.tls_url("localhost")).await {
-        Err(ConnectError::Redis(_)) => {}
-        Err(e) => panic!("expected a TLS failure, got {e}"),
-        Ok(_) => panic!("connected to a server whose certificate no trusted CA signed"),
-    }
-    // Another private CA: refused as well.
     let other = common::RedisServer::start_tls();
-    match builder()
-        .tls_root_ca(other.tls().ca_pem.clone())
-        .connect(&server.tls_url("localhost"))
-        .await
-    {
-        Err(ConnectError::Redis(_)) => {}
-        Err(e) => panic!("expected a TLS failure, got {e}"),
-        Ok(_) => panic!("connected with the wrong CA"),
+    // Under either policy: a refused certificate is not a server that is
+    // down (LocalFallback does not start local-only).
+    for policy in [
+        OnUnavailable::FailClosed,
+        OnUnavailable::LocalFallback { replicas: 2 },
+    ] {
+        // The system's roots do not hold the test CA: the handshake fails.
+        match builder()
+            .on_unavailable(policy)
+            .connect(&server.tls_url("localhost"))
+            .await
+        {
+            Err(e @ ConnectError::Tls(_)) => {
+                assert!(e.to_string().contains("UnknownIssuer"), "{e}")
+            }
+            Err(e) => panic!("{policy:?}: expected a TLS failure, got {e}"),
+            Ok(_) => panic!("connected to a server whose certificate no trusted CA signed"),
+        }
+        // Another private CA: refused as well.
+        match builder()
+            .on_unavailable(policy)
+            .tls_root_ca(other.tls().ca_pem.clone())
+            .connect(&server.tls_url("localhost"))
+            .await
+        {
+            Err(ConnectError::Tls(_)) => {}
+            Err(e) => panic!("{policy:?}: expected a TLS failure, got {e}"),
+            Ok(_) => panic!("connected with the wrong CA"),
+        }
     }
     // A plain connection to the TLS port gets no answer it understands.
     let plain = format!("redis://127.0.0.1:{}/", server.tls().port);

@@ -50,6 +50,14 @@ pub trait KeyExtractor: Send + Sync + 'static {
     fn needs_peer_addr(&self) -> bool {
         false
     }
+
+    /// Where the key is read from, in words, for the body of the answer to
+    /// a request without one (`MissingKey::Reject`): [`Header`] says
+    /// ``the `x-api-key` header``. Default `None`: the body names the limit
+    /// only.
+    fn describe(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The peer address a server recorded for a request: the
@@ -315,6 +323,10 @@ impl KeyExtractor for Header {
     #[inline]
     fn extract(&self, req: &RequestHead<'_>) -> Option<HeaderValue> {
         req.headers.get(&self.0).cloned()
+    }
+
+    fn describe(&self) -> Option<String> {
+        Some(format!("the `{}` header", self.0))
     }
 }
 

@@ -12,6 +12,9 @@
 //! * the `RateLimit` / `RateLimit-Policy` fields, module [`headers`];
 //! * [`GateLayer`], module [`gate`].
 #![warn(missing_docs)]
+// docs.rs (`--cfg docsrs`): each feature's items marked with the feature
+// (`doc_cfg` marks every `#[cfg(feature = ...)]` item by itself).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod gate;
 pub mod headers;
@@ -27,6 +30,6 @@ pub use crate::key::{
 pub use crate::layer::{
     BuildError, DefaultRespond, InvalidPolicyName, Limit, Limits, MissingKey, PaceLayer,
     PaceLayerBuilder, PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture,
-    ResponseHead, MISSING_PEER_ADDR_BODY,
+    ResponseHead, MISSING_PEER_ADDR_BODY, TOO_MANY_REQUESTS_BODY, UNAVAILABLE_BODY,
 };
 pub use crate::limit::{Acquire, AsyncLimit, Refusal};

@@ -28,8 +28,26 @@ pub enum Refusal {
     /// limiter's time space).
     Permanent(DenyReason),
     /// The limit gave no decision (a shared store that is down and set to
-    /// fail closed). The layer answers `503`.
-    Unavailable(Box<dyn Error + Send + Sync>),
+    /// fail closed). The layer answers `503` with `Retry-After`.
+    Unavailable {
+        /// Why.
+        error: Box<dyn Error + Send + Sync>,
+        /// When the limit tries its store again, if it knows (a
+        /// `RedisPace`: the rest of its circuit's backoff); the layer's
+        /// `Retry-After` is it in whole seconds, rounded up, at least 1 (1
+        /// when `None`).
+        retry_after: Option<Duration>,
+    },
+}
+
+impl Refusal {
+    /// [`Refusal::Unavailable`] for `error`, without a known wait.
+    pub fn unavailable(error: impl Into<Box<dyn Error + Send + Sync>>) -> Refusal {
+        Refusal::Unavailable {
+            error: error.into(),
+            retry_after: None,
+        }
+    }
 }
 
 impl fmt::Display for Refusal {
@@ -39,7 +57,7 @@ impl fmt::Display for Refusal {
                 write!(f, "exhausted; retry after {retry_after:?}")
             }
             Refusal::Permanent(r) => write!(f, "denied for good ({r:?})"),
-            Refusal::Unavailable(e) => write!(f, "no decision: {e}"),
+            Refusal::Unavailable { error, .. } => write!(f, "no decision: {error}"),
         }
     }
 }
@@ -412,13 +430,18 @@ mod redis_impl {
 
     use super::*;
 
-    fn refusal(e: RedisError) -> Refusal {
+    /// The refusal of `key` by `limiter` for `e`; no decision carries the
+    /// wait until the limiter tries Redis again.
+    fn refusal(e: RedisError, limiter: &RedisPace, key: &str) -> Refusal {
         match e {
             RedisError::Denied(d) if d.is_permanent() => Refusal::Permanent(d.reason()),
             RedisError::Denied(d) => Refusal::Exhausted {
                 retry_after: d.retry_after(),
             },
-            other => Refusal::Unavailable(Box::new(other)),
+            other => Refusal::Unavailable {
+                error: Box::new(other),
+                retry_after: Some(limiter.unavailable_for(key)),
+            },
         }
     }
 
@@ -488,7 +511,7 @@ mod redis_impl {
                 this.reserve_n(&key, n)
                     .await
                     .map(RedisDebit::Reserved)
-                    .map_err(refusal)
+                    .map_err(|e| refusal(e, &this, &key))
             })
         }
 
@@ -504,7 +527,7 @@ mod redis_impl {
                 this.reserve_n_with(&key, n, quota)
                     .await
                     .map(RedisDebit::Reserved)
-                    .map_err(refusal)
+                    .map_err(|e| refusal(e, &this, &key))
             })
         }
 
@@ -535,7 +558,7 @@ mod redis_impl {
                     None => self.acquire_n(&key, n, max_wait).await,
                 }
                 .map(RedisDebit::Reserved)
-                .map_err(refusal)
+                .map_err(|e| refusal(e, &self, &key))
             }))
         }
 
@@ -553,7 +576,7 @@ mod redis_impl {
                 this.hold_n(&key, n)
                     .await
                     .map(RedisDebit::Held)
-                    .map_err(refusal)
+                    .map_err(|e| refusal(e, &this, &key))
             })
         }
 
@@ -564,7 +587,7 @@ mod redis_impl {
                 this.hold_n_with(&key, n, quota)
                     .await
                     .map(RedisDebit::Held)
-                    .map_err(refusal)
+                    .map_err(|e| refusal(e, &this, &key))
             })
         }
 

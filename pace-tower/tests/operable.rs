@@ -405,3 +405,123 @@ async fn the_token_endpoint_answers_json_as_json_and_its_own_invalid_request() {
     assert_eq!(names, ["source"]);
     assert_eq!(limiters.per_client.len(), 1, "client-7 only");
 }
+
+/// A limit backed by a local `Pace` that gives no decision while `down`,
+/// with the wait it states.
+struct Flaky {
+    pace: Arc<P<HeaderValue>>,
+    down: std::sync::atomic::AtomicBool,
+    wait: Mutex<Option<Duration>>,
+}
+
+#[derive(Debug)]
+struct StoreDown;
+
+impl std::fmt::Display for StoreDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("store down")
+    }
+}
+
+impl std::error::Error for StoreDown {}
+
+impl pace_tower::AsyncLimit<HeaderValue> for Flaky {
+    type Debit = pace::Debit;
+    type Reserve = std::future::Ready<Result<pace::Debit, pace_tower::Refusal>>;
+
+    fn reserve(&self, key: &HeaderValue, n: u64) -> Self::Reserve {
+        std::future::ready(if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(pace_tower::Refusal::Unavailable {
+                error: Box::new(StoreDown),
+                retry_after: *self.wait.lock().unwrap(),
+            })
+        } else {
+            self.pace
+                .reserve_n(key, n)
+                .map(pace::Reservation::detach)
+                .map_err(pace_tower::Refusal::from)
+        })
+    }
+    fn refund(&self, key: &HeaderValue, debit: pace::Debit) {
+        self.pace.refund(key, debit);
+    }
+    fn remaining(&self, key: &HeaderValue, _: Option<&pace::Debit>) -> Option<u64> {
+        Some(self.pace.peek(key))
+    }
+    fn capacity(&self) -> u64 {
+        self.pace.capacity()
+    }
+    fn rate(&self) -> Rate {
+        self.pace.rate()
+    }
+}
+
+#[tokio::test]
+async fn an_outage_is_one_warning_and_its_503s_say_when_to_retry() {
+    let capture = Capture::install();
+    let flaky = Arc::new(Flaky {
+        pace: pace(1000),
+        down: std::sync::atomic::AtomicBool::new(true),
+        wait: Mutex::new(Some(Duration::from_millis(1500))),
+    });
+    let svc = PaceLayer::builder()
+        .limit(Limit::new(
+            "shared",
+            flaky.clone(),
+            Header(HeaderName::from_static("x-key")),
+        ))
+        .build()
+        .unwrap()
+        .layer(tower::service_fn(ok));
+    let warnings = |ev: &[(Level, String, String)]| {
+        ev.iter()
+            .filter(|e| e.0 == Level::WARN && e.1 == "pace_tower")
+            .count()
+    };
+    let down = Duration::from_millis(1);
+    for (wait, expect) in [
+        (Some(Duration::from_millis(1500)), "2"),
+        (Some(Duration::from_secs(2)), "2"),
+        (Some(Duration::from_nanos(2_000_000_001)), "3"),
+        (Some(Duration::ZERO), "1"),
+        (Some(down), "1"),
+        (None, "1"),
+    ] {
+        *flaky.wait.lock().unwrap() = wait;
+        let r = svc.clone().oneshot(req(&[("x-key", "a")])).await.unwrap();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(header(&r, "retry-after"), Some(expect), "{wait:?}");
+        assert_eq!(body(r).await, pace_tower::UNAVAILABLE_BODY);
+    }
+    // Six refusals of one outage: one warning (with the wait), the rest DEBUG.
+    let ev = capture.take();
+    assert_eq!(
+        warnings(&ev),
+        1,
+        "one warning per outage, not one per request: {ev:?}"
+    );
+    assert_eq!(ev.len(), 6, "{ev:?}");
+    assert!(ev[0].2.contains("retry_after_ms=1500"), "{ev:?}");
+    assert!(ev[0].2.contains("limit=shared"), "{ev:?}");
+    assert!(ev[1..].iter().all(|e| e.0 == Level::DEBUG), "{ev:?}");
+
+    // It decides again: one INFO event, then nothing per admission.
+    flaky.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    for _ in 0..3 {
+        let r = svc.clone().oneshot(req(&[("x-key", "a")])).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    let ev = capture.take();
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].0, Level::INFO, "{ev:?}");
+    assert!(ev[0].2.contains("decides again"), "{ev:?}");
+
+    // A second outage: a second warning.
+    flaky.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    for _ in 0..3 {
+        let r = svc.clone().oneshot(req(&[("x-key", "a")])).await.unwrap();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let ev = capture.take();
+    assert_eq!(warnings(&ev), 1, "one warning per outage: {ev:?}");
+}

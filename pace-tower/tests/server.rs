@@ -22,7 +22,7 @@ use axum::Router;
 use pace::{ManualClock, Pace, Rate};
 use pace_tower::{
     from_fn, ForwardHeader, ForwardedIp, Header, Limit, Limits, MissingKey, PaceLayer, PeerAddr,
-    PeerIp, ResponseHead, MISSING_PEER_ADDR_BODY,
+    PeerIp, ResponseHead, MISSING_PEER_ADDR_BODY, TOO_MANY_REQUESTS_BODY,
 };
 use support::{header, serve, serve_plain, Client};
 
@@ -91,7 +91,11 @@ async fn admits_then_429_with_retry_after_rounded_up_and_ratelimit_fields() {
     assert_eq!(header(&r, "retry-after"), Some("3"));
     assert_eq!(header(&r, "ratelimit"), Some("\"per-peer\";r=0;t=3"));
     assert_eq!(header(&r, "ratelimit-policy"), Some("\"per-peer\";q=1;w=3"));
-    assert!(r.body().is_empty());
+    assert_eq!(r.body().as_ref(), TOO_MANY_REQUESTS_BODY.as_bytes());
+    assert_eq!(
+        TOO_MANY_REQUESTS_BODY,
+        "pace-tower: too many requests; retry after the seconds in Retry-After\n"
+    );
 
     // 100 ms left: rounded up to 1 s, never 0.
     clock.advance(Duration::from_millis(2400));
@@ -165,6 +169,69 @@ async fn cost_from_a_closure_and_a_permanent_denial_is_413_without_retry_after()
 }
 
 #[tokio::test]
+async fn a_missing_key_of_a_closure_gets_a_body_naming_the_limit() {
+    let clock = clock();
+    let p: Arc<P<String>> = pace(&clock, per_sec(2), 2);
+    let layer = PaceLayer::builder()
+        .limit(Limit::new("tenant", p.clone(), from_fn(|_| None::<String>)))
+        .build()
+        .unwrap();
+    let r = support::get(serve(app(layer)).await, "/", &[]).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        r.body().as_ref(),
+        b"pace-tower: the request has no key for the limit \"tenant\"\n"
+    );
+}
+
+/// What each of axum's layering calls charges (README, "A token endpoint
+/// with two limits"): `Router::layer` every request, a 404 too;
+/// `Router::route_layer` requests whose path matches a route, so a 404
+/// spends nothing but a 405 (the path matched, the method did not) spends;
+/// `MethodRouter::route_layer` only the methods routed, neither.
+#[tokio::test]
+async fn route_layer_charges_matched_routes_only() {
+    let clock = clock();
+    let p: Arc<P<IpAddr>> = pace(&clock, per_sec(10), 10);
+    let layer = PaceLayer::builder()
+        .limit(Limit::new("source", p.clone(), PeerIp::new()))
+        .build()
+        .unwrap();
+    // (spent by a GET to an unknown path, spent by a POST to "/")
+    async fn spent(app: Router, p: &P<IpAddr>) -> (u64, u64) {
+        let addr = serve(app).await;
+        let mut c = Client::connect(addr).await;
+        let before = p.peek(&localhost());
+        assert_eq!(c.get("/nowhere", &[]).await.status(), StatusCode::NOT_FOUND);
+        let after_404 = p.peek(&localhost());
+        let post = axum::http::Request::post("/")
+            .header("host", addr.to_string())
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let r = c.send_req(post).await;
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+        let after_405 = p.peek(&localhost());
+        assert_eq!(c.get("/", &[]).await.status(), StatusCode::OK);
+        assert_eq!(
+            p.peek(&localhost()),
+            after_405 - 1,
+            "a routed request spends"
+        );
+        (before - after_404, after_404 - after_405)
+    }
+    let router_layer = Router::new().route("/", get(handler)).layer(layer.clone());
+    assert_eq!(spent(router_layer, &p).await, (1, 1));
+    clock.advance(Duration::from_secs(1));
+    let router_route_layer = Router::new()
+        .route("/", get(handler))
+        .route_layer(layer.clone());
+    assert_eq!(spent(router_route_layer, &p).await, (0, 1));
+    clock.advance(Duration::from_secs(1));
+    let method_route_layer = Router::new().route("/", get(handler).route_layer(layer));
+    assert_eq!(spent(method_route_layer, &p).await, (0, 0));
+}
+
+#[tokio::test]
 async fn missing_keys_get_400_a_shared_key_or_pass() {
     let clock = clock();
     let name = axum::http::HeaderName::from_static("x-api-key");
@@ -189,9 +256,12 @@ async fn missing_keys_get_400_a_shared_key_or_pass() {
         serve(app(shared)).await,
         serve(app(skip)).await,
     );
+    let r = support::get(a, "/", &[]).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
-        support::get(a, "/", &[]).await.status(),
-        StatusCode::BAD_REQUEST
+        r.body().as_ref(),
+        b"pace-tower: the request has no key for the limit \"key\": \
+          the `x-api-key` header is missing\n"
     );
     assert_eq!(p.len(), 0, "a rejected keyless request reserves nothing");
     let r = support::get(a, "/", &[("x-api-key", "k1")]).await;

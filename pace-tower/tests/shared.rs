@@ -80,7 +80,10 @@ impl AsyncLimit<String> for Remote {
     fn reserve(&self, key: &String, n: u64) -> Self::Reserve {
         self.log.lock().unwrap().push(format!("reserve {key} {n}"));
         let value = if self.down.load(std::sync::atomic::Ordering::SeqCst) {
-            Err(Refusal::Unavailable(Box::new(Down)))
+            Err(Refusal::Unavailable {
+                error: Box::new(Down),
+                retry_after: Some(Duration::from_millis(1500)),
+            })
         } else {
             self.pace
                 .reserve_n(key, n)
@@ -308,7 +311,9 @@ async fn no_decision_from_the_async_limit_is_503_and_refunds_the_local_one() {
     let addr = serve(app(layer)).await;
     let r = support::get(addr, "/", &[("x-client-id", "c")]).await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(header(&r, "retry-after"), None);
+    // The limit's wait (1.5 s), rounded up.
+    assert_eq!(header(&r, "retry-after"), Some("2"));
+    assert_eq!(r.body().as_ref(), pace_tower::UNAVAILABLE_BODY.as_bytes());
     assert_eq!(local.peek(&localhost()), 100);
 
     // The hook sees it.
@@ -327,7 +332,12 @@ async fn no_decision_from_the_async_limit_is_503_and_refunds_the_local_one() {
     assert_eq!(r.body().as_ref(), b"busy");
     assert_eq!(
         *seen.lock().unwrap(),
-        [("client".to_string(), Reason::Unavailable)]
+        [(
+            "client".to_string(),
+            Reason::Unavailable {
+                retry_after: Some(Duration::from_millis(1500))
+            }
+        )]
     );
     assert_eq!(local.peek(&localhost()), 100);
 }
@@ -428,5 +438,82 @@ mod redis {
         // All or nothing: the denied request's local debit was refunded.
         assert_eq!(local.peek(&localhost()), 98);
         assert_eq!(shared.stats().server_decisions, 3);
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis_down {
+    use std::process::{Command, Stdio};
+
+    use pace_redis::RedisPace;
+
+    use super::*;
+
+    /// A fail-closed `RedisPace` whose server dies: `503`, `Retry-After` the
+    /// rest of the limiter's backoff (3 s) in whole seconds, rounded up,
+    /// and the short body; its hook sees the same wait.
+    #[tokio::test]
+    async fn a_dead_redis_is_503_with_the_backoff_as_retry_after() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (the redis feature's tests need one)");
+        let url = format!("redis://127.0.0.1:{port}/");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let shared = loop {
+            let made = RedisPace::builder(Rate::per_second(100).unwrap())
+                .timeout(Duration::from_millis(300))
+                .backoff(Duration::from_secs(3))
+                .connect(&url)
+                .await;
+            match made {
+                Ok(p) => break Arc::new(p),
+                Err(e) => assert!(std::time::Instant::now() < deadline, "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen2 = seen.clone();
+        let layer = PaceLayer::builder()
+            .limit(Limit::new("client", shared.clone(), client_id()))
+            .on_reject(move |r: &Rejection<'_>, d: axum::http::Response<()>| {
+                seen2.lock().unwrap().push(r.reason);
+                d.map(|()| axum::body::Body::from(pace_tower::UNAVAILABLE_BODY))
+            })
+            .build()
+            .unwrap();
+        let addr = serve(app(layer)).await;
+        let r = support::get(addr, "/", &[("x-client-id", "c")]).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        let _ = child.kill();
+        let _ = child.wait();
+        for i in 0..3 {
+            let r = support::get(addr, "/", &[("x-client-id", "c")]).await;
+            assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE, "request {i}");
+            // Within the first second of the 3 s backoff: 2 < wait <= 3.
+            assert_eq!(header(&r, "retry-after"), Some("3"), "request {i}");
+            assert_eq!(r.body().as_ref(), pace_tower::UNAVAILABLE_BODY.as_bytes());
+        }
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3);
+        for reason in seen.iter() {
+            match reason {
+                Reason::Unavailable {
+                    retry_after: Some(w),
+                } => assert!(
+                    *w > Duration::from_secs(2) && *w <= Duration::from_secs(3),
+                    "{w:?}"
+                ),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }

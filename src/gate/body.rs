@@ -96,6 +96,7 @@ impl Body {
     /// is dropped. A short slice of a large body keeps the whole body counted,
     /// which is the truth: it keeps the whole buffer alive.
     #[cfg(feature = "bytes")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "bytes")))]
     pub fn into_bytes(self) -> bytes::Bytes {
         bytes::Bytes::from_owner(self)
     }

@@ -39,6 +39,7 @@ mod body;
 mod builder;
 mod error;
 #[cfg(feature = "journal")]
+#[cfg_attr(docsrs, doc(cfg(feature = "journal")))]
 pub mod journal;
 mod permit;
 mod queue;

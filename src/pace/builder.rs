@@ -18,6 +18,7 @@ pub struct Builder<K, S = RandomState, C = DefaultClock> {
 /// The hasher of [`Builder::fast_hasher`]: foldhash's fast variant, seeded
 /// per limiter (feature `foldhash`).
 #[cfg(feature = "foldhash")]
+#[cfg_attr(docsrs, doc(cfg(feature = "foldhash")))]
 pub type FastHasher = foldhash::fast::SeedableRandomState;
 
 /// A [`FastHasher`] with a per-instance seed taken from a fresh std
@@ -126,6 +127,7 @@ impl<K, S, C> Builder<K, S, C> {
     /// resist an attacker who can observe the limiter's timing, which
     /// SipHash does (DESIGN.md §6). Feature `foldhash`.
     #[cfg(feature = "foldhash")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "foldhash")))]
     pub fn fast_hasher(self) -> Builder<K, FastHasher, C> {
         self.hasher(fast_hasher())
     }

@@ -107,7 +107,10 @@ impl std::error::Error for Denied {}
 /// record of what was debited (`n` tokens, moving the bucket from one `tat`
 /// to another). [`detach`](Reservation::detach) turns it into a [`Debit`]
 /// that borrows nothing, for refunds decided later (after a response).
-#[must_use = "dropping a Reservation keeps the debit; refund() it if the exchange did not happen"]
+///
+/// Not `#[must_use]`: dropping it is how a debit is kept, so the common
+/// call `pace.reserve(&key)?;` compiles without a warning (the `Result`
+/// around it is `#[must_use]`, so a decision is never ignored).
 pub struct Reservation<'a, K, Q: ?Sized, S = RandomState, C = DefaultClock> {
     pub(super) pace: &'a Pace<K, S, C>,
     pub(super) key: &'a Q,
@@ -220,7 +223,7 @@ impl Debit {
 /// [`Builder::hold_limit`] may expire: it then counts as kept, and its
 /// refund returns nothing ([`Refunded::Expired`]). A hold dropped while its
 /// thread unwinds from a panic is left to expire so.
-#[must_use = "dropping a Hold keeps it; refund() it if the exchange did not happen"]
+#[must_use = "a Hold dropped at once is kept at the cost of a second CAS; use reserve() where nothing will be refunded"]
 pub struct Hold<'a, K, Q, S = RandomState, C = DefaultClock>
 where
     K: Hash + Eq + Borrow<Q>,
@@ -309,11 +312,13 @@ where
     fn drop(&mut self) {
         // Kept also while the thread unwinds; a key's `Eq` that panics then
         // is caught (the hold stays held until it expires, then counts as
-        // kept).
-        each_in_drop(self.inner.take(), |r| {
-            let now = r.pace.clock.now_ns();
-            r.pace.resolve_hashed(r.key, r.debit, true, now);
-        });
+        // kept). A hold kept, refunded or detached has nothing left here.
+        if let Some(r) = self.inner.take() {
+            each_in_drop(Some(r), |r| {
+                let now = r.pace.clock.now_ns();
+                r.pace.resolve_hashed(r.key, r.debit, true, now);
+            });
+        }
     }
 }
 

@@ -195,6 +195,7 @@ where
     /// # Errors
     /// As [`acquire_blocking`](Pace::acquire_blocking).
     #[cfg(feature = "timer")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "timer")))]
     pub async fn acquire<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -212,6 +213,7 @@ where
     /// # Errors
     /// As [`acquire_blocking`](Pace::acquire_blocking).
     #[cfg(feature = "timer")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "timer")))]
     pub async fn acquire_n<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -231,6 +233,7 @@ where
     /// # Errors
     /// As [`acquire_blocking`](Pace::acquire_blocking).
     #[cfg(feature = "timer")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "timer")))]
     pub async fn acquire_n_with<'a, Q>(
         &'a self,
         key: &'a Q,

@@ -90,7 +90,7 @@ fn settle(tat: u64, _at: u64, cost: u64) -> u64 {
 #[cfg(not(pace_mutant = "turn_beside_too_many_held"))]
 #[inline]
 fn fits_beside(held: u64, limits: &Limits, n: u64) -> bool {
-    held <= (limits.capacity() - n) * limits.interval()
+    held == 0 || held <= (limits.capacity() - n) * limits.interval()
 }
 
 /// Known-wrong variant `turn_beside_too_many_held`: a turn is placed after
@@ -315,6 +315,7 @@ impl Held {
     /// A hold of `n` tokens at `now` (after [`at`](Held::at) with the hold
     /// limit `limit`): the new state and its ticket. `new_lot` gives a fresh
     /// lot identity.
+    #[inline]
     pub(crate) fn hold(
         self,
         limits: &Limits,

@@ -745,5 +745,6 @@ const fn refund_follows_copies() -> bool {
     false
 }
 
-#[cfg(all(test, not(loom)))]
+// `internals`: as src/pace/mod.rs's tests.
+#[cfg(all(test, not(loom), feature = "internals"))]
 mod tests;

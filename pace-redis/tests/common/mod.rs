@@ -375,23 +375,36 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start() -> Cluster {
+        Cluster::start_with(0, &[])
+    }
+
+    /// Three primaries, `replicas` replicas each (`redis-cli --cluster
+    /// create --cluster-replicas`), more `redis-server` arguments for every
+    /// node (e.g. a short `--cluster-node-timeout`).
+    pub fn start_with(replicas: usize, extra: &[&str]) -> Cluster {
         let dir = temp_dir("cluster");
         let mut nodes = Vec::new();
-        for i in 0..3 {
+        for i in 0..3 * (1 + replicas) {
             let node_dir = dir.join(i.to_string());
             std::fs::create_dir_all(&node_dir).unwrap();
             let bus = free_port().to_string();
             let d = node_dir.to_string_lossy().into_owned();
-            nodes.push(RedisServer::start_args(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-port",
-                &bus,
-                "--dir",
-                &d,
-            ]));
+            nodes.push(RedisServer::start_args(
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    &bus,
+                    "--dir",
+                    &d,
+                ]
+                .iter()
+                .chain(extra)
+                .copied()
+                .collect::<Vec<_>>(),
+            ));
         }
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
@@ -399,6 +412,8 @@ impl Cluster {
             create.arg(format!("127.0.0.1:{}", n.port));
         }
         let out = create
+            .arg("--cluster-replicas")
+            .arg(replicas.to_string())
             .arg("--cluster-yes")
             .stdin(Stdio::null())
             .output()

@@ -3,12 +3,14 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use pace::{Quota, Rate};
 
 use super::fields::{refill_ns, FieldAcc};
 use super::limits::{Counters, LimitsImpl, Meta, Src, Step, Stop};
+use super::reject;
 use super::{BuildError, InvalidPolicyName, Limit, MissingKey, ResponseHead};
 use crate::headers;
 use crate::key::{KeyExtractor, RequestHead};
@@ -189,6 +191,9 @@ where
     #[inline(always)]
     fn count_admitted(&self) {
         self.admitted.increment(1);
+        if self.outage.load(Ordering::Relaxed) && self.outage.swap(false, Ordering::Relaxed) {
+            tracing::info!(target: "pace_tower", limit = %self.name, "the limit decides again");
+        }
         if let Some(rows) = self.limiter.rows() {
             self.rows.set(rows as f64);
         }
@@ -235,7 +240,7 @@ where
             None => {
                 return Err(Stop::Refused {
                     index: self.index,
-                    refusal: Refusal::Unavailable("the limit did not decide at once".into()),
+                    refusal: Refusal::unavailable("the limit did not decide at once"),
                 })
             }
         };
@@ -326,8 +331,10 @@ where
         let counters = Counters::new(&m.name);
         m.admitted = counters.admitted.clone();
         m.rows = counters.rows.clone();
+        m.outage = counters.outage.clone();
         metas.push(Meta {
             counters,
+            missing_body: reject::missing_key_body(&m.name, m.extractor.describe()),
             name: m.name.clone(),
             sf_name,
         });

@@ -1,6 +1,8 @@
 //! The chain of limits a layer reserves, and where a request's
 //! reservations stand.
 
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::StatusCode;
@@ -24,6 +26,10 @@ pub(super) struct Counters {
     pub(super) missing_key: Counter,
     pub(super) unavailable: Counter,
     pub(super) rows: Gauge,
+    /// Set while the limit gives no decision: its first refusal without a
+    /// decision is a `WARN` event, the next ones `DEBUG`, until it decides
+    /// again (an `INFO` event).
+    pub(super) outage: Arc<AtomicBool>,
 }
 
 impl Counters {
@@ -39,6 +45,7 @@ impl Counters {
             missing_key: denied("missing_key"),
             unavailable: denied("unavailable"),
             rows: metrics::gauge!("pace_rows", "limit" => limit.clone()),
+            outage: Arc::default(),
         }
     }
 
@@ -58,6 +65,8 @@ pub struct Meta {
     /// The name as a serialized structured-field String.
     pub(super) sf_name: String,
     pub(super) counters: Counters,
+    /// The body of the answer to a request without a key for it.
+    pub(super) missing_body: String,
 }
 
 mod sealed {

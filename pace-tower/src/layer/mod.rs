@@ -21,6 +21,7 @@ mod reject;
 mod service;
 
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +36,7 @@ pub use self::future::ResponseFuture;
 pub use self::limits::Limits;
 pub use self::reject::{
     DefaultRespond, Reason, Rejection, Respond, RespondFn, MISSING_PEER_ADDR_BODY,
+    TOO_MANY_REQUESTS_BODY, UNAVAILABLE_BODY,
 };
 pub use self::service::{PaceLayer, PaceLayerBuilder, PaceService};
 
@@ -92,6 +94,9 @@ pub struct Limit<E: KeyExtractor, A> {
     /// kept with it for the admitted path.
     admitted: Counter,
     rows: Gauge,
+    /// Set while the limit gives no decision (shared with its `Meta`): an
+    /// outage is logged once at its start and once at its end.
+    outage: Arc<AtomicBool>,
 }
 
 impl<E, A> Limit<E, A>
@@ -119,6 +124,7 @@ where
             exact: true,
             admitted: Counter::noop(),
             rows: Gauge::noop(),
+            outage: Arc::default(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The layer's own answers: a request stopped before the inner service.
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use http::{HeaderValue, Response, StatusCode};
@@ -36,8 +37,13 @@ pub enum Reason {
     /// [`PeerAddr`](crate::PeerAddr) extension).
     MissingPeerAddr,
     /// The limit gave no decision ([`Refusal::Unavailable`]: a shared
-    /// limit that is down); the default answer is `503`.
-    Unavailable,
+    /// limit that is down); the default answer is `503` with `Retry-After`
+    /// (this wait in whole seconds, rounded up, at least 1; 1 when `None`)
+    /// and the body [`UNAVAILABLE_BODY`].
+    Unavailable {
+        /// When the limit tries its store again, if it knows.
+        retry_after: Option<Duration>,
+    },
 }
 
 /// A request a [`PaceLayer`] answers itself, as its response hook
@@ -52,6 +58,29 @@ pub struct Rejection<'a> {
     pub reason: Reason,
     /// The request.
     pub request: &'a RequestHead<'a>,
+    /// The body of the default answer: [`TOO_MANY_REQUESTS_BODY`] for
+    /// [`Reason::Exhausted`], for [`Reason::MissingKey`] a line naming the
+    /// limit and where its key is read from
+    /// ([`KeyExtractor::describe`](crate::KeyExtractor::describe): a
+    /// [`Header`](crate::Header) names its header),
+    /// [`MISSING_PEER_ADDR_BODY`] for [`Reason::MissingPeerAddr`],
+    /// [`UNAVAILABLE_BODY`] for [`Reason::Unavailable`], else empty.
+    pub default_body: &'a str,
+}
+
+/// The body of the default `429` answer.
+pub const TOO_MANY_REQUESTS_BODY: &str =
+    "pace-tower: too many requests; retry after the seconds in Retry-After\n";
+
+/// The body of the default answer to a request without a key for the
+/// limit `name`, whose key is read from `source` if it says.
+pub(super) fn missing_key_body(name: &str, source: Option<String>) -> String {
+    match source {
+        Some(source) => format!(
+            "pace-tower: the request has no key for the limit \"{name}\": {source} is missing\n"
+        ),
+        None => format!("pace-tower: the request has no key for the limit \"{name}\"\n"),
+    }
 }
 
 /// The body of the default answer to a request without a peer address.
@@ -60,30 +89,41 @@ server recorded none. With axum, serve the router with \
 `app.into_make_service_with_connect_info::<std::net::SocketAddr>()`; with another server, \
 insert a `pace_tower::PeerAddr` (or `SocketAddr`) request extension before the layer.\n";
 
+/// The body of the default answer to a request the limit could not decide
+/// ([`Reason::Unavailable`]).
+pub const UNAVAILABLE_BODY: &str =
+    "pace-tower: the rate limit could not decide (its store is unavailable); retry later\n";
+
 /// Builds the response to a [`Rejection`] (see [`PaceLayerBuilder::on_reject`]).
 pub trait Respond<B>: Send + Sync + 'static {
     /// The response to `rejection`. `default` is what the layer sends
-    /// without a hook: its status and header fields, with an empty body
-    /// (the body of [`MISSING_PEER_ADDR_BODY`] for a missing peer address).
+    /// without a hook: its status and header fields; its body is
+    /// [`Rejection::default_body`].
     fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B>;
 }
 
 /// The default answers: `429` with `Retry-After` (whole seconds, rounded
-/// up) and the `RateLimit` / `RateLimit-Policy` fields; a permanent denial
-/// with [`permanent_status`](PaceLayerBuilder::permanent_status) (413) and
-/// `RateLimit-Policy`; a missing key with the limit's status; a missing
-/// peer address `500` with the body [`MISSING_PEER_ADDR_BODY`]. Empty
-/// bodies otherwise.
+/// up), the `RateLimit` / `RateLimit-Policy` fields and the body
+/// [`TOO_MANY_REQUESTS_BODY`]; a permanent denial with
+/// [`permanent_status`](PaceLayerBuilder::permanent_status) (413) and
+/// `RateLimit-Policy`; a missing key with the limit's status (400) and a
+/// body naming the limit and, for a [`Header`](crate::Header), the header;
+/// a missing peer address `500` with the body [`MISSING_PEER_ADDR_BODY`];
+/// no decision `503` with `Retry-After` and the body [`UNAVAILABLE_BODY`].
+/// Empty bodies otherwise. (The bodies are [`Rejection::default_body`].)
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultRespond;
 
-impl<B: From<&'static str>> Respond<B> for DefaultRespond {
+impl<B: From<&'static str> + From<String>> Respond<B> for DefaultRespond {
     fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B> {
         let body = match rejection.reason {
-            Reason::MissingPeerAddr => MISSING_PEER_ADDR_BODY,
-            _ => "",
+            Reason::MissingPeerAddr => B::from(MISSING_PEER_ADDR_BODY),
+            Reason::Exhausted { .. } => B::from(TOO_MANY_REQUESTS_BODY),
+            Reason::MissingKey => B::from(rejection.default_body.to_owned()),
+            Reason::Unavailable { .. } => B::from(UNAVAILABLE_BODY),
+            _ => B::from(""),
         };
-        default.map(|()| B::from(body))
+        default.map(|()| body)
     }
 }
 
@@ -113,6 +153,14 @@ fn retry_after_secs(wait: Duration) -> u64 {
     {
         let s = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         s.max(1)
+    }
+}
+
+/// A decision of the limit `m`: ends its outage, if any (an `INFO` event).
+fn decided(m: &Meta) {
+    let outage = &m.counters.outage;
+    if outage.load(Ordering::Relaxed) && outage.swap(false, Ordering::Relaxed) {
+        tracing::info!(target: "pace_tower", limit = %m.name, "the limit decides again");
     }
 }
 
@@ -161,11 +209,19 @@ impl<L: Limits, H> Shared<L, H> {
                 (index, reason, r)
             }
         };
+        let default_body = match reason {
+            Reason::Exhausted { .. } => TOO_MANY_REQUESTS_BODY,
+            Reason::MissingKey => &self.metas[index].missing_body,
+            Reason::MissingPeerAddr => MISSING_PEER_ADDR_BODY,
+            Reason::Unavailable { .. } => UNAVAILABLE_BODY,
+            _ => "",
+        };
         let rejection = Rejection {
             limit: &self.metas[index].name,
             index,
             reason,
             request: head,
+            default_body,
         };
         self.respond.respond(&rejection, r)
     }
@@ -181,6 +237,7 @@ impl<L: Limits, H> Shared<L, H> {
         match refusal {
             Refusal::Exhausted { retry_after: wait } => {
                 m.counters.exhausted.increment(1);
+                decided(m);
                 tracing::debug!(
                     target: "pace_tower",
                     limit = %m.name,
@@ -194,6 +251,7 @@ impl<L: Limits, H> Shared<L, H> {
             }
             Refusal::Permanent(reason) => {
                 m.counters.denied(reason).increment(1);
+                decided(m);
                 tracing::debug!(
                     target: "pace_tower",
                     limit = %m.name,
@@ -204,15 +262,37 @@ impl<L: Limits, H> Shared<L, H> {
                 self.policy_field(&mut r, head);
                 (Reason::Permanent(reason), r)
             }
-            Refusal::Unavailable(error) => {
+            Refusal::Unavailable { error, retry_after } => {
                 m.counters.unavailable.increment(1);
-                tracing::warn!(
-                    target: "pace_tower",
-                    limit = %m.name,
-                    error = %error,
-                    "no decision from the limit"
+                let wait = retry_after.unwrap_or(Duration::from_secs(1));
+                // One warning per outage: at its first refusal (until the
+                // limit decides again).
+                #[cfg(not(pace_mutant = "tower_warn_every_outage_request"))]
+                let first = !m.counters.outage.swap(true, Ordering::Relaxed);
+                #[cfg(pace_mutant = "tower_warn_every_outage_request")]
+                let first = true;
+                if first {
+                    tracing::warn!(
+                        target: "pace_tower",
+                        limit = %m.name,
+                        error = %error,
+                        retry_after_ms = wait.as_millis() as u64,
+                        "no decision from the limit: answering 503 until it decides again"
+                    );
+                } else {
+                    tracing::debug!(
+                        target: "pace_tower",
+                        limit = %m.name,
+                        error = %error,
+                        "no decision from the limit"
+                    );
+                }
+                let mut r = status(StatusCode::SERVICE_UNAVAILABLE);
+                r.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    HeaderValue::from(retry_after_secs(wait)),
                 );
-                (Reason::Unavailable, status(StatusCode::SERVICE_UNAVAILABLE))
+                (Reason::Unavailable { retry_after }, r)
             }
         }
     }

@@ -15,10 +15,12 @@ use super::limits::{Limits, Meta, Src};
 use super::reject::{DefaultRespond, Rejection, Respond, RespondFn};
 use super::{BuildError, Limit};
 #[cfg(doc)]
-use super::{MissingKey, MISSING_PEER_ADDR_BODY};
+use super::{MissingKey, MISSING_PEER_ADDR_BODY, UNAVAILABLE_BODY};
 use crate::headers;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::limit::AsyncLimit;
+#[cfg(doc)]
+use crate::limit::Refusal;
 
 /// What every request of a layer reads: its limits, their names and
 /// counters, the `RateLimit-Policy` value it was built with, and how it
@@ -189,10 +191,17 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
 /// * no key: as the limit's [`MissingKey`] says (400 by default).
 /// * no peer address for a limit keyed by it: `500` with a body that says
 ///   how to configure the server ([`MISSING_PEER_ADDR_BODY`]).
+/// * no decision (a shared limit whose store is down, failing closed):
+///   `503`, `Retry-After` the limit's wait until it tries its store again
+///   ([`Refusal::Unavailable`]'s `retry_after`) in whole seconds, rounded
+///   up, at least 1 (1 when the limit does not say), and the body
+///   [`UNAVAILABLE_BODY`].
 ///
 /// [`PaceLayerBuilder::on_reject`] replaces these answers. Denials and
 /// missing keys are `tracing` events (target `pace_tower`): `DEBUG` for a
-/// denial or a missing key, `ERROR` for a missing peer address.
+/// denial or a missing key, `ERROR` for a missing peer address. An outage
+/// of a limit is one `WARN` event at its first `503` (the next ones are
+/// `DEBUG`) and one `INFO` event when the limit decides again.
 ///
 /// An admitted request allocates nothing in the layer except, with the
 /// fields on, the `RateLimit` value (and the `RateLimit-Policy` value when
