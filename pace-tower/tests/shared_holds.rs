@@ -427,7 +427,11 @@ mod redis {
             tokio::time::sleep_until((start + Duration::from_millis(250) * (2 * i + 1)).into())
                 .await;
             let n = clients.len();
-            out.push(clients[i as usize % n].get("/", headers).await.status());
+            let r = clients[i as usize % n].get("/", headers).await;
+            if let Some(wait) = header(&r, "retry-after") {
+                eprintln!("the victim's 429 says Retry-After: {wait}");
+            }
+            out.push(r.status());
         }
         out
     }
