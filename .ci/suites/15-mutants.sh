@@ -390,6 +390,20 @@ expect_caught redis_expiry_refunds holds "panicked" "-p pace-redis" \
 expect_caught redis_expiry_refunds holds "an expired hold was returned" "-p pace-redis" \
     an_unresolved_hold_settles_as_kept_after_the_hold_limit \
     a_dead_clients_hold_expires_on_the_servers_clock
+# Turns beside holds (tests/holds.rs, whose random histories mix turns with
+# holds), against two variants:
+#   redis_turn_beside_held:     a turn is admitted beside more held tokens
+#                               than the capacity leaves it, stored as any
+#                               debit, so after the holds' refund a reserve
+#                               lands on the turn's own slot
+#   redis_retry_ignores_expiry: a denial's wait ignores the holds expiring
+#                               before it (they settle from their expiry)
+expect_caught redis_turn_beside_held holds "tokens at one instant" "-p pace-redis" \
+    a_turn_is_admitted_only_where_it_fits_beside_held_tokens holds_agree_with_the_integer_model
+expect_caught redis_turn_beside_held holds "exceeds the bound by" "-p pace-redis" \
+    random_hold_histories_never_exceed_the_bound
+expect_caught redis_retry_ignores_expiry holds "ignores the hold that expires" "-p pace-redis" \
+    a_denials_retry_after_counts_the_holds_expiring_before_it holds_agree_with_the_integer_model
 
 # Operations (the features cluster, sentinel, tls; the tests start their
 # own servers on loopback), against four variants, built once together
@@ -417,7 +431,8 @@ expect_caught "$ops" tls "expected a TLS failure" "-p pace-redis --all-features"
 # pace-tower's known-wrong variants (PACE_MUTANT, read by pace-tower/build.rs):
 # each must make its test file fail (tests, not the build).
 [ "$part" = release ] || for entry in xff_leftmost=server v6_full_address=server retry_after_truncated=server \
-    tower_plain_reserve=holds tower_no_keep=holds tower_warn_every_outage_request=operable; do
+    tower_plain_reserve=holds tower_no_keep=holds tower_warn_every_outage_request=operable \
+    tower_redis_plain=shared_holds tower_redis_no_turn=shared_holds; do
     m=${entry%%=*}
     f=${entry#*=}
     status=0

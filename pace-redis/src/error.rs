@@ -143,7 +143,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Denied(d) => match d.reason {
-                DenyReason::Exhausted => {
+                DenyReason::Exhausted | DenyReason::Held => {
                     write!(f, "rate exceeded; retry after {:?}", d.retry_after())
                 }
                 _ => f.write_str("request exceeds the bucket's capacity"),

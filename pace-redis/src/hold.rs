@@ -334,13 +334,22 @@ impl RedisPace {
                     reset_ns: Some(debt),
                 })
             }
-            HoldReply::Denied { wait, now } => {
-                let debt = wait
-                    .saturating_add(limits.tau())
-                    .saturating_sub(call.n.saturating_mul(limits.interval));
-                self.remember_denial(&key, sent_at, debt);
+            HoldReply::Denied { wait, debt, now } => {
+                let (settled, held) = debt.unwrap_or_else(|| {
+                    let debt = wait
+                        .saturating_add(limits.tau())
+                        .saturating_sub(call.n.saturating_mul(limits.interval));
+                    (debt, 0)
+                });
+                let debt = settled.saturating_add(held);
+                // Only the settled debt is remembered (see reserve.rs).
+                self.remember_denial(&key, sent_at, settled);
                 Err(Error::Denied(Denied {
-                    reason: DenyReason::Exhausted,
+                    reason: if held > 0 {
+                        DenyReason::Held
+                    } else {
+                        DenyReason::Exhausted
+                    },
                     wait_ns: wait,
                     server_now_ns: Some(now),
                     source: Source::Server,

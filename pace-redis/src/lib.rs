@@ -171,6 +171,19 @@ pub(crate) fn script_source(interval: u64, capacity: u64) -> String {
     // (tat + cost even when tat lies before the decision).
     #[cfg(pace_mutant = "redis_keep_unclamped")]
     let src = src.replace("if later(ts, tn, tat_s, tat_n) then", "if false then");
+    // Turns beside holds: a turn is admitted beside more held tokens than
+    // the capacity leaves it (held + cost > tau), stored as any debit
+    // (tat = max(tat, now) + cost), so that a later refund of the holds
+    // lets another call through on the turn's own slot.
+    #[cfg(pace_mutant = "redis_turn_beside_held")]
+    let src = src.replace(" or held + c > tau then", " then");
+    // Holds: a denial's wait ignores the holds that expire before it (they
+    // settle as kept from their expiry, which can push the retry further).
+    #[cfg(pace_mutant = "redis_retry_ignores_expiry")]
+    let src = src.replace(
+        "if tail == '' then\n      return string.format('0 %d",
+        "if true then\n      return string.format('0 %d",
+    );
     // Holds: an expired hold is dropped as if refunded, not settled as kept.
     #[cfg(pace_mutant = "redis_expiry_refunds")]
     let src = src.replace("tat_s, tat_n = add(tat_s, tat_n, c)\n", "");

@@ -64,10 +64,15 @@
 --          debt).
 -- A reserve on a key with holds answers an admission as '4 d held tat'
 -- (held > 0: the sum of the costs still held, which the decision counted as
--- debt: d + held + n x interval <= tau + wait); a denial's wait counts it.
+-- debt: d + held + n x interval <= tau + wait; a turn also needs held + n
+-- x interval <= tau). A denial on a key with holds answers '6 wait d held
+-- s ns': wait is the time until a call of n tokens that does not wait
+-- would pass if nothing else touched the key,
+-- the holds expiring meanwhile settled as kept from their expiry (at least
+-- d + held + n x interval - tau).
 -- hold:    '1 d held s ns' admitted (d the debt before, held the sum after,
---          this hold included); otherwise as a reserve ('0 wait s ns',
---          '2 0 s ns', '3 0 s ns').
+--          this hold included); otherwise as a reserve ('0 wait s ns' or
+--          '6 wait d held s ns', '2 0 s ns', '3 0 s ns').
 -- keep, release: {1, s, ns} done; {0, s, ns} no such hold (it expired and
 --          settled as kept, or the key was lost): nothing changed.
 --
@@ -400,11 +405,55 @@ if op == 'r' or op == 'h' then
   local tau = cap * interval
   local c = n * interval
   local nd = d + c
-  -- The decision counts what is held: max(tat, now) + held + c <= now + tau.
-  if nd + held > tau + wait then
-    return string.format('0 %d %d %d', nd + held - tau, now_s, now_n)
+  -- The decision counts what is held: max(tat, now) + held + c <= now + tau
+  -- (+ wait for a turn). A turn must also fit beside what is held, held + c
+  -- <= tau: it goes through at its slot while those tokens may still be
+  -- held, and held tokens do not drain (the core's rule, DESIGN.md "Turns
+  -- beside holds"); a call that does not wait meets it anyway.
+  if nd + held > tau + wait or held + c > tau then
+    if tail == '' then
+      return string.format('0 %d %d %d', nd + held - tau, now_s, now_n)
+    end
+    -- The wait until this call would pass if nothing else touched the key:
+    -- the live holds that expire meanwhile settle as kept from their expiry
+    -- (tat = max(tat, expiry) + cost), which can push it further. Between
+    -- two expiries the state is fixed: (ts, h) from `from` on; the call
+    -- passes there at max(from, ts + h + c - tau) when h + c <= tau and
+    -- that comes before the next expiry. The last state holds nothing.
+    local ts, tn, h = tat_s, tat_n, held
+    local fs, fn = now_s, now_n
+    local pos = 1
+    while true do
+      local cs, e, nxt = string.match(tail, '^|%x+,(%d+),%d+,(%d+)()', pos)
+      local es, en
+      if cs then
+        es, en = split(e)
+      end
+      if h + c <= tau then
+        local as, an = add(ts, tn, h + c - tau)
+        if later(fs, fn, as, an) then
+          as, an = fs, fn
+        end
+        if not cs or later(es, en, as, an) then
+          return string.format('6 %d %d %d %d %d', (as - now_s) * E9 + (an - now_n), d, held,
+            now_s, now_n)
+        end
+      end
+      if not cs then
+        return redis.error_reply('pace: the key holds something other than a tat')
+      end
+      if later(es, en, ts, tn) then
+        ts, tn = es, en
+      end
+      ts, tn = add(ts, tn, tonumber(cs))
+      h = h - tonumber(cs)
+      fs, fn = es, en
+      pos = nxt
+    end
   end
   if op == 'r' then
+    -- (a turn's slot: now + max(0, nd + held - tau), at or before the
+    -- settled tat since held + c <= tau: a decision of the bucket there)
     tat_s, tat_n = add(now_s, now_n, nd)
     put()
     local v = fmt(tat_s, tat_n)

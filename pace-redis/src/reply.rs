@@ -13,8 +13,13 @@ pub(crate) enum ReserveReply {
         now: u64,
         held: u64,
     },
+    /// `debt`: the settled debt before the call and what the key held,
+    /// when the script answered them apart from the wait (a key with
+    /// holds, whose expiries the wait counts); otherwise the debt is `wait
+    /// + tau - cost`, nothing held.
     Denied {
         wait: u64,
+        debt: Option<(u64, u64)>,
         now: u64,
     },
     Never {
@@ -96,8 +101,8 @@ pub(crate) fn parse_reserve(
     n: u64,
     interval: u64,
 ) -> Result<ReserveReply, BackendError> {
-    // Up to four decimal integers separated by spaces.
-    let (fields, count) = reply_numbers::<4>(v)?;
+    // Up to six decimal integers separated by spaces.
+    let (fields, count) = reply_numbers::<6>(v)?;
     let time = |i: usize| reply_time(v, &fields[..count], i);
     // An admission: the stored tat, and the debt before unless it was 0;
     // the debit itself is n x interval.
@@ -122,7 +127,13 @@ pub(crate) fn parse_reserve(
         (4, 4) if fields[2] > 0 => admitted(fields[1], fields[3], fields[2]),
         (_, 0) => Ok(ReserveReply::Denied {
             wait: fields[1],
+            debt: None,
             now: time(2)?,
+        }),
+        (_, 6) => Ok(ReserveReply::Denied {
+            wait: fields[1],
+            debt: Some((fields[2], fields[3])),
+            now: time(4)?,
         }),
         (_, 2) => Ok(ReserveReply::Never { now: time(2)? }),
         (_, 3) => Err(BackendError::ClockOutOfRange),
@@ -156,13 +167,24 @@ pub(crate) fn parse_peek(v: &Value) -> Result<(u64, u64, u64), BackendError> {
 
 /// A hold's reply.
 pub(crate) enum HoldReply {
-    Admitted { debt: u64, held: u64, now: u64 },
-    Denied { wait: u64, now: u64 },
-    Never { now: u64 },
+    Admitted {
+        debt: u64,
+        held: u64,
+        now: u64,
+    },
+    /// `debt` as in [`ReserveReply::Denied`].
+    Denied {
+        wait: u64,
+        debt: Option<(u64, u64)>,
+        now: u64,
+    },
+    Never {
+        now: u64,
+    },
 }
 
 pub(crate) fn parse_hold(v: &Value) -> Result<HoldReply, BackendError> {
-    let (fields, count) = reply_numbers::<5>(v)?;
+    let (fields, count) = reply_numbers::<6>(v)?;
     let time = |i: usize| reply_time(v, &fields[..count], i);
     match fields[0] {
         1 => Ok(HoldReply::Admitted {
@@ -172,7 +194,13 @@ pub(crate) fn parse_hold(v: &Value) -> Result<HoldReply, BackendError> {
         }),
         0 => Ok(HoldReply::Denied {
             wait: fields[1],
+            debt: None,
             now: time(2)?,
+        }),
+        6 => Ok(HoldReply::Denied {
+            wait: fields[1],
+            debt: Some((fields[2], fields[3])),
+            now: time(4)?,
         }),
         2 => Ok(HoldReply::Never { now: time(2)? }),
         3 => Err(BackendError::ClockOutOfRange),

@@ -34,10 +34,16 @@ pub struct Denied {
 
 impl Denied {
     /// The wait until this request would be admitted if nothing else touched
-    /// the key; [`Duration::MAX`] when it never will be.
+    /// the key; [`Duration::MAX`] when it never will be. A server's answer
+    /// counts what the key holds in [`Hold`]s as spent, and a hold that
+    /// expires before that time settles as kept from its expiry, which can
+    /// push the time further: the wait counts that too, so a retry after it
+    /// passes unless another call touched the key. A denial of the local
+    /// cache ([`Source::Cache`]) gives the wait by the debt the server last
+    /// reported, without the expiries.
     pub fn retry_after(&self) -> Duration {
         match self.reason {
-            DenyReason::Exhausted => Duration::from_nanos(self.wait_ns),
+            DenyReason::Exhausted | DenyReason::Held => Duration::from_nanos(self.wait_ns),
             _ => Duration::MAX,
         }
     }
@@ -47,7 +53,7 @@ impl Denied {
     }
     /// True when waiting will not help (`n` above the capacity).
     pub fn is_permanent(&self) -> bool {
-        self.reason != DenyReason::Exhausted
+        !matches!(self.reason, DenyReason::Exhausted | DenyReason::Held)
     }
     /// The server's time of the decision (ns since the Unix epoch), when the
     /// server decided.

@@ -514,6 +514,7 @@ impl RedisPace {
                 bump(&inner.counters.shard().server_decisions, 1);
                 // The key's holds count as debt.
                 let debt = tat.saturating_sub(now).saturating_add(held);
+
                 Ok(Ok(Reservation {
                     key,
                     n,
@@ -527,16 +528,27 @@ impl RedisPace {
                     held,
                 }))
             }
-            ReserveReply::Denied { wait, now } => {
+            ReserveReply::Denied { wait, debt, now } => {
                 bump(&inner.counters.shard().server_decisions, 1);
-                // wait = debt + n x interval - tau: the debt before this
-                // request, as the script saw it.
-                let debt = wait
-                    .saturating_add(limits.tau())
-                    .saturating_sub(n.saturating_mul(limits.interval));
-                self.remember_denial(&key, sent_at, debt);
+                // The debt before this request, as the script saw it:
+                // answered (settled, held), or else wait = debt + n x
+                // interval - tau.
+                let (settled, held) = debt.unwrap_or_else(|| {
+                    let debt = wait
+                        .saturating_add(limits.tau())
+                        .saturating_sub(n.saturating_mul(limits.interval));
+                    (debt, 0)
+                });
+                let debt = settled.saturating_add(held);
+                // Only the settled debt is remembered: a hold may be
+                // refunded at any moment.
+                self.remember_denial(&key, sent_at, settled);
                 Ok(Err(Error::Denied(Denied {
-                    reason: DenyReason::Exhausted,
+                    reason: if held > 0 {
+                        DenyReason::Held
+                    } else {
+                        DenyReason::Exhausted
+                    },
                     wait_ns: wait,
                     server_now_ns: Some(now),
                     source: Source::Server,

@@ -41,6 +41,13 @@ enum Op {
         n: u64,
         other: bool,
     },
+    /// A turn (`acquire_n`'s reservation, without its sleep) that may wait
+    /// up to `quarters / 4` of tau plus `ns`.
+    Turn {
+        n: u64,
+        quarters: u64,
+        ns: u64,
+    },
     Keep {
         pick: usize,
     },
@@ -62,6 +69,8 @@ fn op(cap: u64) -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..=cap + 1).prop_map(|n| Op::Reserve { n }),
         5 => (0..=cap + 1, any::<bool>()).prop_map(|(n, other)| Op::Hold { n, other }),
+        3 => (0..=cap + 1, 0u64..9, prop_oneof![Just(0u64), Just(1), 0u64..1_000_000_000])
+            .prop_map(|(n, quarters, ns)| Op::Turn { n, quarters, ns }),
         3 => any::<usize>().prop_map(|pick| Op::Keep { pick }),
         3 => any::<usize>().prop_map(|pick| Op::Release { pick }),
         2 => any::<usize>().prop_map(|pick| Op::Refund { pick }),
@@ -174,16 +183,49 @@ impl Model {
         )
     }
 
-    /// A reserve (`hold` None) or a hold (model id, hold limit): Ok((prev,
-    /// tat, debt after counting what is held)) or Err((reason, wait, debt
-    /// before counting what is held)).
+    /// Whether a call of `c` ns of tokens passes at `t` if nothing else
+    /// touches the key from now on (the holds expiring by then settled).
+    fn passes_at(&self, c: u64, t: u64) -> bool {
+        let (tat, live, _) = self.view(t);
+        let held: u64 = live.iter().map(|h| h.cost).sum();
+        tat.max(t) + held + c <= t + self.tau()
+    }
+
+    /// The wait from `now` until a call of `c` ns of tokens passes if
+    /// nothing else touches the key: the first of the times where the
+    /// key's state changes (now, each hold's expiry) or where a state
+    /// lets it pass (its tat + held + c - tau) at which it passes.
+    fn retry(&self, c: u64, now: u64) -> u64 {
+        let mut at = vec![now];
+        if let Some(s) = &self.stored {
+            at.extend(s.holds.iter().map(|h| h.expiry).filter(|&e| e > now));
+        }
+        let mut candidates = at.clone();
+        for &t in &at {
+            let (tat, live, _) = self.view(t);
+            let held: u64 = live.iter().map(|h| h.cost).sum();
+            candidates.push((tat + held + c).saturating_sub(self.tau()).max(t));
+        }
+        candidates.sort_unstable();
+        let t = candidates
+            .into_iter()
+            .find(|&t| self.passes_at(c, t))
+            .expect("a call of at most the capacity passes once every hold settled");
+        t - now
+    }
+
+    /// A reserve (`hold` None; a turn when `wait` > 0) or a hold (model
+    /// id, hold limit): Ok((prev, tat, debt after counting what is held,
+    /// a turn's wait until its slot)) or Err((reason, wait, debt before
+    /// counting what is held)).
     #[allow(clippy::type_complexity)]
     fn decide(
         &mut self,
         n: u64,
         hold: Option<(u64, u64)>,
+        wait: u64,
         now: u64,
-    ) -> Result<(u64, u64, u64), (DenyReason, u64, u64)> {
+    ) -> Result<(u64, u64, u64, u64), (DenyReason, u64, u64)> {
         if n > self.cap {
             return Err((DenyReason::ExceedsCapacity, u64::MAX, 0));
         }
@@ -191,14 +233,23 @@ impl Model {
         let d = tat.saturating_sub(now);
         let held: u64 = live.iter().map(|h| h.cost).sum();
         let c = n * self.interval;
-        if d + c + held > self.tau() {
-            return Err((DenyReason::Exhausted, d + c + held - self.tau(), d + held));
+        // A turn must also fit beside what is held (held tokens do not
+        // drain: it goes through at its slot while they may be held).
+        if d + c + held > self.tau() + wait || held + c > self.tau() {
+            // While tokens are held, the core's reason: `Held`.
+            let reason = if held > 0 {
+                DenyReason::Held
+            } else {
+                DenyReason::Exhausted
+            };
+            return Err((reason, self.retry(c, now), d + held));
         }
+        let slot = (d + c + held).saturating_sub(self.tau());
         match hold {
             None => {
                 let new = tat.max(now) + c;
                 self.put(new, live, now);
-                Ok((if tat > now { tat } else { 0 }, new, new - now + held))
+                Ok((if tat > now { tat } else { 0 }, new, new - now + held, slot))
             }
             Some((id, limit)) => {
                 let expiry = now + limit;
@@ -213,7 +264,7 @@ impl Model {
                     },
                 );
                 self.put(tat, live, now);
-                Ok((0, tat, d + held + c))
+                Ok((0, tat, d + held + c, 0))
             }
         }
     }
@@ -340,16 +391,31 @@ fn run_histories(compare: bool, cases: u32) {
         for (step, op) in ops.iter().enumerate() {
             match *op {
                 Op::Advance { quarters, ns } => now += quarters * tau / 4 + ns,
-                Op::Reserve { n } => {
-                    let got = rt.block_on(limiter.reserve_n_at("k", n, now));
-                    let expect = if n == 0 {
-                        Ok((0, 0, 0))
+                Op::Reserve { .. } | Op::Turn { .. } => {
+                    let (n, wait) = match *op {
+                        Op::Turn { n, quarters, ns } => (n, quarters * tau / 4 + ns),
+                        Op::Reserve { n } => (n, 0),
+                        _ => unreachable!(),
+                    };
+                    let got = if wait > 0 {
+                        rt.block_on(limiter.reserve_turn_at(
+                            "k",
+                            n,
+                            None,
+                            Duration::from_nanos(wait),
+                            now,
+                        ))
                     } else {
-                        model.decide(n, None, now)
+                        rt.block_on(limiter.reserve_n_at("k", n, now))
+                    };
+                    let expect = if n == 0 {
+                        Ok((0, 0, 0, 0))
+                    } else {
+                        model.decide(n, None, wait, now)
                     };
                     if compare {
                         match (&expect, &got) {
-                            (Ok((prev, tat, debt)), Ok(r)) => {
+                            (Ok((prev, tat, debt, slot)), Ok(r)) => {
                                 prop_assert_eq!(r.tokens(), n);
                                 if n > 0 {
                                     prop_assert_eq!(r.prev_ns(), *prev, "prev, step {}", step);
@@ -366,12 +432,17 @@ fn run_histories(compare: bool, cases: u32) {
                                         "reset, step {}",
                                         step
                                     );
-                                    prop_assert_eq!(r.wait(), Duration::ZERO);
+                                    prop_assert_eq!(
+                                        r.wait(),
+                                        Duration::from_nanos(*slot),
+                                        "a turn's wait, step {}",
+                                        step
+                                    );
                                 }
                             }
                             (Err((reason, wait, debt)), Err(Error::Denied(d))) => {
                                 prop_assert_eq!(d.reason(), *reason, "reason, step {}", step);
-                                if *reason == DenyReason::Exhausted {
+                                if *reason != DenyReason::ExceedsCapacity {
                                     prop_assert_eq!(
                                         d.retry_after(),
                                         Duration::from_nanos(*wait),
@@ -396,8 +467,10 @@ fn run_histories(compare: bool, cases: u32) {
                     }
                     match got {
                         Ok(r) => {
+                            // A turn goes through at its slot.
+                            let at = now + u64::try_from(r.wait().as_nanos()).unwrap();
                             let index = (n > 0).then(|| {
-                                admissions.push(Some((now, n * interval)));
+                                admissions.push(Some((at, n * interval)));
                                 admissions.len() - 1
                             });
                             reservations.push((index, r));
@@ -413,13 +486,13 @@ fn run_histories(compare: bool, cases: u32) {
                     let id = next_id;
                     next_id += 1;
                     let expect = if n == 0 {
-                        Ok((0, 0, 0))
+                        Ok((0, 0, 0, 0))
                     } else {
-                        model.decide(n, Some((id, limit)), now)
+                        model.decide(n, Some((id, limit)), 0, now)
                     };
                     if compare {
                         match (&expect, &got) {
-                            (Ok((_, _, debt)), Ok(h)) => {
+                            (Ok((_, _, debt, _)), Ok(h)) => {
                                 prop_assert_eq!(h.tokens(), n);
                                 if n > 0 {
                                     prop_assert_eq!(h.source(), Source::Server);
@@ -443,7 +516,7 @@ fn run_histories(compare: bool, cases: u32) {
                             }
                             (Err((reason, wait, debt)), Err(Error::Denied(d))) => {
                                 prop_assert_eq!(d.reason(), *reason, "hold reason, step {}", step);
-                                if *reason == DenyReason::Exhausted {
+                                if *reason != DenyReason::ExceedsCapacity {
                                     prop_assert_eq!(
                                         d.retry_after(),
                                         Duration::from_nanos(*wait),
@@ -797,4 +870,160 @@ async fn holds_of_the_local_fallback_are_exact_too() {
     // Dropping a local hold keeps it.
     drop(p.hold("k").await.unwrap());
     assert_eq!(p.peek("k").await.unwrap().remaining(), 1);
+}
+
+/// A limiter of `rate`, capacity `cap`, on injected time.
+async fn injected(server: &common::RedisServer, prefix: &str, rate: Rate, cap: u64) -> RedisPace {
+    RedisPace::builder(rate)
+        .capacity(cap)
+        .prefix(prefix)
+        .deny_cache(false)
+        .time_injection(true)
+        .connect(&server.url())
+        .await
+        .unwrap()
+}
+
+/// A turn goes through at its slot while the key's held tokens may still
+/// be held, and held tokens do not drain: it is admitted only when it fits
+/// beside them (held + its cost <= capacity), as the core's turns are (10/s,
+/// capacity 2: two tokens held at T, a turn at T would get slot T + 100 ms;
+/// stored as a plain debit, the hold refunded, two reserves at T + 100 ms
+/// would make 3 tokens at one instant).
+#[tokio::test]
+async fn a_turn_is_admitted_only_where_it_fits_beside_held_tokens() {
+    let server = common::RedisServer::start();
+    let p = injected(&server, "beside:", Rate::per_second(10).unwrap(), 2).await;
+    let ms = 1_000_000u64;
+    let t = BASE;
+    let h = p.hold_n_at("k", 2, None, t).await.unwrap();
+    let turn = p
+        .reserve_turn_at("k", 1, None, Duration::from_millis(100), t)
+        .await;
+    let mut through = u32::from(turn.is_ok());
+    assert_eq!(h.refund_at(t).await.unwrap(), Refunded::Restored);
+    let slot = t + 100 * ms;
+    for _ in 0..2 {
+        if p.reserve_n_at("k", 1, slot).await.is_ok() {
+            through += 1;
+        }
+    }
+    assert!(
+        through <= 2,
+        "{through} tokens at one instant, capacity 2: a reserve landed on the turn's slot"
+    );
+    // Denied while held, the wait being the first time a call of 1 passes
+    // if nothing else touched the key: the hold expires at T + 10 s and
+    // settles as kept from there (T + 10.2 s), one token back 100 ms
+    // before that.
+    let Err(Error::Denied(d)) = turn else {
+        panic!("a turn admitted beside 2 held tokens at capacity 2");
+    };
+    assert_eq!(d.reason(), DenyReason::Held);
+    assert_eq!(d.retry_after(), Duration::from_millis(10_100));
+
+    // Within the capacity a turn waits beside held tokens: 1 held and 1
+    // reserved at T, a turn of 1 gets slot T + 100 ms and settles as a
+    // plain debit; the hold refunded, one more token at T + 100 ms, not two.
+    let h = p.hold_n_at("j", 1, None, t).await.unwrap();
+    let _kept = p.reserve_n_at("j", 1, t).await.unwrap();
+    let turn = p
+        .reserve_turn_at("j", 1, None, Duration::from_millis(500), t)
+        .await
+        .unwrap();
+    assert_eq!(turn.wait(), Duration::from_millis(100));
+    assert_eq!(turn.tat_ns(), t + 200 * ms);
+    assert_eq!(h.refund_at(t).await.unwrap(), Refunded::Restored);
+    assert!(p.reserve_n_at("j", 1, slot).await.is_ok());
+    assert!(
+        p.reserve_n_at("j", 1, slot).await.is_err(),
+        "3 tokens at one instant, capacity 2"
+    );
+
+    // Turns only: 1 held at T, a turn of 2 does not fit beside it; the hold
+    // refunded, a turn of 1 at T goes through at once.
+    let h = p.hold_n_at("i", 1, None, t).await.unwrap();
+    let Err(Error::Denied(d)) = p
+        .reserve_turn_at("i", 2, None, Duration::from_millis(500), t)
+        .await
+    else {
+        panic!("a turn of 2 admitted beside 1 held token at capacity 2");
+    };
+    assert_eq!(d.reason(), DenyReason::Held);
+    assert_eq!(h.refund_at(t).await.unwrap(), Refunded::Restored);
+    let turn = p
+        .reserve_turn_at("i", 1, None, Duration::from_millis(500), t)
+        .await
+        .unwrap();
+    assert_eq!(turn.wait(), Duration::ZERO);
+}
+
+/// A denial's `retry_after` counts the holds that expire before it: they
+/// settle as kept from their expiry (1 per minute, capacity 1, a hold at T
+/// with the default 10 s hold limit: the retry passes at T + 70 s, not T +
+/// 60 s).
+#[tokio::test]
+async fn a_denials_retry_after_counts_the_holds_expiring_before_it() {
+    let server = common::RedisServer::start();
+    let p = injected(
+        &server,
+        "retry:",
+        Rate::new(1, Duration::from_secs(60)).unwrap(),
+        1,
+    )
+    .await;
+    let s = 1_000_000_000u64;
+    let t = BASE;
+    let h = p.hold_n_at("k", 1, None, t).await.unwrap();
+    assert_eq!(h.expires_at_ns(), Some(t + 10 * s));
+    let Err(Error::Denied(d)) = p.reserve_n_at("k", 1, t).await else {
+        panic!("admitted beside a full hold");
+    };
+    assert_eq!(
+        d.retry_after(),
+        Duration::from_secs(70),
+        "the retry_after ignores the hold that expires before it"
+    );
+    // The debt as the denial saw it: the held token (60 s).
+    assert_eq!(d.reset_after(), Some(Duration::from_secs(60)));
+    assert_eq!(d.remaining(), Some(0));
+    // A hold is denied the same way.
+    let Err(Error::Denied(dh)) = p.hold_n_at("k", 1, None, t + s).await else {
+        panic!("a hold admitted beside a full hold");
+    };
+    assert_eq!(dh.retry_after(), Duration::from_secs(69));
+    // The retry at the advertised time passes, not a nanosecond before.
+    assert!(p.reserve_n_at("k", 1, t + 70 * s - 1).await.is_err());
+    assert!(p.reserve_n_at("k", 1, t + 70 * s).await.is_ok());
+    std::mem::forget(h);
+}
+
+/// Under `LocalFallback` a turn is the core's `acquire`, which follows the
+/// same rule beside held tokens: a turn that does not fit beside them is
+/// denied `Held` (a wait, not a permanent denial), and one that fits goes
+/// through once they are refunded.
+#[tokio::test]
+async fn turns_of_the_local_fallback_fit_beside_held_tokens() {
+    let mut server = common::RedisServer::start();
+    let p = RedisPace::builder(Rate::per_second(10).unwrap())
+        .capacity(2)
+        .prefix("localturn:")
+        .on_unavailable(OnUnavailable::LocalFallback { replicas: 1 })
+        .timeout(Duration::from_millis(300))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    server.stop();
+    let h = p.hold_n("k", 2).await.unwrap();
+    assert_eq!(h.source(), Source::Local);
+    let Err(Error::Denied(d)) = p.acquire("k", Duration::from_millis(100)).await else {
+        panic!("a local turn admitted beside 2 held tokens at capacity 2");
+    };
+    assert_eq!(d.source(), Source::Local);
+    assert_eq!(d.reason(), DenyReason::Held);
+    assert!(!d.is_permanent(), "a denial beside held tokens is a wait");
+    assert!(d.retry_after() < Duration::MAX);
+    assert!(h.refund().await.unwrap().returned());
+    let turn = p.acquire("k", Duration::from_millis(100)).await.unwrap();
+    assert_eq!(turn.source(), Source::Local);
 }

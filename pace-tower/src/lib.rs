@@ -28,8 +28,8 @@ pub use crate::key::{
     RequestHead,
 };
 pub use crate::layer::{
-    DefaultRespond, InvalidPolicyName, Limit, Limits, MissingKey, PaceLayer, PaceLayerBuilder,
-    PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture, ResponseHead,
-    MISSING_PEER_ADDR_BODY, TOO_MANY_REQUESTS_BODY, UNAVAILABLE_BODY,
+    BuildError, DefaultRespond, InvalidPolicyName, Limit, Limits, MissingKey, PaceLayer,
+    PaceLayerBuilder, PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture,
+    ResponseHead, MISSING_PEER_ADDR_BODY, TOO_MANY_REQUESTS_BODY, UNAVAILABLE_BODY,
 };
 pub use crate::limit::{Acquire, AsyncLimit, Refusal};

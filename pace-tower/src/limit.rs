@@ -420,10 +420,13 @@ where
 }
 
 #[cfg(feature = "redis")]
+pub use redis_impl::RedisDebit;
+
+#[cfg(feature = "redis")]
 mod redis_impl {
     use std::pin::Pin;
 
-    use pace_redis::{Error as RedisError, RedisPace, Reservation};
+    use pace_redis::{Error as RedisError, Hold, RedisPace, Reservation, Source};
 
     use super::*;
 
@@ -442,20 +445,64 @@ mod redis_impl {
         }
     }
 
+    /// What a request's admission by a `RedisPace` limit holds until its
+    /// response: a plain reservation (a limit the layer never refunds, or
+    /// a turn of [`Limit::wait_up_to`](crate::Limit::wait_up_to)), or a
+    /// hold (a limit the layer may refund: exact refunds in any order).
+    #[derive(Debug)]
+    pub enum RedisDebit {
+        /// `RedisPace::reserve_n` (or `acquire_n`, or their `_with` forms).
+        Reserved(Reservation),
+        /// `RedisPace::hold_n` (or `hold_n_with`).
+        Held(Hold),
+    }
+
+    impl RedisDebit {
+        /// Whole tokens left after the admission, when the server decided
+        /// (the admission's own answer: no round trip).
+        fn remaining(&self) -> Option<u64> {
+            match self {
+                RedisDebit::Reserved(r) if r.source() == Source::Server => r.remaining(),
+                RedisDebit::Held(h) if h.source() == Source::Server => h.remaining(),
+                _ => None,
+            }
+        }
+    }
+
+    /// Runs `f` on the current tokio runtime, if there is one.
+    fn spawn<F: Future<Output = ()> + Send + 'static>(f: F) -> bool {
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(f);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// A limit shared by every replica through Redis or Valkey, keyed by
-    /// the key's `Display` form. A refund runs in the background on the
-    /// current tokio runtime (without one, the debit is kept). The
-    /// `RateLimit` item comes from the admission's own answer (the server's
-    /// clock and the key's new state), without another round trip; after a
-    /// refund it is left out. It has no holds ([`AsyncLimit::holds`]
-    /// false): the layer reserves it plainly, and refunds it by its own
-    /// rule.
+    /// the key's `Display` form. It has holds: a limit the layer may refund
+    /// (a [`refund_if`](crate::Limit::refund_if), or a limit after it) is
+    /// held (`RedisPace::hold_n`), and its refund returns the request's
+    /// tokens exactly, in any order, whatever other replicas did on the
+    /// key; one the layer does not refund is kept (`Hold::keep`). A limit
+    /// never refunded is reserved plainly (`RedisPace::reserve_n`, one
+    /// script call). It takes a quota per request
+    /// ([`Limit::quota`](crate::Limit::quota): `reserve_n_with`,
+    /// `hold_n_with`), and waits for turns on the server's clock
+    /// ([`Limit::wait_up_to`](crate::Limit::wait_up_to): `acquire_n`). A
+    /// refund or a keep is a script call in a task spawned on the current
+    /// tokio runtime (without one, a reservation's debit stays and a hold
+    /// settles as kept after the hold limit). The `RateLimit` item comes
+    /// from the admission's own answer (the server's clock and the key's
+    /// new state, holds counted as spent), without another round trip;
+    /// after a refund, or from the local fallback, it is left out.
     impl<K> AsyncLimit<K> for RedisPace
     where
         K: fmt::Display + Send + Sync + 'static,
     {
-        type Debit = Reservation;
-        type Reserve = Pin<Box<dyn Future<Output = Result<Reservation, Refusal>> + Send>>;
+        type Debit = RedisDebit;
+        type Reserve = Pin<Box<dyn Future<Output = Result<RedisDebit, Refusal>> + Send>>;
 
         fn reserve(&self, key: &K, n: u64) -> Self::Reserve {
             let this = self.clone();
@@ -463,28 +510,114 @@ mod redis_impl {
             Box::pin(async move {
                 this.reserve_n(&key, n)
                     .await
+                    .map(RedisDebit::Reserved)
                     .map_err(|e| refusal(e, &this, &key))
             })
         }
 
-        fn refund(&self, _: &K, debit: Reservation) {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let this = self.clone();
-                rt.spawn(async move {
-                    if let Err(e) = this.refund(debit).await {
-                        tracing::warn!(target: "pace_tower", error = %e, "shared refund failed; the debit stays");
+        #[inline]
+        fn takes_quota(&self) -> bool {
+            true
+        }
+
+        fn reserve_with(&self, key: &K, n: u64, quota: Quota) -> Self::Reserve {
+            let this = self.clone();
+            let key = key.to_string();
+            Box::pin(async move {
+                this.reserve_n_with(&key, n, quota)
+                    .await
+                    .map(RedisDebit::Reserved)
+                    .map_err(|e| refusal(e, &this, &key))
+            })
+        }
+
+        fn remaining_with(&self, _: &K, debit: Option<&RedisDebit>, _: Quota) -> Option<u64> {
+            debit?.remaining()
+        }
+
+        /// `RedisPace::acquire_n` (or `acquire_n_with`): one script call
+        /// takes a slot up to `max_wait` ahead on the server's clock, then
+        /// one sleep until it; the requests of a key go through in the
+        /// order the server debited them, whichever replica they came to.
+        fn acquire(
+            self: Arc<Self>,
+            key: &K,
+            n: u64,
+            quota: Option<Quota>,
+            max_wait: Duration,
+        ) -> Option<Acquire<RedisDebit>> {
+            // Known-wrong variant for mutation tests: a shared limit cannot
+            // wait, and a queueing request is answered at once.
+            if cfg!(pace_mutant = "tower_redis_no_turn") {
+                return None;
+            }
+            let key = key.to_string();
+            Some(Box::pin(async move {
+                match quota {
+                    Some(q) => self.acquire_n_with(&key, n, q, max_wait).await,
+                    None => self.acquire_n(&key, n, max_wait).await,
+                }
+                .map(RedisDebit::Reserved)
+                .map_err(|e| refusal(e, &self, &key))
+            }))
+        }
+
+        #[inline]
+        fn holds(&self) -> bool {
+            // Known-wrong variant for mutation tests: the layer reserves a
+            // shared limit plainly, and refunds it by the plain rule.
+            !cfg!(pace_mutant = "tower_redis_plain")
+        }
+
+        fn hold(&self, key: &K, n: u64) -> Self::Reserve {
+            let this = self.clone();
+            let key = key.to_string();
+            Box::pin(async move {
+                this.hold_n(&key, n)
+                    .await
+                    .map(RedisDebit::Held)
+                    .map_err(|e| refusal(e, &this, &key))
+            })
+        }
+
+        fn hold_with(&self, key: &K, n: u64, quota: Quota) -> Self::Reserve {
+            let this = self.clone();
+            let key = key.to_string();
+            Box::pin(async move {
+                this.hold_n_with(&key, n, quota)
+                    .await
+                    .map(RedisDebit::Held)
+                    .map_err(|e| refusal(e, &this, &key))
+            })
+        }
+
+        /// `Hold::keep` in a spawned task (dropping a hold does the same);
+        /// a reservation is kept already.
+        fn keep(&self, _: &K, debit: RedisDebit) {
+            if let RedisDebit::Held(h) = debit {
+                spawn(async move {
+                    if let Err(e) = h.keep().await {
+                        tracing::warn!(target: "pace_tower", error = %e, "shared keep failed; the hold settles as kept after the hold limit");
                     }
                 });
             }
         }
 
-        fn remaining(&self, _: &K, debit: Option<&Reservation>) -> Option<u64> {
-            let d = debit?;
-            let now = d.server_now_ns()?;
-            let interval = self.interval_ns().max(1);
-            let tau = RedisPace::capacity(self).saturating_mul(interval);
-            let ahead = d.tat_ns().saturating_sub(now);
-            Some(tau.saturating_sub(ahead) / interval)
+        fn refund(&self, _: &K, debit: RedisDebit) {
+            let this = self.clone();
+            spawn(async move {
+                let out = match debit {
+                    RedisDebit::Reserved(r) => this.refund(r).await.map(drop),
+                    RedisDebit::Held(h) => h.refund().await.map(drop),
+                };
+                if let Err(e) = out {
+                    tracing::warn!(target: "pace_tower", error = %e, "shared refund failed; the debit stays");
+                }
+            });
+        }
+
+        fn remaining(&self, _: &K, debit: Option<&RedisDebit>) -> Option<u64> {
+            debit?.remaining()
         }
 
         fn capacity(&self) -> u64 {

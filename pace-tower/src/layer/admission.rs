@@ -11,7 +11,7 @@ use pace::{Quota, Rate};
 use super::fields::{refill_ns, FieldAcc};
 use super::limits::{Counters, LimitsImpl, Meta, Src, Step, Stop};
 use super::reject;
-use super::{InvalidPolicyName, Limit, MissingKey, ResponseHead};
+use super::{BuildError, InvalidPolicyName, Limit, MissingKey, ResponseHead};
 use crate::headers;
 use crate::key::{KeyExtractor, RequestHead};
 use crate::limit::{AsyncLimit, Refusal};
@@ -447,15 +447,21 @@ where
         }
     }
 
-    fn mark_holds(&mut self, later: bool) {
-        self.1.hold = (later || self.1.refund.is_some()) && self.1.exact && self.1.limiter.holds();
+    fn mark_holds(&mut self, later: bool) -> Result<(), BuildError> {
+        let refunded = (later || self.1.refund.is_some()) && self.1.exact;
+        if refunded && self.1.wait.is_some() {
+            return Err(BuildError::QueuedRefund {
+                limit: self.1.name.clone(),
+            });
+        }
+        self.1.hold = refunded && self.1.limiter.holds();
         // Known-wrong variant for mutation tests: every limit reserved
         // with the plain kind, as before holds (refunds by the old rule).
         #[cfg(pace_mutant = "tower_plain_reserve")]
         {
             self.1.hold = false;
         }
-        self.0.mark_holds(true);
+        self.0.mark_holds(true)
     }
 
     #[inline(always)]

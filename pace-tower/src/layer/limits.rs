@@ -10,7 +10,7 @@ use metrics::{Counter, Gauge};
 use pace::{DenyReason, Quota, Rate};
 
 use super::fields::FieldAcc;
-use super::{InvalidPolicyName, ResponseHead};
+use super::{BuildError, InvalidPolicyName, ResponseHead};
 #[cfg(doc)]
 use super::{PaceLayer, PaceLayerBuilder};
 use crate::key::RequestHead;
@@ -153,8 +153,9 @@ mod sealed {
         /// inner service works.
         fn keep_unrefunded(&self, st: &mut Self::State);
         /// Marks the limits the layer may refund (a refund predicate, or a
-        /// limit after it: `later`), which then hold.
-        fn mark_holds(&mut self, later: bool);
+        /// limit after it: `later`), which then hold; refuses a queueing
+        /// limit among them ([`BuildError::QueuedRefund`]).
+        fn mark_holds(&mut self, later: bool) -> Result<(), BuildError>;
         /// Counts the admission.
         fn admitted(&self, st: &Self::State);
         /// Applies the refund predicates to the response, newest first.
@@ -256,7 +257,9 @@ impl LimitsImpl for () {
     fn keep(&self, _: &mut ()) {}
     #[inline]
     fn keep_unrefunded(&self, _: &mut ()) {}
-    fn mark_holds(&mut self, _: bool) {}
+    fn mark_holds(&mut self, _: bool) -> Result<(), BuildError> {
+        Ok(())
+    }
     #[inline]
     fn admitted(&self, _: &()) {}
     #[inline]

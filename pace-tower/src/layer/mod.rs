@@ -156,10 +156,15 @@ where
     /// CAS on the key's row). A hold the response does not resolve within
     /// twice the limiter's hold limit (`pace::Builder::hold_limit`, 10 s
     /// by default: a handler slower than 20 s) counts as kept, and its
-    /// refund then returns nothing. A limit without holds (the defaults of
-    /// [`AsyncLimit`], as `pace_redis::RedisPace`) is refunded by its own
-    /// rule (for a plain reservation: everything if nothing else debited
-    /// the key since, nothing otherwise).
+    /// refund then returns nothing. A `pace_redis::RedisPace` limit is held
+    /// the same way on the server (`RedisPace::hold_n`: exact across
+    /// replicas; a hold not resolved within its hold limit,
+    /// `pace_redis::Builder::hold_limit`, 10 s by default, settles as
+    /// kept). A limit without holds (the defaults of [`AsyncLimit`]) is
+    /// refunded by its own rule (for a plain reservation: everything if
+    /// nothing else debited the key since, nothing otherwise). A queueing
+    /// limit ([`wait_up_to`](Limit::wait_up_to)) cannot have one (see
+    /// there).
     pub fn refund_if(
         mut self,
         f: impl Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
@@ -193,8 +198,12 @@ where
     ///
     /// `f` is called once per request, and once more when the layer answers
     /// the request itself (for the `RateLimit-Policy` field of the answer):
-    /// make it a function of the request. A limit that cannot take a quota
-    /// per call ([`AsyncLimit::takes_quota`] false) ignores it.
+    /// make it a function of the request. A `pace::Pace` and a
+    /// `pace_redis::RedisPace` take it (`reserve_n_with`, `hold_n_with`,
+    /// `acquire_n_with`; for a `RedisPace`, a quota whose capacity x
+    /// interval exceeds `pace_redis::MAX_TAU_NS`, about 13 days, gives no
+    /// decision: `503`); a limit that cannot take a quota per call
+    /// ([`AsyncLimit::takes_quota`] false) ignores it.
     pub fn quota(
         mut self,
         f: impl Fn(&RequestHead<'_>) -> Option<Quota> + Send + Sync + 'static,
@@ -206,8 +215,11 @@ where
     /// Queueing: a request this limit cannot admit now waits for its
     /// key's turn, up to `max`, instead of being answered 429 (for a
     /// `pace::Pace`, `Pace::acquire_n`: one reservation of a slot up to
-    /// `max` ahead, then one sleep on `futures-timer` until it; the requests
-    /// of a key go through in the order they reserved). A request whose
+    /// `max` ahead, then one sleep on `futures-timer` until it; for a
+    /// `pace_redis::RedisPace`, `RedisPace::acquire_n`: the same with one
+    /// script call, the slot on the server's clock, whichever replica the
+    /// request came to; the requests of a key go through in the order they
+    /// reserved). A request whose
     /// turn lies further than `max` is answered 429 at once, writing
     /// nothing: `Retry-After` is the exact wait it would need now (in
     /// whole seconds, rounded up; exact in the [`Reason::Exhausted`] the
@@ -217,19 +229,73 @@ where
     /// A request dropped before its turn (the client went away) gives the
     /// turn back by the refund rule: its tokens return when nothing was
     /// debited from the key since, and are otherwise lost (fewer
-    /// admissions, never more). A queueing limit reserves its turn with the
-    /// plain kind, also when the layer may refund it (a refund predicate, a
-    /// limit after it): those refunds follow the same rule, not the exact
-    /// one of holds. The limits before this one stay debited (held) while
-    /// it waits; a wait longer than twice their hold limit lets their holds
-    /// expire as kept, and a refusal after it then returns nothing of
-    /// them. Each request to a queueing limit allocates its wait
-    /// (also when its turn is now), and the wait needs a tokio runtime. A
-    /// limit that cannot wait ([`AsyncLimit::acquire`] `None`) reserves as
-    /// without queueing.
+    /// admissions, never more). A turn is such a plain reservation, not a
+    /// hold, so the layer refuses to build ([`BuildError::QueuedRefund`])
+    /// a queueing limit it may refund (a refund predicate, or a limit after
+    /// it): a flood of refunded turns on a key someone else can name would
+    /// drain it. Make the queueing limit the last one without a refund
+    /// predicate, or give up its exact refunds
+    /// ([`exact_refunds`](Limit::exact_refunds)`(false)`: its refunds then
+    /// follow the plain rule). The limits before this one stay debited
+    /// (held) while it waits; a wait longer than twice their hold limit
+    /// lets their holds expire as kept. Each request to a queueing limit
+    /// allocates its wait (also when its turn is now), and the wait needs
+    /// a tokio runtime. A limit that cannot wait ([`AsyncLimit::acquire`]
+    /// `None`) reserves as without queueing.
     pub fn wait_up_to(mut self, max: Duration) -> Self {
         self.wait = Some(max);
         self
+    }
+}
+
+/// Why [`PaceLayerBuilder::build`] refused its limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A limit's name is not printable ASCII.
+    InvalidPolicyName(InvalidPolicyName),
+    /// A queueing limit ([`Limit::wait_up_to`]) that the layer may refund
+    /// (it has a [`Limit::refund_if`], or a limit after it may refuse the
+    /// request) with exact refunds ([`Limit::exact_refunds`], true by
+    /// default). A turn is a plain reservation of a slot ahead (the core's
+    /// `Pace::acquire_n`, pace-redis's `RedisPace::acquire_n`), not a
+    /// hold: its refund would return nothing once another request of the
+    /// key was debited after it, so a flood of refunded turns on a key
+    /// someone else can name would drain it. Make the queueing limit the
+    /// last one without a refund predicate, or give up its exact refunds
+    /// (`exact_refunds(false)`: its refunds then follow the plain rule).
+    QueuedRefund {
+        /// The limit's name.
+        limit: String,
+    },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::InvalidPolicyName(e) => e.fmt(f),
+            BuildError::QueuedRefund { limit } => write!(
+                f,
+                "limit {limit:?} queues (wait_up_to) and may be refunded (refund_if, or a \
+                 limit after it), but a turn cannot be refunded exactly: make it the last \
+                 limit without refund_if, or set exact_refunds(false)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BuildError::InvalidPolicyName(e) => Some(e),
+            BuildError::QueuedRefund { .. } => None,
+        }
+    }
+}
+
+impl From<InvalidPolicyName> for BuildError {
+    fn from(e: InvalidPolicyName) -> BuildError {
+        BuildError::InvalidPolicyName(e)
     }
 }
 

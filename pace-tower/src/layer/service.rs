@@ -13,7 +13,7 @@ use super::fields::{policy_value, FieldAcc};
 use super::future::ResponseFuture;
 use super::limits::{Limits, Meta, Src};
 use super::reject::{DefaultRespond, Rejection, Respond, RespondFn};
-use super::{InvalidPolicyName, Limit};
+use super::{BuildError, Limit};
 #[cfg(doc)]
 use super::{MissingKey, MISSING_PEER_ADDR_BODY, UNAVAILABLE_BODY};
 use crate::headers;
@@ -76,9 +76,12 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// what it did before holds; in a layer of several, put the busiest
     /// limit that is never refunded last, or give up the exact refunds of a
     /// limit whose traces hurt only its own key
-    /// ([`Limit::exact_refunds`]`(false)`). A limit without holds
-    /// ([`AsyncLimit::holds`] false, as a shared Redis limit) and a
-    /// queueing one ([`Limit::wait_up_to`]) are reserved plainly.
+    /// ([`Limit::exact_refunds`]`(false)`). A shared `pace_redis::RedisPace`
+    /// limit is held the same way, on the server (`RedisPace::hold_n`, kept
+    /// with `Hold::keep`: a second script call). A limit without holds
+    /// ([`AsyncLimit::holds`] false) is reserved plainly; a queueing one
+    /// ([`Limit::wait_up_to`]) the layer may refund is refused
+    /// ([`BuildError::QueuedRefund`]).
     pub fn limit<E, A>(self, limit: Limit<E, A>) -> PaceLayerBuilder<(L, Limit<E, A>), H>
     where
         E: KeyExtractor,
@@ -144,8 +147,11 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// installed now (install it first; without one they cost nothing).
     ///
     /// # Errors
-    /// [`InvalidPolicyName`] when a limit's name is not printable ASCII.
-    pub fn build(mut self) -> Result<PaceLayer<L, H>, InvalidPolicyName> {
+    /// [`BuildError::InvalidPolicyName`] when a limit's name is not
+    /// printable ASCII; [`BuildError::QueuedRefund`] for a queueing limit
+    /// ([`Limit::wait_up_to`]) the layer may refund exactly (a
+    /// [`Limit::refund_if`], or a limit after it).
+    pub fn build(mut self) -> Result<PaceLayer<L, H>, BuildError> {
         let mut metas = Vec::new();
         self.limits.prepare(&mut metas)?;
         let mut items = Vec::new();
@@ -153,7 +159,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
         let policy_terms = items.iter().map(|&(_, q, rate)| (q, rate)).collect();
         // Static: cloned per response without a reference count.
         let policy = policy_value(items).and_then(|v| headers::interned(&v));
-        self.limits.mark_holds(false);
+        self.limits.mark_holds(false)?;
         let refunds = self.limits.refunds_on_response();
         let light = !refunds && self.limits.at_once();
         Ok(PaceLayer {

@@ -1,0 +1,647 @@
+//! Shared limits keep the layer's promises (pace-tower README: "Refunds
+//! under overlap"), over real loopback HTTP against a real `redis-server`
+//! (started here on a free loopback port): two replica processes (this
+//! test binary run again on `redis::replica_process`), each an axum server
+//! with its own `RedisPace` connection and tokio runtime.
+//!
+//! * `a_401_flood_on_two_replicas_keeps_the_victim_whole`: `refund_if(401)`
+//!   on a `RedisPace` limit (5/s, capacity 10) holds it, so a flood of
+//!   wrong secrets naming a victim's client id on both replicas (32
+//!   connections; one replica with the `RateLimit` fields, one without)
+//!   leaves no trace: once its refunds landed, the victim's
+//!   bucket is whole (9 of its requests in a row pass). During the flood
+//!   the victim (2/s) passes whenever the flood's checks in flight leave a
+//!   token: reported, not asserted.
+//! * `a_shared_and_a_local_limit_all_or_nothing_under_a_flood`: the shared
+//!   limit first, a local one after it that denies the flood: the shared
+//!   limit is held, and each denial refunds it exactly.
+//! * `a_waiting_shared_limit_serves_every_request_at_its_slot`: 15
+//!   concurrent requests of a fresh client at 5/s, capacity 10, with
+//!   `wait_up_to(2 s)`: 15 × 200, the five that queue each at or after its
+//!   slot on the server's clock.
+//! * `a_quota_per_request_decides_a_shared_limit`: `Limit::quota` on a
+//!   `RedisPace` limit decides the request and its fields.
+//! * `a_queueing_limit_the_layer_may_refund_is_refused_at_build`.
+//!
+//! Known-wrong variants these tests catch (`PACE_MUTANT=NAME cargo test -p
+//! pace-tower --all-features --test shared_holds`, as
+//! `.ci/suites/15-mutants.sh` runs them): `tower_redis_plain` (the layer
+//! reserves a `RedisPace` plainly and refunds it by the plain rule: the
+//! floods drain the victim), `tower_redis_no_turn` (a `RedisPace` limit
+//! cannot wait: 10 × 200 and 5 × 429).
+
+mod support;
+
+use std::collections::hash_map::RandomState;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::Request;
+use axum::http::{HeaderName, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use pace::{Pace, Quota, Rate};
+use pace_tower::{from_fn, BuildError, Header, Limit, Limits, PaceLayer, ResponseHead};
+use support::{header, serve, Client};
+
+/// The claimed client id, as a `String` (a `RedisPace` key is the key's
+/// `Display` form).
+fn client_id() -> pace_tower::FromFn<impl Fn(&pace_tower::RequestHead<'_>) -> Option<String>> {
+    from_fn(|h| Some(h.headers.get("x-client-id")?.to_str().ok()?.to_string()))
+}
+
+fn api_key() -> Header {
+    Header(HeaderName::from_static("x-api-key"))
+}
+
+/// 200, or 401 when the request says `x-valid: no`.
+async fn handler(req: Request) -> StatusCode {
+    if req.headers().get("x-valid").is_some_and(|v| v == "no") {
+        StatusCode::UNAUTHORIZED
+    } else {
+        StatusCode::OK
+    }
+}
+
+fn app<L: Limits>(layer: PaceLayer<L>) -> Router {
+    Router::new().route("/", get(handler)).layer(layer)
+}
+
+fn is_401(r: &ResponseHead<'_>) -> bool {
+    r.status == StatusCode::UNAUTHORIZED
+}
+
+#[test]
+fn a_queueing_limit_the_layer_may_refund_is_refused_at_build() {
+    fn pace<K: std::hash::Hash + Eq + Clone + Send + Sync + 'static>() -> Arc<Pace<K, RandomState>>
+    {
+        Arc::new(
+            Pace::builder(Rate::per_second(5).unwrap())
+                .capacity(10)
+                .build()
+                .unwrap(),
+        )
+    }
+    let wait = Duration::from_secs(2);
+    // With a refund predicate.
+    let e = PaceLayer::builder()
+        .limit(
+            Limit::new("client", pace(), client_id())
+                .refund_if(is_401)
+                .wait_up_to(wait),
+        )
+        .build()
+        .err();
+    assert_eq!(
+        e,
+        Some(BuildError::QueuedRefund {
+            limit: "client".into()
+        })
+    );
+    // Before a limit that may refuse.
+    let e = PaceLayer::builder()
+        .limit(Limit::new("client", pace(), client_id()).wait_up_to(wait))
+        .limit(Limit::new("key", pace(), api_key()))
+        .build()
+        .err();
+    assert_eq!(
+        e,
+        Some(BuildError::QueuedRefund {
+            limit: "client".into()
+        })
+    );
+    assert!(e.unwrap().to_string().contains("exact_refunds(false)"));
+    // Last, without a refund predicate; or with plain refunds chosen.
+    assert!(PaceLayer::builder()
+        .limit(Limit::new("key", pace(), api_key()))
+        .limit(Limit::new("client", pace(), client_id()).wait_up_to(wait))
+        .build()
+        .is_ok());
+    assert!(PaceLayer::builder()
+        .limit(
+            Limit::new("client", pace(), client_id())
+                .refund_if(is_401)
+                .wait_up_to(wait)
+                .exact_refunds(false)
+        )
+        .limit(Limit::new("key", pace(), api_key()))
+        .build()
+        .is_ok());
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use pace_redis::RedisPace;
+
+    use super::*;
+
+    /// A redis-server on a free loopback port, no persistence, killed on
+    /// drop.
+    struct Server(Child, u16);
+
+    impl Server {
+        fn start() -> Server {
+            for _ in 0..20 {
+                let port = TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port();
+                let mut child = Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server (the redis feature's tests need one)");
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    if child.try_wait().ok().flatten().is_some() {
+                        break; // the port was taken: another one
+                    }
+                    if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
+                        let mut buf = [0u8; 7];
+                        if s.write_all(b"PING\r\n").is_ok()
+                            && s.read_exact(&mut buf).is_ok()
+                            && &buf == b"+PONG\r\n"
+                        {
+                            return Server(child, port);
+                        }
+                    }
+                    if Instant::now() >= deadline {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            panic!("redis-server did not start");
+        }
+
+        fn url(&self) -> String {
+            format!("redis://127.0.0.1:{}/", self.1)
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// One replica's connection to the shared limit: 5/s, capacity 10 (a
+    /// timeout long enough for a loaded machine: a flood answered 503 would
+    /// test nothing).
+    async fn shared(server: &Server, prefix: &str) -> Arc<RedisPace> {
+        connect(&server.url(), prefix).await
+    }
+
+    async fn connect(url: &str, prefix: &str) -> Arc<RedisPace> {
+        Arc::new(
+            RedisPace::builder(Rate::per_second(5).unwrap())
+                .capacity(10)
+                .timeout(Duration::from_secs(5))
+                .prefix(prefix)
+                .connect(url)
+                .await
+                .unwrap(),
+        )
+    }
+
+    /// A replica's app, by kind: `401` (the shared limit refunded on 401),
+    /// `allor` (the shared limit, then a local one per API key of one
+    /// token an hour), `turns` (the shared limit queueing up to 2 s; the
+    /// handler answers the server's clock in `x-server-now`); `fields`:
+    /// whether admitted responses carry the `RateLimit` fields.
+    async fn replica_app(
+        kind: &str,
+        fields: bool,
+        limiter: Arc<RedisPace>,
+        probe: Arc<RedisPace>,
+    ) -> Router {
+        match kind {
+            "401" => app(PaceLayer::builder()
+                .rate_limit_headers(fields)
+                .limit(Limit::new("client", limiter, client_id()).refund_if(is_401))
+                .build()
+                .unwrap()),
+            "allor" => {
+                let keys: Arc<Pace<axum::http::HeaderValue>> = Arc::new(
+                    Pace::builder(Rate::new(1, Duration::from_secs(3600)).unwrap())
+                        .capacity(1)
+                        .build()
+                        .unwrap(),
+                );
+                app(PaceLayer::builder()
+                    .rate_limit_headers(fields)
+                    .limit(Limit::new("client", limiter, client_id()))
+                    .limit(Limit::new("key", keys, api_key()))
+                    .build()
+                    .unwrap())
+            }
+            "turns" => {
+                let layer = PaceLayer::builder()
+                    .rate_limit_headers(fields)
+                    .limit(
+                        Limit::new("client", limiter, client_id())
+                            .wait_up_to(Duration::from_secs(2)),
+                    )
+                    .build()
+                    .unwrap();
+                Router::new()
+                    .route(
+                        "/",
+                        get(move || async move {
+                            let now = probe.peek("clock").await.unwrap().server_now_ns().unwrap();
+                            ([("x-server-now", now.to_string())], StatusCode::OK)
+                        }),
+                    )
+                    .layer(layer)
+            }
+            other => panic!("no replica kind {other}"),
+        }
+    }
+
+    /// The body of a replica process: this test binary run again on this
+    /// test alone with `PACE_TEST_REPLICA` (its kind), `PACE_TEST_REDIS`
+    /// (the server's URL), `PACE_TEST_PREFIX` and `PACE_TEST_FIELDS` (`0`:
+    /// without the `RateLimit` fields) set; it serves on a free
+    /// loopback port, prints `REPLICA_PORT <port>`, and serves until its
+    /// stdin closes. Run without them (as every test is), it does nothing.
+    #[test]
+    fn replica_process() {
+        let Ok(kind) = std::env::var("PACE_TEST_REPLICA") else {
+            return;
+        };
+        let url = std::env::var("PACE_TEST_REDIS").unwrap();
+        let prefix = std::env::var("PACE_TEST_PREFIX").unwrap();
+        let fields = std::env::var("PACE_TEST_FIELDS").as_deref() != Ok("0");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let limiter = connect(&url, &prefix).await;
+            let probe = connect(&url, "probe:").await;
+            let addr = serve(replica_app(&kind, fields, limiter, probe).await).await;
+            println!("REPLICA_PORT {}", addr.port());
+            let _ = tokio::task::spawn_blocking(|| {
+                let mut line = String::new();
+                let _ = std::io::stdin().read_line(&mut line);
+            })
+            .await;
+        });
+    }
+
+    /// A replica process (see [`replica_process`]), killed on drop.
+    struct Replica {
+        child: Child,
+        addr: SocketAddr,
+    }
+
+    impl Replica {
+        fn start(kind: &str, server: &Server, prefix: &str, fields: bool) -> Replica {
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "redis::replica_process",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("PACE_TEST_REPLICA", kind)
+                .env("PACE_TEST_REDIS", server.url())
+                .env("PACE_TEST_PREFIX", prefix)
+                .env("PACE_TEST_FIELDS", if fields { "1" } else { "0" })
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("the test binary runs again as a replica");
+            let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+            let port: u16 = loop {
+                let line = lines
+                    .next()
+                    .expect("the replica exited before serving")
+                    .unwrap();
+                // (after the harness's `test ... ` on the same line)
+                if let Some((_, p)) = line.split_once("REPLICA_PORT ") {
+                    break p.trim().parse().unwrap();
+                }
+            };
+            // The rest of its output, read so that it never blocks.
+            std::thread::spawn(move || lines.for_each(drop));
+            Replica {
+                child,
+                addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            }
+        }
+    }
+
+    impl Drop for Replica {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// Two replica processes of `kind`, the first with the `RateLimit`
+    /// fields and the second without (the layer's two ways of settling a
+    /// response), and a limiter of the same prefix for this process's own
+    /// readings.
+    async fn replicas(kind: &str, server: &Server, prefix: &str) -> (Vec<Replica>, Arc<RedisPace>) {
+        let started = tokio::task::block_in_place(|| {
+            (0..2)
+                .map(|i| Replica::start(kind, server, prefix, i == 0))
+                .collect()
+        });
+        (started, shared(server, prefix).await)
+    }
+
+    /// Statuses seen by a flood.
+    #[derive(Debug, Default)]
+    struct Seen {
+        ok: u64,
+        unauthorized: u64,
+        too_many: u64,
+        other: u64,
+    }
+
+    /// 32 connections, spread over `replicas`, sending `headers` as fast
+    /// as they are answered until `end`.
+    async fn flood(
+        replicas: &[SocketAddr],
+        headers: &'static [(&'static str, &'static str)],
+        end: Instant,
+    ) -> Seen {
+        let counts: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
+        let mut tasks = Vec::new();
+        for i in 0..32 {
+            let counts = counts.clone();
+            let addr = replicas[i % replicas.len()];
+            tasks.push(tokio::spawn(async move {
+                let mut c = Client::connect(addr).await;
+                while Instant::now() < end {
+                    let r = c.get("/", headers).await;
+                    let slot = match r.status() {
+                        StatusCode::OK => 0,
+                        StatusCode::UNAUTHORIZED => 1,
+                        StatusCode::TOO_MANY_REQUESTS => 2,
+                        _ => 3,
+                    };
+                    counts[slot].fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let n = |k: usize| counts[k].load(Ordering::Relaxed);
+        Seen {
+            ok: n(0),
+            unauthorized: n(1),
+            too_many: n(2),
+            other: n(3),
+        }
+    }
+
+    /// The victim: one valid request every 500 ms from `start` for 3 s,
+    /// alternating replicas; the statuses it got.
+    async fn victim(
+        replicas: &[SocketAddr],
+        headers: &'static [(&'static str, &'static str)],
+        start: Instant,
+    ) -> Vec<StatusCode> {
+        let mut out = Vec::new();
+        let mut clients = Vec::new();
+        for &addr in replicas {
+            clients.push(Client::connect(addr).await);
+        }
+        for i in 0..6u32 {
+            tokio::time::sleep_until((start + Duration::from_millis(250) * (2 * i + 1)).into())
+                .await;
+            let n = clients.len();
+            let r = clients[i as usize % n].get("/", headers).await;
+            if let Some(wait) = header(&r, "retry-after") {
+                eprintln!("the victim's 429 says Retry-After: {wait}");
+            }
+            out.push(r.status());
+        }
+        out
+    }
+
+    const FLOOD: Duration = Duration::from_millis(3_100);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_401_flood_on_two_replicas_keeps_the_victim_whole() {
+        let server = Server::start();
+        let (procs, limiter) = replicas("401", &server, "flood401:").await;
+        let replicas: Vec<SocketAddr> = procs.iter().map(|r| r.addr).collect();
+        let start = Instant::now();
+        let wrong: &'static [(&str, &str)] = &[("x-client-id", "victim"), ("x-valid", "no")];
+        let attack = tokio::spawn({
+            let replicas = replicas.clone();
+            async move { flood(&replicas, wrong, start + FLOOD).await }
+        });
+        let got = victim(&replicas, &[("x-client-id", "victim")], start).await;
+        let seen = attack.await.unwrap();
+        let through = got.iter().filter(|s| **s == StatusCode::OK).count();
+        eprintln!(
+            "401 flood on two replicas: {seen:?}; the victim got {through} of {} through: {got:?}",
+            got.len()
+        );
+        assert!(seen.unauthorized > 100, "the flood ran: {seen:?}");
+        assert_eq!(seen.ok + seen.other, 0, "{seen:?}");
+        // During the flood the victim passes whenever the flood's checks in
+        // flight leave a token (reported, not asserted: it depends on the
+        // machine's load); afterwards it is whole.
+        whole(&replicas, &limiter, false).await;
+    }
+
+    /// Once the flood's refunds landed, the victim's bucket is whole but
+    /// for its own requests (at most its last token still refilling: 9 or
+    /// 10 of 10), and a burst of the victim's requests gets that many
+    /// through, from either replica.
+    /// With `keys`, each request presents an API key of its own.
+    async fn whole(replicas: &[SocketAddr], limiter: &RedisPace, keys: bool) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let left = limiter.peek("victim").await.unwrap().remaining();
+        assert!(
+            left >= 9,
+            "the flood left a trace on the victim: {left} of 10"
+        );
+        let mut clients = Vec::new();
+        for &addr in replicas {
+            clients.push(Client::connect(addr).await);
+        }
+        for i in 0..9 {
+            let n = clients.len();
+            let key = format!("after{i}");
+            let mut headers = vec![("x-client-id", "victim")];
+            if keys {
+                headers.push(("x-api-key", &key));
+            }
+            let r = clients[i % n].get("/", &headers).await;
+            assert_eq!(
+                r.status(),
+                StatusCode::OK,
+                "the victim's request {i} after the flood"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_shared_and_a_local_limit_all_or_nothing_under_a_flood() {
+        let server = Server::start();
+        let (procs, limiter) = replicas("allor", &server, "allor:").await;
+        let replicas: Vec<SocketAddr> = procs.iter().map(|r| r.addr).collect();
+        for &addr in &replicas {
+            // Spend the key the flood presents, on this replica (per API
+            // key: one token an hour, in each replica's own process).
+            let r = Client::connect(addr)
+                .await
+                .get("/", &[("x-client-id", "other"), ("x-api-key", "spent")])
+                .await;
+            assert_eq!(r.status(), StatusCode::OK);
+        }
+        let start = Instant::now();
+        let denied: &'static [(&str, &str)] = &[("x-client-id", "victim"), ("x-api-key", "spent")];
+        let attack = tokio::spawn({
+            let replicas = replicas.clone();
+            async move { flood(&replicas, denied, start + FLOOD).await }
+        });
+        // The victim presents its own key: a new one for each request.
+        let mut got = Vec::new();
+        let mut clients = Vec::new();
+        for &addr in &replicas {
+            clients.push(Client::connect(addr).await);
+        }
+        const KEYS: [&str; 6] = ["k0", "k1", "k2", "k3", "k4", "k5"];
+        for (i, key) in KEYS.iter().enumerate() {
+            tokio::time::sleep_until(
+                (start + Duration::from_millis(250) * (2 * i as u32 + 1)).into(),
+            )
+            .await;
+            let r = clients[i % 2]
+                .get("/", &[("x-client-id", "victim"), ("x-api-key", key)])
+                .await;
+            got.push(r.status());
+        }
+        let seen = attack.await.unwrap();
+        let through = got.iter().filter(|s| **s == StatusCode::OK).count();
+        eprintln!(
+            "denied by the local limit on two replicas: {seen:?}; the victim got {through} of 6: \
+             {got:?}"
+        );
+        assert!(seen.too_many > 100, "the flood ran: {seen:?}");
+        assert_eq!(seen.ok + seen.unauthorized + seen.other, 0, "{seen:?}");
+        whole(&replicas, &limiter, true).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_waiting_shared_limit_serves_every_request_at_its_slot() {
+        let server = Server::start();
+        let (procs, limiter) = replicas("turns", &server, "turns:").await;
+        let replicas: Vec<SocketAddr> = procs.iter().map(|r| r.addr).collect();
+        // The server's clock when each request reached the handler.
+        let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let mut clients = Vec::new();
+        for i in 0..15 {
+            clients.push(Client::connect(replicas[i % 2]).await);
+        }
+        let mut tasks = Vec::new();
+        for mut c in clients {
+            let seen = seen.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = c.get("/", &[("x-client-id", "fresh")]).await;
+                if let Some(now) = header(&r, "x-server-now") {
+                    seen.lock().unwrap().push(now.parse().unwrap());
+                }
+                r.status()
+            }));
+        }
+        let mut statuses = Vec::new();
+        for t in tasks {
+            statuses.push(t.await.unwrap());
+        }
+        let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+        assert_eq!(ok, 15, "every queued request is served: {statuses:?}");
+        // The key's tat: 15 tokens from the first decision, a1 + 3 s (the
+        // requests came within far less than an interval of each other).
+        let peek = limiter.peek("fresh").await.unwrap();
+        let tat = peek.server_now_ns().unwrap() + peek.reset_after().unwrap().as_nanos() as u64;
+        let first = tat - 15 * 200_000_000;
+        let mut at = seen.lock().unwrap().clone();
+        at.sort_unstable();
+        // The k-th request (k = 11..15) has slot first + (k - 10) x 200 ms:
+        // the k-th earliest handler time lies at or after it.
+        for k in 11..=15u64 {
+            let slot = first + (k - 10) * 200_000_000;
+            let got = at[k as usize - 1];
+            assert!(
+                got >= slot,
+                "request {k} reached the handler {} ns before its slot",
+                slot - got
+            );
+        }
+        eprintln!(
+            "15 queued requests: handler times after the first decision (ms): {:?}",
+            at.iter()
+                .map(|t| (t.saturating_sub(first)) / 1_000_000)
+                .collect::<Vec<_>>()
+        );
+        // The first ten went through at once, the last one about a second
+        // after the first decision.
+        assert!(at[9] < first + 200_000_000, "{at:?}");
+    }
+
+    #[tokio::test]
+    async fn a_quota_per_request_decides_a_shared_limit() {
+        let server = Server::start();
+        let limiter = shared(&server, "quota:").await;
+        let small = Quota::new(Rate::per_second(1).unwrap(), 2).unwrap();
+        let layer = PaceLayer::builder()
+            .limit(
+                Limit::new("client", limiter.clone(), client_id())
+                    .quota(move |h| h.headers.contains_key("x-free").then_some(small)),
+            )
+            .build()
+            .unwrap();
+        let addr = serve(app(layer)).await;
+        let mut c = Client::connect(addr).await;
+        let free = [("x-client-id", "f"), ("x-free", "1")];
+        for r in [1, 0] {
+            let resp = c.get("/", &free).await;
+            assert_eq!(resp.status(), StatusCode::OK);
+            assert_eq!(
+                header(&resp, "ratelimit-policy"),
+                Some("\"client\";q=2;w=2")
+            );
+            let item = format!("\"client\";r={r};");
+            assert!(
+                header(&resp, "ratelimit").unwrap().starts_with(&item),
+                "{:?}",
+                header(&resp, "ratelimit")
+            );
+        }
+        let resp = c.get("/", &free).await;
+        assert_eq!(
+            resp.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "the request's quota was ignored"
+        );
+        // The limit's own quota (capacity 10) for a request without one.
+        let resp = c.get("/", &[("x-client-id", "g")]).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            header(&resp, "ratelimit-policy"),
+            Some("\"client\";q=10;w=2")
+        );
+    }
+}
