@@ -184,11 +184,7 @@ mod tests {
         match ip {
             IpAddr::V4(a) => {
                 let len = len.min(32);
-                let m = if len == 0 {
-                    0
-                } else {
-                    u32::MAX << (32 - len)
-                };
+                let m = if len == 0 { 0 } else { u32::MAX << (32 - len) };
                 (IpAddr::V4(Ipv4Addr::from_bits(a.to_bits() & m)), len)
             }
             IpAddr::V6(a) => {

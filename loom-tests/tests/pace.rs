@@ -459,10 +459,7 @@ fn turn_vs_hold_and_keep<K: ModelKey>() {
             let (p, k) = (p.clone(), k.clone());
             thread::spawn(move || match p.hold_n_at(&k, 1, None, 0) {
                 Ok(h) => {
-                    assert_eq!(
-                        PaceOf::<K>::resolve_at(h, true, 0),
-                        pace::Refunded::Nothing
-                    );
+                    assert_eq!(PaceOf::<K>::resolve_at(h, true, 0), pace::Refunded::Nothing);
                     true
                 }
                 Err(_) => false,
