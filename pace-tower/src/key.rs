@@ -547,6 +547,44 @@ mod tests {
         }
     }
 
+    /// `ForwardedIp` masks the client it finds as `PeerIp` does, into
+    /// either key type.
+    #[test]
+    fn forwarded_clients_are_masked_into_either_key() {
+        let req = |peer: &str, xff: &str| {
+            let mut r = http::Request::builder()
+                .header("x-forwarded-for", xff)
+                .body(())
+                .unwrap();
+            r.extensions_mut()
+                .insert(PeerAddr(SocketAddr::new(peer.parse().unwrap(), 1)));
+            r
+        };
+        let trusted = || ["10.0.0.0/8".parse::<IpNet>().unwrap()];
+        let r = req("10.0.0.1", "2001:db8:1:2ff::9, 10.0.0.2");
+        let head = RequestHead::of(&r);
+        let p: IpPrefix = ForwardedIp::new(trusted()).extract(&head).unwrap();
+        assert_eq!(p.to_string(), "2001:db8:1:200::/56");
+        let a: IpAddr = ForwardedIp::new(trusted()).extract(&head).unwrap();
+        assert_eq!(a, "2001:db8:1:200::".parse::<IpAddr>().unwrap());
+        let r = req("10.0.0.1", "::ffff:192.0.2.9");
+        let head = RequestHead::of(&r);
+        let p: IpPrefix = ForwardedIp::new(trusted())
+            .v4_prefix(24)
+            .extract(&head)
+            .unwrap();
+        assert_eq!(p.to_string(), "192.0.2.0/24");
+        // An untrusted peer is the client; PeerIp agrees.
+        let r = req("192.0.2.77", "198.51.100.1");
+        let head = RequestHead::of(&r);
+        let f: IpPrefix = ForwardedIp::new(trusted()).extract(&head).unwrap();
+        let p: IpPrefix = PeerIp::new().extract(&head).unwrap();
+        assert_eq!(
+            (f, p),
+            (IpPrefix::from(std::net::Ipv4Addr::new(192, 0, 2, 77)), f)
+        );
+    }
+
     #[test]
     fn hops() {
         assert_eq!(parse_hop("192.0.2.1:80"), Some([192, 0, 2, 1].into()));
