@@ -15,7 +15,7 @@
 //! (10^8 a second, bursts of 10^8), so every answer is the handler's `200`.
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::http::Request;
