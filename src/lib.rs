@@ -238,6 +238,7 @@ pub mod gate;
 #[cfg(feature = "internals")]
 pub mod internals;
 mod pace;
+mod prefix;
 mod rate;
 mod sync;
 #[allow(unsafe_code)]
@@ -259,6 +260,7 @@ pub use crate::pace::FastHasher;
 pub use crate::pace::{
     Builder, Debit, Denied, DenyReason, Hold, MemoryStats, Pace, Refunded, Reservation,
 };
+pub use crate::prefix::IpPrefix;
 pub use crate::rate::{ConfigError, Quota, Rate};
 
 /// The README's Rust blocks, compiled and run as doc-tests.

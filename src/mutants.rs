@@ -38,6 +38,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("gate_unchecked_bytes", "gate/state.rs", "bytes are checked against a stale reading, then added blindly"),
     ("holds_never_expire", "table/held.rs", "no held lot ever expires"),
     ("inline_any_hasher", "table/words.rs", "any hasher is trusted with keys held as their own bits"),
+    ("ip_prefix_untagged", "prefix.rs", "IPv6 prefixes' words lack the family bit"),
     ("journal_no_lock", "gate/journal.rs", "a journal takes no file lock"),
     ("journal_no_resync", "gate/journal.rs", "everything after the first bad bytes is taken as the tail"),
     ("journal_no_rollback", "gate/journal.rs", "a failed append's bytes stay in the file"),

@@ -13,7 +13,9 @@
 //! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.n $B pace 200000 1
 //! ```
 //!
-//! Modes: `pace`, `governor` (regime `admit`: 1 µs per token, burst
+//! Modes: `pace`, `pace-prefix` (the keys as `pace::IpPrefix` /32s, held
+//! as their own bits, as pace-tower's `PeerIp` keys a `Pace<IpPrefix>`),
+//! `governor` (regime `admit`: 1 µs per token, burst
 //! 2^32-1, keys primed with 2^31 tokens). Arguments: mode, ops, keys
 //! (cycled in order). Leave quanta's one-time calibration out of both totals
 //! (`callgrind_annotate --inclusive=yes`, the line
@@ -24,7 +26,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use pace::{Pace, Rate};
+use pace::{IpPrefix, Pace, Rate};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -48,6 +50,26 @@ fn main() {
             }
             for i in 0..ops {
                 black_box(p.reserve(key(i)).is_ok());
+            }
+        }
+        "pace-prefix" => {
+            let keys: Vec<IpPrefix> = keys
+                .iter()
+                .map(|k| match k {
+                    IpAddr::V4(a) => IpPrefix::from(*a),
+                    IpAddr::V6(_) => unreachable!("IPv4 keys"),
+                })
+                .collect();
+            let rate = Rate::new(1, Duration::from_micros(1)).expect("rate");
+            let p: Pace<IpPrefix> = Pace::builder(rate)
+                .capacity(u64::from(u32::MAX))
+                .build()
+                .expect("limiter");
+            for k in &keys {
+                let _kept = p.reserve_n(k, 1 << 31).expect("primed");
+            }
+            for i in 0..ops {
+                black_box(p.reserve(&keys[(i % nkeys) as usize]).is_ok());
             }
         }
         "governor" => {

@@ -53,7 +53,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{Request, Response, StatusCode};
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use pace::{Builder, Pace, Rate};
+use pace::{Builder, IpPrefix, Pace, Rate};
 use pace_tower::{from_fn, Limit, PaceLayer, PeerIp};
 use tower::{Layer, Service};
 use tower_governor::governor::GovernorConfigBuilder;
@@ -219,7 +219,7 @@ fn layers(c: &mut Criterion) {
         let b: Builder<K> = Pace::builder(Rate::per_second(100).unwrap());
         Arc::new(b.capacity(1_000_000).build().unwrap())
     }
-    let per_source = live::<IpAddr>;
+    let per_source = live::<IpPrefix>;
     let per_client = live::<String>;
     let gov = || {
         let mut b = GovernorConfigBuilder::default();
@@ -340,7 +340,7 @@ fn layers(c: &mut Criterion) {
     // finds no row (or a full one) and writes a new one each time, and its
     // sweeps remove them; governor keeps every key's state.
     let churn = Arc::new(
-        Pace::<IpAddr>::builder(Rate::per_second(1_000_000).unwrap())
+        Pace::<IpPrefix>::builder(Rate::per_second(1_000_000).unwrap())
             .capacity(2_000_000)
             .build()
             .unwrap(),

@@ -15,13 +15,13 @@
 //! (10^8 a second, bursts of 10^8), so every answer is the handler's `200`.
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::http::Request;
 use axum::routing::get;
 use axum::Router;
-use pace::{Pace, Rate};
+use pace::{IpPrefix, Pace, Rate};
 use pace_tower::{from_fn, Limit, PaceLayer, PeerIp};
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::{KeyExtractor, PeerIpKeyExtractor};
@@ -70,14 +70,14 @@ fn app(which: &str, limits: u32, fields: bool) -> Router {
         ("pace", 1, _) => base.layer(
             PaceLayer::builder()
                 .rate_limit_headers(fields)
-                .limit(Limit::new("source", limiter::<IpAddr>(), PeerIp::new()))
+                .limit(Limit::new("source", limiter::<IpPrefix>(), PeerIp::new()))
                 .build()
                 .unwrap(),
         ),
         ("pace", 2, _) => base.layer(
             PaceLayer::builder()
                 .rate_limit_headers(fields)
-                .limit(Limit::new("source", limiter::<IpAddr>(), PeerIp::new()))
+                .limit(Limit::new("source", limiter::<IpPrefix>(), PeerIp::new()))
                 .limit(Limit::new(
                     "client",
                     limiter::<String>(),

@@ -14,7 +14,8 @@
 //! `2/refund/..`; `inexact-` before either gives up the source limit's
 //! exact refunds, as its `exact-client`); `mix` instead of the layer's name runs the bare
 //! service, `PaceLayer` and `GovernorLayer` in alternating slices of 32
-//! requests, as `benches/layer.rs` does. The requests are those of
+//! requests, as `benches/layer.rs` does (`mix-addr`: the same with the
+//! source limit keyed by `IpAddr`, boxed, rather than `IpPrefix`). The requests are those of
 //! `benches/layer.rs` (1024 peer addresses, 1000 client ids, every request
 //! admitted); the limits are 1 a second with bursts of 10^6, so that every
 //! key's bucket stays partly drained however slowly the program runs (under
@@ -33,8 +34,8 @@ use std::task::{Context, Poll, Waker};
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderMap, Request, Response, StatusCode};
-use pace::{Pace, Rate};
-use pace_tower::{from_fn, Limit, PaceLayer, PeerIp};
+use pace::{IpPrefix, Pace, Rate};
+use pace_tower::{from_fn, Limit, PaceLayer, PeerIp, PeerKey};
 use tower::{Layer, Service};
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::{KeyExtractor, PeerIpKeyExtractor};
@@ -177,84 +178,17 @@ fn main() {
         b
     };
     if which == "mix" {
-        // bare, pace and governor interleaved (`limits` and `fields` as
-        // for the others).
-        let mut bare = inner();
-        let p = PaceLayer::builder()
-            .rate_limit_headers(fields)
-            .limit(Limit::new("source", live::<IpAddr>(), PeerIp::new()));
-        let mut f0 = |r| once(&mut bare, r);
-        if limits == 1 {
-            let mut p = p.build().unwrap().layer(inner());
-            let mut f1 = |r| once(&mut p, r);
-            if fields {
-                let mut g = GovernorLayer::new(
-                    gov()
-                        .key_extractor(PeerIpKeyExtractor)
-                        .use_headers()
-                        .finish()
-                        .unwrap(),
-                )
-                .layer(inner());
-                let mut f2 = |r| once(&mut g, r);
-                mix(&mut [&mut f0, &mut f1, &mut f2], n);
-            } else {
-                let mut g =
-                    GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap())
-                        .layer(inner());
-                let mut f2 = |r| once(&mut g, r);
-                mix(&mut [&mut f0, &mut f1, &mut f2], n);
-            }
-        } else {
-            let mut p = p
-                .limit(Limit::new(
-                    "client",
-                    live::<String>(),
-                    from_fn(|h| client_id(h.headers)),
-                ))
-                .build()
-                .unwrap()
-                .layer(inner());
-            let mut f1 = |r| once(&mut p, r);
-            if fields {
-                let mut g = GovernorLayer::new(
-                    gov()
-                        .key_extractor(PeerIpKeyExtractor)
-                        .use_headers()
-                        .finish()
-                        .unwrap(),
-                )
-                .layer(
-                    GovernorLayer::new(
-                        gov()
-                            .key_extractor(ClientIdKey)
-                            .use_headers()
-                            .finish()
-                            .unwrap(),
-                    )
-                    .layer(inner()),
-                );
-                let mut f2 = |r| once(&mut g, r);
-                mix(&mut [&mut f0, &mut f1, &mut f2], n);
-            } else {
-                let mut g =
-                    GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap())
-                        .layer(
-                            GovernorLayer::new(gov().key_extractor(ClientIdKey).finish().unwrap())
-                                .layer(inner()),
-                        );
-                let mut f2 = |r| once(&mut g, r);
-                mix(&mut [&mut f0, &mut f1, &mut f2], n);
-            }
-        }
-        return;
+        return mix_all::<IpPrefix>(limits, fields, n);
+    }
+    if which == "mix-addr" {
+        return mix_all::<IpAddr>(limits, fields, n);
     }
     match (which, limits, fields) {
         ("bare", _, _) => run(inner(), n),
         ("pace", 1, _) => run(
             PaceLayer::builder()
                 .rate_limit_headers(fields)
-                .limit(Limit::new("source", live::<IpAddr>(), PeerIp::new()))
+                .limit(Limit::new("source", live::<IpPrefix>(), PeerIp::new()))
                 .build()
                 .unwrap()
                 .layer(inner()),
@@ -264,7 +198,7 @@ fn main() {
             PaceLayer::builder()
                 .rate_limit_headers(fields)
                 .limit(
-                    Limit::new("source", live::<IpAddr>(), PeerIp::new())
+                    Limit::new("source", live::<IpPrefix>(), PeerIp::new())
                         .exact_refunds(exact_source),
                 )
                 .limit(
@@ -284,7 +218,7 @@ fn main() {
             PaceLayer::builder()
                 .rate_limit_headers(fields)
                 .limit(
-                    Limit::new("source", live::<IpAddr>(), PeerIp::new())
+                    Limit::new("source", live::<IpPrefix>(), PeerIp::new())
                         .exact_refunds(exact_source),
                 )
                 .limit(Limit::new(
@@ -341,5 +275,85 @@ fn main() {
             n,
         ),
         _ => panic!("usage: layer_calls pace|governor|bare 1|2 fields|plain N"),
+    }
+}
+
+/// `mix`: bare, pace and governor interleaved; the source limit's key type
+/// is `K` (`IpPrefix` for `mix`, `IpAddr` for `mix-addr`).
+fn mix_all<K: PeerKey>(limits: u32, fields: bool, n: u64) {
+    let gov = || {
+        let mut b = GovernorConfigBuilder::default();
+        b.per_second(1).burst_size(1_000_000);
+        b
+    };
+    // bare, pace and governor interleaved (`limits` and `fields` as
+    // for the others).
+    let mut bare = inner();
+    let p = PaceLayer::builder()
+        .rate_limit_headers(fields)
+        .limit(Limit::new("source", live::<K>(), PeerIp::new()));
+    let mut f0 = |r| once(&mut bare, r);
+    if limits == 1 {
+        let mut p = p.build().unwrap().layer(inner());
+        let mut f1 = |r| once(&mut p, r);
+        if fields {
+            let mut g = GovernorLayer::new(
+                gov()
+                    .key_extractor(PeerIpKeyExtractor)
+                    .use_headers()
+                    .finish()
+                    .unwrap(),
+            )
+            .layer(inner());
+            let mut f2 = |r| once(&mut g, r);
+            mix(&mut [&mut f0, &mut f1, &mut f2], n);
+        } else {
+            let mut g =
+                GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap())
+                    .layer(inner());
+            let mut f2 = |r| once(&mut g, r);
+            mix(&mut [&mut f0, &mut f1, &mut f2], n);
+        }
+    } else {
+        let mut p = p
+            .limit(Limit::new(
+                "client",
+                live::<String>(),
+                from_fn(|h| client_id(h.headers)),
+            ))
+            .build()
+            .unwrap()
+            .layer(inner());
+        let mut f1 = |r| once(&mut p, r);
+        if fields {
+            let mut g = GovernorLayer::new(
+                gov()
+                    .key_extractor(PeerIpKeyExtractor)
+                    .use_headers()
+                    .finish()
+                    .unwrap(),
+            )
+            .layer(
+                GovernorLayer::new(
+                    gov()
+                        .key_extractor(ClientIdKey)
+                        .use_headers()
+                        .finish()
+                        .unwrap(),
+                )
+                .layer(inner()),
+            );
+            let mut f2 = |r| once(&mut g, r);
+            mix(&mut [&mut f0, &mut f1, &mut f2], n);
+        } else {
+            let mut g =
+                GovernorLayer::new(gov().key_extractor(PeerIpKeyExtractor).finish().unwrap())
+                    .layer(
+                        GovernorLayer::new(gov().key_extractor(ClientIdKey).finish().unwrap())
+                            .layer(inner()),
+                    );
+            let mut f2 = |r| once(&mut g, r);
+            mix(&mut [&mut f0, &mut f1, &mut f2], n);
+        }
     }
 }

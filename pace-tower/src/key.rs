@@ -1,10 +1,12 @@
 //! Key extractors: where a request's key comes from.
 
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use ipnet::IpNet;
+use pace::IpPrefix;
 
 /// What a key extractor sees of a request: its head, never its body.
 #[derive(Clone, Copy, Debug)]
@@ -120,30 +122,113 @@ pub fn mask(ip: IpAddr, v4_prefix: u8, v6_prefix: u8) -> IpAddr {
 /// customer (per-address IPv6 keys rotate for free within it).
 pub const DEFAULT_V6_PREFIX: u8 = 56;
 
-/// Keys by the peer address (see [`peer_addr`]), IPv6 masked to a prefix
-/// (default /56), IPv4 the full address (default /32).
-#[derive(Clone, Copy, Debug)]
-pub struct PeerIp {
-    v4_prefix: u8,
-    v6_prefix: u8,
+/// The key a peer-address extractor ([`PeerIp`], [`ForwardedIp`]) gives:
+/// the address masked to its network. Two are provided:
+///
+/// * [`IpPrefix`] (the default): the network in one word, which a `Pace`
+///   holds in its rows' cells as its own bits (no allocation per row, no
+///   pointer to follow per call). It keeps IPv6 prefixes up to /62
+///   ([`IpPrefix::MAX_V6_LEN`]): a longer configured prefix keys by the /62
+///   (four /64s share a row: fewer admissions, never more).
+/// * `IpAddr`: the masked address, any prefix up to /128, boxed in the
+///   limiter's rows as every key that is not word-sized.
+///
+/// Both count an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) as IPv4 (see
+/// [`mask`]).
+pub trait PeerKey: Hash + Eq + Clone + Send + Sync + 'static {
+    /// The key of `ip` masked to `v4_prefix` bits (IPv4) or `v6_prefix` bits
+    /// (IPv6).
+    fn masked(ip: IpAddr, v4_prefix: u8, v6_prefix: u8) -> Self;
 }
 
-impl Default for PeerIp {
-    fn default() -> Self {
-        PeerIp {
-            v4_prefix: 32,
-            v6_prefix: DEFAULT_V6_PREFIX,
+impl PeerKey for IpAddr {
+    #[inline]
+    fn masked(ip: IpAddr, v4_prefix: u8, v6_prefix: u8) -> IpAddr {
+        match ip {
+            // A whole IPv4 address (the default): nothing to mask.
+            IpAddr::V4(v4) if v4_prefix >= 32 => IpAddr::V4(v4),
+            ip => mask(ip, v4_prefix, v6_prefix),
         }
     }
 }
 
-impl PeerIp {
+impl PeerKey for IpPrefix {
+    #[inline]
+    fn masked(ip: IpAddr, v4_prefix: u8, v6_prefix: u8) -> IpPrefix {
+        let v6 = match ip {
+            IpAddr::V4(v4) => return IpPrefix::v4(v4, v4_prefix),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => return IpPrefix::v4(v4, v4_prefix),
+                None => v6,
+            },
+        };
+        let keep = v6_prefix.min(IpPrefix::MAX_V6_LEN);
+        #[cfg(pace_mutant = "v6_full_address")]
+        let keep = IpPrefix::MAX_V6_LEN;
+        IpPrefix::v6(v6, keep).expect("a prefix of at most MAX_V6_LEN fits")
+    }
+}
+
+/// Keys by the peer address (see [`peer_addr`]), IPv6 masked to a prefix
+/// (default /56), IPv4 the full address (default /32), as the key type `K`
+/// of the limiter it keys ([`PeerKey`]: an [`IpPrefix`], one word per row,
+/// by default; an `IpAddr` for IPv6 prefixes longer than /62).
+///
+/// ```
+/// use std::{net::IpAddr, sync::Arc};
+/// use pace::{IpPrefix, Pace, Rate};
+/// use pace_tower::{Limit, PeerIp};
+///
+/// let per_net: Arc<Pace<IpPrefix>> = Arc::new(Pace::new(Rate::per_second(100)?));
+/// let by_net = Limit::new("source", per_net, PeerIp::new()); // IPv6 /56
+/// // Every IPv6 address on its own (/128 does not fit in a word: boxed).
+/// let per_addr: Arc<Pace<IpAddr>> = Arc::new(Pace::new(Rate::per_second(100)?));
+/// let by_addr = Limit::new("address", per_addr, PeerIp::new().v6_prefix(128));
+/// # Ok::<(), pace::ConfigError>(())
+/// ```
+pub struct PeerIp<K = IpPrefix> {
+    v4_prefix: u8,
+    v6_prefix: u8,
+    _key: PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for PeerIp<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for PeerIp<K> {}
+
+impl<K> std::fmt::Debug for PeerIp<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerIp")
+            .field("v4_prefix", &self.v4_prefix)
+            .field("v6_prefix", &self.v6_prefix)
+            .field("key", &std::any::type_name::<K>())
+            .finish()
+    }
+}
+
+impl<K> Default for PeerIp<K> {
+    fn default() -> Self {
+        PeerIp {
+            v4_prefix: 32,
+            v6_prefix: DEFAULT_V6_PREFIX,
+            _key: PhantomData,
+        }
+    }
+}
+
+impl<K> PeerIp<K> {
     /// IPv6 /56, IPv4 /32.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The IPv6 prefix length kept (0..=128; larger keeps all 128 bits).
+    /// The IPv6 prefix length kept: 0..=128 for `IpAddr` keys (larger keeps
+    /// all 128 bits), 0..=62 for [`IpPrefix`] keys (larger keeps 62 bits,
+    /// see [`PeerKey`]).
     pub fn v6_prefix(mut self, bits: u8) -> Self {
         self.v6_prefix = bits;
         self
@@ -154,18 +239,23 @@ impl PeerIp {
         self.v4_prefix = bits;
         self
     }
+
+    /// The key of `ip`, masked.
+    #[inline]
+    fn key_of(&self, ip: IpAddr) -> K
+    where
+        K: PeerKey,
+    {
+        K::masked(ip, self.v4_prefix, self.v6_prefix)
+    }
 }
 
-impl KeyExtractor for PeerIp {
-    type Key = IpAddr;
+impl<K: PeerKey> KeyExtractor for PeerIp<K> {
+    type Key = K;
 
     #[inline]
-    fn extract(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
-        match peer_addr(req.extensions)?.ip() {
-            // A whole IPv4 address (the default): nothing to mask.
-            IpAddr::V4(v4) if self.v4_prefix >= 32 => Some(IpAddr::V4(v4)),
-            ip => Some(mask(ip, self.v4_prefix, self.v6_prefix)),
-        }
+    fn extract(&self, req: &RequestHead<'_>) -> Option<K> {
+        Some(self.key_of(peer_addr(req.extensions)?.ip()))
     }
 
     fn needs_peer_addr(&self) -> bool {
@@ -195,14 +285,35 @@ pub enum ForwardHeader {
 /// A request whose walk meets a hop that is not an address (`unknown`, an
 /// obfuscated identifier, garbage) before an untrusted address has no key.
 /// When every hop is a trusted proxy, the leftmost hop is the key.
-#[derive(Clone, Debug)]
-pub struct ForwardedIp {
+///
+/// Its key type `K` is that of [`PeerIp`]: an [`IpPrefix`] by default.
+pub struct ForwardedIp<K = IpPrefix> {
     trusted: Vec<IpNet>,
     header: ForwardHeader,
-    peer: PeerIp,
+    peer: PeerIp<K>,
 }
 
-impl ForwardedIp {
+impl<K> Clone for ForwardedIp<K> {
+    fn clone(&self) -> Self {
+        ForwardedIp {
+            trusted: self.trusted.clone(),
+            header: self.header,
+            peer: self.peer,
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for ForwardedIp<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForwardedIp")
+            .field("trusted", &self.trusted)
+            .field("header", &self.header)
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+impl<K> ForwardedIp<K> {
     /// Trusts the proxies in `networks` and reads `X-Forwarded-For`.
     pub fn new(networks: impl IntoIterator<Item = IpNet>) -> Self {
         ForwardedIp {
@@ -218,7 +329,8 @@ impl ForwardedIp {
         self
     }
 
-    /// The IPv6 prefix length kept (default /56).
+    /// The IPv6 prefix length kept (default /56; as
+    /// [`PeerIp::v6_prefix`]).
     pub fn v6_prefix(mut self, bits: u8) -> Self {
         self.peer = self.peer.v6_prefix(bits);
         self
@@ -271,12 +383,11 @@ impl ForwardedIp {
     }
 }
 
-impl KeyExtractor for ForwardedIp {
-    type Key = IpAddr;
+impl<K: PeerKey> KeyExtractor for ForwardedIp<K> {
+    type Key = K;
 
-    fn extract(&self, req: &RequestHead<'_>) -> Option<IpAddr> {
-        self.client(req)
-            .map(|ip| mask(ip, self.peer.v4_prefix, self.peer.v6_prefix))
+    fn extract(&self, req: &RequestHead<'_>) -> Option<K> {
+        self.client(req).map(|ip| self.peer.key_of(ip))
     }
 
     fn needs_peer_addr(&self) -> bool {
@@ -380,6 +491,110 @@ mod tests {
         assert_eq!(mask(v4, 0, 56), "0.0.0.0".parse::<IpAddr>().unwrap());
         let mapped: IpAddr = "::ffff:192.0.2.77".parse().unwrap();
         assert_eq!(mask(mapped, 32, 56), v4);
+    }
+
+    /// The networks an `IpPrefix` key and an `IpAddr` key name agree: same
+    /// family, same masked address (`mask`'s), and the prefix's length.
+    #[test]
+    fn prefix_keys_name_the_networks_address_keys_do() {
+        let addrs: [IpAddr; 8] = [
+            "192.0.2.77".parse().unwrap(),
+            "0.0.0.0".parse().unwrap(),
+            "255.255.255.255".parse().unwrap(),
+            "::ffff:192.0.2.77".parse().unwrap(),
+            "2001:db8:1:2ff:aaaa::1".parse().unwrap(),
+            "::".parse().unwrap(),
+            "::1".parse().unwrap(),
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap(),
+        ];
+        for ip in addrs {
+            for v4 in [0, 1, 8, 24, 31, 32, 33, 255] {
+                for v6 in [0, 1, 32, 48, 56, 61, 62] {
+                    let p = IpPrefix::masked(ip, v4, v6);
+                    let a = <IpAddr as PeerKey>::masked(ip, v4, v6);
+                    assert_eq!(p.addr(), a, "{ip} /{v4} /{v6}");
+                    assert_eq!(a, mask(ip, v4, v6), "{ip} /{v4} /{v6}");
+                    let len = if a.is_ipv4() { v4.min(32) } else { v6 };
+                    assert_eq!(p.prefix_len(), len, "{ip} /{v4} /{v6}");
+                }
+            }
+        }
+        // An IPv4-mapped address is its IPv4 address's key.
+        let mapped: IpAddr = "::ffff:192.0.2.77".parse().unwrap();
+        let v4: IpAddr = "192.0.2.77".parse().unwrap();
+        assert_eq!(
+            IpPrefix::masked(mapped, 32, 56),
+            IpPrefix::masked(v4, 32, 56)
+        );
+        assert!(IpPrefix::masked(mapped, 32, 56).is_ipv4());
+        // IPv4 and IPv6 never share a key, whatever the lengths.
+        assert_ne!(
+            IpPrefix::masked("0.0.0.0".parse().unwrap(), 32, 62),
+            IpPrefix::masked("::".parse().unwrap(), 32, 62)
+        );
+    }
+
+    /// Above /62 an `IpPrefix` key keeps 62 bits (an `IpAddr` key keeps the
+    /// prefix asked for).
+    #[test]
+    fn prefix_keys_keep_at_most_62_bits_of_ipv6() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:3:bbbb::2".parse().unwrap(); // same /62
+        let c: IpAddr = "2001:db8:1:4::".parse().unwrap(); // the next /62
+        for v6 in [63, 64, 96, 128, 255] {
+            let (pa, pb, pc) = (
+                IpPrefix::masked(a, 32, v6),
+                IpPrefix::masked(b, 32, v6),
+                IpPrefix::masked(c, 32, v6),
+            );
+            assert_eq!(pa, pb, "/{v6}");
+            assert_ne!(pa, pc, "/{v6}");
+            assert_eq!(pa.prefix_len(), 62);
+            assert_eq!(pa.addr(), "2001:db8:1::".parse::<IpAddr>().unwrap());
+            // (a and b differ in their 63rd and 64th bits.)
+            assert_eq!(
+                <IpAddr as PeerKey>::masked(a, 32, v6) == <IpAddr as PeerKey>::masked(b, 32, v6),
+                v6 < 64
+            );
+        }
+    }
+
+    /// `ForwardedIp` masks the client it finds as `PeerIp` does, into
+    /// either key type.
+    #[test]
+    fn forwarded_clients_are_masked_into_either_key() {
+        let req = |peer: &str, xff: &str| {
+            let mut r = http::Request::builder()
+                .header("x-forwarded-for", xff)
+                .body(())
+                .unwrap();
+            r.extensions_mut()
+                .insert(PeerAddr(SocketAddr::new(peer.parse().unwrap(), 1)));
+            r
+        };
+        let trusted = || ["10.0.0.0/8".parse::<IpNet>().unwrap()];
+        let r = req("10.0.0.1", "2001:db8:1:2ff::9, 10.0.0.2");
+        let head = RequestHead::of(&r);
+        let p: IpPrefix = ForwardedIp::new(trusted()).extract(&head).unwrap();
+        assert_eq!(p.to_string(), "2001:db8:1:200::/56");
+        let a: IpAddr = ForwardedIp::new(trusted()).extract(&head).unwrap();
+        assert_eq!(a, "2001:db8:1:200::".parse::<IpAddr>().unwrap());
+        let r = req("10.0.0.1", "::ffff:192.0.2.9");
+        let head = RequestHead::of(&r);
+        let p: IpPrefix = ForwardedIp::new(trusted())
+            .v4_prefix(24)
+            .extract(&head)
+            .unwrap();
+        assert_eq!(p.to_string(), "192.0.2.0/24");
+        // An untrusted peer is the client; PeerIp agrees.
+        let r = req("192.0.2.77", "198.51.100.1");
+        let head = RequestHead::of(&r);
+        let f: IpPrefix = ForwardedIp::new(trusted()).extract(&head).unwrap();
+        let p: IpPrefix = PeerIp::new().extract(&head).unwrap();
+        assert_eq!(
+            (f, p),
+            (IpPrefix::from(std::net::Ipv4Addr::new(192, 0, 2, 77)), f)
+        );
     }
 
     #[test]

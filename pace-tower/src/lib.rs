@@ -24,7 +24,7 @@ pub mod limit;
 
 pub use crate::gate::{BodyOverrun, GateLayer, GateRequestBody, GateResponseBody, GateService};
 pub use crate::key::{
-    from_fn, ForwardHeader, ForwardedIp, FromFn, Header, KeyExtractor, PeerAddr, PeerIp,
+    from_fn, ForwardHeader, ForwardedIp, FromFn, Header, KeyExtractor, PeerAddr, PeerIp, PeerKey,
     RequestHead,
 };
 pub use crate::layer::{

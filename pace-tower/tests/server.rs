@@ -19,10 +19,10 @@ use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode};
 use axum::routing::get;
 use axum::Router;
-use pace::{ManualClock, Pace, Rate};
+use pace::{IpPrefix, ManualClock, Pace, Rate};
 use pace_tower::{
     from_fn, ForwardHeader, ForwardedIp, Header, Limit, Limits, MissingKey, PaceLayer, PeerAddr,
-    PeerIp, ResponseHead, MISSING_PEER_ADDR_BODY, TOO_MANY_REQUESTS_BODY,
+    PeerIp, PeerKey, ResponseHead, MISSING_PEER_ADDR_BODY, TOO_MANY_REQUESTS_BODY,
 };
 use support::{header, serve, serve_plain, Client};
 
@@ -515,10 +515,12 @@ async fn fake_peer(mut req: Request) -> Request {
     req
 }
 
-#[tokio::test]
-async fn rotating_ipv6_addresses_within_one_56_share_one_key() {
+/// Rotating IPv6 addresses within one /56 share a row and a neighbouring
+/// /56 has its own, with either key type of `PeerIp` (`key` names a
+/// network as the limiter's key).
+async fn rotating_within_one_56<K: PeerKey>(key: impl Fn(&str) -> K) {
     let clock = clock();
-    let p: Arc<P<IpAddr>> = pace(&clock, per_sec(3), 3);
+    let p: Arc<P<K>> = pace(&clock, per_sec(3), 3);
     let layer = PaceLayer::builder()
         .limit(Limit::new("peer", p.clone(), PeerIp::new()))
         .build()
@@ -539,18 +541,35 @@ async fn rotating_ipv6_addresses_within_one_56_share_one_key() {
     // The neighbouring /56 is another customer.
     let r = support::get(addr, "/", &[("x-test-peer", "2001:db8:aa:bc00::1")]).await;
     assert_eq!(r.status(), StatusCode::OK);
-    // IPv4 keeps the full address.
-    for a in ["192.0.2.1", "192.0.2.2"] {
+    // IPv4 keeps the full address; an IPv4-mapped IPv6 peer is its IPv4
+    // address.
+    for a in ["192.0.2.1", "192.0.2.2", "::ffff:192.0.2.2"] {
         let r = support::get(addr, "/", &[("x-test-peer", a)]).await;
         assert_eq!(r.status(), StatusCode::OK);
     }
     assert_eq!(p.len(), 4);
-    assert_eq!(p.peek(&"2001:db8:aa:bb00::".parse::<IpAddr>().unwrap()), 0);
+    assert_eq!(p.peek(&key("2001:db8:aa:bb00::")), 0);
+    assert_eq!(p.peek(&key("2001:db8:aa:bc00::")), 2);
+    assert_eq!(p.peek(&key("192.0.2.2")), 1);
     // No peer address at all: the server records none (a configuration
     // error, not the client's), answered 500 with what to fix.
     let r = support::get(addr, "/", &[]).await;
     assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(r.body().as_ref(), MISSING_PEER_ADDR_BODY.as_bytes());
+}
+
+#[tokio::test]
+async fn rotating_ipv6_addresses_within_one_56_share_one_key() {
+    rotating_within_one_56(|a| a.parse::<IpAddr>().unwrap()).await;
+}
+
+#[tokio::test]
+async fn rotating_ipv6_addresses_within_one_56_share_one_word_key() {
+    rotating_within_one_56(|a| match a.parse::<IpAddr>().unwrap() {
+        IpAddr::V4(v4) => IpPrefix::from(v4),
+        IpAddr::V6(v6) => IpPrefix::v6(v6, 56).unwrap(),
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -7,6 +7,8 @@ use std::any::TypeId;
 use std::marker::PhantomData;
 use std::net::Ipv4Addr;
 
+use crate::IpPrefix;
+
 /// Whether every hasher of type `S` hashes an integer without panicking:
 /// std's `RandomState` and `BuildHasherDefault<DefaultHasher>` (SipHash)
 /// and, with the `foldhash` feature, the crate's `FastHasher`. A cell that
@@ -50,6 +52,7 @@ enum Kind {
     Isize,
     Char,
     Ipv4,
+    IpPrefix,
 }
 
 impl Kind {
@@ -81,6 +84,8 @@ impl Kind {
             Kind::Char
         } else if is(TypeId::of::<Ipv4Addr>()) {
             Kind::Ipv4
+        } else if is(TypeId::of::<IpPrefix>()) {
+            Kind::IpPrefix
         } else {
             return None;
         })
@@ -109,8 +114,8 @@ impl<K> std::fmt::Debug for WordKey<K> {
 }
 
 impl<K> WordKey<K> {
-    /// `Some` when `K` is `u8`…`u64`, `usize`, `i8`…`i64`, `isize`, `char`
-    /// or `Ipv4Addr`.
+    /// `Some` when `K` is `u8`…`u64`, `usize`, `i8`…`i64`, `isize`, `char`,
+    /// `Ipv4Addr` or [`IpPrefix`].
     pub(crate) fn new() -> Option<WordKey<K>> {
         Kind::of::<K>().map(|kind| WordKey {
             kind,
@@ -160,6 +165,7 @@ impl<K> WordKey<K> {
                 Kind::I8 => u64::from(*p.cast::<i8>() as u8),
                 Kind::Char => u64::from(u32::from(*p.cast::<char>())),
                 Kind::Ipv4 => u64::from((*p.cast::<Ipv4Addr>()).to_bits()),
+                Kind::IpPrefix => (*p.cast::<IpPrefix>()).to_bits(),
             }
         }
     }
@@ -195,6 +201,8 @@ impl<K> WordKey<K> {
                 Kind::I8 => cast::<i8, K>(bits as u8 as i8),
                 Kind::Char => cast::<char, K>(char::from_u32(bits as u32).unwrap_or_default()),
                 Kind::Ipv4 => cast::<Ipv4Addr, K>(Ipv4Addr::from_bits(bits as u32)),
+                // `bits` came from `read`: a word `IpPrefix` made.
+                Kind::IpPrefix => cast::<IpPrefix, K>(IpPrefix::from_bits(bits)),
             }
         }
     }
@@ -260,6 +268,15 @@ mod tests {
             Ipv4Addr::new(10, 0, 0, 1),
             Ipv4Addr::BROADCAST,
             Ipv4Addr::UNSPECIFIED,
+        ]);
+        round_trip(&[
+            IpPrefix::v4(Ipv4Addr::UNSPECIFIED, 32),
+            IpPrefix::v4(Ipv4Addr::UNSPECIFIED, 0),
+            IpPrefix::v4(Ipv4Addr::BROADCAST, 24),
+            IpPrefix::v6(std::net::Ipv6Addr::UNSPECIFIED, 0).unwrap(),
+            IpPrefix::v6(std::net::Ipv6Addr::UNSPECIFIED, 62).unwrap(),
+            IpPrefix::v6("2001:db8:1:200::".parse().unwrap(), 56).unwrap(),
+            IpPrefix::v6(std::net::Ipv6Addr::from_bits(u128::MAX), 62).unwrap(),
         ]);
     }
 
