@@ -21,7 +21,7 @@ cargo +nightly miri setup >/dev/null 2>&1
 # schedule, and some report a data race between a load of a row's word and
 # the free of that row by another thread's collection (DESIGN.md, section 9).
 export MIRIFLAGS="${MIRIFLAGS:--Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-ignore-leaks}"
-miri_test() { cargo +nightly miri test --no-default-features "$@"; }
+miri_test() { cargo +nightly miri test -p pace --no-default-features "$@"; }
 # Miri interprets on one core, so the tests run as five processes, each a
 # job of the pool in .ci/run (beside the fuzz targets and the rest), or two
 # at a time when this script runs alone: the two halves of the long stress
