@@ -158,7 +158,10 @@ pub(crate) fn script_source(interval: u64, capacity: u64) -> String {
         .replace("if fmt(tat_s, tat_n) ~= mine then", "if not cur then");
     // Holds: a decision that ignores what is held.
     #[cfg(pace_mutant = "redis_hold_ignored")]
-    let src = src.replace("if nd + held > tau + wait then", "if nd > tau + wait then");
+    let src = src.replace(
+        "if nd + held > tau + wait or held + c > tau then",
+        "if nd > tau + wait then",
+    );
     // Holds: a release that also rewinds the settled tat by the hold's cost
     // (when the rewound tat still lies ahead of now).
     #[cfg(pace_mutant = "redis_release_rewinds")]
