@@ -8,14 +8,10 @@
 //! depends on when the epoch freed earlier records, so those counts are
 //! bounds); keeping it makes the row plain again and allocates nothing.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::convert::Infallible;
-use std::future::{ready, Future};
+use std::future::ready;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use axum::extract::ConnectInfo;
 use http::{HeaderName, Request, Response, StatusCode};
@@ -23,33 +19,9 @@ use pace::{Pace, Rate};
 use pace_tower::{Header, Limit, PaceLayer, PeerIp, ResponseHead};
 use tower::{Layer, Service};
 
-struct Counting;
+mod counting;
 
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.with(Cell::get) {
-            ALLOCS.with(|a| a.set(a.get() + 1));
-        }
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        if COUNTING.with(Cell::get) {
-            ALLOCS.with(|a| a.set(a.get() + 1));
-        }
-        unsafe { System.realloc(ptr, layout, new) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+use counting::allocs;
 
 fn request() -> Request<()> {
     let mut r = Request::builder()
@@ -64,27 +36,6 @@ fn request() -> Request<()> {
         40000,
     )));
     r
-}
-
-/// Allocations on this thread while `svc` answers `req` (poll_ready, call,
-/// the response future to completion); the response is dropped after.
-fn allocs<S>(svc: &mut S, req: Request<()>) -> (u64, Response<String>)
-where
-    S: Service<Request<()>, Response = Response<String>, Error = Infallible>,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    ALLOCS.with(|a| a.set(0));
-    COUNTING.with(|c| c.set(true));
-    assert!(matches!(svc.poll_ready(&mut cx), Poll::Ready(Ok(()))));
-    let resp = {
-        let mut fut = pin!(svc.call(req));
-        match fut.as_mut().poll(&mut cx) {
-            Poll::Ready(r) => r.unwrap(),
-            Poll::Pending => unreachable!(),
-        }
-    };
-    COUNTING.with(|c| c.set(false));
-    (ALLOCS.with(Cell::get), resp)
 }
 
 fn inner(

@@ -4,14 +4,10 @@
 //! a layer of one plain limit with the fields off (which itself allocates
 //! nothing per admitted request, `tests/no_alloc.rs`).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::convert::Infallible;
-use std::future::{ready, Future};
+use std::future::ready;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use axum::extract::ConnectInfo;
 use http::{Request, Response, StatusCode};
@@ -19,33 +15,7 @@ use pace::{IpPrefix, Pace, Rate};
 use pace_tower::{Limit, PaceLayer, PeerIp, PeerKey};
 use tower::{Layer, Service};
 
-struct Counting;
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.with(Cell::get) {
-            ALLOCS.with(|a| a.set(a.get() + 1));
-        }
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        if COUNTING.with(Cell::get) {
-            ALLOCS.with(|a| a.set(a.get() + 1));
-        }
-        unsafe { System.realloc(ptr, layout, new) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+mod counting;
 
 /// A request from peer `ip`.
 fn request(ip: IpAddr) -> Request<()> {
@@ -60,20 +30,9 @@ fn allocs<S>(svc: &mut S, req: Request<()>) -> u64
 where
     S: Service<Request<()>, Response = Response<String>, Error = Infallible>,
 {
-    let mut cx = Context::from_waker(Waker::noop());
-    ALLOCS.with(|a| a.set(0));
-    COUNTING.with(|c| c.set(true));
-    assert!(matches!(svc.poll_ready(&mut cx), Poll::Ready(Ok(()))));
-    let resp = {
-        let mut fut = pin!(svc.call(req));
-        match fut.as_mut().poll(&mut cx) {
-            Poll::Ready(r) => r.unwrap(),
-            Poll::Pending => unreachable!(),
-        }
-    };
-    COUNTING.with(|c| c.set(false));
+    let (n, resp) = counting::allocs(svc, req);
     assert_eq!(resp.status(), StatusCode::OK);
-    ALLOCS.with(Cell::get)
+    n
 }
 
 /// Allocations of the first requests of 64 new peers (32 IPv4 addresses,
