@@ -25,7 +25,7 @@ use crate::table::{Ask, Cx, Spent, Table};
 /// one is caught, and the first is resumed once all ran, unless the thread
 /// is unwinding already (a panic escaping a destructor during unwinding
 /// aborts the process). What a panicking key leaves undone stays as it
-/// leaves it: counts exact (`tests/panics.rs`).
+/// leaves it: counts exact (`tests/seams.rs`).
 pub(crate) fn each_in_drop<T>(items: impl IntoIterator<Item = T>, mut f: impl FnMut(T)) {
     let mut first = None;
     for item in items {
