@@ -14,6 +14,14 @@ include!("src/mutants.rs");
 
 fn main() {
     println!("cargo::rerun-if-env-changed=PACE_MUTANT");
+    // `PACE_HOLD_RECORD=1` writes every held row to a record, never inline
+    // (`src/table/held.rs`, `Form`): the suites run the hold tests and
+    // models both ways, so both forms stay proven.
+    println!("cargo::rerun-if-env-changed=PACE_HOLD_RECORD");
+    println!("cargo::rustc-check-cfg=cfg(pace_hold_record)");
+    if std::env::var("PACE_HOLD_RECORD").is_ok_and(|v| v == "1") {
+        println!("cargo::rustc-cfg=pace_hold_record");
+    }
     // The registry beside this script: `src/mutants.rs` of the package that
     // runs it (the core), or of its parent directory (loom-tests, whose
     // `build` points here). A path that does not exist would rerun the

@@ -100,7 +100,12 @@ impl CellsModel {
         hold_limit: u64,
     ) -> CellsModel {
         CellsModel {
-            table: crate::table::Table::try_new(cells, crate::table::keys::inline(), hold_limit)
+            table: crate::table::Table::try_new(
+                cells,
+                crate::table::keys::inline(),
+                interval,
+                hold_limit,
+            )
                 .expect("cells fit an array"),
             limits: crate::bucket::Limits::new(interval, capacity).expect("valid bucket"),
             epochs: crate::sync::Epochs::new(),

@@ -36,6 +36,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("gate_no_wake_on_rollback", "gate/state.rs", "a slot rolled back for lack of bytes wakes nobody"),
     ("gate_shrink_keeps_excess", "gate/permit.rs", "a shrunk permit's excess bytes never return"),
     ("gate_unchecked_bytes", "gate/state.rs", "bytes are checked against a stale reading, then added blindly"),
+    ("held_tat_rounds_down", "table/held.rs", "a held row's settled tat is rounded down, not up"),
     ("holds_never_expire", "table/held.rs", "no held lot ever expires"),
     ("inline_any_hasher", "table/words.rs", "any hasher is trusted with keys held as their own bits"),
     ("ip_prefix_untagged", "prefix.rs", "IPv6 prefixes' words lack the family bit"),

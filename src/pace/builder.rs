@@ -201,7 +201,12 @@ impl<K, S, C> Builder<K, S, C> {
             None => keys::boxed::<K>(),
         };
         let rows = Rows {
-            table: Table::try_new(self.min_slots, kind, hold_limit_ns(self.hold_limit))
+            table: Table::try_new(
+                self.min_slots,
+                kind,
+                quota.limits().interval(),
+                hold_limit_ns(self.hold_limit),
+            )
                 .ok_or(ConfigError::MinSlotsTooLarge)?,
             word,
             _owns: std::marker::PhantomData,

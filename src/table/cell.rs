@@ -4,8 +4,10 @@
 //! between them.
 
 /// The largest `tat` field a live cell holds: a `tat` (at most
-/// `bucket::MAX_TIME`) or a held row's record (`held.rs`, below `2^62`).
-pub(crate) const FIELD_MAX: u64 = (1 << 62) - 1;
+/// `bucket::MAX_TIME`, below `2^61`), a held row's record address (in
+/// `[2^61, 2^62)`) or a held row's inline state (from `2^62` up to here;
+/// `held.rs`). The row states that are not live take the words above it.
+pub(crate) const FIELD_MAX: u64 = (1 << 63) - 6;
 #[cfg(not(loom))]
 use crate::sync::Ordering;
 
@@ -270,7 +272,7 @@ mod tests {
     #[test]
     fn every_state_round_trips() {
         for key in [0, 1, 42, u64::MAX - 1, u64::MAX] {
-            for tat in [0, 1, 1 << 40, FIELD_MAX - 1, FIELD_MAX] {
+            for tat in [0, 1, 1 << 40, 1 << 61, 1 << 62, FIELD_MAX - 1, FIELD_MAX] {
                 for s in all_states(key, tat) {
                     assert_eq!(CellState::decode(s.encode()), s, "{s:?}");
                 }

@@ -28,41 +28,191 @@
 use crate::bucket::{Decision, Limits, MAX_TIME};
 use crate::sync::epoch::Guard;
 
-/// A `tat` field at or above this names a [`Held`] record: `HELD | address`.
+/// A `tat` field at or above this names a held row: a [`Held`] record's
+/// address plus `HELD` below [`INLINE`], the row's state itself from there.
 pub(crate) const HELD: u64 = MAX_TIME + 1;
+
+/// A `tat` field at or above this is a held row's state in the field
+/// itself (`INLINE | payload`, [`Form`]), not a record's address.
+pub(crate) const INLINE: u64 = 1 << 62;
+
+/// The largest inline payload: the words above `INLINE + MAX_PAYLOAD` are
+/// the row states that are not live (`cell.rs`).
+const MAX_PAYLOAD: u64 = super::cell::FIELD_MAX - INLINE;
 
 /// Lot identity of an empty lot.
 const NONE: u64 = 0;
 
+/// Bits of the inline form's settled `tat` (in units of `2^k`, without
+/// them): a settled `tat` at or past `2^58` ns (about nine years of the
+/// clock) is kept in a record.
+const S_BITS: u32 = 58;
+
+/// Most bits of one inline lot's count.
+const MAX_COUNT_BITS: u32 = 16;
+
+/// How a table writes its held rows: the hold limit, the rounding of a held
+/// row's settled `tat`, and the inline form's layout (DESIGN.md §3,
+/// "Lots inline").
+///
+/// A held row's settled `tat` is always a multiple of `u = 2^k`, the largest
+/// power of two at most `T/1024` for the interval `T` the table was built
+/// with (1 below `T = 1024` ns): every change that leaves something held
+/// rounds it up, whichever form it is written in. The inline payload is
+/// `[S/u: 58 − k bits][cur offset: 2][prev offset: 2][cur count: h][prev
+/// count: h]` with `h = ⌊k/2⌋` (at most 16): a lot's epoch is
+/// `⌊S/P⌋ − 2 + offset` and its cost `count · T`. A state whose lots do not
+/// fit (an offset outside `0..=3`, a count of `2^h` or more, a cost that is
+/// not a whole number of `T`: a per-call quota of another interval), or
+/// whose `S` does not, is written to a record instead; so is every held row
+/// of a table with `h = 0` (`T` under 4,096 ns) or built with
+/// `--cfg pace_hold_record`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Form {
+    /// The hold limit `P` (ns, at least 1).
+    pub(crate) limit: u64,
+    /// The interval `T` counts are in.
+    interval: u64,
+    /// `u = 2^k`.
+    k: u32,
+    /// Bits of one inline count; 0: no inline form.
+    h: u32,
+}
+
+impl Form {
+    /// The form of a table of interval `interval` and hold limit `limit`
+    /// (ns; both at least 1).
+    pub(crate) fn new(interval: u64, limit: u64) -> Form {
+        let k = (interval / 1024).checked_ilog2().unwrap_or(0);
+        let h = if cfg!(pace_hold_record) {
+            0
+        } else {
+            (k / 2).min(MAX_COUNT_BITS)
+        };
+        Form {
+            limit: limit.max(1),
+            interval: interval.max(1),
+            k,
+            h,
+        }
+    }
+
+    /// The epoch of a reading: `⌊t/P⌋`.
+    #[inline]
+    fn epoch(&self, t: u64) -> u64 {
+        t / self.limit
+    }
+
+    /// `s` rounded up to a multiple of `u` (at most `MAX_TIME`).
+    #[cfg(not(pace_mutant = "held_tat_rounds_down"))]
+    #[inline]
+    fn round(&self, s: u64) -> u64 {
+        let m = (1u64 << self.k) - 1;
+        s.checked_add(m).map_or(MAX_TIME, |x| x & !m).min(MAX_TIME)
+    }
+
+    /// Known-wrong variant `held_tat_rounds_down`: a held row's settled
+    /// `tat` is rounded down, returning up to `u` of refill per change.
+    #[cfg(pace_mutant = "held_tat_rounds_down")]
+    #[inline]
+    fn round(&self, s: u64) -> u64 {
+        let m = (1u64 << self.k) - 1;
+        (s & !m).min(MAX_TIME)
+    }
+
+    /// Whether a refund of a debit that ended at `tat` finds it still the
+    /// last debit of a row whose settled `tat` is `now_tat`: equal, or equal
+    /// after the rounding a held row's settled `tat` gets (every debit and
+    /// settlement moves it by at least `T ≥ 1024·u`, so no other debit
+    /// rounds to the same value).
+    #[inline]
+    pub(crate) fn ends_at(&self, now_tat: u64, tat: u64) -> bool {
+        now_tat == tat || now_tat == self.round(tat)
+    }
+
+    /// The inline field of `s`, if it fits.
+    #[inline]
+    fn encode(&self, s: &Held) -> Option<u64> {
+        if self.h == 0 || s.tat & ((1 << self.k) - 1) != 0 {
+            return None;
+        }
+        let q = s.tat >> self.k;
+        if q >= (1 << (S_BITS - self.k)) - 1 {
+            return None;
+        }
+        let base = self.epoch(s.tat);
+        let lot = |l: &Lot| -> Option<(u64, u64)> {
+            if l.is_empty() {
+                return Some((0, 0));
+            }
+            let o = (l.id - 1).checked_add(2)?.checked_sub(base)?;
+            let c = l.cost / self.interval;
+            (o <= 3 && c < (1 << self.h) && c * self.interval == l.cost).then_some((o, c))
+        };
+        let (oc, cc) = lot(&s.cur)?;
+        let (op, cp) = lot(&s.prev)?;
+        let h = self.h;
+        let payload = (q << (4 + 2 * h)) | (oc << (2 + 2 * h)) | (op << (2 * h)) | (cc << h) | cp;
+        debug_assert!(payload <= MAX_PAYLOAD);
+        Some(INLINE | payload)
+    }
+
+    /// The state an inline field holds.
+    #[inline]
+    fn decode(&self, field: u64) -> Held {
+        let x = field - INLINE;
+        let h = self.h;
+        let mask = (1u64 << h) - 1;
+        let tat = (x >> (4 + 2 * h)) << self.k;
+        let base = self.epoch(tat);
+        let lot = |o: u64, c: u64| {
+            if c == 0 {
+                Lot::EMPTY
+            } else {
+                Lot {
+                    id: (base + o).saturating_sub(1),
+                    cost: c * self.interval,
+                }
+            }
+        };
+        Held {
+            tat,
+            cur: lot((x >> (2 + 2 * h)) & 3, (x >> h) & mask),
+            prev: lot((x >> (2 * h)) & 3, x & mask),
+        }
+    }
+}
+
 /// A lot of holds: `cost` ns of tokens held by the unresolved holds that
-/// joined it.
+/// joined it. Its identity is its epoch plus one: lots open in epochs of
+/// the hold limit, and no two lots of a row ever share one (DESIGN.md §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) struct Lot {
-    /// Its identity, unique in the table (`NONE` when empty).
+    /// Its epoch plus one (`NONE` when empty).
     pub(crate) id: u64,
     /// Σ n·T of its unresolved holds (positive unless empty).
     pub(crate) cost: u64,
-    /// The reading that opened it.
-    pub(crate) since: u64,
-    /// The latest reading among the holds that joined it.
-    pub(crate) latest: u64,
 }
 
 impl Lot {
-    pub(crate) const EMPTY: Lot = Lot {
-        id: NONE,
-        cost: 0,
-        since: 0,
-        latest: 0,
-    };
+    pub(crate) const EMPTY: Lot = Lot { id: NONE, cost: 0 };
 
     fn is_empty(&self) -> bool {
         self.id == NONE
     }
 
-    /// Settles this lot into `tat` as kept, from its latest reading.
-    fn settle(&self, tat: u64) -> u64 {
-        settle(tat, self.latest, self.cost)
+    /// Its epoch (of a lot that is not empty).
+    fn epoch(&self) -> u64 {
+        self.id - 1
+    }
+
+    /// Settles this expired lot into `tat` as kept: as a debit at the last
+    /// instant of its lifetime, `(e + 2)·P − 1`, which no reading of a hold
+    /// that joined it passes. The settled `tat` is then at least
+    /// `(e + 2)·P`, so no later lot of the row opens in epoch `e` again.
+    fn settle(&self, tat: u64, form: &Form) -> u64 {
+        let end = (self.epoch() + 2).saturating_mul(form.limit) - 1;
+        settle(tat, end, self.cost)
     }
 }
 
@@ -116,30 +266,47 @@ fn refunded(tat: u64, cost: u64) -> u64 {
     tat.saturating_sub(cost)
 }
 
-/// Where a fresh lot opened at reading `now` starts, beside the previous
-/// lot `prev`: at `now`, but never less than `limit` after `prev` opened.
-/// The fresh lot turns previous, settling `prev`, only at a reading `limit`
-/// after its own start, so never before `prev` expires by itself (`2·limit`
-/// after it opened). A reading older than the previous lot's opening plus
-/// `limit` (a thread pre-empted after its reading) would otherwise open a
-/// lot in the past, whose turn would settle `prev` early: a hold of `prev`
-/// resolved within `limit` of its reading would find its lot gone.
+
+/// The epoch a fresh lot opens in at a reading of epoch `now_e`, beside the
+/// previous lot `prev`, on a row settled at `tat`: the reading's epoch, but
+/// never before the one after `prev`'s, and never before `⌊tat/P⌋ − 1`.
+/// The second keeps the lots of a row in order: the fresh lot turns
+/// previous, settling `prev`, only in an epoch after its own, so never
+/// before `prev` expires by itself (a reading pre-empted since an older
+/// epoch would otherwise open a lot in the past, whose turn would settle
+/// `prev` early: a hold of `prev` resolved within the limit of its reading
+/// would find its lot gone). The third keeps identities unique: an expired
+/// lot of epoch `e` settled the row at or past `(e + 2)·P`, and nothing
+/// lowers a settled `tat` below a settlement, so the fresh lot's epoch is
+/// past `e`.
 #[cfg(not(pace_mutant = "stale_lot_opens_in_the_past"))]
 #[inline]
-fn opening(now: u64, prev: &Lot, limit: u64) -> u64 {
-    if prev.is_empty() {
-        now
-    } else {
-        now.max(prev.since.saturating_add(limit))
-    }
+fn opening(now_e: u64, prev: &Lot, tat: u64, form: &Form) -> u64 {
+    let after = if prev.is_empty() { 0 } else { prev.epoch() + 1 };
+    now_e
+        .max(after)
+        .max(form.epoch(tat).saturating_sub(1))
 }
 
-/// Known-wrong variant `stale_lot_opens_in_the_past`: a fresh lot starts at
-/// its reading, however stale, and its turn settles the previous lot early.
+/// Known-wrong variant `stale_lot_opens_in_the_past`: a fresh lot opens in
+/// its reading's epoch, however stale, and its turn settles the previous
+/// lot early.
 #[cfg(pace_mutant = "stale_lot_opens_in_the_past")]
 #[inline]
-fn opening(now: u64, _prev: &Lot, _limit: u64) -> u64 {
-    now
+fn opening(now_e: u64, _prev: &Lot, tat: u64, form: &Form) -> u64 {
+    now_e.max(form.epoch(tat).saturating_sub(1))
+}
+
+/// The settled `tat` a hold at a reading of epoch `now_e` leaves: raised to
+/// the start of the epoch before, `(now_e − 1)·P`, where it is behind. Only
+/// a reading older than that (at least a hold limit older than the hold's)
+/// decides differently on the raised `tat`, and only with fewer tokens; the
+/// raise keeps a held row's lots within the inline form's offsets of
+/// `⌊S/P⌋`, however long its key was idle.
+#[inline]
+fn raised(tat: u64, now_e: u64, form: &Form) -> u64 {
+    tat.max(now_e.saturating_sub(1).saturating_mul(form.limit))
+        .min(MAX_TIME)
 }
 
 /// What a hold took: its lot, its cost and its reading. A resolution
@@ -208,66 +375,96 @@ impl Held {
         self.cur.is_empty() && self.prev.is_empty()
     }
 
+    /// This state as it is written: a held state's settled `tat` rounded up
+    /// to the form's `u` (a plain one as it is).
+    #[inline]
+    pub(crate) fn written(mut self, form: &Form) -> Held {
+        if !self.is_plain() {
+            self.tat = form.round(self.tat);
+        }
+        self
+    }
+
     /// The state of a row whose `tat` field is `field`.
     ///
     /// # Safety
     /// `field` was read under `guard` from a live (or frozen live) cell of
-    /// a table, whose records outlive the guards that can read them.
+    /// a table of form `form`, whose records outlive the guards that can
+    /// read them.
     #[inline]
-    pub(crate) unsafe fn of(field: u64, _guard: &Guard) -> Held {
+    pub(crate) unsafe fn of(field: u64, form: &Form, _guard: &Guard) -> Held {
         if field < HELD {
             return Held::plain(field);
         }
+        if field >= INLINE {
+            return form.decode(field);
+        }
         let p = std::ptr::with_exposed_provenance::<Held>((field - HELD) as usize);
-        // SAFETY: a field at or above `HELD` is `HELD` plus the address of
+        // SAFETY: a field in `[HELD, INLINE)` is `HELD` plus the address of
         // a record made by `publish` and published by a CAS; the caller's
         // contract keeps it alive while `guard` is pinned, and records are
         // never written after publication.
         unsafe { *p }
     }
 
-    /// This state as a `tat` field: its `tat` when plain, else a new
-    /// record's address (owned by the caller until a CAS publishes it;
-    /// [`free`] it otherwise).
-    pub(crate) fn publish(self) -> u64 {
+    /// This state as a `tat` field: its `tat` when plain, its inline form
+    /// when it fits, else a new record's address (owned by the caller
+    /// until a CAS publishes it; [`free`] it otherwise).
+    #[inline]
+    pub(crate) fn publish(self, form: &Form) -> u64 {
         if self.is_plain() {
             return self.tat;
         }
+        debug_assert_eq!(self.tat, form.round(self.tat), "a held tat is rounded");
+        if let Some(field) = form.encode(&self) {
+            return field;
+        }
+        self.publish_record()
+    }
+
+    /// A record of this state (the form's fallback).
+    #[cold]
+    #[inline(never)]
+    fn publish_record(self) -> u64 {
         let addr = Box::into_raw(pool::take(self)).expose_provenance() as u64;
-        debug_assert!(addr < HELD, "a record's address fits below the held tag");
+        debug_assert!(addr < INLINE - HELD, "a record's address fits below the inline tag");
         HELD + addr
     }
 
-    /// The state at reading `now` with the hold limit `limit`: lots whose
-    /// opening is `2·limit` behind `now` are settled as kept, and a current
-    /// lot older than `limit` becomes the previous one (a previous lot that
-    /// is still there is settled first: it can only be younger than `2·limit`
-    /// when readings went backwards).
+    /// The state at reading `now`: lots two epochs behind the reading's are
+    /// settled as kept, and a current lot an epoch behind becomes the
+    /// previous one (a previous lot that is still there is settled first:
+    /// it is two epochs behind by then).
     #[cfg(not(pace_mutant = "holds_never_expire"))]
-    pub(crate) fn at(mut self, now: u64, limit: u64) -> Held {
-        let expired = |l: &Lot| !l.is_empty() && now >= l.since.saturating_add(2 * limit);
+    #[inline]
+    pub(crate) fn at(mut self, now: u64, form: &Form) -> Held {
+        if self.is_plain() {
+            return self;
+        }
+        let e = form.epoch(now);
+        let expired = |l: &Lot| !l.is_empty() && e >= l.epoch().saturating_add(2);
         if expired(&self.prev) {
-            self.tat = self.prev.settle(self.tat);
+            self.tat = self.prev.settle(self.tat, form);
             self.prev = Lot::EMPTY;
         }
         if expired(&self.cur) {
-            self.tat = self.cur.settle(self.tat);
+            self.tat = self.cur.settle(self.tat, form);
             self.cur = Lot::EMPTY;
         }
-        if !self.cur.is_empty() && now >= self.cur.since.saturating_add(limit) {
+        if !self.cur.is_empty() && e > self.cur.epoch() {
             if !self.prev.is_empty() {
-                self.tat = self.prev.settle(self.tat);
+                self.tat = self.prev.settle(self.tat, form);
             }
             self.prev = self.cur;
             self.cur = Lot::EMPTY;
         }
-        self
+        self.written(form)
     }
 
     /// Known-wrong variant `holds_never_expire`: no lot ever expires, so a
     /// leaked hold keeps its tokens and its row for good.
     #[cfg(pace_mutant = "holds_never_expire")]
-    pub(crate) fn at(self, _: u64, _: u64) -> Held {
+    pub(crate) fn at(self, _: u64, _: &Form) -> Held {
         self
     }
 
@@ -278,6 +475,7 @@ impl Held {
     /// the bucket at its slot, DESIGN.md §3). `Ok` carries the `tat` a debit
     /// of them would settle at. A denial while tokens are held is
     /// [`Decision::Held`], with the wait if they are kept.
+    #[inline]
     pub(crate) fn decide(&self, limits: &Limits, now: u64, n: u64) -> Result<u64, Decision> {
         let held = self.held_in_decision();
         // A reading may be anything: saturate (past MAX_TIME every decision
@@ -294,60 +492,64 @@ impl Held {
 
     /// A denial while tokens are held: the whole wait until `n` tokens
     /// would fit the bucket (its own horizon `C·T`, not a turn's stretched
-    /// one) if every held token were kept, that is settled as its lot
-    /// settles when it expires (from the latest reading among the lot's
-    /// holds). Refunded sooner, the tokens come back sooner; still held
-    /// then, they are still in the way.
+    /// one) if every held token were kept at this reading. Refunded sooner,
+    /// the tokens come back sooner; still held then, they are still in the
+    /// way.
     #[cold]
     fn held_denial(&self, limits: &Limits, now: u64, n: u64) -> Decision {
-        let kept = self.cur.settle(self.prev.settle(self.tat));
+        let kept = self.tat.max(now).saturating_add(self.held());
         let tau = limits.capacity() * limits.interval();
-        let end = kept.max(now).saturating_add(n * limits.interval());
+        let end = kept.saturating_add(n * limits.interval());
         Decision::Held(end.saturating_sub(now.saturating_add(tau)))
     }
 
     /// A plain debit of `n` tokens at `now`: the new state.
-    pub(crate) fn debit(self, limits: &Limits, now: u64, n: u64) -> Result<Held, Decision> {
+    #[inline]
+    pub(crate) fn debit(
+        self,
+        limits: &Limits,
+        now: u64,
+        n: u64,
+        form: &Form,
+    ) -> Result<Held, Decision> {
         let tat = self.decide(limits, now, n)?;
-        Ok(Held { tat, ..self })
+        Ok(Held { tat, ..self }.written(form))
     }
 
-    /// A hold of `n` tokens at `now` (after [`at`](Held::at) with the hold
-    /// limit `limit`): the new state and its ticket. `new_lot` gives a fresh
-    /// lot identity.
+    /// A hold of `n` tokens at `now` (after [`at`](Held::at)): the new
+    /// state and its ticket.
     #[inline]
     pub(crate) fn hold(
         self,
         limits: &Limits,
         now: u64,
         n: u64,
-        limit: u64,
-        new_lot: &dyn Fn() -> u64,
+        form: &Form,
     ) -> Result<(Held, Ticket), Decision> {
         self.decide(limits, now, n)?;
         let cost = n * limits.interval();
+        let e = form.epoch(now);
         let mut next = self;
+        next.tat = raised(self.tat, e, form);
         if next.cur.is_empty() {
             next.cur = Lot {
-                id: new_lot(),
+                id: opening(e, &self.prev, next.tat, form) + 1,
                 cost: 0,
-                since: opening(now, &self.prev, limit),
-                latest: now,
             };
         }
         next.cur.cost += cost;
-        next.cur.latest = next.cur.latest.max(now);
         let ticket = Ticket {
             lot: next.cur.id,
             cost,
             at: now,
         };
-        Ok((next, ticket))
+        Ok((next.written(form), ticket))
     }
 
     /// Resolves `ticket`: its tokens leave its lot, and if `keep`, they are
     /// settled as a debit from the hold's own reading.
-    pub(crate) fn resolve(self, ticket: Ticket, keep: bool) -> Resolution {
+    #[inline]
+    pub(crate) fn resolve(self, ticket: Ticket, keep: bool, form: &Form) -> Resolution {
         let mut next = self;
         let lot = if self.cur.id == ticket.lot && ticket.lot != NONE {
             &mut next.cur
@@ -366,7 +568,7 @@ impl Held {
         } else {
             refunded(next.tat, ticket.cost)
         };
-        Resolution::Done(next)
+        Resolution::Done(next.written(form))
     }
 
     /// The `tat` a reader of tokens sees at `now`: held tokens count as
@@ -397,7 +599,7 @@ pub(crate) unsafe fn free(field: u64) {
 /// retirement keeps (a plain address, which a conservative leak checker
 /// scanning the collector's garbage recognises).
 pub(crate) fn address(field: u64) -> Option<u64> {
-    (field >= HELD).then(|| field - HELD)
+    (HELD..INLINE).contains(&field).then(|| field - HELD)
 }
 
 /// Frees the record at `addr` ([`address`] of a published field).
@@ -424,10 +626,10 @@ mod pool {
     use super::Held;
     use std::cell::RefCell;
 
-    /// Records kept per thread (72 bytes each): more than the collector
+    /// Records kept per thread (40 bytes each): more than the collector
     /// frees in one batch, so that a steady stream of holds never runs dry.
     pub(super) const KEPT: usize = 128;
-    const _: () = assert!(std::mem::size_of::<Held>() == 72);
+    const _: () = assert!(std::mem::size_of::<Held>() == 40);
 
     std::thread_local! {
         // The boxes are the records: their addresses are what rows name.
@@ -492,38 +694,40 @@ mod tests {
         Limits::new(T, cap).unwrap()
     }
 
+    /// The form of a table of interval `T` (records only, no rounding).
+    fn form(limit: u64) -> Form {
+        Form::new(T, limit)
+    }
+
     #[test]
     fn a_refund_in_any_order_returns_the_tokens() {
         let l = lim(3);
-        let ids = std::cell::Cell::new(0);
-        let next = || {
-            ids.set(ids.get() + 1);
-            ids.get()
-        };
+        let f = form(MAX_TIME);
         let s = Held::plain(0);
-        let (s, a) = s.hold(&l, 100, 1, u64::MAX, &next).unwrap();
-        let (s, b) = s.hold(&l, 100, 1, u64::MAX, &next).unwrap();
-        let (s, c) = s.hold(&l, 100, 1, u64::MAX, &next).unwrap();
+        let (s, a) = s.hold(&l, 100, 1, &f).unwrap();
+        let (s, b) = s.hold(&l, 100, 1, &f).unwrap();
+        let (s, c) = s.hold(&l, 100, 1, &f).unwrap();
         assert_eq!(s.decide(&l, 100, 1), Err(Decision::Held(T)));
-        let Resolution::Done(s) = s.resolve(a, false) else {
+        let Resolution::Done(s) = s.resolve(a, false, &f) else {
             panic!()
         };
-        let Resolution::Done(s) = s.resolve(c, false) else {
+        let Resolution::Done(s) = s.resolve(c, false, &f) else {
             panic!()
         };
-        let Resolution::Done(s) = s.resolve(b, false) else {
+        let Resolution::Done(s) = s.resolve(b, false, &f) else {
             panic!()
         };
         assert_eq!(s, Held::plain(0));
-        assert_eq!(s.publish(), 0);
+        assert_eq!(s.publish(&f), 0);
     }
 
     #[test]
     fn keeping_settles_from_the_holds_reading() {
         let l = lim(3);
+        let f = form(MAX_TIME);
         let s = Held::plain(0);
-        let (s, a) = s.hold(&l, 100, 2, u64::MAX, &|| 7).unwrap();
-        let Resolution::Done(s) = s.resolve(a, true) else {
+        let (s, a) = s.hold(&l, 100, 2, &f).unwrap();
+        let Resolution::Done(s) = s.resolve(a, true, &f) else {
             panic!()
         };
         assert_eq!(s, Held::plain(100 + 2 * T));
@@ -532,20 +736,15 @@ mod tests {
     #[test]
     fn a_settled_tat_stays_in_the_time_space() {
         let l = lim(3);
-        let s = Held::plain(MAX_TIME - 1);
-        let (s, a) = s
-            .hold(&l, MAX_TIME - 3 * T, 1, u64::MAX, &|| 1)
-            .unwrap_or_else(|_| {
-                // Denied at the edge: hold at an earlier state instead.
-                Held::plain(0).hold(&l, 0, 1, u64::MAX, &|| 1).unwrap()
-            });
+        let f = form(MAX_TIME);
+        let (s, a) = Held::plain(0).hold(&l, 0, 1, &f).unwrap();
         let late = Held { tat: MAX_TIME, ..s };
-        let Resolution::Done(k) = late.resolve(a, true) else {
+        let Resolution::Done(k) = late.resolve(a, true, &f) else {
             panic!()
         };
         assert_eq!(k.tat, MAX_TIME);
         assert!(
-            k.publish() < HELD,
+            k.publish(&f) < HELD,
             "a settled tat is never read as a record"
         );
         assert_eq!(
@@ -558,17 +757,122 @@ mod tests {
     fn lots_expire_as_kept_and_stale_tickets_do_nothing() {
         let l = lim(3);
         let p = 1_000;
+        let f = form(p);
         let s = Held::plain(0);
-        let (s, a) = s.hold(&l, 100, 1, p, &|| 1).unwrap();
-        // Within the limit: still the current lot.
-        assert_eq!(s.at(100 + p - 1, p), s);
-        // Older than the limit: the previous lot, still exact.
-        let s1 = s.at(100 + p, p);
+        // Read at 100: epoch 0.
+        let (s, a) = s.hold(&l, 100, 1, &f).unwrap();
+        assert_eq!(s.cur.id, 1);
+        // Within its epoch: still the current lot.
+        assert_eq!(s.at(p - 1, &f), s);
+        // An epoch later: the previous lot, still exact.
+        let s1 = s.at(p, &f);
         assert_eq!(s1.prev.id, 1);
-        assert!(matches!(s1.resolve(a, false), Resolution::Done(x) if x.is_plain()));
-        // Twice the limit: settled as kept from its reading; the ticket is stale.
-        let s2 = s.at(100 + 2 * p, p);
-        assert_eq!(s2, Held::plain(100 + T));
-        assert_eq!(s2.resolve(a, false), Resolution::Expired);
+        assert!(matches!(s1.resolve(a, false, &f), Resolution::Done(x) if x.is_plain()));
+        // Two epochs later: settled as kept at the lot's last instant,
+        // 2P − 1; the ticket is stale.
+        let s2 = s.at(2 * p, &f);
+        assert_eq!(s2, Held::plain(2 * p - 1 + T));
+        assert_eq!(s2.resolve(a, false, &f), Resolution::Expired);
+        // A fresh lot of the row never opens in epoch 0 again, however
+        // stale its reading.
+        let (s3, b) = s2.hold(&l, 2 * p - 10, 1, &f).unwrap();
+        assert!(s3.cur.id > 1, "{s3:?}");
+        assert_eq!(s3.resolve(a, false, &f), Resolution::Expired);
+        assert!(matches!(s3.resolve(b, false, &f), Resolution::Done(_)));
+    }
+
+    /// A stale hold opens no lot before the epoch after the previous one's.
+    #[test]
+    fn a_stale_lot_opens_after_the_previous_one() {
+        let l = lim(9);
+        let p = 1_000;
+        let f = form(p);
+        let (s, a) = Held::plain(0).hold(&l, 1_500, 1, &f).unwrap();
+        let s = s.at(2_100, &f);
+        assert_eq!(s.prev.id, 2);
+        let (s, _) = s.at(900, &f).hold(&l, 900, 1, &f).unwrap();
+        assert_eq!(s.cur.id, 3, "{s:?}");
+        // Epoch 2 turns the stale lot previous without settling the first.
+        let s = s.at(2_999, &f);
+        assert!(matches!(s.resolve(a, false, &f), Resolution::Done(_)), "{s:?}");
+    }
+
+    /// Every held state an inline form can hold comes back from its field
+    /// as it went in, and the ones it cannot hold are none of its fields.
+    #[test]
+    fn inline_states_round_trip() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut inline = 0;
+        for interval in [1_000, 4_096, 1_000_000, 1_000_000_000, 60_000_000_000] {
+            for limit in [1, 1_000, 10_000_000_000, MAX_TIME] {
+                let f = Form::new(interval, limit);
+                for _ in 0..2_000 {
+                    let tat = f.round(next() % (1 << (next() % 62)));
+                    let base = f.epoch(tat);
+                    let lot = |r: u64, c: u64| {
+                        if c == 0 {
+                            Lot::EMPTY
+                        } else {
+                            Lot {
+                                id: (base + r % 6).saturating_sub(3).max(0) + 1,
+                                cost: c * interval + if r % 17 == 0 { 1 } else { 0 },
+                            }
+                        }
+                    };
+                    let s = Held {
+                        tat,
+                        cur: lot(next(), next() % 40),
+                        prev: lot(next(), next() % 40),
+                    };
+                    if s.is_plain() {
+                        continue;
+                    }
+                    match f.encode(&s) {
+                        Some(field) => {
+                            inline += 1;
+                            assert!((INLINE..=super::super::cell::FIELD_MAX).contains(&field));
+                            assert_eq!(f.decode(field), s, "{f:?}");
+                        }
+                        None => {
+                            let fits = f.h > 0
+                                && tat < (1 << S_BITS) - (2 << f.k)
+                                && [s.cur, s.prev].iter().all(|l| {
+                                    l.is_empty()
+                                        || (l.id + 1 >= base
+                                            && l.id + 1 <= base + 3
+                                            && l.cost % interval == 0
+                                            && l.cost / interval < 1 << f.h)
+                                });
+                            assert!(!fits, "{s:?} fits {f:?}");
+                        }
+                    }
+                }
+            }
+        }
+        if !cfg!(pace_hold_record) {
+            assert!(inline > 1_000, "{inline}");
+        }
+    }
+
+    /// A table of interval under 4,096 ns writes records and rounds nothing
+    /// below 1,024 ns; a held row's `tat` rounds up to `T/1024` at most.
+    #[test]
+    fn the_form_follows_the_interval() {
+        let f = Form::new(1_000, 10);
+        assert_eq!((f.k, f.h), (0, 0));
+        assert_eq!(f.round(12_345), 12_345);
+        let f = Form::new(1_000_000, 10);
+        assert_eq!(f.k, 9);
+        assert_eq!(f.round(1), 512);
+        assert_eq!(f.round(512), 512);
+        assert_eq!(f.round(MAX_TIME), MAX_TIME);
+        assert!(f.ends_at(1_024, 1_000));
+        assert!(!f.ends_at(1_024, 1_025));
     }
 }

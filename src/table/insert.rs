@@ -367,8 +367,8 @@ impl Table {
         }
         let made = if HOLD {
             Held::plain(floor)
-                .hold(limits, now, n, self.hold_limit, &|| self.new_lot())
-                .map(|(s, t)| (s.publish(), s.tat, Some(t)))
+                .hold(limits, now, n, &self.form)
+                .map(|(s, t)| (s.publish(&self.form), s.tat, Some(t)))
         } else {
             match limits.reserve(floor, now, n) {
                 Decision::Admit(tat) => Ok((tat, tat, None)),
@@ -644,12 +644,12 @@ impl Table {
         let backoff = Backoff::new();
         loop {
             // SAFETY: `tat` is the field of a live cell read under `guard`.
-            let was = unsafe { Held::of(tat, guard) }.at(now, self.hold_limit);
+            let was = unsafe { Held::of(tat, &self.form, guard) }.at(now, &self.form);
             let changed: Result<(Held, Option<Ticket>), Decision> = if HOLD {
-                was.hold(limits, now, n, self.hold_limit, &|| self.new_lot())
+                was.hold(limits, now, n, &self.form)
                     .map(|(s, t)| (s, Some(t)))
             } else {
-                was.debit(limits, now, n).map(|s| (s, None))
+                was.debit(limits, now, n, &self.form).map(|s| (s, None))
             };
             let (next, ticket) = match changed {
                 Ok(c) => c,

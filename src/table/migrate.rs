@@ -268,11 +268,11 @@ impl Table {
                 // copier froze (a live row's, which no one removes while
                 // frozen).
                 let hash = unsafe { self.row_hash(key, cx.hash_of, guard) };
-                // A held row (`tat` at least `HELD`, a record) is never
-                // full: copied as it is, with its record.
+                // A held row (`tat` at least `HELD`: a record or its state
+                // inline) is never full: copied as it is, with its record.
                 // SAFETY: `tat` is the field of a live cell this copier
                 // froze, read under `guard`.
-                let last = unsafe { full_from(tat, guard) };
+                let last = unsafe { full_from(tat, &self.form, guard) };
                 if last < HELD && last <= cx.now {
                     // Full: removed here, not copied. The floor first, then
                     // the cell closed (Release): whoever finds the key gone
@@ -359,7 +359,7 @@ impl Table {
 /// `tat` is the field of a live cell read under `guard`.
 #[cfg(not(pace_mutant = "copy_removes_held"))]
 #[inline]
-unsafe fn full_from(tat: u64, _guard: &Guard) -> u64 {
+unsafe fn full_from(tat: u64, _form: &super::held::Form, _guard: &Guard) -> u64 {
     tat
 }
 
@@ -369,12 +369,12 @@ unsafe fn full_from(tat: u64, _guard: &Guard) -> u64 {
 /// # Safety
 /// As for the right variant.
 #[cfg(pace_mutant = "copy_removes_held")]
-unsafe fn full_from(tat: u64, guard: &Guard) -> u64 {
+unsafe fn full_from(tat: u64, form: &super::held::Form, guard: &Guard) -> u64 {
     if tat < HELD {
         return tat;
     }
     // SAFETY: the caller's contract.
-    unsafe { super::held::Held::of(tat, guard) }.tat
+    unsafe { super::held::Held::of(tat, form, guard) }.tat
 }
 
 impl Table {

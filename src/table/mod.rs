@@ -37,7 +37,7 @@ use crossbeam_utils::{Backoff, CachePadded};
 use crate::bucket::{Limits, Refund};
 use crate::pace::Refunded;
 use crate::sync::epoch::{Atomic, Guard, Shared};
-use crate::sync::{cas_retry, snooze, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{cas_retry, snooze, AtomicBool, AtomicUsize, Ordering};
 use held::{Held, Resolution, Ticket, HELD};
 
 mod array;
@@ -266,10 +266,9 @@ pub(crate) struct Table {
     /// The type the boxes hold (for the `internals` key listing).
     #[cfg(feature = "internals")]
     key_type: std::any::TypeId,
-    /// How long a lot of holds takes new holds (ns; `held.rs`).
-    hold_limit: u64,
-    /// Lot identities handed out.
-    lots: AtomicU64,
+    /// How held rows are written: the hold limit, the rounding and the
+    /// inline form (`held.rs`).
+    form: held::Form,
     /// Migrations started (for tests).
     migrations: AtomicUsize,
     /// Cells of the chunks copied (for tests).
@@ -299,7 +298,14 @@ impl Table {
     /// A table that never shrinks below `min_cells` (rounded up to a power
     /// of two, at least 4), or `None` if that is more cells than an array
     /// can have or the allocator gives; its cells hold keys as `kind` says.
-    pub(crate) fn try_new(min_cells: usize, kind: keys::KeyKind, hold_limit: u64) -> Option<Table> {
+    /// Holds take new holds into a lot for `hold_limit` ns, and the table's
+    /// interval `interval` sets how held rows are written (`held::Form`).
+    pub(crate) fn try_new(
+        min_cells: usize,
+        kind: keys::KeyKind,
+        interval: u64,
+        hold_limit: u64,
+    ) -> Option<Table> {
         let n = min_cells.max(MIN_CELLS).checked_next_power_of_two()?;
         let first = Array::try_new(n, 0)?;
         #[cfg(not(loom))]
@@ -317,8 +323,7 @@ impl Table {
             boxed: kind.free,
             #[cfg(feature = "internals")]
             key_type: kind.key_type,
-            hold_limit,
-            lots: AtomicU64::new(0),
+            form: held::Form::new(interval, hold_limit),
             migrations: AtomicUsize::new(0),
             copied_cells: AtomicUsize::new(0),
             copy_removed: AtomicUsize::new(0),
@@ -509,7 +514,7 @@ impl Table {
     ) -> Result<(), u128> {
         debug_assert!(cell::live(v).is_some(), "a live row's value");
         let (bits, old) = cell::live(v).unwrap_or_default();
-        let field = next.publish();
+        let field = next.publish(&self.form);
         let new = CellState::Live {
             key: bits,
             tat: field,
@@ -527,11 +532,6 @@ impl Table {
                 Err(actual)
             }
         }
-    }
-
-    /// A lot identity no lot of this table had before.
-    fn new_lot(&self) -> u64 {
-        self.lots.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Hands the key boxes of rows that left the table to the collector as

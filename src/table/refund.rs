@@ -58,7 +58,7 @@ impl Table {
                 let step = if tat >= HELD {
                     // SAFETY: `tat` is the field of a live cell read under
                     // `guard`.
-                    let was = unsafe { Held::of(tat, guard) };
+                    let was = unsafe { Held::of(tat, &self.form, guard) };
                     self.refund_held(row, was, spent, guard)
                 } else {
                     self.refund_live(row, limits, hash, spent, cx, guard)
@@ -80,7 +80,7 @@ impl Table {
     /// goes back to the reservation's `prev` if it still ends at its `tat`.
     #[inline(always)]
     fn refund_held(&self, row: Seen<'_>, was: Held, spent: Spent, guard: &Guard) -> Step {
-        if was.tat != spent.tat {
+        if !self.form.ends_at(was.tat, spent.tat) {
             return Step::Done(Refunded::Superseded);
         }
         let Seen {
@@ -93,7 +93,8 @@ impl Table {
             Held {
                 tat: spent.prev,
                 ..was
-            },
+            }
+            .written(&self.form),
             guard,
         ) {
             Ok(()) => Step::Done(Refunded::Restored),
@@ -196,8 +197,8 @@ impl Table {
             Found::Row { tat, .. } => {
                 // SAFETY: `tat` is the field of a live cell read under
                 // `guard`.
-                let s = unsafe { Held::of(tat, guard) };
-                Some(now.map_or(s, |now| s.at(now, self.hold_limit)))
+                let s = unsafe { Held::of(tat, &self.form, guard) };
+                Some(now.map_or(s, |now| s.at(now, &self.form)))
             }
             _ => None,
         }
@@ -251,8 +252,8 @@ impl Table {
                 }
                 // SAFETY: `tat` is the field of a live cell read under
                 // `guard`.
-                let was = unsafe { Held::of(tat, guard) }.at(now, self.hold_limit);
-                let Resolution::Done(next) = was.resolve(ticket, keep) else {
+                let was = unsafe { Held::of(tat, &self.form, guard) }.at(now, &self.form);
+                let Resolution::Done(next) = was.resolve(ticket, keep, &self.form) else {
                     return false;
                 };
                 // A resolution that leaves a full bucket and nothing held

@@ -152,8 +152,8 @@ impl Table {
     ) -> Option<u64> {
         // SAFETY: `field` is the field of a live cell read under `guard`
         // (this function's contract).
-        let was = unsafe { Held::of(field, guard) };
-        let next = was.at(now, self.hold_limit);
+        let was = unsafe { Held::of(field, &self.form, guard) };
+        let next = was.at(now, &self.form);
         if next != was {
             // A row that changed first is left to the next pass.
             let _ = self.replace_row(arr, idx, v, next, guard);
@@ -174,7 +174,7 @@ impl Table {
         guard: &Guard,
     ) -> Option<u64> {
         // SAFETY: this function's contract.
-        Some(unsafe { Held::of(field, guard) }.tat)
+        Some(unsafe { Held::of(field, &self.form, guard) }.tat)
     }
 
     /// Raises the floor of the row of `key` (read under `guard` from a live
