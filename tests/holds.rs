@@ -555,8 +555,8 @@ fn a_misdirected_hold_resolves_nothing() {
     let _x = p.hold_n_at(&1, 1, None, 0).unwrap().detach();
     let d = p.hold_n_at(&0, 1, None, 0).unwrap().detach();
     let again = p.hold_n_at(&0, 1, None, 0).unwrap().detach();
-    // Another key of the same limiter, which holds a lot of its own.
-    assert_eq!(p.refund_at(&1, d, 0), Refunded::Expired);
+    // Another key of the same limiter, which holds a lot of the same epoch.
+    assert_eq!(p.refund_at(&1, d, 0), Refunded::Misdirected);
     assert_eq!(p.peek_at(&1, 0), 2, "key 1's own hold stays");
     assert_eq!(p.peek_at(&0, 0), 1, "key 0's holds stay");
     // Another limiter, whose lot numbers start from 1 too.

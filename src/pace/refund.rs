@@ -30,11 +30,6 @@ where
         if debit.n == 0 {
             return Refunded::Nothing;
         }
-        // A hold's lot is in one row of this limiter's table only (see
-        // `keep`): handed to another key, it finds nothing.
-        if debit.is_hold() && debit.limiter == self.id {
-            return self.refund_hashed(key, debit.hash, debit, now);
-        }
         match self.origin(&debit, key) {
             Some(hash) => self.refund_hashed(key, hash, debit, now),
             None => Refunded::Misdirected,
@@ -71,10 +66,9 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        // A hold's lot is in one row of this limiter's table only: handed to
-        // another key it finds no lot, so only the limiter is checked here
-        // (no second hash of the key).
-        if debit.n == 0 || !debit.is_hold() || debit.limiter != self.id {
+        // Lots are named by their epochs, which another key's row may hold
+        // too: a hold is resolved only on the key it was made for.
+        if debit.n == 0 || !debit.is_hold() || self.origin(&debit, key).is_none() {
             return false;
         }
         self.resolve_hashed(key, debit, true, self.clock.now_ns())

@@ -43,57 +43,41 @@ const MAX_PAYLOAD: u64 = super::cell::FIELD_MAX - INLINE;
 /// Lot identity of an empty lot.
 const NONE: u64 = 0;
 
-/// Bits of the inline form's settled `tat` (in units of `2^k`, without
-/// them): a settled `tat` at or past `2^58` ns (about nine years of the
-/// clock) is kept in a record.
-const S_BITS: u32 = 58;
+/// Bits of the inline form's settled `tat`: a settled `tat` at or past
+/// `2^56` ns (about 2.3 years of the limiter's clock) is kept in a record.
+const S_BITS: u32 = 56;
 
-/// Most bits of one inline lot's count.
-const MAX_COUNT_BITS: u32 = 16;
+/// Bits of one inline lot's count.
+const COUNT_BITS: u32 = 2;
 
-/// How a table writes its held rows: the hold limit, the rounding of a held
-/// row's settled `tat`, and the inline form's layout (DESIGN.md §3,
-/// "Lots inline").
+/// How a table writes its held rows: the hold limit and the inline form
+/// (DESIGN.md §3, "Held rows inline").
 ///
-/// A held row's settled `tat` is always a multiple of `u = 2^k`, the largest
-/// power of two at most `T/1024` for the interval `T` the table was built
-/// with (1 below `T = 1024` ns): every change that leaves something held
-/// rounds it up, whichever form it is written in. The inline payload is
-/// `[S/u: 58 − k bits][cur offset: 2][prev offset: 2][cur count: h][prev
-/// count: h]` with `h = ⌊k/2⌋` (at most 16): a lot's epoch is
-/// `⌊S/P⌋ − 2 + offset` and its cost `count · T`. A state whose lots do not
-/// fit (an offset outside `0..=3`, a count of `2^h` or more, a cost that is
-/// not a whole number of `T`: a per-call quota of another interval), or
-/// whose `S` does not, is written to a record instead; so is every held row
-/// of a table with `h = 0` (`T` under 4,096 ns) or built with
-/// `--cfg pace_hold_record`.
+/// The inline payload is `[S: 56 bits][cur offset: 2][cur count: 2][prev
+/// count: 2]`: the settled `tat` `S` exactly, the current lot's epoch as
+/// `⌊S/P⌋ − 2 + offset`, the previous lot's as the one before it, and each
+/// lot's cost as `count · T` for the interval `T` the table was built with.
+/// A state that does not fit (`S ≥ 2^56`, an offset outside `0..=3`, a
+/// previous lot not right before the current one, a count above 3, a cost
+/// that is not a whole number of `T`: a quota of another interval) is
+/// written to a record instead; so is every held row of a table built with
+/// `--cfg pace_hold_record` (the build switch the suites use to keep both
+/// forms proven).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Form {
     /// The hold limit `P` (ns, at least 1).
     pub(crate) limit: u64,
-    /// The interval `T` counts are in.
+    /// The interval `T` counts are in (at least 1).
     interval: u64,
-    /// `u = 2^k`.
-    k: u32,
-    /// Bits of one inline count; 0: no inline form.
-    h: u32,
 }
 
 impl Form {
     /// The form of a table of interval `interval` and hold limit `limit`
-    /// (ns; both at least 1).
+    /// (ns).
     pub(crate) fn new(interval: u64, limit: u64) -> Form {
-        let k = (interval / 1024).checked_ilog2().unwrap_or(0);
-        let h = if cfg!(pace_hold_record) {
-            0
-        } else {
-            (k / 2).min(MAX_COUNT_BITS)
-        };
         Form {
             limit: limit.max(1),
             interval: interval.max(1),
-            k,
-            h,
         }
     }
 
@@ -103,84 +87,86 @@ impl Form {
         t / self.limit
     }
 
-    /// `s` rounded up to a multiple of `u` (at most `MAX_TIME`).
-    #[cfg(not(pace_mutant = "held_tat_rounds_down"))]
-    #[inline]
-    fn round(&self, s: u64) -> u64 {
-        let m = (1u64 << self.k) - 1;
-        s.checked_add(m).map_or(MAX_TIME, |x| x & !m).min(MAX_TIME)
-    }
-
-    /// Known-wrong variant `held_tat_rounds_down`: a held row's settled
-    /// `tat` is rounded down, returning up to `u` of refill per change.
-    #[cfg(pace_mutant = "held_tat_rounds_down")]
-    #[inline]
-    fn round(&self, s: u64) -> u64 {
-        let m = (1u64 << self.k) - 1;
-        (s & !m).min(MAX_TIME)
-    }
-
-    /// Whether a refund of a debit that ended at `tat` finds it still the
-    /// last debit of a row whose settled `tat` is `now_tat`: equal, or equal
-    /// after the rounding a held row's settled `tat` gets (every debit and
-    /// settlement moves it by at least `T ≥ 1024·u`, so no other debit
-    /// rounds to the same value).
-    #[inline]
-    pub(crate) fn ends_at(&self, now_tat: u64, tat: u64) -> bool {
-        now_tat == tat || now_tat == self.round(tat)
-    }
-
     /// The inline field of `s`, if it fits.
+    #[cfg(not(pace_hold_record))]
     #[inline]
     fn encode(&self, s: &Held) -> Option<u64> {
-        if self.h == 0 || s.tat & ((1 << self.k) - 1) != 0 {
+        if s.tat >= (1 << S_BITS) - 1 {
             return None;
         }
-        let q = s.tat >> self.k;
-        if q >= (1 << (S_BITS - self.k)) - 1 {
-            return None;
-        }
-        let base = self.epoch(s.tat);
-        let lot = |l: &Lot| -> Option<(u64, u64)> {
-            if l.is_empty() {
-                return Some((0, 0));
-            }
-            let o = (l.id - 1).checked_add(2)?.checked_sub(base)?;
+        let count = |l: &Lot| -> Option<u64> {
             let c = l.cost / self.interval;
-            (o <= 3 && c < (1 << self.h) && c * self.interval == l.cost).then_some((o, c))
+            (c < 1 << COUNT_BITS && c * self.interval == l.cost).then_some(c)
         };
-        let (oc, cc) = lot(&s.cur)?;
-        let (op, cp) = lot(&s.prev)?;
-        let h = self.h;
-        let payload = (q << (4 + 2 * h)) | (oc << (2 + 2 * h)) | (op << (2 * h)) | (cc << h) | cp;
+        let (oc, cc) = if s.cur.is_empty() {
+            (0, 0)
+        } else {
+            (offset(s.cur.epoch(), self.epoch(s.tat))?, count(&s.cur)?)
+        };
+        let cp = if s.prev.is_empty() {
+            0
+        } else if !s.cur.is_empty() && s.prev.id + 1 == s.cur.id {
+            count(&s.prev)?
+        } else {
+            return None;
+        };
+        let c = COUNT_BITS;
+        let payload = (s.tat << (2 + 2 * c)) | (oc << (2 * c)) | (cc << c) | cp;
         debug_assert!(payload <= MAX_PAYLOAD);
         Some(INLINE | payload)
+    }
+
+    /// The build switch `pace_hold_record`: nothing is inline.
+    #[cfg(pace_hold_record)]
+    #[inline]
+    fn encode(&self, _: &Held) -> Option<u64> {
+        None
     }
 
     /// The state an inline field holds.
     #[inline]
     fn decode(&self, field: u64) -> Held {
         let x = field - INLINE;
-        let h = self.h;
-        let mask = (1u64 << h) - 1;
-        let tat = (x >> (4 + 2 * h)) << self.k;
-        let base = self.epoch(tat);
-        let lot = |o: u64, c: u64| {
-            if c == 0 {
+        let c = COUNT_BITS;
+        let mask = (1u64 << c) - 1;
+        let tat = x >> (2 + 2 * c);
+        let cc = (x >> c) & mask;
+        let cp = x & mask;
+        // The current lot's identity (its epoch plus one).
+        let id = (self.epoch(tat) + ((x >> (2 * c)) & 3)).saturating_sub(1);
+        let lot = |id: u64, count: u64| {
+            if count == 0 {
                 Lot::EMPTY
             } else {
                 Lot {
-                    id: (base + o).saturating_sub(1),
-                    cost: c * self.interval,
+                    id,
+                    cost: count * self.interval,
                 }
             }
         };
         Held {
             tat,
-            cur: lot((x >> (2 + 2 * h)) & 3, (x >> h) & mask),
-            prev: lot((x >> (2 * h)) & 3, x & mask),
+            cur: lot(id, cc),
+            prev: lot(id.saturating_sub(1), cp),
         }
     }
+}
+
+/// The inline offset of a lot of epoch `e` on a row whose settled `tat` is in
+/// epoch `base`: `e − base + 2`, if it is in `0..=3`.
+#[cfg(not(pace_mutant = "inline_offset_wraps"))]
+#[inline]
+fn offset(e: u64, base: u64) -> Option<u64> {
+    (e + 2).checked_sub(base).filter(|o| *o <= 3)
+}
+
+/// Known-wrong variant `inline_offset_wraps`: a lot too far from its row's
+/// settled `tat` is written with its offset wrapped (modulo 4), so it comes
+/// back as another epoch's lot.
+#[cfg(pace_mutant = "inline_offset_wraps")]
+#[inline]
+fn offset(e: u64, base: u64) -> Option<u64> {
+    Some((e + 2).wrapping_sub(base) & 3)
 }
 
 /// A lot of holds: `cost` ns of tokens held by the unresolved holds that
@@ -375,16 +361,6 @@ impl Held {
         self.cur.is_empty() && self.prev.is_empty()
     }
 
-    /// This state as it is written: a held state's settled `tat` rounded up
-    /// to the form's `u` (a plain one as it is).
-    #[inline]
-    pub(crate) fn written(mut self, form: &Form) -> Held {
-        if !self.is_plain() {
-            self.tat = form.round(self.tat);
-        }
-        self
-    }
-
     /// The state of a row whose `tat` field is `field`.
     ///
     /// # Safety
@@ -415,7 +391,6 @@ impl Held {
         if self.is_plain() {
             return self.tat;
         }
-        debug_assert_eq!(self.tat, form.round(self.tat), "a held tat is rounded");
         if let Some(field) = form.encode(&self) {
             return field;
         }
@@ -458,7 +433,7 @@ impl Held {
             self.prev = self.cur;
             self.cur = Lot::EMPTY;
         }
-        self.written(form)
+        self
     }
 
     /// Known-wrong variant `holds_never_expire`: no lot ever expires, so a
@@ -505,15 +480,9 @@ impl Held {
 
     /// A plain debit of `n` tokens at `now`: the new state.
     #[inline]
-    pub(crate) fn debit(
-        self,
-        limits: &Limits,
-        now: u64,
-        n: u64,
-        form: &Form,
-    ) -> Result<Held, Decision> {
+    pub(crate) fn debit(self, limits: &Limits, now: u64, n: u64) -> Result<Held, Decision> {
         let tat = self.decide(limits, now, n)?;
-        Ok(Held { tat, ..self }.written(form))
+        Ok(Held { tat, ..self })
     }
 
     /// A hold of `n` tokens at `now` (after [`at`](Held::at)): the new
@@ -543,7 +512,7 @@ impl Held {
             cost,
             at: now,
         };
-        Ok((next.written(form), ticket))
+        Ok((next, ticket))
     }
 
     /// Resolves `ticket`: its tokens leave its lot, and if `keep`, they are
@@ -568,7 +537,7 @@ impl Held {
         } else {
             refunded(next.tat, ticket.cost)
         };
-        Resolution::Done(next.written(form))
+        Resolution::Done(next)
     }
 
     /// The `tat` a reader of tokens sees at `now`: held tokens count as
@@ -694,7 +663,7 @@ mod tests {
         Limits::new(T, cap).unwrap()
     }
 
-    /// The form of a table of interval `T` (records only, no rounding).
+    /// The form of a table of interval `T`.
     fn form(limit: u64) -> Form {
         Form::new(T, limit)
     }
@@ -797,8 +766,8 @@ mod tests {
         assert!(matches!(s.resolve(a, false, &f), Resolution::Done(_)), "{s:?}");
     }
 
-    /// Every held state an inline form can hold comes back from its field
-    /// as it went in, and the ones it cannot hold are none of its fields.
+    /// Every held state the inline form can hold comes back from its field
+    /// as it went in, and the ones it cannot hold are written to records.
     #[test]
     fn inline_states_round_trip() {
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -809,48 +778,53 @@ mod tests {
             x
         };
         let mut inline = 0;
-        for interval in [1_000, 4_096, 1_000_000, 1_000_000_000, 60_000_000_000] {
+        for interval in [1, 1_000, 1_000_000, 60_000_000_000] {
             for limit in [1, 1_000, 10_000_000_000, MAX_TIME] {
                 let f = Form::new(interval, limit);
-                for _ in 0..2_000 {
-                    let tat = f.round(next() % (1 << (next() % 62)));
+                for _ in 0..5_000 {
+                    let tat = next() % (1 << (next() % 62));
                     let base = f.epoch(tat);
-                    let lot = |r: u64, c: u64| {
-                        if c == 0 {
+                    let cur_e = (base + next() % 6).saturating_sub(3);
+                    let lot = |e: u64, r: u64| {
+                        if r % 5 == 0 {
                             Lot::EMPTY
                         } else {
                             Lot {
-                                id: (base + r % 6).saturating_sub(3).max(0) + 1,
-                                cost: c * interval + if r % 17 == 0 { 1 } else { 0 },
+                                id: e + 1,
+                                cost: (1 + r % 5) * interval + u64::from(r % 23 == 0),
                             }
                         }
                     };
-                    let s = Held {
+                    let mut s = Held {
                         tat,
-                        cur: lot(next(), next() % 40),
-                        prev: lot(next(), next() % 40),
+                        cur: lot(cur_e, next()),
+                        prev: lot(cur_e.saturating_sub(1 + next() % 2), next()),
                     };
+                    if s.prev.id >= s.cur.id && !s.cur.is_empty() {
+                        s.prev = Lot::EMPTY;
+                    }
                     if s.is_plain() {
                         continue;
                     }
+                    let fits = tat < (1 << S_BITS) - 1
+                        && (s.cur.is_empty()
+                            || (cur_e + 2 >= base
+                                && cur_e + 2 <= base + 3
+                                && s.cur.cost % interval == 0
+                                && s.cur.cost / interval <= 3))
+                        && (s.prev.is_empty()
+                            || (!s.cur.is_empty()
+                                && s.prev.id + 1 == s.cur.id
+                                && s.prev.cost % interval == 0
+                                && s.prev.cost / interval <= 3));
                     match f.encode(&s) {
                         Some(field) => {
                             inline += 1;
+                            assert!(fits, "{s:?} {f:?}");
                             assert!((INLINE..=super::super::cell::FIELD_MAX).contains(&field));
                             assert_eq!(f.decode(field), s, "{f:?}");
                         }
-                        None => {
-                            let fits = f.h > 0
-                                && tat < (1 << S_BITS) - (2 << f.k)
-                                && [s.cur, s.prev].iter().all(|l| {
-                                    l.is_empty()
-                                        || (l.id + 1 >= base
-                                            && l.id + 1 <= base + 3
-                                            && l.cost % interval == 0
-                                            && l.cost / interval < 1 << f.h)
-                                });
-                            assert!(!fits, "{s:?} fits {f:?}");
-                        }
+                        None => assert!(cfg!(pace_hold_record) || !fits, "{s:?} fits {f:?}"),
                     }
                 }
             }
@@ -858,21 +832,5 @@ mod tests {
         if !cfg!(pace_hold_record) {
             assert!(inline > 1_000, "{inline}");
         }
-    }
-
-    /// A table of interval under 4,096 ns writes records and rounds nothing
-    /// below 1,024 ns; a held row's `tat` rounds up to `T/1024` at most.
-    #[test]
-    fn the_form_follows_the_interval() {
-        let f = Form::new(1_000, 10);
-        assert_eq!((f.k, f.h), (0, 0));
-        assert_eq!(f.round(12_345), 12_345);
-        let f = Form::new(1_000_000, 10);
-        assert_eq!(f.k, 9);
-        assert_eq!(f.round(1), 512);
-        assert_eq!(f.round(512), 512);
-        assert_eq!(f.round(MAX_TIME), MAX_TIME);
-        assert!(f.ends_at(1_024, 1_000));
-        assert!(!f.ends_at(1_024, 1_025));
     }
 }

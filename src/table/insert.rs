@@ -649,7 +649,7 @@ impl Table {
                 was.hold(limits, now, n, &self.form)
                     .map(|(s, t)| (s, Some(t)))
             } else {
-                was.debit(limits, now, n, &self.form).map(|s| (s, None))
+                was.debit(limits, now, n).map(|s| (s, None))
             };
             let (next, ticket) = match changed {
                 Ok(c) => c,

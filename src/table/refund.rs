@@ -80,7 +80,7 @@ impl Table {
     /// goes back to the reservation's `prev` if it still ends at its `tat`.
     #[inline(always)]
     fn refund_held(&self, row: Seen<'_>, was: Held, spent: Spent, guard: &Guard) -> Step {
-        if !self.form.ends_at(was.tat, spent.tat) {
+        if was.tat != spent.tat {
             return Step::Done(Refunded::Superseded);
         }
         let Seen {
@@ -93,8 +93,7 @@ impl Table {
             Held {
                 tat: spent.prev,
                 ..was
-            }
-            .written(&self.form),
+            },
             guard,
         ) {
             Ok(()) => Step::Done(Refunded::Restored),
