@@ -38,9 +38,6 @@ struct Model {
     interval: u64,
     tat: u64,
     held: Vec<(usize, u64, u64)>, // (id, cost, reading)
-    /// The latest reading among the holds since the key last had nothing
-    /// held (no hold expires here: they are one lot).
-    latest: u64,
 }
 
 impl Model {
@@ -59,14 +56,14 @@ impl Model {
             .then(|| end.saturating_sub(self.tau))
     }
     /// A denial's reason and wait: with tokens held, `Held` and the wait if
-    /// they were kept (settled from their latest reading); else `Exhausted`
-    /// and the exact wait.
+    /// they were kept at the call's reading; else `Exhausted` and the exact
+    /// wait.
     fn denial(&self, now: u64, cost: u64) -> (DenyReason, u64) {
         if self.held.is_empty() {
             let end = self.tat.max(now) + cost;
             return (DenyReason::Exhausted, end - now - self.tau);
         }
-        let kept = self.tat.max(self.latest) + self.held();
+        let kept = self.tat.max(now) + self.held();
         let end = kept.max(now) + cost;
         (DenyReason::Held, end.saturating_sub(now + self.tau))
     }
@@ -90,7 +87,6 @@ fn exact_history(rng: &mut impl Rng) -> i128 {
         interval,
         tat: 0,
         held: Vec::new(),
-        latest: 0,
     };
     let mut now = 10 * tau;
     let mut holds: Vec<(usize, H<'_>, u64, u64)> = Vec::new();
@@ -128,11 +124,6 @@ fn exact_history(rng: &mut impl Rng) -> i128 {
                 assert_eq!(h.is_ok(), m.admits(t, n * interval), "hold of {n} at {t}");
                 match h {
                     Ok(h) => {
-                        m.latest = if m.held.is_empty() {
-                            t
-                        } else {
-                            m.latest.max(t)
-                        };
                         m.held.push((next_id, n * interval, t));
                         holds.push((next_id, h, t, n));
                         next_id += 1;
@@ -426,24 +417,30 @@ fn keeping_settles_from_the_holds_reading() {
     assert_eq!(p.peek_at(&0, 100 * S), 2, "the kept token is spent");
 }
 
-/// A hold never resolved counts as held for at most twice the hold limit,
-/// then as kept from its reading; its late refund returns nothing; and the
-/// row goes once full.
+/// A hold never resolved counts as held until its lot expires, two epochs
+/// of the hold limit after the one it opened in, then as kept at the last
+/// instant of its lot's life; its late refund returns nothing; and the row
+/// goes once full.
 #[test]
 fn a_leaked_hold_expires_as_kept() {
     let p: P<u8> = limiter(3, 10 * S, Duration::from_secs(1));
     let leaked = p.hold_n_at(&0, 1, None, 0).unwrap().detach();
     // Held: at 15 s a kept token would have refilled, a held one has not.
     assert_eq!(p.peek_at(&0, S), 2);
-    // Past twice the limit: settled as kept at reading 0 (tat 10 s).
+    // Its lot opened in epoch 0 ([0, 1 s)) and expires at 2 s: settled as
+    // kept at 2 s − 1 ns (tat 12 s − 1 ns).
+    assert_eq!(p.peek_at(&0, 2 * S - 1), 2, "still held");
     assert_eq!(p.peek_at(&0, 15 * S), 3, "expired as kept, then refilled");
-    assert_eq!(p.peek_at(&0, 2 * S), 2, "settled at its own reading");
+    assert_eq!(p.peek_at(&0, 2 * S), 2, "settled at its lot's end");
     assert_eq!(p.refund_at(&0, leaked, 2 * S), Refunded::Expired);
     assert_eq!(p.peek_at(&0, 2 * S), 2, "a late refund mints nothing");
     // The row is not kept alive: the sweep settles, a later one removes.
     p.sweep_at(2 * S);
     assert_eq!(p.row_held(&0), Some(0));
-    p.sweep_at(10 * S);
+    assert_eq!(p.row_tat(&0), Some(12 * S - 1));
+    p.sweep_at(12 * S - 2);
+    assert_eq!(p.len(), 1, "not full before 12 s − 1 ns");
+    p.sweep_at(12 * S);
     assert_eq!(p.len(), 0);
 }
 

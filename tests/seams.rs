@@ -101,12 +101,12 @@ fn a_denial_beside_a_hold_names_the_hold() {
     assert_eq!(d.reason(), DenyReason::Held);
     assert_eq!(d.retry_after(), Duration::from_millis(100));
     assert!(d.to_string().contains("held"), "{d}");
-    // 100 ms later the hold is still out: still `Held`, and kept it would
-    // have refilled by now.
+    // 100 ms later the hold is still out: still `Held`, and the same wait:
+    // kept at 10.1 s, the token would be back at 10.2 s.
     clock.advance(Duration::from_millis(100));
     let d = p.reserve(&1).unwrap_err();
     assert_eq!(d.reason(), DenyReason::Held);
-    assert_eq!(d.retry_after(), Duration::ZERO);
+    assert_eq!(d.retry_after(), Duration::from_millis(100));
     // Kept from its reading (10 s), the token is back at 10.1 s: now.
     assert!(hold.keep());
     assert!(p.reserve(&1).is_ok());

@@ -121,10 +121,6 @@ struct Model {
     horizon: i128,
     full_at: HashMap<u16, i128>,
     held: HashMap<u16, i128>,
-    /// The latest reading among the holds of a key since it last had
-    /// nothing held: where its held tokens settle if kept (the runs have no
-    /// hold limit, so a key's holds since then are one lot).
-    held_latest: HashMap<u16, i128>,
     /// Stripe of each key, as the limiter reports it.
     stripe: Vec<usize>,
     floor: HashMap<usize, i128>,
@@ -167,8 +163,8 @@ impl Model {
     /// held tokens, only when it fits the bucket with them (`held + need ≤
     /// tau`: else it fits at no instant while they are held). A denial
     /// while tokens are held is `Held`, with the wait until the debit fits
-    /// if every held token were kept (settled from the latest reading of
-    /// the holds), else `Wait` with the exact wait.
+    /// if every held token were kept at the call's reading, else `Wait`
+    /// with the exact wait.
     fn decide(&self, key: u16, need: i128, tau: i128, now: i128, wait: i128) -> Option<Outcome> {
         let held = self.held_of(key);
         let room = tau - self.debt(key, now);
@@ -178,8 +174,7 @@ impl Model {
         if held == 0 {
             return Some(Outcome::Wait((need - room - wait) as u128));
         }
-        let latest = self.held_latest.get(&key).copied().unwrap_or(0);
-        let kept = self.state(key).max(latest) + held;
+        let kept = self.state(key).max(now) + held;
         Some(Outcome::Held(
             (kept.max(now) + need - now - tau).max(0) as u128
         ))
@@ -329,8 +324,6 @@ impl Model {
                 let state = self.state(key);
                 self.full_at.insert(key, state);
                 *self.held.entry(key).or_insert(0) += need;
-                let latest = self.held_latest.entry(key).or_insert(now);
-                *latest = (*latest).max(now);
                 (Outcome::Admitted, need)
             }
             Some(denied) => (denied, 0),
@@ -351,7 +344,6 @@ impl Model {
         let left = *h;
         if left == 0 {
             self.held.remove(&key);
-            self.held_latest.remove(&key);
         }
         let f = self.full_at.get_mut(&key).expect("a held row stays");
         if keep {
@@ -455,7 +447,6 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         horizon: tau.max(MIN_HORIZON),
         full_at: HashMap::new(),
         held: HashMap::new(),
-        held_latest: HashMap::new(),
         stripe: (0..p.keys).map(|k| pace.floor_stripe(&k)).collect(),
         floor: HashMap::new(),
         due: tau.max(MIN_HORIZON),
