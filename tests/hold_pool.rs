@@ -1,10 +1,13 @@
-//! A steady stream of holds allocates (almost) nothing: a held record that
-//! the epoch frees goes to the freeing thread's pool, and the next hold of
-//! that thread takes it from there (`src/table/held.rs`, `pool`).
+//! A steady stream of holds allocates nothing and retires nothing: a held
+//! row of a few tokens keeps its state in its own word (`src/table/held.rs`,
+//! `Form`), so a hold and its resolution are each one CAS of the row's
+//! cell, with no record to allocate or hand to the epoch.
 //!
 //! Counted with a global allocator. This file holds one test so that
-//! nothing else allocates concurrently in this binary.
-
+//! nothing else allocates concurrently in this binary. Built with
+//! `PACE_HOLD_RECORD=1` (every held row in a record), the records come from
+//! the thread's pool instead, and the epoch's garbage bags are what
+//! allocates: one for every 64 deferred frees.
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -41,10 +44,9 @@ static ALLOC: Counting = Counting;
 const CYCLES: u64 = 20_000;
 
 #[test]
-fn held_records_come_from_the_threads_pool() {
+fn a_steady_stream_of_holds_allocates_nothing() {
     // A limit that never refuses here: every hold is admitted, and each
-    // makes its row held (a record), each keep or refund makes it plain
-    // again (the record retired).
+    // makes its row held, each keep or refund makes it plain again.
     let p: Pace<u64> = Pace::builder(Rate::per_second(1_000_000).unwrap())
         .capacity(1 << 40)
         .build()
@@ -58,7 +60,7 @@ fn held_records_come_from_the_threads_pool() {
             h.refund();
         }
     };
-    // Warm up: the rows exist and the epoch has freed records into the pool.
+    // Warm up: the rows exist (and, with records, the pool is stocked).
     for i in 0..CYCLES {
         cycle(i);
     }
@@ -67,12 +69,13 @@ fn held_records_come_from_the_threads_pool() {
         cycle(i);
     }
     let allocs = ALLOCS.load(Ordering::Relaxed) - before;
-    // Without the pool every hold allocates its record (CYCLES allocations).
-    // With it, what allocates is the collector's own: one bag for every 64
-    // deferred frees (crossbeam-epoch's `MAX_OBJECTS`), so CYCLES / 64, and
-    // a pool that ran dry now and then would add to that.
+    let allowed = if cfg!(pace_hold_record) {
+        CYCLES / 64 + CYCLES / 100
+    } else {
+        0
+    };
     assert!(
-        allocs <= CYCLES / 64 + CYCLES / 100,
-        "{allocs} allocations in {CYCLES} hold cycles"
+        allocs <= allowed,
+        "{allocs} allocations in {CYCLES} hold cycles (allowed {allowed})"
     );
 }

@@ -67,6 +67,9 @@ const COUNT_BITS: u32 = 2;
 pub(crate) struct Form {
     /// The hold limit `P` (ns, at least 1).
     pub(crate) limit: u64,
+    /// `⌊(2^64 − 1)/P⌋`: [`epoch`](Form::epoch) multiplies by it instead of
+    /// dividing.
+    recip: u64,
     /// The interval `T` counts are in (at least 1).
     interval: u64,
 }
@@ -75,16 +78,38 @@ impl Form {
     /// The form of a table of interval `interval` and hold limit `limit`
     /// (ns).
     pub(crate) fn new(interval: u64, limit: u64) -> Form {
+        let limit = limit.max(1);
         Form {
-            limit: limit.max(1),
+            limit,
+            recip: u64::MAX / limit,
             interval: interval.max(1),
         }
     }
 
-    /// The epoch of a reading: `⌊t/P⌋`.
+    /// The epoch of a reading: `⌊t/P⌋`, by a multiplication. With
+    /// `m = ⌊(2^64 − 1)/P⌋ ≥ (2^64 − P)/P`, `q = ⌊t·m / 2^64⌋` is above
+    /// `t/P − 2` and at most `t/P`: the quotient or one less, which one
+    /// remainder check settles.
     #[inline]
-    fn epoch(&self, t: u64) -> u64 {
-        t / self.limit
+    pub(crate) fn epoch(&self, t: u64) -> u64 {
+        let q = ((u128::from(t) * u128::from(self.recip)) >> 64) as u64;
+        q + u64::from(t - q * self.limit >= self.limit)
+    }
+
+    /// A lot's count: its cost in whole intervals, if it is 1, 2 or 3 of
+    /// them.
+    #[inline]
+    fn count(&self, cost: u64) -> Option<u64> {
+        let t = self.interval;
+        if cost == t {
+            Some(1)
+        } else if cost == 2 * t {
+            Some(2)
+        } else if cost == 3 * t {
+            Some(3)
+        } else {
+            None
+        }
     }
 
     /// The inline field of `s`, if it fits.
@@ -94,10 +119,7 @@ impl Form {
         if s.tat >= (1 << S_BITS) - 1 {
             return None;
         }
-        let count = |l: &Lot| -> Option<u64> {
-            let c = l.cost / self.interval;
-            (c < 1 << COUNT_BITS && c * self.interval == l.cost).then_some(c)
-        };
+        let count = |l: &Lot| self.count(l.cost);
         let (oc, cc) = if s.cur.is_empty() {
             (0, 0)
         } else {
@@ -412,11 +434,17 @@ impl Held {
     /// it is two epochs behind by then).
     #[cfg(not(pace_mutant = "holds_never_expire"))]
     #[inline]
-    pub(crate) fn at(mut self, now: u64, form: &Form) -> Held {
+    pub(crate) fn at(self, now: u64, form: &Form) -> Held {
         if self.is_plain() {
             return self;
         }
-        let e = form.epoch(now);
+        self.at_epoch(form.epoch(now), form)
+    }
+
+    /// [`at`](Held::at) a reading of epoch `e`.
+    #[cfg(not(pace_mutant = "holds_never_expire"))]
+    #[inline]
+    pub(crate) fn at_epoch(mut self, e: u64, form: &Form) -> Held {
         let expired = |l: &Lot| !l.is_empty() && e >= l.epoch().saturating_add(2);
         if expired(&self.prev) {
             self.tat = self.prev.settle(self.tat, form);
@@ -440,6 +468,12 @@ impl Held {
     /// leaked hold keeps its tokens and its row for good.
     #[cfg(pace_mutant = "holds_never_expire")]
     pub(crate) fn at(self, _: u64, _: &Form) -> Held {
+        self
+    }
+
+    /// Known-wrong variant `holds_never_expire`, at an epoch.
+    #[cfg(pace_mutant = "holds_never_expire")]
+    pub(crate) fn at_epoch(self, _: u64, _: &Form) -> Held {
         self
     }
 
@@ -495,9 +529,21 @@ impl Held {
         n: u64,
         form: &Form,
     ) -> Result<(Held, Ticket), Decision> {
+        self.hold_at_epoch(limits, now, form.epoch(now), n, form)
+    }
+
+    /// [`hold`](Held::hold) at `now`, whose epoch is `e`.
+    #[inline]
+    pub(crate) fn hold_at_epoch(
+        self,
+        limits: &Limits,
+        now: u64,
+        e: u64,
+        n: u64,
+        form: &Form,
+    ) -> Result<(Held, Ticket), Decision> {
         self.decide(limits, now, n)?;
         let cost = n * limits.interval();
-        let e = form.epoch(now);
         let mut next = self;
         next.tat = raised(self.tat, e, form);
         if next.cur.is_empty() {

@@ -642,11 +642,13 @@ impl Table {
         let Ask { limits, n, now } = ask;
         let (bits, mut tat) = cell::live_parts(v);
         let backoff = Backoff::new();
+        let form = &self.form;
+        let e = form.epoch(now);
         loop {
             // SAFETY: `tat` is the field of a live cell read under `guard`.
-            let was = unsafe { Held::of(tat, &self.form, guard) }.at(now, &self.form);
+            let was = unsafe { Held::of(tat, form, guard) }.at_epoch(e, form);
             let changed: Result<(Held, Option<Ticket>), Decision> = if HOLD {
-                was.hold(limits, now, n, &self.form)
+                was.hold_at_epoch(limits, now, e, n, form)
                     .map(|(s, t)| (s, Some(t)))
             } else {
                 was.debit(limits, now, n).map(|s| (s, None))

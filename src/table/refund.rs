@@ -215,11 +215,51 @@ impl Table {
         cx: &Cx<'_>,
         guard: &Guard,
     ) -> bool {
+        if let Some(r) = self.resolve_first(hash, key, ticket, keep, cx.now, guard) {
+            return r;
+        }
         let r = self.resolve_row(hash, key, ticket, keep, cx, guard);
         if !cx.copied.get() {
             self.help(cx, guard);
         }
         r
+    }
+
+    /// [`resolve`](Table::resolve) of a held row in its key's first cell of
+    /// a current array that is not migrating, in one try: `None` when the
+    /// row is elsewhere, its resolution would remove it (full, nothing held
+    /// left), or the CAS lost; [`resolve_row`](Table::resolve_row) takes
+    /// over then.
+    #[inline(always)]
+    fn resolve_first<P: Probe>(
+        &self,
+        hash: u64,
+        key: &P,
+        ticket: Ticket,
+        keep: bool,
+        now: u64,
+        guard: &Guard,
+    ) -> Option<bool> {
+        let arr = self.array(guard);
+        if !arr.next.load(Ordering::Relaxed, guard).is_null() {
+            return None;
+        }
+        let idx = hash as usize & arr.mask();
+        let v = arr.cells[idx].load();
+        let (bits, tat) = cell::live(v)?;
+        // SAFETY: `bits` was read under `guard` from a live cell.
+        if tat < HELD || !unsafe { key.matches(bits) } {
+            return None;
+        }
+        // SAFETY: `tat` is the field of a live cell read under `guard`.
+        let was = unsafe { Held::of(tat, &self.form, guard) }.at(now, &self.form);
+        let Resolution::Done(next) = was.resolve(ticket, keep, &self.form) else {
+            return Some(false);
+        };
+        if next.is_plain() && next.tat <= now {
+            return None;
+        }
+        self.replace_row(arr, idx, v, next, guard).ok().map(|()| true)
     }
 
     /// [`resolve`](Table::resolve)'s own row.
