@@ -288,19 +288,24 @@ fn random_expiring_hold_histories_never_exceed_the_bound() {
 
 /// A hold is exact unless a call on its key read a time a hold limit past
 /// the hold's own reading before it was resolved (DESIGN.md §3, "Lots and
-/// the hold limit"), in any order of readings: here a stale hold opened a
-/// lot "in the past" (at 900 ns, beside a lot opened at 1,000), whose turn
-/// at 1,902 ns settled that lot before its own expiry, so a refund of a
-/// hold read at 1,500 ns answered `Expired` at 2,400 ns, within the limit
-/// of 1,000 ns.
+/// the hold limit"), in any order of readings. Known-wrong variant
+/// `stale_lot_opens_in_the_past`: a stale hold opens a lot in its own
+/// epoch 0 (read at 900 ns, beside the previous lot of epoch 1), whose turn
+/// at 1,902 ns settles that lot before its own expiry, so a refund of a
+/// hold read at 1,500 ns answers `Expired` at 2,400 ns, within the limit of
+/// 1,000 ns.
 #[test]
 fn a_stale_hold_settles_no_lot_early() {
     let p: P<u8> = limiter(10, 1_000, Duration::from_nanos(1_000));
+    // Epoch 1 ([1,000, 2,000)): one lot.
     let _z = p.hold_n_at(&0, 1, None, 1_000).unwrap().detach();
     let a = p.hold_n_at(&0, 1, None, 1_500).unwrap();
-    // Rotates the lot of 1,000 to previous: 2,100 < 1,500 + 1,000.
-    drop(p.reserve_n_at(&0, 1, 2_100).unwrap());
-    // A thread pre-empted since 900 ns holds: a fresh lot.
+    // Epoch 2 turns it previous; the hold that did is refunded at once, so
+    // the row has no current lot.
+    let r = p.hold_n_at(&0, 1, None, 2_100).unwrap();
+    assert_eq!(P::<u8>::resolve_at(r, false, 2_100), Refunded::Restored);
+    // A thread pre-empted since 900 ns (epoch 0) holds: a fresh lot, in
+    // epoch 2, not 0.
     let _b = p.hold_n_at(&0, 1, None, 900).unwrap().detach();
     drop(p.reserve_n_at(&0, 1, 1_902).unwrap());
     assert_eq!(P::<u8>::resolve_at(a, false, 2_400), Refunded::Restored);

@@ -194,6 +194,18 @@ expect_caught stale_lot_opens_in_the_past holds "resolved at" "" \
     holds_resolved_within_the_limit_are_exact_in_any_reading_order
 expect_caught stale_lot_opens_in_the_past holds "Expired" "" \
     a_stale_hold_settles_no_lot_early
+# Held rows inline (src/table/held.rs, `Form`), against
+# `inline_offset_wraps`: a lot too far from its row's settled `tat` is
+# written with a wrapped offset and comes back as another epoch's lot. The
+# codec's own test finds the state it should have put in a record; the
+# histories find the lot gone (a refund answers `Expired`) and the bound
+# broken (a hold resolved on a lot it never joined).
+expect_caught inline_offset_wraps lib "outside the form" "" \
+    table::held::tests::inline_states_round_trip
+expect_caught inline_offset_wraps holds "exceeds the bound by" "" \
+    random_expiring_hold_histories_never_exceed_the_bound
+expect_caught inline_offset_wraps holds "resolved at" "" \
+    holds_resolved_within_the_limit_are_exact_in_any_reading_order
 # Drops while unwinding (tests/seams.rs), against
 # `drop_panics_while_unwinding`: a key's panic escapes a Drop during
 # unwinding, which aborts the test process (so no FAILED line: the abort's

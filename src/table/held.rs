@@ -866,7 +866,7 @@ mod tests {
                     match f.encode(&s) {
                         Some(field) => {
                             inline += 1;
-                            assert!(fits, "{s:?} {f:?}");
+                            assert!(fits, "inline, but outside the form: {s:?} {f:?}");
                             assert!((INLINE..=super::super::cell::FIELD_MAX).contains(&field));
                             assert_eq!(f.decode(field), s, "{f:?}");
                         }
