@@ -176,9 +176,14 @@ impl CellsModel {
     /// Holds one token of `key` at `now` (`Pace::hold`): its ticket, or
     /// `None` if denied.
     pub fn hold(&self, key: u64, now: u64) -> Option<ModelTicket> {
+        self.hold_n(key, 1, now)
+    }
+
+    /// Holds `n` tokens of `key` at `now` (`Pace::hold_n`).
+    pub fn hold_n(&self, key: u64, n: u64, now: u64) -> Option<ModelTicket> {
         let guard = self.epochs.pin();
         self.table
-            .reserve::<_, true>(self.ask(1, now), key, &Bits(key), &|| now, &|k| k, &guard)
+            .reserve::<_, true>(self.ask(n, now), key, &Bits(key), &|| now, &|k| k, &guard)
             .ok()
             .and_then(|a| a.ticket())
             .map(ModelTicket)

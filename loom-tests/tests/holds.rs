@@ -1,6 +1,8 @@
 //! loom models of holds (`Pace::hold`, DESIGN.md §3 "Holds") on the table
-//! with keys held as their own bits: a held row's record replaced by racing
-//! holds, debits, refunds, keeps, copies and sweeps, each change one CAS.
+//! with keys held as their own bits: a held row's state (in its word, or in
+//! a record when it outgrows the word) replaced by racing holds, debits,
+//! refunds, keeps, copies and sweeps, each change one CAS. CI runs them
+//! also built with `PACE_HOLD_RECORD=1`, where every held state is a record.
 //!
 //! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" CARGO_TARGET_DIR=target/loom \
 //!      LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release --test holds
@@ -110,9 +112,36 @@ fn refund_vs_expiring_sweep() {
         let refunded = t.resolve(0, h, false, 4);
         assert_eq!(sweeper.join().unwrap(), 0, "a held row is not full");
         // Refunded: the bucket is full again and the row gone; settled: the
-        // token is kept from the hold's reading.
-        let expect = if refunded { None } else { Some((T, 0)) };
+        // token is kept at the last instant of its lot (epoch 0 of 5 ns,
+        // expired at 10 ns): 9 ns.
+        let expect = if refunded { None } else { Some((9 + T, 0)) };
         assert_eq!(t.held(0), expect, "refunded or settled, once");
+    });
+}
+
+/// Holds that outgrow the inline form (a lot of more than 3 tokens) race a
+/// refund that brings the row back into it: the row goes from its word to
+/// a record and back, each change one CAS, and every token is accounted
+/// for. Capacity 6, three holds of 2 tokens in one lot.
+#[test]
+fn holds_between_the_word_and_a_record() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 6));
+        let mine = t.hold_n(0, 2, 0).expect("6 tokens");
+        let other = {
+            let t = t.clone();
+            thread::spawn(move || {
+                let h = t.hold_n(0, 2, 0).expect("at most 4 held");
+                assert!(t.resolve(0, h, false, 0), "the refund found its lot");
+            })
+        };
+        let third = t.hold_n(0, 2, 0).expect("at most 4 held");
+        other.join().unwrap();
+        assert_eq!(t.held(0), Some((0, 4 * T)), "two holds left");
+        assert!(t.resolve(0, third, true, 0), "the keep found its lot");
+        assert_eq!(t.held(0), Some((2 * T, 2 * T)), "kept from its reading");
+        assert!(t.resolve(0, mine, false, 0), "the refund found its lot");
+        assert_eq!(t.held(0), Some((2 * T, 0)), "nothing held");
     });
 }
 
