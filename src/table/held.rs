@@ -138,6 +138,111 @@ impl Form {
         Some(INLINE | payload)
     }
 
+    /// A hold of `n` tokens at `now` (of epoch `e`) on a row whose `tat`
+    /// field is `field`, worked on the word itself: the new field and the
+    /// ticket, exactly what [`Held::of`], [`Held::at_epoch`],
+    /// [`Held::hold_at_epoch`] and [`Held::publish`] give (the test
+    /// `word_paths_agree_with_the_states` compares them), for the common
+    /// case only: a plain row, or an inline one without a previous lot whose
+    /// current lot is of `e` or later, admitted, and inline after. `None`
+    /// for everything else, which the state path decides.
+    #[inline]
+    pub(crate) fn hold_word(
+        &self,
+        field: u64,
+        limits: &Limits,
+        now: u64,
+        e: u64,
+        n: u64,
+    ) -> Option<(u64, Ticket)> {
+        let (tat, cc, ec) = self.word_parts(field)?;
+        if cc != 0 && e > ec {
+            return None;
+        }
+        let cost = n * limits.interval();
+        decide_beside(tat, counted(cc * self.interval), limits, now, n).ok()?;
+        let tat = raised(tat, e, self);
+        let ec = if cc == 0 {
+            opening(e, &Lot::EMPTY, tat, self)
+        } else {
+            ec
+        };
+        let count = cc + self.count(cost)?;
+        let field = self.word(tat, ec, count)?;
+        let ticket = Ticket {
+            lot: ec + 1,
+            cost,
+            at: now,
+        };
+        Some((field, ticket))
+    }
+
+    /// A resolution of `ticket` at `now` on a row whose `tat` field is
+    /// `field`, worked on the word itself, as [`hold_word`](Form::hold_word)
+    /// is: the new field, or `None` where the state path decides (its lot
+    /// is not the current one of an inline row without a previous lot, the
+    /// reading's epoch is past it, or the row would be left plain and full,
+    /// which the table removes).
+    #[inline]
+    pub(crate) fn resolve_word(
+        &self,
+        field: u64,
+        ticket: Ticket,
+        keep: bool,
+        now: u64,
+    ) -> Option<u64> {
+        if field < INLINE {
+            return None;
+        }
+        let (tat, cc, ec) = self.word_parts(field)?;
+        if cc == 0 || ticket.lot != ec + 1 || self.epoch(now) > ec {
+            return None;
+        }
+        let left = cc.checked_sub(self.count(ticket.cost)?)?;
+        let tat = if keep {
+            settle(tat, ticket.at, ticket.cost)
+        } else {
+            refunded(tat, ticket.cost)
+        };
+        if left == 0 {
+            return (tat > now).then_some(tat);
+        }
+        self.word(tat, ec, left)
+    }
+
+    /// The settled `tat`, current count and current epoch of a plain or
+    /// inline field without a previous lot (`None` otherwise).
+    #[inline(always)]
+    fn word_parts(&self, field: u64) -> Option<(u64, u64, u64)> {
+        if field < HELD {
+            return Some((field, 0, 0));
+        }
+        if cfg!(pace_hold_record) || field < INLINE {
+            return None;
+        }
+        let x = field - INLINE;
+        let c = COUNT_BITS;
+        let mask = (1u64 << c) - 1;
+        if x & mask != 0 {
+            return None;
+        }
+        let tat = x >> (2 + 2 * c);
+        let ec = (self.epoch(tat) + ((x >> (2 * c)) & 3)).wrapping_sub(2);
+        Some((tat, (x >> c) & mask, ec))
+    }
+
+    /// The inline field of a row settled at `tat` with one lot, of epoch
+    /// `e` and `count` tokens (positive), if it fits.
+    #[inline(always)]
+    fn word(&self, tat: u64, e: u64, count: u64) -> Option<u64> {
+        if cfg!(pace_hold_record) || tat >= (1 << S_BITS) - 1 || count >= 1 << COUNT_BITS {
+            return None;
+        }
+        let oc = offset(e, self.epoch(tat))?;
+        let c = COUNT_BITS;
+        Some(INLINE | (tat << (2 + 2 * c)) | (oc << (2 * c)) | (count << c))
+    }
+
     /// The build switch `pace_hold_record`: nothing is inline.
     #[cfg(pace_hold_record)]
     #[inline]
@@ -259,6 +364,32 @@ fn fits_beside(_held: u64, _limits: &Limits, _n: u64) -> bool {
     true
 }
 
+/// The held tokens a decision counts, of `held`: all of them.
+#[cfg(not(pace_mutant = "decision_ignores_held"))]
+#[inline]
+fn counted(held: u64) -> u64 {
+    held
+}
+
+/// Known-wrong variant `decision_ignores_held`: a decision counts no held
+/// token.
+#[cfg(pace_mutant = "decision_ignores_held")]
+#[inline]
+fn counted(_held: u64) -> u64 {
+    0
+}
+
+/// The decision on `n` more tokens at `now` of a row settled at `tat` with
+/// `held` ns held ([`Held::decide`]).
+#[inline]
+fn decide_beside(tat: u64, held: u64, limits: &Limits, now: u64, n: u64) -> Result<u64, Decision> {
+    let base = tat.max(now).saturating_add(held);
+    match limits.reserve(base, now, n) {
+        Decision::Admit(t) if fits_beside(held, limits, n) => Ok(t - held),
+        d => Err(d),
+    }
+}
+
 /// The settled `tat` after a refund of `cost` held: unchanged (a refund
 /// only takes its tokens off their lot).
 #[cfg(not(pace_mutant = "refund_rewinds_tat"))]
@@ -365,18 +496,10 @@ impl Held {
         self.cur.cost + self.prev.cost
     }
 
-    /// The held tokens a decision counts: all of them.
-    #[cfg(not(pace_mutant = "decision_ignores_held"))]
+    /// The held tokens a decision counts.
     #[inline]
     fn held_in_decision(&self) -> u64 {
-        self.held()
-    }
-
-    /// Known-wrong variant `decision_ignores_held`: a decision counts no
-    /// held token.
-    #[cfg(pace_mutant = "decision_ignores_held")]
-    fn held_in_decision(&self) -> u64 {
-        0
+        counted(self.held())
     }
 
     pub(crate) fn is_plain(&self) -> bool {
@@ -489,13 +612,12 @@ impl Held {
         let held = self.held_in_decision();
         // A reading may be anything: saturate (past MAX_TIME every decision
         // is `TimeExhausted`).
-        let base = self.tat.max(now).saturating_add(held);
-        match limits.reserve(base, now, n) {
-            Decision::Admit(t) if fits_beside(held, limits, n) => Ok(t - held),
-            Decision::Admit(_) | Decision::Wait(_) if held > 0 => {
+        match decide_beside(self.tat, held, limits, now, n) {
+            Ok(t) => Ok(t),
+            Err(Decision::Admit(_) | Decision::Wait(_)) if held > 0 => {
                 Err(self.held_denial(limits, now, n))
             }
-            d => Err(d),
+            Err(d) => Err(d),
         }
     }
 
@@ -564,7 +686,7 @@ impl Held {
     /// Resolves `ticket`: its tokens leave its lot, and if `keep`, they are
     /// settled as a debit from the hold's own reading.
     #[inline]
-    pub(crate) fn resolve(self, ticket: Ticket, keep: bool, form: &Form) -> Resolution {
+    pub(crate) fn resolve(self, ticket: Ticket, keep: bool, _form: &Form) -> Resolution {
         let mut next = self;
         let lot = if self.cur.id == ticket.lot && ticket.lot != NONE {
             &mut next.cur
@@ -877,6 +999,88 @@ mod tests {
         }
         if !cfg!(pace_hold_record) {
             assert!(inline > 1_000, "{inline}");
+        }
+    }
+
+    /// The word paths (`Form::hold_word`, `Form::resolve_word`) decide every
+    /// case they take exactly as the state path does, on the states of
+    /// random single-row histories (stale readings, overlapping holds, keeps
+    /// and refunds, debits, expiries), and take the common ones.
+    #[test]
+    fn word_paths_agree_with_the_states() {
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut rnd = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n.max(1)
+        };
+        let (mut holds, mut resolutions) = (0, 0);
+        for case in 0..400u64 {
+            let interval = [1, 10, 1_000, 1_000_000][(case % 4) as usize];
+            let limit = [1, 50, 1_000, 1_000_000, MAX_TIME][(case / 4 % 5) as usize];
+            let cap = 1 + rnd(8);
+            let f = Form::new(interval, limit);
+            let l = Limits::new(interval, cap).unwrap();
+            let field_of = |s: &Held| {
+                if s.is_plain() {
+                    Some(s.tat)
+                } else {
+                    f.encode(s)
+                }
+            };
+            let mut state = Held::plain(rnd(1_000));
+            let mut now = rnd(10 * limit.min(1 << 40));
+            let mut tickets: Vec<Ticket> = Vec::new();
+            for _ in 0..200 {
+                now += rnd(3 * interval.max(limit.min(1 << 40) / 4));
+                let t = if rnd(4) == 0 { now.saturating_sub(rnd(limit.min(1 << 40) + 1)) } else { now };
+                // A record stands for states the word cannot hold.
+                let field = field_of(&state).unwrap_or(HELD + 64);
+                match rnd(3) {
+                    0 | 1 if tickets.is_empty() || rnd(2) == 0 => {
+                        let n = 1 + rnd(3);
+                        let word = f.hold_word(field, &l, t, f.epoch(t), n);
+                        let gen = state.at(t, &f).hold(&l, t, n, &f);
+                        if let Some((wf, wt)) = word {
+                            let (g, gt) = gen.expect("the word path admitted");
+                            assert_eq!((field_of(&g), gt), (Some(wf), wt), "{state:?} at {t}");
+                            holds += 1;
+                        }
+                        if let Ok((g, gt)) = gen {
+                            state = g;
+                            tickets.push(gt);
+                        }
+                    }
+                    0 | 1 => {
+                        let tk = tickets.swap_remove(rnd(tickets.len() as u64) as usize);
+                        let keep = rnd(2) == 0;
+                        let word = f.resolve_word(field, tk, keep, t);
+                        let gen = state.at(t, &f).resolve(tk, keep, &f);
+                        if let Some(wf) = word {
+                            let Resolution::Done(g) = gen else {
+                                panic!("{state:?}: the word path resolved an expired ticket")
+                            };
+                            assert_eq!(field_of(&g), Some(wf), "{state:?} {tk:?} at {t}");
+                            assert!(!g.is_plain() || g.tat > t);
+                            resolutions += 1;
+                        }
+                        if let Resolution::Done(g) = gen {
+                            state = g;
+                        } else {
+                            state = state.at(t, &f);
+                        }
+                    }
+                    _ => {
+                        if let Ok(g) = state.at(t, &f).debit(&l, t, 1) {
+                            state = g;
+                        }
+                    }
+                }
+            }
+        }
+        if !cfg!(pace_hold_record) {
+            assert!(holds > 5_000 && resolutions > 1_000, "{holds} {resolutions}");
         }
     }
 }

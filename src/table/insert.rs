@@ -111,6 +111,9 @@ impl Table {
                 // plain one stays as small as it was.)
                 if (HOLD || tat < HELD) && unsafe { key.matches(bits) } {
                     let r = if HOLD {
+                        if let Some(r) = self.hold_in_word(arr, idx, v, bits, tat, ask) {
+                            return r;
+                        }
                         self.change_held::<HOLD>(arr, idx, v, ask, guard)
                     } else {
                         self.debit(arr, idx, v, ask)
@@ -624,6 +627,28 @@ impl Table {
                 denied => return Some(Err(denied)),
             }
         }
+    }
+
+    /// A hold on the row in cell `idx` of `arr` (value `v`, key half `bits`,
+    /// field `tat`) worked on its word (`held::Form::hold_word`): one CAS,
+    /// no record. `None` when the word path does not decide it or the CAS
+    /// lost: [`change_held`](Table::change_held) takes over.
+    #[inline(always)]
+    fn hold_in_word(
+        &self,
+        arr: &Array,
+        idx: usize,
+        v: u128,
+        bits: u64,
+        tat: u64,
+        ask: Ask<'_>,
+    ) -> Option<Result<Admitted, Decision>> {
+        let Ask { limits, n, now } = ask;
+        let e = self.form.epoch(now);
+        let (field, ticket) = self.form.hold_word(tat, limits, now, e, n)?;
+        let new = CellState::Live { key: bits, tat: field }.encode();
+        arr.cells[idx].cas(v, new).ok()?;
+        Some(Ok(Admitted::of_hold(ticket, false)))
     }
 
     /// [`debit`](Table::debit) of a held row, or a hold: each try reads the

@@ -251,6 +251,10 @@ impl Table {
         if tat < HELD || !unsafe { key.matches(bits) } {
             return None;
         }
+        if let Some(field) = self.form.resolve_word(tat, ticket, keep, now) {
+            let new = CellState::Live { key: bits, tat: field }.encode();
+            return arr.cells[idx].cas(v, new).ok().map(|_| true);
+        }
         // SAFETY: `tat` is the field of a live cell read under `guard`.
         let was = unsafe { Held::of(tat, &self.form, guard) }.at(now, &self.form);
         let Resolution::Done(next) = was.resolve(ticket, keep, &self.form) else {
