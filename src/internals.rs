@@ -193,9 +193,8 @@ impl CellsModel {
     /// had expired.
     pub fn resolve(&self, key: u64, ticket: ModelTicket, keep: bool, now: u64) -> bool {
         let guard = self.epochs.pin();
-        let cx = &crate::table::Cx::new(&|k| k, now);
         self.table
-            .resolve(key, &Bits(key), ticket.0, keep, cx, &guard)
+            .resolve(key, &Bits(key), ticket.0, keep, now, &|k| k, &guard)
     }
 
     /// Keys of the live rows, sorted.

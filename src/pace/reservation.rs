@@ -222,7 +222,13 @@ impl Debit {
 /// decision. A hold neither kept nor refunded within
 /// [`Builder::hold_limit`] may expire: it then counts as kept, and its
 /// refund returns nothing ([`Refunded::Expired`]). A hold dropped while its
-/// thread unwinds from a panic is left to expire so.
+/// thread unwinds from a panic is kept.
+///
+/// Keeping or refunding reads no clock: the resolution acts at the hold's
+/// own reading, as a thread that read the clock then would. Expired lots
+/// are settled by the key's other calls and by the sweep, so a hold
+/// resolved past its limit is still exact while nothing has expired its
+/// lot.
 #[must_use = "a Hold dropped at once is kept at the cost of a second CAS; use reserve() where nothing will be refunded"]
 pub struct Hold<'a, K, Q, S = RandomState, C = DefaultClock>
 where
@@ -265,8 +271,8 @@ where
     /// counted as kept.
     pub fn keep(mut self) -> bool {
         let r = self.inner.take().expect("a hold is resolved once");
-        let now = r.pace.clock.now_ns();
-        r.pace.resolve_hashed(r.key, r.debit, true, now)
+        let at = r.debit.tat;
+        r.pace.resolve_hashed(r.key, r.debit, true, at)
     }
 
     /// Returns the held tokens: exact in any order, whatever else happened
@@ -274,8 +280,15 @@ where
     /// ([`Refunded::Expired`]).
     pub fn refund(mut self) -> Refunded {
         let r = self.inner.take().expect("a hold is resolved once");
-        let now = r.pace.clock.now_ns();
-        r.pace.refund_hashed(r.key, r.debit.hash, r.debit, now)
+        if r.debit.n == 0 {
+            return Refunded::Nothing;
+        }
+        let at = r.debit.tat;
+        if r.pace.resolve_hashed(r.key, r.debit, false, at) {
+            Refunded::Restored
+        } else {
+            Refunded::Expired
+        }
     }
 
     /// Detaches the hold from its borrows: resolve the [`Debit`] later with
@@ -315,8 +328,8 @@ where
         // kept). A hold kept, refunded or detached has nothing left here.
         if let Some(r) = self.inner.take() {
             each_in_drop(Some(r), |r| {
-                let now = r.pace.clock.now_ns();
-                r.pace.resolve_hashed(r.key, r.debit, true, now);
+                let at = r.debit.tat;
+                r.pace.resolve_hashed(r.key, r.debit, true, at);
             });
         }
     }

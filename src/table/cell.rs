@@ -135,6 +135,14 @@ pub(crate) fn live_tat(v: u128, key: u64) -> Option<u64> {
     ((v >> 64) as u64 == key && (1..=LIVE_MAX).contains(&word)).then(|| word - 1)
 }
 
+/// The value of the live row of `key` whose `tat` field is `field` (as
+/// [`CellState::Live`] encodes it, without the match).
+#[inline(always)]
+pub(crate) fn live_value(key: u64, field: u64) -> u128 {
+    debug_assert!(field <= FIELD_MAX);
+    pack(key, field + 1)
+}
+
 /// The frozen value of a cell holding `v`: what a copier's CAS writes.
 /// A fence is never frozen (the copier waits for its cleaner).
 pub(crate) fn freeze(v: u128) -> u128 {

@@ -146,7 +146,7 @@ impl Form {
     /// case only: a plain row, or an inline one without a previous lot whose
     /// current lot is of `e` or later, admitted, and inline after. `None`
     /// for everything else, which the state path decides.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn hold_word(
         &self,
         field: u64,
@@ -162,13 +162,14 @@ impl Form {
         let cost = n * limits.interval();
         decide_beside(tat, counted(cc * self.interval), limits, now, n).ok()?;
         let tat = raised(tat, e, self);
+        let base = self.epoch(tat);
         let ec = if cc == 0 {
-            opening(e, &Lot::EMPTY, tat, self)
+            opening(e, &Lot::EMPTY, base)
         } else {
             ec
         };
         let count = cc + self.count(cost)?;
-        let field = self.word(tat, ec, count)?;
+        let field = self.word(tat, base, ec, count)?;
         let ticket = Ticket {
             lot: ec + 1,
             cost,
@@ -183,7 +184,7 @@ impl Form {
     /// is not the current one of an inline row without a previous lot, the
     /// reading's epoch is past it, or the row would be left plain and full,
     /// which the table removes).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn resolve_word(
         &self,
         field: u64,
@@ -195,7 +196,9 @@ impl Form {
             return None;
         }
         let (tat, cc, ec) = self.word_parts(field)?;
-        if cc == 0 || ticket.lot != ec + 1 || self.epoch(now) > ec {
+        // `⌊now/P⌋ > ec`, without the division: the state path would turn
+        // the lot previous (or settle it).
+        if cc == 0 || ticket.lot != ec + 1 || now >= (ec + 1).saturating_mul(self.limit) {
             return None;
         }
         let left = cc.checked_sub(self.count(ticket.cost)?)?;
@@ -207,7 +210,7 @@ impl Form {
         if left == 0 {
             return (tat > now).then_some(tat);
         }
-        self.word(tat, ec, left)
+        self.word(tat, self.epoch(tat), ec, left)
     }
 
     /// The settled `tat`, current count and current epoch of a plain or
@@ -231,14 +234,14 @@ impl Form {
         Some((tat, (x >> c) & mask, ec))
     }
 
-    /// The inline field of a row settled at `tat` with one lot, of epoch
-    /// `e` and `count` tokens (positive), if it fits.
+    /// The inline field of a row settled at `tat` (of epoch `base`) with one
+    /// lot, of epoch `e` and `count` tokens (positive), if it fits.
     #[inline(always)]
-    fn word(&self, tat: u64, e: u64, count: u64) -> Option<u64> {
+    fn word(&self, tat: u64, base: u64, e: u64, count: u64) -> Option<u64> {
         if cfg!(pace_hold_record) || tat >= (1 << S_BITS) - 1 || count >= 1 << COUNT_BITS {
             return None;
         }
-        let oc = offset(e, self.epoch(tat))?;
+        let oc = offset(e, base)?;
         let c = COUNT_BITS;
         Some(INLINE | (tat << (2 + 2 * c)) | (oc << (2 * c)) | (count << c))
     }
@@ -333,6 +336,7 @@ impl Lot {
 /// the end of the time space it stays at `MAX_TIME`, where every decision
 /// is `TimeExhausted` (so a settled `tat` is never read as a record).
 #[cfg(not(pace_mutant = "settle_unclamped"))]
+#[inline(always)]
 fn settle(tat: u64, at: u64, cost: u64) -> u64 {
     tat.max(at).saturating_add(cost).min(MAX_TIME)
 }
@@ -407,8 +411,9 @@ fn refunded(tat: u64, cost: u64) -> u64 {
 
 
 /// The epoch a fresh lot opens in at a reading of epoch `now_e`, beside the
-/// previous lot `prev`, on a row settled at `tat`: the reading's epoch, but
-/// never before the one after `prev`'s, and never before `⌊tat/P⌋ − 1`.
+/// previous lot `prev`, on a row settled at `tat` (of epoch `base`): the
+/// reading's epoch, but never before the one after `prev`'s, and never
+/// before `⌊tat/P⌋ − 1`.
 /// The second keeps the lots of a row in order: the fresh lot turns
 /// previous, settling `prev`, only in an epoch after its own, so never
 /// before `prev` expires by itself (a reading pre-empted since an older
@@ -419,21 +424,19 @@ fn refunded(tat: u64, cost: u64) -> u64 {
 /// lowers a settled `tat` below a settlement, so the fresh lot's epoch is
 /// past `e`.
 #[cfg(not(pace_mutant = "stale_lot_opens_in_the_past"))]
-#[inline]
-fn opening(now_e: u64, prev: &Lot, tat: u64, form: &Form) -> u64 {
+#[inline(always)]
+fn opening(now_e: u64, prev: &Lot, base: u64) -> u64 {
     let after = if prev.is_empty() { 0 } else { prev.epoch() + 1 };
-    now_e
-        .max(after)
-        .max(form.epoch(tat).saturating_sub(1))
+    now_e.max(after).max(base.saturating_sub(1))
 }
 
 /// Known-wrong variant `stale_lot_opens_in_the_past`: a fresh lot opens in
 /// its reading's epoch, however stale, and its turn settles the previous
 /// lot early.
 #[cfg(pace_mutant = "stale_lot_opens_in_the_past")]
-#[inline]
-fn opening(now_e: u64, _prev: &Lot, tat: u64, form: &Form) -> u64 {
-    now_e.max(form.epoch(tat).saturating_sub(1))
+#[inline(always)]
+fn opening(now_e: u64, _prev: &Lot, base: u64) -> u64 {
+    now_e.max(base.saturating_sub(1))
 }
 
 /// The settled `tat` a hold at a reading of epoch `now_e` leaves: raised to
@@ -670,7 +673,7 @@ impl Held {
         next.tat = raised(self.tat, e, form);
         if next.cur.is_empty() {
             next.cur = Lot {
-                id: opening(e, &self.prev, next.tat, form) + 1,
+                id: opening(e, &self.prev, form.epoch(next.tat)) + 1,
                 cost: 0,
             };
         }

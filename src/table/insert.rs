@@ -646,7 +646,7 @@ impl Table {
         let Ask { limits, n, now } = ask;
         let e = self.form.epoch(now);
         let (field, ticket) = self.form.hold_word(tat, limits, now, e, n)?;
-        let new = CellState::Live { key: bits, tat: field }.encode();
+        let new = cell::live_value(bits, field);
         arr.cells[idx].cas(v, new).ok()?;
         Some(Ok(Admitted::of_hold(ticket, false)))
     }

@@ -212,12 +212,14 @@ impl Table {
         key: &P,
         ticket: Ticket,
         keep: bool,
-        cx: &Cx<'_>,
+        now: u64,
+        hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
     ) -> bool {
-        if let Some(r) = self.resolve_first(hash, key, ticket, keep, cx.now, guard) {
+        if let Some(r) = self.resolve_first(hash, key, ticket, keep, now, guard) {
             return r;
         }
+        let cx = &Cx::new(hash_of, now);
         let r = self.resolve_row(hash, key, ticket, keep, cx, guard);
         if !cx.copied.get() {
             self.help(cx, guard);
@@ -252,7 +254,7 @@ impl Table {
             return None;
         }
         if let Some(field) = self.form.resolve_word(tat, ticket, keep, now) {
-            let new = CellState::Live { key: bits, tat: field }.encode();
+            let new = cell::live_value(bits, field);
             return arr.cells[idx].cas(v, new).ok().map(|_| true);
         }
         // SAFETY: `tat` is the field of a live cell read under `guard`.
