@@ -106,7 +106,7 @@ impl CellsModel {
                 interval,
                 hold_limit,
             )
-                .expect("cells fit an array"),
+            .expect("cells fit an array"),
             limits: crate::bucket::Limits::new(interval, capacity).expect("valid bucket"),
             epochs: crate::sync::Epochs::new(),
         }

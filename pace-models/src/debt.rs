@@ -332,9 +332,10 @@ impl Model {
         (result.0, result.1, Some(created))
     }
 
-    /// Resolves a hold of `cost` read at `at`: its tokens leave the held
-    /// amount, and when kept are settled from its reading. A row left with
-    /// nothing held and a full bucket is removed.
+    /// Resolves a hold of `cost` read at `at`, acting at `now`: its tokens
+    /// leave the held amount, and when kept are settled from its reading. A
+    /// row left with nothing held and a full bucket at `now` is removed. (A
+    /// `Hold` resolves at its own reading: `now` is `at`.)
     fn resolve(&mut self, key: u16, cost: i128, at: i128, keep: bool, now: i128) {
         if cost == 0 {
             return;
@@ -503,7 +504,7 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
             Op::Resolve { pick, keep } => {
                 if !holds.is_empty() {
                     let (h, key, cost, at) = holds.swap_remove(pick % holds.len());
-                    model.resolve(key, cost, at, keep, now as i128);
+                    model.resolve(key, cost, at, keep, at);
                     let tokens = h.tokens();
                     let done = if keep {
                         h.keep()

@@ -207,7 +207,7 @@ impl<K, S, C> Builder<K, S, C> {
                 quota.limits().interval(),
                 hold_limit_ns(self.hold_limit),
             )
-                .ok_or(ConfigError::MinSlotsTooLarge)?,
+            .ok_or(ConfigError::MinSlotsTooLarge)?,
             word,
             _owns: std::marker::PhantomData,
         };

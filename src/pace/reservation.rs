@@ -20,8 +20,8 @@ pub enum DenyReason {
     /// presentations still being checked ([`Pace::hold`]). Held tokens
     /// count as debited at every decision and do not refill while held, so
     /// waiting alone does not bring them back: [`Denied::retry_after`] is
-    /// the wait if they are kept (settled from the readings of their
-    /// holds); refunded, they come back at once; still held at the retry,
+    /// the wait if they were kept at the denial's reading; refunded, they
+    /// come back at once; still held at the retry,
     /// they are still in the way. A turn ([`Pace::acquire`]) is denied
     /// with this reason also when the held tokens and its own together
     /// exceed the capacity: it fits beside them at no instant.

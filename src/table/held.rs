@@ -2,28 +2,28 @@
 //! (DESIGN.md §3, "Holds"), so that refunding them is exact in any order.
 //!
 //! A row is *plain* (its word is its settled `tat`) or *held*: its word's
-//! `tat` field is [`HELD`] plus the address of an immutable [`Held`]
-//! record (settled `tat` and up to two lots of held tokens). Every `tat`
-//! the bucket arithmetic produces is at most `MAX_TIME < HELD`, so a held
-//! row reads, to everything that only moves rows (probes, checks, copies,
-//! cleans, sweeps), as a live row that is not full: nothing removes it and
-//! a copy moves its address. Only the decisions look inside
-//! ([`Held::of`]), and every change of a held row replaces its record with
-//! one CAS of the cell; the replaced record goes through the epoch as a key
-//! box does (`keys.rs`: retired from the current array, adopted by the
-//! source from a migration's target).
+//! `tat` field holds the whole state inline (at or above [`INLINE`]:
+//! settled `tat` and up to two lots of a few tokens, [`Form`]) or, when
+//! the state does not fit, [`HELD`] plus the address of an immutable
+//! [`Held`] record. Every `tat` the bucket arithmetic produces is at most
+//! `MAX_TIME < HELD`, so a held row reads, to everything that only moves
+//! rows (probes, checks, copies, cleans, sweeps), as a live row that is not
+//! full: nothing removes it and a copy moves its field. Only the decisions
+//! look inside ([`Held::of`]), and every change of a held row replaces its
+//! field with one CAS of the cell; a replaced record goes through the
+//! epoch as a key box does (`keys.rs`: retired from the current array,
+//! adopted by the source from a migration's target).
 //!
 //! # Lots and the hold limit
-//! Holds are grouped in lots, each with an identity no other lot of the
-//! table ever has. A hold joins the current lot while that lot is younger
-//! than the hold limit `P` (by the readings of the calls that see it),
-//! else opens a new one; the older lot waits beside it. A lot whose
-//! opening is `2P` behind a call's reading expires: its tokens are settled
-//! as if kept, from the latest reading among its holds, which is never
-//! below any of theirs. A hold resolved within `P` of its reading is
-//! therefore found in its lot and resolved exactly; a hold never resolved
-//! counts as held for at most `2P`, then as kept; and a resolution whose
-//! lot is gone does nothing ([`Resolution::Expired`]).
+//! Holds are grouped in lots by epochs of the hold limit `P`: a lot's
+//! identity is its epoch, and no two lots of a row ever share one. A call
+//! at a reading of epoch `E` settles the lots of epochs up to `E − 2` as
+//! kept, at the last instant of their lives, and turns a current lot of an
+//! earlier epoch into the previous one; a hold joins the current lot or
+//! opens one. A hold is therefore found in its lot and resolved exactly
+//! unless a call read a time two epochs past its own; a hold never
+//! resolved counts as held until then, and then as kept; and a resolution
+//! whose lot is gone does nothing ([`Resolution::Expired`]).
 
 use crate::bucket::{Decision, Limits, MAX_TIME};
 use crate::sync::epoch::Guard;
@@ -409,7 +409,6 @@ fn refunded(tat: u64, cost: u64) -> u64 {
     tat.saturating_sub(cost)
 }
 
-
 /// The epoch a fresh lot opens in at a reading of epoch `now_e`, beside the
 /// previous lot `prev`, on a row settled at `tat` (of epoch `base`): the
 /// reading's epoch, but never before the one after `prev`'s, and never
@@ -550,7 +549,10 @@ impl Held {
     #[inline(never)]
     fn publish_record(self) -> u64 {
         let addr = Box::into_raw(pool::take(self)).expose_provenance() as u64;
-        debug_assert!(addr < INLINE - HELD, "a record's address fits below the inline tag");
+        debug_assert!(
+            addr < INLINE - HELD,
+            "a record's address fits below the inline tag"
+        );
         HELD + addr
     }
 
@@ -934,7 +936,10 @@ mod tests {
         assert_eq!(s.cur.id, 3, "{s:?}");
         // Epoch 2 turns the stale lot previous without settling the first.
         let s = s.at(2_999, &f);
-        assert!(matches!(s.resolve(a, false, &f), Resolution::Done(_)), "{s:?}");
+        assert!(
+            matches!(s.resolve(a, false, &f), Resolution::Done(_)),
+            "{s:?}"
+        );
     }
 
     /// Every held state the inline form can hold comes back from its field
@@ -1037,7 +1042,11 @@ mod tests {
             let mut tickets: Vec<Ticket> = Vec::new();
             for _ in 0..200 {
                 now += rnd(3 * interval.max(limit.min(1 << 40) / 4));
-                let t = if rnd(4) == 0 { now.saturating_sub(rnd(limit.min(1 << 40) + 1)) } else { now };
+                let t = if rnd(4) == 0 {
+                    now.saturating_sub(rnd(limit.min(1 << 40) + 1))
+                } else {
+                    now
+                };
                 // A record stands for states the word cannot hold.
                 let field = field_of(&state).unwrap_or(HELD + 64);
                 match rnd(3) {
@@ -1083,7 +1092,10 @@ mod tests {
             }
         }
         if !cfg!(pace_hold_record) {
-            assert!(holds > 5_000 && resolutions > 1_000, "{holds} {resolutions}");
+            assert!(
+                holds > 5_000 && resolutions > 1_000,
+                "{holds} {resolutions}"
+            );
         }
     }
 }

@@ -265,7 +265,9 @@ impl Table {
         if next.is_plain() && next.tat <= now {
             return None;
         }
-        self.replace_row(arr, idx, v, next, guard).ok().map(|()| true)
+        self.replace_row(arr, idx, v, next, guard)
+            .ok()
+            .map(|()| true)
     }
 
     /// [`resolve`](Table::resolve)'s own row.
