@@ -58,6 +58,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("refund_keeps_floor", "table/floor.rs", "a refund that fills a row removes it without raising its floor"),
     ("refund_rewinds_tat", "table/held.rs", "a hold's refund also takes its cost off the settled tat"),
     ("refund_undrained", "bucket.rs", "a refund subtracts its undrained part from whatever the bucket holds"),
+    ("resolve_ignores_row", "table/held.rs", "a hold's resolution acts on another key's row with a lot of its epoch"),
     ("settle_unclamped", "table/held.rs", "a kept hold settles without the clamp at its own reading"),
     ("shrink_to_half", "table/migrate.rs", "a shrink's target gives rows half of it, not a quarter"),
     ("stale_lot_opens_in_the_past", "table/held.rs", "a fresh lot opened by a stale reading starts in the past and settles the previous lot early"),

@@ -557,14 +557,32 @@ fn a_misdirected_hold_resolves_nothing() {
     let _x = p.hold_n_at(&1, 1, None, 0).unwrap().detach();
     let d = p.hold_n_at(&0, 1, None, 0).unwrap().detach();
     let again = p.hold_n_at(&0, 1, None, 0).unwrap().detach();
-    // Another key of the same limiter, which holds a lot of the same epoch.
-    assert_eq!(p.refund_at(&1, d, 0), Refunded::Misdirected);
+    // Another key of the same limiter, which holds a lot of the same epoch
+    // (known-wrong variant `resolve_ignores_row` takes its token).
+    assert_eq!(p.refund_at(&1, d, 0), Refunded::Expired);
     assert_eq!(p.peek_at(&1, 0), 2, "key 1's own hold stays");
     assert_eq!(p.peek_at(&0, 0), 1, "key 0's holds stay");
     // Another limiter, whose lot numbers start from 1 too.
     assert_eq!(other.refund_at(&0, again, 0), Refunded::Misdirected);
     assert_eq!(other.peek_at(&0, 0), 2);
     assert_eq!(p.peek_at(&0, 0), 1);
+}
+
+/// A hold's ticket names its lot by its epoch, which another key's row may
+/// hold too: handed to that row, it finds nothing and takes nothing (the
+/// table alone, keys hashed as themselves, so the other key's row is where
+/// the resolution looks). Known-wrong variant `resolve_ignores_row` refunds
+/// key 1's held token with key 0's ticket.
+#[test]
+fn a_ticket_resolves_only_on_its_own_row() {
+    let t = pace::internals::CellsModel::new(8, 10, 3);
+    let mine = t.hold(0, 0).expect("3 tokens");
+    let _other = t.hold(1, 0).expect("3 tokens");
+    assert!(!t.resolve(1, mine, false, 0), "key 1's row has no hold of key 0");
+    assert_eq!(t.held(1), Some((0, 10)), "key 1's hold stays");
+    assert_eq!(t.held(0), Some((0, 10)), "key 0's hold stays");
+    assert!(t.resolve(0, mine, false, 0), "on its own row it is found");
+    assert_eq!(t.held(0), None, "refunded, the full row goes");
 }
 
 /// A migration's copy removes the rows full at its call's reading instead

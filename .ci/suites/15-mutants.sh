@@ -206,6 +206,11 @@ expect_caught inline_offset_wraps holds "exceeds the bound by" "" \
     random_expiring_hold_histories_never_exceed_the_bound
 expect_caught inline_offset_wraps holds "resolved at" "" \
     holds_resolved_within_the_limit_are_exact_in_any_reading_order
+# A ticket names its lot by its epoch (tests/holds.rs), against
+# `resolve_ignores_row`: handed to another key's row with a lot of that
+# epoch, the resolution takes that key's held token.
+expect_caught resolve_ignores_row holds "key 1's row has no hold of key 0" "" \
+    a_ticket_resolves_only_on_its_own_row
 # Drops while unwinding (tests/seams.rs), against
 # `drop_panics_while_unwinding`: a key's panic escapes a Drop during
 # unwinding, which aborts the test process (so no FAILED line: the abort's

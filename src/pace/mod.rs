@@ -521,14 +521,14 @@ where
                 &guard,
             )
         })
-        .map(|a| (a.tat, a.prev, a.created, a.lot, a.held));
-        let created = matches!(result, Ok((_, _, true, _, _)));
+        .map(|a| (a.tat, a.prev, a.created, a.lot, a.held, a.row));
+        let created = matches!(result, Ok((_, _, true, _, _, _)));
         if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
             self.sooner_sweep(now, tau);
         }
         self.maybe_sweep(now, created, &guard);
         match result {
-            Ok((tat, prev, _, lot, held)) => {
+            Ok((tat, prev, _, lot, held, row)) => {
                 if TURN {
                     *slot = slot_of(tat, held, tau, wait_ns);
                 }
@@ -539,6 +539,7 @@ where
                     hash,
                     limiter: self.id,
                     lot,
+                    row,
                 };
                 Ok(self.reservation(key, debit))
             }

@@ -30,6 +30,12 @@ where
         if debit.n == 0 {
             return Refunded::Nothing;
         }
+        // A hold's ticket names the row it was made on (`held::Ticket`):
+        // handed to another key, it finds nothing there, with no second
+        // hash of the key.
+        if debit.is_hold() && debit.limiter == self.id {
+            return self.refund_hashed(key, debit.hash, debit, now);
+        }
         match self.origin(&debit, key) {
             Some(hash) => self.refund_hashed(key, hash, debit, now),
             None => Refunded::Misdirected,
@@ -66,9 +72,10 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        // Lots are named by their epochs, which another key's row may hold
-        // too: a hold is resolved only on the key it was made for.
-        if debit.n == 0 || !debit.is_hold() || self.origin(&debit, key).is_none() {
+        // A hold's ticket names the row it was made on (`held::Ticket`):
+        // handed to another key, it finds nothing there, so only the
+        // limiter is checked here (no second hash of the key).
+        if debit.n == 0 || !debit.is_hold() || debit.limiter != self.id {
             return false;
         }
         self.resolve_hashed(key, debit, true, self.clock.now_ns())

@@ -144,6 +144,9 @@ pub struct Debit {
     /// A hold's lot (`held.rs`), 0 for a debit. A hold's `tat` is its
     /// reading and its `prev` its cost: the ticket it resolves with.
     pub(super) lot: u64,
+    /// A hold's row: the key half of its cell, which a resolution finds
+    /// again (a lot's name, its epoch, may be another key's too).
+    pub(super) row: u64,
 }
 
 /// What a refund returned.
@@ -191,6 +194,7 @@ impl Debit {
             hash: 0,
             limiter,
             lot: 0,
+            row: 0,
         }
     }
 
@@ -201,7 +205,7 @@ impl Debit {
 
     /// A hold's ticket.
     pub(super) fn ticket(&self) -> Option<Ticket> {
-        Ticket::unpack(self.lot, self.prev, self.tat)
+        Ticket::unpack(self.lot, self.prev, self.tat, self.row)
     }
 
     /// True when this is a hold's debit ([`Hold::detach`]): its tokens are

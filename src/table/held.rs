@@ -174,6 +174,7 @@ impl Form {
             lot: ec + 1,
             cost,
             at: now,
+            row: 0,
         };
         Some((field, ticket))
     }
@@ -457,12 +458,36 @@ pub(crate) struct Ticket {
     pub(crate) lot: u64,
     pub(crate) cost: u64,
     pub(crate) at: u64,
+    /// The key half of the held row's cell (the key's own bits, or its
+    /// box's address), set by the table: lots are named by epochs, which
+    /// another key's row may hold too, so a resolution acts only on the
+    /// row its hold was made on.
+    pub(crate) row: u64,
+}
+
+/// Whether a resolution of `ticket` found the row its hold was made on
+/// (its cell's key half is `bits`): lots are named by epochs, so another
+/// key's row, or the key's row made again since, may have a lot of the
+/// same name.
+#[cfg(not(pace_mutant = "resolve_ignores_row"))]
+#[inline(always)]
+pub(crate) fn on_its_row(bits: u64, ticket: &Ticket) -> bool {
+    bits == ticket.row
+}
+
+/// Known-wrong variant `resolve_ignores_row`: a resolution acts on any row
+/// it is handed to, and takes another key's held tokens whose lot has the
+/// same epoch.
+#[cfg(pace_mutant = "resolve_ignores_row")]
+#[inline(always)]
+pub(crate) fn on_its_row(_bits: u64, _ticket: &Ticket) -> bool {
+    true
 }
 
 impl Ticket {
     /// The ticket of lot `lot` (none for 0: a plain debit).
-    pub(crate) fn unpack(lot: u64, cost: u64, at: u64) -> Option<Ticket> {
-        (lot != NONE).then_some(Ticket { lot, cost, at })
+    pub(crate) fn unpack(lot: u64, cost: u64, at: u64, row: u64) -> Option<Ticket> {
+        (lot != NONE).then_some(Ticket { lot, cost, at, row })
     }
 }
 
@@ -684,6 +709,7 @@ impl Held {
             lot: next.cur.id,
             cost,
             at: now,
+            row: 0,
         };
         Ok((next, ticket))
     }

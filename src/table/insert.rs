@@ -381,13 +381,14 @@ impl Table {
         match made {
             Ok((field, tat, ticket)) => {
                 let admitted = match ticket {
-                    Some(t) => Admitted::of_hold(t, true),
+                    Some(t) => Admitted::of_hold(t, true, mine),
                     None => Admitted {
                         tat,
                         prev: floor,
                         created: true,
                         lot: 0,
                         held: 0,
+                        row: 0,
                     },
                 };
                 let claimed = CellState::Claimed { key: mine }.encode();
@@ -612,6 +613,7 @@ impl Table {
                                 created: false,
                                 lot: 0,
                                 held: 0,
+                                row: 0,
                             }))
                         }
                         Err(actual) => match cell::live_tat(actual, bits) {
@@ -648,7 +650,7 @@ impl Table {
         let (field, ticket) = self.form.hold_word(tat, limits, now, e, n)?;
         let new = cell::live_value(bits, field);
         arr.cells[idx].cas(v, new).ok()?;
-        Some(Ok(Admitted::of_hold(ticket, false)))
+        Some(Ok(Admitted::of_hold(ticket, false, bits)))
     }
 
     /// [`debit`](Table::debit) of a held row, or a hold: each try reads the
@@ -685,13 +687,14 @@ impl Table {
             match self.replace_row(arr, idx, v, next, guard) {
                 Ok(()) => {
                     return Some(Ok(match ticket {
-                        Some(t) => Admitted::of_hold(t, false),
+                        Some(t) => Admitted::of_hold(t, false, bits),
                         None => Admitted {
                             tat: next.tat,
                             prev: was.tat,
                             created: false,
                             lot: 0,
                             held: was.held(),
+                            row: 0,
                         },
                     }));
                 }

@@ -170,22 +170,26 @@ pub(crate) struct Admitted {
     /// The tokens held beside a debit when it was decided, ns (a turn's
     /// slot lies behind them); 0 for a plain row and for a hold.
     pub(crate) held: u64,
+    /// A hold's row ([`Ticket::row`]); 0 for a debit.
+    pub(crate) row: u64,
 }
 
 impl Admitted {
     /// A hold's ticket (for the table's models).
     #[cfg(feature = "internals")]
     pub(crate) fn ticket(&self) -> Option<Ticket> {
-        Ticket::unpack(self.lot, self.prev, self.tat)
+        Ticket::unpack(self.lot, self.prev, self.tat, self.row)
     }
 
-    fn of_hold(t: Ticket, created: bool) -> Admitted {
+    /// A hold's admission on the row whose cell's key half is `row`.
+    fn of_hold(t: Ticket, created: bool, row: u64) -> Admitted {
         Admitted {
             tat: t.at,
             prev: t.cost,
             created,
             lot: t.lot,
             held: 0,
+            row,
         }
     }
 }

@@ -253,6 +253,9 @@ impl Table {
         if tat < HELD || !unsafe { key.matches(bits) } {
             return None;
         }
+        if !held::on_its_row(bits, &ticket) {
+            return Some(false); // another key's row, or a row made since
+        }
         if let Some(field) = self.form.resolve_word(tat, ticket, keep, now) {
             let new = cell::live_value(bits, field);
             return arr.cells[idx].cas(v, new).ok().map(|_| true);
@@ -293,6 +296,9 @@ impl Table {
             else {
                 return false;
             };
+            if !held::on_its_row(bits, &ticket) {
+                return false; // another key's row, or a row made since
+            }
             loop {
                 if tat < HELD {
                     return false; // a plain row holds no lot
