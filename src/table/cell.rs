@@ -16,14 +16,17 @@ const FROZEN: u64 = 1 << 63;
 
 /// The word of a never-used cell (a zeroed array is all empty).
 const EMPTY: u64 = 0;
-/// A live word is its `tat` plus one: `1..=LIVE_MAX`, so that a row of key 0
-/// at `tat` 0 is not the empty cell.
-const LIVE_MAX: u64 = FIELD_MAX + 1;
-const TOMB: u64 = LIVE_MAX + 1;
-const FENCE: u64 = LIVE_MAX + 2;
-const CLAIMED: u64 = LIVE_MAX + 3;
+const TOMB: u64 = 1;
+const FENCE: u64 = 2;
+const CLAIMED: u64 = 3;
 /// Only ever frozen.
-const MOVED: u64 = LIVE_MAX + 4;
+const MOVED: u64 = 4;
+/// A live word is its `tat` field plus `LIVE`: `LIVE..=LIVE_MAX`, above
+/// every other state and below `FROZEN`, so that "live" is one signed
+/// comparison of the word (a frozen word is negative).
+const LIVE: u64 = 5;
+const LIVE_MAX: u64 = FIELD_MAX + LIVE;
+const _: () = assert!(LIVE_MAX == FROZEN - 1);
 
 /// A decoded cell. Keys are the key's 64 bits (`WordKey::bits`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,14 +65,14 @@ impl CellState {
             CellState::Claimed { key } => (key, CLAIMED),
             CellState::Live { key, tat } => {
                 debug_assert!(tat <= FIELD_MAX);
-                (key, tat + 1)
+                (key, tat + LIVE)
             }
             CellState::Sealed => (0, FROZEN | EMPTY),
             CellState::Closed => (0, FROZEN | TOMB),
             CellState::FrozenClaimed { key } => (key, FROZEN | CLAIMED),
             CellState::FrozenLive { key, tat } => {
                 debug_assert!(tat <= FIELD_MAX);
-                (key, FROZEN | (tat + 1))
+                (key, FROZEN | (tat + LIVE))
             }
             CellState::Moved { key } => (key, FROZEN | MOVED),
         };
@@ -87,8 +90,8 @@ impl CellState {
         match (frozen, word & !FROZEN) {
             (false, EMPTY) => CellState::Empty,
             (true, EMPTY) => CellState::Sealed,
-            (false, w @ 1..=LIVE_MAX) => CellState::Live { key, tat: w - 1 },
-            (true, w @ 1..=LIVE_MAX) => CellState::FrozenLive { key, tat: w - 1 },
+            (false, w @ LIVE..=LIVE_MAX) => CellState::Live { key, tat: w - LIVE },
+            (true, w @ LIVE..=LIVE_MAX) => CellState::FrozenLive { key, tat: w - LIVE },
             (false, FENCE) => CellState::Fence,
             (false, CLAIMED) => CellState::Claimed { key },
             (true, CLAIMED) => CellState::FrozenClaimed { key },
@@ -113,9 +116,14 @@ pub(crate) fn passed_over(v: u128) -> bool {
 #[inline(always)]
 pub(crate) fn live(v: u128) -> Option<(u64, u64)> {
     let word = v as u64;
-    (1..=LIVE_MAX)
-        .contains(&word)
-        .then(|| ((v >> 64) as u64, word - 1))
+    is_live(word).then(|| ((v >> 64) as u64, word - LIVE))
+}
+
+/// Whether a word is a live row's: `LIVE..=LIVE_MAX`, which is every word
+/// at or above `LIVE` read as a signed number (a frozen one is negative).
+#[inline(always)]
+fn is_live(word: u64) -> bool {
+    word as i64 >= LIVE as i64
 }
 
 /// The key half and `tat` of `v`, which is a live row's value (as
@@ -123,8 +131,8 @@ pub(crate) fn live(v: u128) -> Option<(u64, u64)> {
 #[inline(always)]
 pub(crate) fn live_parts(v: u128) -> (u64, u64) {
     let word = v as u64;
-    debug_assert!((1..=LIVE_MAX).contains(&word), "a live row's value");
-    ((v >> 64) as u64, word.wrapping_sub(1))
+    debug_assert!(is_live(word), "a live row's value");
+    ((v >> 64) as u64, word.wrapping_sub(LIVE))
 }
 
 /// The `tat` of `v` if it is `key`'s live row: the lookup's fast test, one
@@ -132,7 +140,7 @@ pub(crate) fn live_parts(v: u128) -> (u64, u64) {
 #[inline(always)]
 pub(crate) fn live_tat(v: u128, key: u64) -> Option<u64> {
     let word = v as u64;
-    ((v >> 64) as u64 == key && (1..=LIVE_MAX).contains(&word)).then(|| word - 1)
+    ((v >> 64) as u64 == key && is_live(word)).then(|| word - LIVE)
 }
 
 /// The value of the live row of `key` whose `tat` field is `field` (as
@@ -140,7 +148,7 @@ pub(crate) fn live_tat(v: u128, key: u64) -> Option<u64> {
 #[inline(always)]
 pub(crate) fn live_value(key: u64, field: u64) -> u128 {
     debug_assert!(field <= FIELD_MAX);
-    pack(key, field + 1)
+    pack(key, field + LIVE)
 }
 
 /// The frozen value of a cell holding `v`: what a copier's CAS writes.
@@ -296,7 +304,7 @@ mod tests {
     }
 
     /// A row of key 0 at `tat` 0 is not the empty cell (live words are
-    /// offset by one for it).
+    /// offset by `LIVE` for it).
     #[test]
     fn key_zero_at_tat_zero_is_a_row() {
         let row = CellState::Live { key: 0, tat: 0 };
@@ -306,12 +314,18 @@ mod tests {
 
     #[test]
     fn the_words_do_not_overlap() {
-        let words = [EMPTY, 1, LIVE_MAX, TOMB, FENCE, CLAIMED, MOVED];
+        let words = [EMPTY, TOMB, FENCE, CLAIMED, MOVED, LIVE, LIVE_MAX];
         for (i, a) in words.iter().enumerate() {
             assert!(a & FROZEN == 0);
             for b in &words[i + 1..] {
                 assert!(a < b);
             }
+        }
+        for w in [0, 1, 4, FROZEN, FROZEN | LIVE, u64::MAX] {
+            assert!(!is_live(w), "{w:#x}");
+        }
+        for w in [LIVE, LIVE + 1, 1 << 62, LIVE_MAX] {
+            assert!(is_live(w), "{w:#x}");
         }
     }
 
