@@ -521,14 +521,14 @@ where
                 &guard,
             )
         })
-        .map(|a| (a.tat, a.prev, a.created, a.lot, a.held, a.row));
-        let created = matches!(result, Ok((_, _, true, _, _, _)));
+        .map(|a| (a.tat, a.prev, a.created, a.lot, a.held));
+        let created = matches!(result, Ok((_, _, true, _, _)));
         if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
             self.sooner_sweep(now, tau);
         }
         self.maybe_sweep(now, created, &guard);
         match result {
-            Ok((tat, prev, _, lot, held, row)) => {
+            Ok((tat, prev, _, lot, held)) => {
                 if TURN {
                     *slot = slot_of(tat, held, tau, wait_ns);
                 }
@@ -539,7 +539,8 @@ where
                     hash,
                     limiter: self.id,
                     lot,
-                    row,
+                    // A hold's row (`Admitted::held`); unused by a debit.
+                    row: held,
                 };
                 Ok(self.reservation(key, debit))
             }

@@ -388,7 +388,6 @@ impl Table {
                         created: true,
                         lot: 0,
                         held: 0,
-                        row: 0,
                     },
                 };
                 let claimed = CellState::Claimed { key: mine }.encode();
@@ -613,8 +612,7 @@ impl Table {
                                 created: false,
                                 lot: 0,
                                 held: 0,
-                                row: 0,
-                            }))
+                                    }))
                         }
                         Err(actual) => match cell::live_tat(actual, bits) {
                             Some(t) if t < HELD => {
@@ -694,8 +692,7 @@ impl Table {
                             created: false,
                             lot: 0,
                             held: was.held(),
-                            row: 0,
-                        },
+                            },
                     }));
                 }
                 Err(actual) => match cell::live_tat(actual, bits) {

@@ -168,17 +168,16 @@ pub(crate) struct Admitted {
     /// debit's fields keeps a plain reservation as small as it was.)
     pub(crate) lot: u64,
     /// The tokens held beside a debit when it was decided, ns (a turn's
-    /// slot lies behind them); 0 for a plain row and for a hold.
+    /// slot lies behind them; 0 for a plain row); a hold's row
+    /// ([`Ticket::row`]).
     pub(crate) held: u64,
-    /// A hold's row ([`Ticket::row`]); 0 for a debit.
-    pub(crate) row: u64,
 }
 
 impl Admitted {
     /// A hold's ticket (for the table's models).
     #[cfg(feature = "internals")]
     pub(crate) fn ticket(&self) -> Option<Ticket> {
-        Ticket::unpack(self.lot, self.prev, self.tat, self.row)
+        Ticket::unpack(self.lot, self.prev, self.tat, self.held)
     }
 
     /// A hold's admission on the row whose cell's key half is `row`.
@@ -188,8 +187,7 @@ impl Admitted {
             prev: t.cost,
             created,
             lot: t.lot,
-            held: 0,
-            row,
+            held: row,
         }
     }
 }
