@@ -968,6 +968,30 @@ mod tests {
         );
     }
 
+    /// `Form::epoch` (a multiplication and one correction) is the quotient
+    /// `⌊t/P⌋` for every limit and reading tried, the edges included.
+    #[test]
+    fn epochs_are_quotients() {
+        let mut x: u64 = 0x1234_5678_9ABC_DEF1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut limits = vec![1, 2, 3, 7, 1_000, 10_000_000_000, MAX_TIME, u64::MAX - 1, u64::MAX];
+        limits.extend((0..200).map(|_| next() >> (next() % 64)));
+        for p in limits {
+            let f = Form::new(1, p);
+            let p = p.max(1);
+            let mut ts = vec![0, 1, p - 1, p, p.saturating_add(1), u64::MAX - 1, u64::MAX];
+            ts.extend((0..500).map(|_| next() >> (next() % 64)));
+            for t in ts {
+                assert_eq!(f.epoch(t), t / p, "t {t}, P {p}");
+            }
+        }
+    }
+
     /// Every held state the inline form can hold comes back from its field
     /// as it went in, and the ones it cannot hold are written to records.
     #[test]
