@@ -61,9 +61,12 @@ if [ "$part" = all ] || [ "$part" = models ]; then
     # The models of holds again with every held row in a record
     # (PACE_HOLD_RECORD=1, build.rs): both forms of a held row stay proven.
     echo "the models of holds with every held row in a record (PACE_HOLD_RECORD=1)"
-    PACE_HOLD_RECORD=1 run_models --test holds --test pace -- --test-threads=2 --nocapture hold
+    PACE_HOLD_RECORD=1 run_models --test holds -- --test-threads=2 --nocapture
     grep -q "^test holds_between_the_word_and_a_record ... ok" "$MODELS_LOG" ||
         { echo "the record-only models did not run"; exit 1; }
+    PACE_HOLD_RECORD=1 run_models --test pace -- --test-threads=2 --nocapture turn_vs_hold_and_keep
+    grep -q "^test model::turn_vs_hold_and_keep ... ok" "$MODELS_LOG" ||
+        { echo "the record-only turn model did not run"; exit 1; }
 fi
 
 [ "$part" = all ] || [ "$part" = mutants ] || exit 0
