@@ -193,8 +193,9 @@ impl CellsModel {
     /// had expired.
     pub fn resolve(&self, key: u64, ticket: ModelTicket, keep: bool, now: u64) -> bool {
         let guard = self.epochs.pin();
+        let cx = &crate::table::Cx::new(&|k| k, now);
         self.table
-            .resolve(key, &Bits(key), ticket.0, keep, now, &|k| k, &guard)
+            .resolve(key, &Bits(key), ticket.0, keep, cx, &guard)
     }
 
     /// Keys of the live rows, sorted.

@@ -578,7 +578,10 @@ fn a_ticket_resolves_only_on_its_own_row() {
     let t = pace::internals::CellsModel::new(8, 10, 3);
     let mine = t.hold(0, 0).expect("3 tokens");
     let _other = t.hold(1, 0).expect("3 tokens");
-    assert!(!t.resolve(1, mine, false, 0), "key 1's row has no hold of key 0");
+    assert!(
+        !t.resolve(1, mine, false, 0),
+        "key 1's row has no hold of key 0"
+    );
     assert_eq!(t.held(1), Some((0, 10)), "key 1's hold stays");
     assert_eq!(t.held(0), Some((0, 10)), "key 0's hold stays");
     assert!(t.resolve(0, mine, false, 0), "on its own row it is found");

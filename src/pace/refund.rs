@@ -94,9 +94,10 @@ where
         let hash = debit.hash;
         let guard = self.pin();
         let hash_of = |b| self.hash_of(b);
+        let cx = &Cx::new(&hash_of, now);
         let t = &self.rows.table;
         with_probe!(self.rows, key, hash, &guard, |p| t
-            .resolve(hash, p, ticket, keep, now, &hash_of, &guard))
+            .resolve(hash, p, ticket, keep, cx, &guard))
     }
 
     /// Refunds `debit` to `key`, whose hash is `hash`.

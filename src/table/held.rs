@@ -50,6 +50,13 @@ const S_BITS: u32 = 56;
 /// Bits of one inline lot's count.
 const COUNT_BITS: u32 = 2;
 
+/// The largest payload the form writes (a settled `tat` of `2^56 − 2`, the
+/// largest it keeps inline, every other bit set) is below the row states.
+const _: () = assert!(
+    (((1u64 << S_BITS) - 2) << (2 + 2 * COUNT_BITS)) | ((1 << (2 + 2 * COUNT_BITS)) - 1)
+        <= MAX_PAYLOAD
+);
+
 /// How a table writes its held rows: the hold limit and the inline form
 /// (DESIGN.md §3, "Held rows inline").
 ///
@@ -979,7 +986,17 @@ mod tests {
             x ^= x << 17;
             x
         };
-        let mut limits = vec![1, 2, 3, 7, 1_000, 10_000_000_000, MAX_TIME, u64::MAX - 1, u64::MAX];
+        let mut limits = vec![
+            1,
+            2,
+            3,
+            7,
+            1_000,
+            10_000_000_000,
+            MAX_TIME,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
         limits.extend((0..200).map(|_| next() >> (next() % 64)));
         for p in limits {
             let f = Form::new(1, p);
@@ -1012,12 +1029,12 @@ mod tests {
                     let base = f.epoch(tat);
                     let cur_e = (base + next() % 6).saturating_sub(3);
                     let lot = |e: u64, r: u64| {
-                        if r % 5 == 0 {
+                        if r.is_multiple_of(5) {
                             Lot::EMPTY
                         } else {
                             Lot {
                                 id: e + 1,
-                                cost: (1 + r % 5) * interval + u64::from(r % 23 == 0),
+                                cost: (1 + r % 5) * interval + u64::from(r.is_multiple_of(23)),
                             }
                         }
                     };
@@ -1036,12 +1053,12 @@ mod tests {
                         && (s.cur.is_empty()
                             || (cur_e + 2 >= base
                                 && cur_e + 2 <= base + 3
-                                && s.cur.cost % interval == 0
+                                && s.cur.cost.is_multiple_of(interval)
                                 && s.cur.cost / interval <= 3))
                         && (s.prev.is_empty()
                             || (!s.cur.is_empty()
                                 && s.prev.id + 1 == s.cur.id
-                                && s.prev.cost % interval == 0
+                                && s.prev.cost.is_multiple_of(interval)
                                 && s.prev.cost / interval <= 3));
                     match f.encode(&s) {
                         Some(field) => {

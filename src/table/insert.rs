@@ -612,7 +612,7 @@ impl Table {
                                 created: false,
                                 lot: 0,
                                 held: 0,
-                                    }))
+                            }))
                         }
                         Err(actual) => match cell::live_tat(actual, bits) {
                             Some(t) if t < HELD => {
@@ -692,7 +692,7 @@ impl Table {
                             created: false,
                             lot: 0,
                             held: was.held(),
-                            },
+                        },
                     }));
                 }
                 Err(actual) => match cell::live_tat(actual, bits) {

@@ -212,14 +212,12 @@ impl Table {
         key: &P,
         ticket: Ticket,
         keep: bool,
-        now: u64,
-        hash_of: &dyn Fn(u64) -> u64,
+        cx: &Cx<'_>,
         guard: &Guard,
     ) -> bool {
-        if let Some(r) = self.resolve_first(hash, key, ticket, keep, now, guard) {
+        if let Some(r) = self.resolve_first(hash, key, ticket, keep, cx.now, guard) {
             return r;
         }
-        let cx = &Cx::new(hash_of, now);
         let r = self.resolve_row(hash, key, ticket, keep, cx, guard);
         if !cx.copied.get() {
             self.help(cx, guard);
