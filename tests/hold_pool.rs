@@ -16,12 +16,14 @@ use pace::{Pace, Rate};
 struct Counting;
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
 
 // SAFETY: every method forwards to `System` with the caller's arguments
 // unchanged, so `System`'s guarantees are ours; the counter is a side effect.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract.
         unsafe { System.alloc(layout) }
     }
@@ -33,6 +35,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
         // SAFETY: the caller upholds `GlobalAlloc::realloc`'s contract.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -65,10 +68,13 @@ fn a_steady_stream_of_holds_allocates_nothing() {
         cycle(i);
     }
     let before = ALLOCS.load(Ordering::Relaxed);
+    let bytes_before = BYTES.load(Ordering::Relaxed);
     for i in 0..CYCLES {
         cycle(i);
     }
     let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+    let bytes = BYTES.load(Ordering::Relaxed) - bytes_before;
+    eprintln!("{allocs} allocations, {bytes} bytes in {CYCLES} hold cycles");
     let allowed = if cfg!(pace_hold_record) {
         CYCLES / 64 + CYCLES / 100
     } else {
