@@ -143,9 +143,10 @@ impl<K, S, C> Builder<K, S, C> {
     /// How long a hold stays exact (default 10 s; see [`Pace::hold`]): a
     /// hold kept or refunded before any call on its key reads a time this
     /// long after the hold's own reading is resolved exactly, in any order
-    /// of readings (DESIGN.md §3, "Lots and the hold limit"); a hold never
-    /// resolved counts as held for at most twice this time after its lot
-    /// opened, then as kept. Zero is refused by
+    /// of readings (DESIGN.md §3, "Lots and the hold limit"); holds are
+    /// grouped in lots by epochs of this time, and a hold never resolved
+    /// counts as held until a call reads a time two epochs past its lot's
+    /// (at most twice this time past the lot's epoch), then as kept. Zero is refused by
     /// [`build`](Builder::build) ([`ConfigError::ZeroHoldLimit`]); a limit
     /// past the time space (`Duration::MAX`) means holds never expire.
     pub fn hold_limit(mut self, limit: Duration) -> Self {
