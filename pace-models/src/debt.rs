@@ -469,6 +469,10 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         // For a reserve or a hold: whether it created the key's row (the
         // sweep policy runs after the call's own copy, `Model::after_call`).
         let mut created = None;
+        // The reading the call's copy removes rows at: the clock's, but a
+        // hold's resolution acts at the hold's own reading, which may be
+        // later than the clock's now (set back since).
+        let mut reading = now as i128;
         match *op {
             Op::Reserve { key, n } => {
                 let key = key % p.keys;
@@ -505,6 +509,7 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                 if !holds.is_empty() {
                     let (h, key, cost, at) = holds.swap_remove(pick % holds.len());
                     model.resolve(key, cost, at, keep, at);
+                    reading = at;
                     let tokens = h.tokens();
                     let done = if keep {
                         h.keep()
@@ -591,7 +596,7 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         // rows its copy removed are taken from the model.
         if !matches!(op, Op::Sweep) {
             let removed = pace.copy_removed() - removed_before;
-            if let Err(e) = model.after_call(&pace, now as i128, removed, created) {
+            if let Err(e) = model.after_call(&pace, reading, removed, created) {
                 return fail(e);
             }
         }

@@ -8,7 +8,7 @@ use super::array::Array;
 use super::cell::{self, Cell, CellState};
 use super::held::{self, Held, Ticket, HELD};
 use super::keys::{NewRow, Probe};
-use super::{is_migrating, probe_seq, Admitted, Ask, Cx, Found, Table};
+use super::{is_migrating, near, probe_seq, Admitted, Ask, Cx, Found, Near, Table};
 use crate::bucket::Decision;
 use crate::sync::epoch::Guard;
 use crate::sync::{cas_retry, fence, snooze, Ordering};
@@ -20,12 +20,6 @@ enum Lost {
     /// The array is at its limit: migrate.
     NoRoom,
 }
-
-/// Cells of a key's sequence probed before the walk: the first inline in
-/// [`Table::reserve`], the rest by `reserve_near`. With rows at up to 13/16
-/// of an array's cells, a key's row is mostly within the first few cells
-/// of its sequence.
-const FAST_PROBES: usize = 4;
 
 /// What [`Table::verify`] decides for a claim.
 enum Verdict {
@@ -89,8 +83,8 @@ impl Table {
     /// `hash_of` gives the hash of a key's own bits (a migration copy needs
     /// it; boxed keys keep theirs).
     ///
-    /// The key's first cell of a current array that is not migrating is
-    /// probed here, inline: a row found there is debited at once.
+    /// The key's first cells of a current array that is not migrating are
+    /// probed here, inline ([`near`]): a row found there is debited at once.
     #[inline(always)]
     pub(crate) fn reserve<P: NewRow, const HOLD: bool>(
         &self,
@@ -103,13 +97,12 @@ impl Table {
     ) -> Result<Admitted, Decision> {
         let arr = self.array(guard);
         if arr.next.load(Ordering::Relaxed, guard).is_null() {
-            let idx = hash as usize & arr.mask();
-            let v = arr.cells[idx].load();
-            if let Some((bits, tat)) = cell::live(v) {
-                // SAFETY: `bits` was read under `guard` from a live cell.
+            // SAFETY: `arr` was loaded under `guard`, which `key` probes
+            // with.
+            if let Some(Near { idx, v, bits, tat }) = unsafe { near(arr, hash, key) } {
                 // (A plain reserve of a held row takes the slow path: the
                 // plain one stays as small as it was.)
-                if (HOLD || tat < HELD) && unsafe { key.matches(bits) } {
+                if HOLD || tat < HELD {
                     let r = if HOLD {
                         if let Some(r) = self.hold_in_word(arr, idx, v, bits, tat, ask) {
                             return r;
@@ -127,59 +120,9 @@ impl Table {
         self.reserve_slow::<P, HOLD>(ask, hash, key, reread, hash_of, guard)
     }
 
-    /// [`reserve_slow`](Table::reserve_slow)'s first try, in an array `arr`
-    /// that is not migrating: if the walk would pass over the key's first
-    /// cell, `first` (which held `v`), the next cells are probed as `find`
-    /// walks them (past other keys' rows, tombstones and claims, up to
-    /// [`FAST_PROBES`] cells in all), and the key's row found there is
-    /// debited (a key has at most one live row in an array: `verify`).
-    /// `None` when the walk must decide.
-    #[inline(never)]
-    fn reserve_near<P: Probe, const HOLD: bool>(
-        &self,
-        arr: &Array,
-        first: usize,
-        v: u128,
-        key: &P,
-        ask: Ask<'_>,
-        guard: &Guard,
-    ) -> Option<Result<Admitted, Decision>> {
-        let passed = match cell::live(v) {
-            // SAFETY: `bits` was read under `guard` from a live cell.
-            Some((bits, _)) => !unsafe { key.matches(bits) },
-            None => cell::passed_over(v),
-        };
-        if !passed {
-            return None;
-        }
-        let mask = arr.mask();
-        for i in 1..FAST_PROBES {
-            let idx = (first + i) & mask;
-            let v = arr.cells[idx].load();
-            match cell::live(v) {
-                // SAFETY: `bits` was read under `guard` from a live cell.
-                Some((bits, tat)) if unsafe { key.matches(bits) } => {
-                    if !HOLD && tat >= HELD {
-                        return None;
-                    }
-                    return if HOLD {
-                        self.change_held::<HOLD>(arr, idx, v, ask, guard)
-                    } else {
-                        self.debit(arr, idx, v, ask)
-                    };
-                }
-                Some(_) => {}
-                None if cell::passed_over(v) => {}
-                None => return None,
-            }
-        }
-        None
-    }
-
-    /// Everything but a row in the key's first cell: a row a few cells on
-    /// (`reserve_near`), the walk, inserts, migrations. After its own row,
-    /// a call that walked starts a pending shrink and
-    /// copies one chunk of a running migration (a call that starts one or
+    /// Everything but a row in the key's first cells: the walk, inserts,
+    /// migrations. After its own row, a call that walked starts a pending
+    /// shrink and copies one chunk of a running migration (a call that starts one or
     /// finds its target full copies again only through `start_migration`,
     /// so no call copies more than a constant). The copy comes after the
     /// call's own debit, so a row of its key that is full is debited, not
@@ -194,14 +137,6 @@ impl Table {
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
     ) -> Result<Admitted, Decision> {
-        let arr = self.array(guard);
-        if arr.next.load(Ordering::Relaxed, guard).is_null() {
-            let first = hash as usize & arr.mask();
-            let v = arr.cells[first].load();
-            if let Some(r) = self.reserve_near::<P, HOLD>(arr, first, v, key, ask, guard) {
-                return r;
-            }
-        }
         let cx = &Cx::new(hash_of, ask.now);
         let r = self.reserve_walk::<P, HOLD>(ask, hash, key, reread, cx, guard);
         self.shrink_pending(cx, guard);

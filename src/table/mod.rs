@@ -89,6 +89,53 @@ const SPARSE_ROWS: usize = 16;
 /// below `usize::MAX`, so that late `fetch_add`s cannot wrap it.
 const SWEEP_IDLE: usize = usize::MAX / 2;
 
+/// Cells of a key's sequence probed inline by the fast paths ([`near`])
+/// before the walk: with rows at up to 13/16 of an array's cells, a key's
+/// row is mostly within the first few cells of its sequence.
+const FAST_PROBES: usize = 4;
+
+/// A live row found by [`near`]: its cell, the cell's value, key half and
+/// field.
+#[derive(Clone, Copy)]
+struct Near {
+    idx: usize,
+    v: u128,
+    bits: u64,
+    tat: u64,
+}
+
+/// The live row of `key` among the first [`FAST_PROBES`] cells of its
+/// sequence in `arr`, probed as [`Table::find_walk`] walks them: past other
+/// keys' rows, tombstones and claims. A key has at most one live row in an
+/// array (`verify`), so a row found here is the one the walk returns
+/// first. `None` at any other cell (empty, fenced, sealed, frozen, moved)
+/// or past the last probe: the walk decides.
+///
+/// # Safety
+/// `arr` was loaded under the guard `key` probes with, which is still
+/// pinned.
+#[inline(always)]
+unsafe fn near<P: Probe>(arr: &Array, hash: u64, key: &P) -> Option<Near> {
+    let mask = arr.mask();
+    let first = hash as usize & mask;
+    for i in 0..FAST_PROBES {
+        let idx = (first + i) & mask;
+        let v = arr.cells[idx].load();
+        match cell::live(v) {
+            // SAFETY: `bits` is the key half of a live cell of `arr`, read
+            // while the guard `key` probes with is pinned (the caller's
+            // contract).
+            Some((bits, tat)) if unsafe { key.matches(bits) } => {
+                return Some(Near { idx, v, bits, tat })
+            }
+            Some(_) => {}
+            None if cell::passed_over(v) => {}
+            None => return None,
+        }
+    }
+    None
+}
+
 /// The one probe sequence: linear from the hash's low bits, every cell once.
 #[inline]
 fn probe_seq(hash: u64, mask: usize) -> impl Iterator<Item = usize> {
@@ -576,25 +623,21 @@ impl Table {
     /// targets. An inserting walk (`seal`) seals the empty cell that ends
     /// the sequence in a migrating array, so nothing can claim it after.
     ///
-    /// The key's first cell of the current array is tried here, inline: a
-    /// live row of the key there is what the walk would return first.
+    /// The key's first cells of the current array are tried here, inline
+    /// ([`near`]): a live row of the key there is what the walk would
+    /// return first.
     #[inline(always)]
     fn find<'g, P: Probe>(&self, hash: u64, key: &P, seal: bool, guard: &'g Guard) -> Found<'g> {
         let arr = self.array(guard);
-        let idx = hash as usize & arr.mask();
-        let v = arr.cells[idx].load();
-        if let Some((bits, tat)) = cell::live(v) {
-            // SAFETY: `bits` is the key half of a live cell read under
-            // `guard`.
-            if unsafe { key.matches(bits) } {
-                return Found::Row {
-                    arr,
-                    idx,
-                    v,
-                    bits,
-                    tat,
-                };
-            }
+        // SAFETY: `arr` was loaded under `guard`, which `key` probes with.
+        if let Some(Near { idx, v, bits, tat }) = unsafe { near(arr, hash, key) } {
+            return Found::Row {
+                arr,
+                idx,
+                v,
+                bits,
+                tat,
+            };
         }
         self.find_walk(hash, key, seal, guard)
     }

@@ -225,11 +225,11 @@ impl Table {
         r
     }
 
-    /// [`resolve`](Table::resolve) of a held row in its key's first cell of
-    /// a current array that is not migrating, in one try: `None` when the
-    /// row is elsewhere, its resolution would remove it (full, nothing held
-    /// left), or the CAS lost; [`resolve_row`](Table::resolve_row) takes
-    /// over then.
+    /// [`resolve`](Table::resolve) of a held row among its key's first
+    /// cells ([`near`]) of a current array that is not migrating, in one
+    /// try: `None` when the row is elsewhere, its resolution would remove
+    /// it (full, nothing held left), or the CAS lost;
+    /// [`resolve_row`](Table::resolve_row) takes over then.
     #[inline(always)]
     fn resolve_first<P: Probe>(
         &self,
@@ -244,11 +244,9 @@ impl Table {
         if !arr.next.load(Ordering::Relaxed, guard).is_null() {
             return None;
         }
-        let idx = hash as usize & arr.mask();
-        let v = arr.cells[idx].load();
-        let (bits, tat) = cell::live(v)?;
-        // SAFETY: `bits` was read under `guard` from a live cell.
-        if tat < HELD || !unsafe { key.matches(bits) } {
+        // SAFETY: `arr` was loaded under `guard`, which `key` probes with.
+        let Near { idx, v, bits, tat } = unsafe { near(arr, hash, key) }?;
+        if tat < HELD {
             return None;
         }
         if !held::on_its_row(bits, &ticket) {
