@@ -8,7 +8,7 @@ use super::array::Array;
 use super::cell::{self, Cell, CellState};
 use super::held::{self, Held, Ticket, HELD};
 use super::keys::{NewRow, Probe};
-use super::{is_migrating, near, probe_seq, Admitted, Ask, Cx, Found, Near, Table};
+use super::{is_migrating, near_after, probe_seq, Admitted, Ask, Cx, Found, Near, Table};
 use crate::bucket::Decision;
 use crate::sync::epoch::Guard;
 use crate::sync::{cas_retry, fence, snooze, Ordering};
@@ -83,8 +83,10 @@ impl Table {
     /// `hash_of` gives the hash of a key's own bits (a migration copy needs
     /// it; boxed keys keep theirs).
     ///
-    /// The key's first cells of a current array that is not migrating are
-    /// probed here, inline ([`near`]): a row found there is debited at once.
+    /// The key's first cell of a current array that is not migrating is
+    /// probed here, inline, and the next few cells out of line
+    /// ([`reserve_near`](Table::reserve_near)) when the walk would pass over
+    /// the first: a row found there is debited at once.
     #[inline(always)]
     pub(crate) fn reserve<P: NewRow, const HOLD: bool>(
         &self,
@@ -97,27 +99,65 @@ impl Table {
     ) -> Result<Admitted, Decision> {
         let arr = self.array(guard);
         if arr.next.load(Ordering::Relaxed, guard).is_null() {
-            // SAFETY: `arr` was loaded under `guard`, which `key` probes
-            // with.
-            if let Some(Near { idx, v, bits, tat }) = unsafe { near(arr, hash, key) } {
-                // (A plain reserve of a held row takes the slow path: the
-                // plain one stays as small as it was.)
-                if HOLD || tat < HELD {
-                    let r = if HOLD {
-                        if let Some(r) = self.hold_in_word(arr, idx, v, bits, tat, ask) {
+            let idx = hash as usize & arr.mask();
+            let v = arr.cells[idx].load();
+            let passed = match cell::live(v) {
+                // SAFETY: `bits` was read under `guard` from a live cell.
+                Some((bits, tat)) if unsafe { key.matches(bits) } => {
+                    // (A plain reserve of a held row takes the slow path:
+                    // the plain one stays as small as it was.)
+                    if HOLD || tat < HELD {
+                        let r = if HOLD {
+                            if let Some(r) = self.hold_in_word(arr, idx, v, bits, tat, ask) {
+                                return r;
+                            }
+                            self.change_held::<HOLD>(arr, idx, v, ask, guard)
+                        } else {
+                            self.debit(arr, idx, v, ask)
+                        };
+                        if let Some(r) = r {
                             return r;
                         }
-                        self.change_held::<HOLD>(arr, idx, v, ask, guard)
-                    } else {
-                        self.debit(arr, idx, v, ask)
-                    };
-                    if let Some(r) = r {
-                        return r;
                     }
+                    false
+                }
+                Some(_) => true,
+                None => cell::passed_over(v),
+            };
+            if passed {
+                if let Some(r) = self.reserve_near::<P, HOLD>(arr, idx, key, ask, guard) {
+                    return r;
                 }
             }
         }
         self.reserve_slow::<P, HOLD>(ask, hash, key, reread, hash_of, guard)
+    }
+
+    /// [`reserve`](Table::reserve) of a row a few cells on: the cells after
+    /// the key's first cell `first` of `arr` (not migrating), which the walk
+    /// passes over, probed as the walk does ([`near_after`]), and the key's
+    /// row found there debited or held. `None` when the walk must decide.
+    #[inline(never)]
+    fn reserve_near<P: Probe, const HOLD: bool>(
+        &self,
+        arr: &Array,
+        first: usize,
+        key: &P,
+        ask: Ask<'_>,
+        guard: &Guard,
+    ) -> Option<Result<Admitted, Decision>> {
+        // SAFETY: `arr` was loaded under `guard`, which `key` probes with.
+        let Near { idx, v, bits, tat } = unsafe { near_after(arr, first, key) }?;
+        if HOLD {
+            if let Some(r) = self.hold_in_word(arr, idx, v, bits, tat, ask) {
+                return Some(r);
+            }
+            self.change_held::<HOLD>(arr, idx, v, ask, guard)
+        } else if tat < HELD {
+            self.debit(arr, idx, v, ask)
+        } else {
+            None
+        }
     }
 
     /// Everything but a row in the key's first cells: the walk, inserts,

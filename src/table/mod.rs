@@ -136,6 +136,32 @@ unsafe fn near<P: Probe>(arr: &Array, hash: u64, key: &P) -> Option<Near> {
     None
 }
 
+/// [`near`] past the key's first cell, `first`, which the walk passes
+/// over: out of line, for a fast path that tried the first cell itself.
+///
+/// # Safety
+/// As [`near`].
+#[inline(never)]
+unsafe fn near_after<P: Probe>(arr: &Array, first: usize, key: &P) -> Option<Near> {
+    let mask = arr.mask();
+    for i in 1..FAST_PROBES {
+        let idx = (first + i) & mask;
+        let v = arr.cells[idx].load();
+        match cell::live(v) {
+            // SAFETY: `bits` is the key half of a live cell of `arr`, read
+            // while the guard `key` probes with is pinned (the caller's
+            // contract).
+            Some((bits, tat)) if unsafe { key.matches(bits) } => {
+                return Some(Near { idx, v, bits, tat })
+            }
+            Some(_) => {}
+            None if cell::passed_over(v) => {}
+            None => return None,
+        }
+    }
+    None
+}
+
 /// The one probe sequence: linear from the hash's low bits, every cell once.
 #[inline]
 fn probe_seq(hash: u64, mask: usize) -> impl Iterator<Item = usize> {
