@@ -15,7 +15,10 @@
 //! exact refunds, as its `exact-client`); `mix` instead of the layer's name runs the bare
 //! service, `PaceLayer` and `GovernorLayer` in alternating slices of 32
 //! requests, as `benches/layer.rs` does (`mix-addr`: the same with the
-//! source limit keyed by `IpAddr`, boxed, rather than `IpPrefix`). The requests are those of
+//! source limit keyed by `IpAddr`, boxed, rather than `IpPrefix`), each
+//! through a function of its own that is never inlined (`via_bare`,
+//! `via_pace`, `via_governor`; `docs/bench/layer_calls.sh` subtracts them
+//! over two runs). The requests are those of
 //! `benches/layer.rs` (1024 peer addresses, 1000 client ids, every request
 //! admitted); the limits are 1 a second with bursts of 10^6, so that every
 //! key's bucket stays partly drained however slowly the program runs (under
