@@ -145,6 +145,33 @@ fn holds_between_the_word_and_a_record() {
     });
 }
 
+/// Key 4's row lies in its second cell, behind key 0's (hash = key, 4
+/// cells), so its holds and their resolutions find it past the first cell
+/// (`reserve_near`, `near`) while a sweep turns key 0's full row into the
+/// tombstone they pass over. Both holds fit beside key 4's debt (1 token
+/// owed at `T` of 3); the refund returns exactly, the keep settles after
+/// the debt, and key 4 ends with nothing held.
+#[test]
+fn holds_past_the_first_cell_vs_sweep() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 3));
+        assert_eq!(t.reserve(0, 0), Some(T), "key 0 in its first cell");
+        assert_eq!(t.reserve(4, 0), Some(T), "key 4 in the next cell");
+        assert_eq!(t.reserve(4, 0), Some(2 * T));
+        let sweeper = {
+            let t = t.clone();
+            thread::spawn(move || t.sweep(T))
+        };
+        let kept = t.hold(4, T).expect("1 token owed, 2 free");
+        let refunded = t.hold(4, T).expect("1 token owed, 1 held, 1 free");
+        assert!(t.resolve(4, refunded, false, T), "the refund found its lot");
+        assert!(t.resolve(4, kept, true, T), "the keep found its lot");
+        assert_eq!(sweeper.join().unwrap(), 1, "key 0's row, full at T");
+        assert_eq!(t.live_keys(), vec![4]);
+        assert_eq!(t.held(4), Some((3 * T, 0)), "kept after the debt");
+    });
+}
+
 #[cfg(pace_mutant = "refund_rewinds_tat")]
 #[test]
 fn mutant_refund_rewinds_tat() {
