@@ -116,24 +116,8 @@ struct Near {
 /// pinned.
 #[inline(always)]
 unsafe fn near<P: Probe>(arr: &Array, hash: u64, key: &P) -> Option<Near> {
-    let mask = arr.mask();
-    let first = hash as usize & mask;
-    for i in 0..FAST_PROBES {
-        let idx = (first + i) & mask;
-        let v = arr.cells[idx].load();
-        match cell::live(v) {
-            // SAFETY: `bits` is the key half of a live cell of `arr`, read
-            // while the guard `key` probes with is pinned (the caller's
-            // contract).
-            Some((bits, tat)) if unsafe { key.matches(bits) } => {
-                return Some(Near { idx, v, bits, tat })
-            }
-            Some(_) => {}
-            None if cell::passed_over(v) => {}
-            None => return None,
-        }
-    }
-    None
+    // SAFETY: the caller's contract.
+    unsafe { near_from(arr, hash as usize & arr.mask(), 0, key) }
 }
 
 /// [`near`] past the key's first cell, `first`, which the walk passes
@@ -143,8 +127,18 @@ unsafe fn near<P: Probe>(arr: &Array, hash: u64, key: &P) -> Option<Near> {
 /// As [`near`].
 #[inline(never)]
 unsafe fn near_after<P: Probe>(arr: &Array, first: usize, key: &P) -> Option<Near> {
+    // SAFETY: the caller's contract.
+    unsafe { near_from(arr, first, 1, key) }
+}
+
+/// [`near`]'s probe of the cells `first + from .. first + FAST_PROBES`.
+///
+/// # Safety
+/// As [`near`].
+#[inline(always)]
+unsafe fn near_from<P: Probe>(arr: &Array, first: usize, from: usize, key: &P) -> Option<Near> {
     let mask = arr.mask();
-    for i in 1..FAST_PROBES {
+    for i in from..FAST_PROBES {
         let idx = (first + i) & mask;
         let v = arr.cells[idx].load();
         match cell::live(v) {
