@@ -16,7 +16,8 @@ cargo +nightly miri setup >/dev/null 2>&1
 # tests/memory.rs (allocated bytes return to the baseline) and by loom
 # (loom Arcs inside keys) instead.
 # Isolation stays on: threads read Miri's virtual clock and the schedule
-# follows Miri's default seed, so a run is repeatable. On the real clock
+# follows a fixed seed (the default, or one named below), so a run is
+# repeatable. On the real clock
 # (-Zmiri-disable-isolation) every run of the stress tests takes another
 # schedule, and some report a data race between a load of a row's word and
 # the free of that row by another thread's collection (DESIGN.md, section 9).
@@ -39,13 +40,17 @@ all)
     pool_run 2
     exit
     ;;
-a) args=(--test stress -- --exact "$a") ;;
-# The other half runs on Miri's schedule seed 1: on its default seed, the
-# schedule of this code reaches a data-race report between a sweep's read of
-# an array's length and the deferred free of an array by another thread's
-# collector, the shape Miri draws from crossbeam-epoch's fence-based
-# collector (crossbeam-rs/crossbeam#1108; DESIGN.md §9). AddressSanitizer,
-# which checks the real frees, runs the same test (40-asan.sh).
+# Each half runs on a Miri schedule seed of its own: on the default seed, the
+# schedules of today's code reach a data-race report between a thread's
+# access to an array it reached under a guard and the deferred free of that
+# array run by another thread's collector, in both halves. crossbeam-epoch
+# pins with a relaxed store and a SeqCst fence under Miri, and with a SeqCst
+# compare-exchange on x86; with the x86 pin the same seeds report nothing
+# (.ci/miri-x86-pin.sh a|b SEED, and DESIGN.md §9 for the runs and the
+# reading). When a change of the code moves a half's schedule onto such a
+# report, run that script on the seed: a report it keeps is the table's;
+# one it loses moves the half to another seed, named here.
+a) args=(--test stress -- --exact "$a"); export MIRIFLAGS="$MIRIFLAGS -Zmiri-seed=2" ;;
 b) args=(--test stress -- --exact "$b"); export MIRIFLAGS="$MIRIFLAGS -Zmiri-seed=1" ;;
 lib) args=(--lib -- --skip "$a" --skip "$b") ;;
 holds) args=(--test holds -- --skip "$a" --skip "$b") ;;
