@@ -253,7 +253,7 @@ impl<K> PeerIp<K> {
 impl<K: PeerKey> KeyExtractor for PeerIp<K> {
     type Key = K;
 
-    #[inline]
+    #[inline(always)]
     fn extract(&self, req: &RequestHead<'_>) -> Option<K> {
         Some(self.key_of(peer_addr(req.extensions)?.ip()))
     }
