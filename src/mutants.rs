@@ -60,6 +60,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("refund_undrained", "bucket.rs", "a refund subtracts its undrained part from whatever the bucket holds"),
     ("resolve_ignores_row", "table/held.rs", "a hold's resolution acts on another key's row with a lot of its epoch"),
     ("settle_unclamped", "table/held.rs", "a kept hold settles without the clamp at its own reading"),
+    ("shrink_below_sweep_floor", "table/mod.rs", "a shrink is sized for the rows a pass left, not the rows before the next"),
     ("shrink_to_half", "table/migrate.rs", "a shrink's target gives rows half of it, not a quarter"),
     ("stale_lot_opens_in_the_past", "table/held.rs", "a fresh lot opened by a stale reading starts in the past and settles the previous lot early"),
     ("sweep_at_default_cadence", "pace/mod.rs", "passes keep the default quota's cadence"),

@@ -8,7 +8,9 @@
 //! `a_churning_cell_array_is_resized_for_churn`; `mark_kept_after_pass`
 //! (the doubling that starts a pass counts from the rows at the last pass's
 //! start) and `shrink_to_half` (a shrink leaves no room for the rows to
-//! double) by `a_flood_under_a_long_horizon_keeps_few_rows`.
+//! double) by `a_flood_under_a_long_horizon_keeps_few_rows`;
+//! `shrink_below_sweep_floor` (a shrink sized for the few rows a pass left)
+//! by `a_working_set_refilled_between_requests_stops_migrating`.
 
 use std::collections::hash_map::RandomState;
 use std::time::Duration;
@@ -26,6 +28,7 @@ both_tables!(
     refunded_keys_reuse_tombstones,
     swept_keys_reuse_tombstones,
     a_flood_under_a_long_horizon_keeps_few_rows,
+    a_working_set_refilled_between_requests_stops_migrating,
 );
 
 /// Cells per live row a churning array may have: its target gives rows at
@@ -192,4 +195,41 @@ fn a_flood_under_a_long_horizon_keeps_few_rows(rows: Rows) {
     );
     assert_eq!(p.migrations(), migrations + 1, "the table shrank once");
     assert_eq!(p.table_slots(), shrunk, "the table keeps its size");
+}
+
+/// 1,024 keys asked in turn, one each 400 ns, under 1,000,000 tokens a
+/// second and a capacity of 2,000,000 (a 2 s horizon): a key comes back
+/// every 410 µs, its bucket full again (a token refills in 1 µs). So the
+/// passes that start when the rows double (from 64, the sweep floor) remove
+/// nearly every row, and each comes once 128 rows are made again. After a
+/// warm-up, the table neither shrinks nor grows: a pass that leaves a few
+/// rows does not shrink it below room for the rows before the next pass.
+/// Known-wrong variant, caught here: `shrink_below_sweep_floor` (each pass
+/// shrank the table for the few rows it left and the next 128 rows grew it
+/// back: a migration every 59 calls).
+fn a_working_set_refilled_between_requests_stops_migrating(rows: Rows) {
+    const KEYS: u64 = 1024;
+    let p = limiter(2_000_000, Duration::from_micros(1), rows);
+    assert_eq!(p.horizon(), Duration::from_secs(2));
+    let mut now = 1_000_000_000;
+    let mut ask = |calls: u64, from: u64| {
+        for i in from..from + calls {
+            drop(p.reserve_n_at(&(i % KEYS), 1, now).unwrap());
+            now += 400;
+        }
+    };
+    ask(20 * KEYS, 0);
+    let (slots, migrations) = (p.table_slots(), p.migrations());
+    assert!(
+        p.len() < 2 * 64 + 1,
+        "{} rows: the passes did not run",
+        p.len()
+    );
+    ask(100 * KEYS, 20 * KEYS);
+    assert_eq!(
+        p.migrations(),
+        migrations,
+        "the table migrated under a steady working set"
+    );
+    assert_eq!(p.table_slots(), slots, "the table keeps its size");
 }

@@ -293,6 +293,12 @@ expect_caught mark_kept_after_pass churn "rows at 4,000 keys a millisecond" --re
 expect_caught shrink_to_half churn "the table shrank once" --release \
     cells::a_flood_under_a_long_horizon_keeps_few_rows \
     entries::a_flood_under_a_long_horizon_keeps_few_rows
+# A working set of keys whose buckets refill between their requests: each
+# pass removes nearly every row, and a shrink sized for the few it left
+# grows back before the next pass (a migration every few dozen calls).
+expect_caught shrink_below_sweep_floor churn "the table migrated under a steady working set" --release \
+    cells::a_working_set_refilled_between_requests_stops_migrating \
+    entries::a_working_set_refilled_between_requests_stops_migrating
 
 # A migration removes the rows already full instead of copying them, raising
 # each key's floor first, against `copy_drops_without_floor`: a stale reserve

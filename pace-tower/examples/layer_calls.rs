@@ -219,6 +219,9 @@ fn main() {
     if which == "mix-addr" {
         return mix_all::<IpAddr>(limits, fields, n);
     }
+    if which == "mix-churn" {
+        return mix_churn(n);
+    }
     match (which, limits, fields) {
         ("bare", _, _) => run(inner(), n),
         ("pace", 1, _) => run(
@@ -316,6 +319,39 @@ fn main() {
 
 /// `mix`: bare, pace and governor interleaved; the source limit's key type
 /// is `K` (`IpPrefix` for `mix`, `IpAddr` for `mix-addr`).
+/// `mix-churn`: one limit per peer address, no fields, as `benches/layer.rs`'
+/// `1/plain/churn`: 1,000,000 tokens a second, a capacity of 2,000,000, so
+/// that a peer's bucket is full again long before its next request (under
+/// valgrind too) and pace finds no row, or a full one, each time.
+fn mix_churn(n: u64) {
+    let mut bare = inner();
+    let churn = Arc::new(
+        Pace::<IpPrefix>::builder(Rate::per_second(1_000_000).unwrap())
+            .capacity(2_000_000)
+            .build()
+            .unwrap(),
+    );
+    let mut p = PaceLayer::builder()
+        .rate_limit_headers(false)
+        .limit(Limit::new("source", churn, PeerIp::new()))
+        .build()
+        .unwrap()
+        .layer(inner());
+    let mut g = GovernorLayer::new(
+        GovernorConfigBuilder::default()
+            .per_nanosecond(1000)
+            .burst_size(2_000_000)
+            .key_extractor(PeerIpKeyExtractor)
+            .finish()
+            .unwrap(),
+    )
+    .layer(inner());
+    let mut f0 = |r| via_bare(&mut bare, r);
+    let mut f1 = |r| via_pace(&mut p, r);
+    let mut f2 = |r| via_governor(&mut g, r);
+    mix(&mut [&mut f0, &mut f1, &mut f2], n);
+}
+
 fn mix_all<K: PeerKey>(limits: u32, fields: bool, n: u64) {
     let gov = || {
         let mut b = GovernorConfigBuilder::default();

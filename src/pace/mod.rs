@@ -18,7 +18,7 @@ use crate::table::held::Ticket;
 use crate::table::keys::{self, Bits, Boxed};
 use crate::table::quota::QuotaCell;
 use crate::table::words::{self, Borrowed, WordKey};
-use crate::table::{Ask, Cx, Spent, Table};
+use crate::table::{Ask, Cx, Spent, Table, SWEEP_FLOOR};
 
 /// Runs `f` on each item, the work of a `Drop` (or of a way out) that calls
 /// keys' `Hash` or `Eq`: each runs whatever an earlier one did, a panic of
@@ -56,8 +56,6 @@ fn catch_in_drop(f: impl FnOnce()) -> std::thread::Result<()> {
 
 /// Default smallest slot array: the table shrinks back to this.
 const DEFAULT_MIN_SLOTS: usize = 64;
-/// Below this many rows, growth alone does not trigger a sweep.
-const SWEEP_FLOOR: usize = 64;
 /// The shortest time between two time-driven sweeps.
 const MIN_HORIZON_NS: u64 = 1_000_000;
 

@@ -34,6 +34,7 @@ use crossbeam_utils::Backoff;
 use super::array::{retire_array, Array};
 use super::cell::{self, Cell, CellState};
 use super::held::HELD;
+use super::sized_rows;
 use super::sweep::prefetch;
 use super::{
     is_migrating, probe_seq, Cx, Table, CALL_CELLS, CHUNK, CHURN_FACTOR, PENDING, SPARSE_ROWS,
@@ -42,7 +43,9 @@ use crate::sync::epoch::{Guard, Owned, Shared};
 use crate::sync::{fence, snooze, Ordering};
 
 /// The size of a migration's target: rows take at most half of it, a
-/// quarter after a shrink ([`shrink_factor`]). An array that filled with
+/// quarter after a shrink ([`shrink_factor`], counting at least
+/// [`SWEEP_FLOOR`](super::SWEEP_FLOOR) rows when any is left:
+/// [`sized_rows`]). An array that filled with
 /// tombstones which cleaning in place could not clear (rows leave from the
 /// middle of linear-probing runs) is churning: its target gives rows at
 /// most `1 / CHURN_FACTOR` of it, where runs stay short enough for reuse
@@ -51,12 +54,12 @@ use crate::sync::{fence, snooze, Ordering};
 /// array's claimed entries (rows, tombstones, claims), `len` its size,
 /// `chunks` its copy chunks.
 fn target_size(rows: usize, used: usize, len: usize, chunks: usize, min: usize) -> usize {
-    let factor = if churning(rows, used, len) {
-        CHURN_FACTOR
+    let (rows, factor) = if churning(rows, used, len) {
+        (rows, CHURN_FACTOR)
     } else if rows.saturating_mul(16) < len {
-        shrink_factor()
+        (sized_rows(rows), shrink_factor())
     } else {
-        2
+        (rows, 2)
     };
     rows.saturating_mul(factor)
         .saturating_add(2)

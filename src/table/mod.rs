@@ -274,6 +274,45 @@ pub(crate) const MIN_CELLS: usize = 4;
 /// cells at 4,000 live rows in 16,384 cells).
 const CHURN_FACTOR: usize = 8;
 
+/// Below this many rows, growth alone does not start a sweep pass: a pass
+/// starts when the rows reach twice `max(mark, SWEEP_FLOOR)`, `mark` being
+/// the rows the last pass left (`Pace::maybe_sweep`). So a table gains up to
+/// `2 · SWEEP_FLOOR` rows between passes however few a pass leaves, and a
+/// shrink leaves room for them ([`sized_rows`]).
+pub(crate) const SWEEP_FLOOR: usize = 64;
+
+/// The rows a shrink sizes its target for and judges sparseness by: at
+/// least [`SWEEP_FLOOR`] when any row is left. A pass that removes every
+/// row but a few (a working set of keys whose buckets refill between their
+/// requests: every row is full at each pass) leaves a table that gains
+/// `2 · SWEEP_FLOOR` rows before the next pass; sized for the few, it would
+/// shrink at every pass and grow back before the next, a migration every
+/// few dozen calls. An empty table still shrinks to its minimum.
+#[cfg(not(pace_mutant = "shrink_below_sweep_floor"))]
+#[inline]
+pub(super) fn sized_rows(rows: usize) -> usize {
+    if rows == 0 {
+        0
+    } else {
+        rows.max(SWEEP_FLOOR)
+    }
+}
+
+/// Known-wrong variant `shrink_below_sweep_floor`: a shrink is sized for
+/// the rows the pass left alone.
+#[cfg(pace_mutant = "shrink_below_sweep_floor")]
+pub(super) fn sized_rows(rows: usize) -> usize {
+    rows
+}
+
+/// Whether an array of `cells` cells with `rows` rows is sparse: a shrink
+/// to a quarter of its sized rows' room ([`sized_rows`]) halves it at least
+/// twice.
+#[inline]
+pub(super) fn sparse(rows: usize, cells: usize) -> bool {
+    sized_rows(rows).saturating_mul(16) < cells
+}
+
 /// Arrays this small are never resized for churn (`resize_if_churning`).
 const CHURN_RESIZE_MIN: usize = 64;
 

@@ -7,7 +7,7 @@
 use super::array::Array;
 use super::cell::CellState;
 use super::held::{Held, HELD};
-use super::{is_migrating, Cx, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE};
+use super::{is_migrating, sparse, Cx, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE};
 use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
 
@@ -64,7 +64,7 @@ impl Table {
             if is_migrating(arr.next.load(Ordering::Acquire, guard)) {
                 continue; // a migration started under the pass: sweep its target
             }
-            if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
+            if arr.cells.len() > self.min_cells && sparse(self.len(), arr.cells.len()) {
                 removed += self.start_migration(arr, cx, guard);
             }
             removed += self.finish_migration(cx, guard);
@@ -342,7 +342,7 @@ impl Table {
     /// a moment later makes unnecessary.
     pub(super) fn shrink_if_sparse(&self, cx: &Cx<'_>, guard: &Guard) {
         let arr = self.array(guard);
-        if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
+        if arr.cells.len() > self.min_cells && sparse(self.len(), arr.cells.len()) {
             if self.len() == 0 {
                 self.start_migration(arr, cx, guard);
             } else {
@@ -367,7 +367,7 @@ impl Table {
             return;
         }
         let arr = self.array(guard);
-        if arr.cells.len() > self.min_cells && self.len().saturating_mul(16) < arr.cells.len() {
+        if arr.cells.len() > self.min_cells && sparse(self.len(), arr.cells.len()) {
             self.start_migration(arr, cx, guard);
         }
     }
