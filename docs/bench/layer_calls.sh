@@ -4,6 +4,8 @@
 #
 #   cargo build --release -p pace-tower --example layer_calls
 #   bash docs/bench/layer_calls.sh 1|2 plain|fields
+#   bash docs/bench/layer_calls.sh churn        # one limit, no fields, every
+#                                               # peer's bucket full again
 #
 # `layer_calls mix` runs the bare service, PaceLayer and GovernorLayer in
 # alternating slices of 32 requests, each through a function of its own
@@ -14,8 +16,13 @@
 # cancel out: the figure is per warm request. Counts move by up to ~1% from
 # one run to the next (the clock's readings steer rare paths).
 set -euo pipefail
-limits=${1:?usage: layer_calls.sh 1|2 plain|fields}
-mode=${2:?usage: layer_calls.sh 1|2 plain|fields}
+limits=${1:?usage: layer_calls.sh 1|2 plain|fields, or churn}
+mix=mix
+if [ "$limits" = churn ]; then
+    mix=mix-churn limits=1
+    set -- 1 plain
+fi
+mode=${2:?usage: layer_calls.sh 1|2 plain|fields, or churn}
 bin=${BIN:-target/release/examples/layer_calls}
 n1=${N1:-20000}
 n2=${N2:-60000}
@@ -23,12 +30,12 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for n in "$n1" "$n2"; do
     valgrind --tool=callgrind --callgrind-out-file="$tmp/out.$n" \
-        "$bin" mix "$limits" "$mode" "$n" >/dev/null 2>&1
+        "$bin" "$mix" "$limits" "$mode" "$n" >/dev/null 2>&1
     callgrind_annotate --threshold=100 --inclusive=yes "$tmp/out.$n" |
         sed -nE 's/^ *([0-9,]+) .*layer_calls::via_(bare|pace|governor).*/\2 \1/p' |
         tr -d , >"$tmp/sum.$n"
 done
-python3 - "$tmp/sum.$n1" "$tmp/sum.$n2" "$n1" "$n2" "$limits $mode" <<'PY'
+python3 - "$tmp/sum.$n1" "$tmp/sum.$n2" "$n1" "$n2" "$mix $limits $mode" <<'PY'
 import sys
 def load(path):
     return {k: int(v) for k, v in (line.split() for line in open(path))}

@@ -14,7 +14,9 @@
 //! `2/refund/..`; `inexact-` before either gives up the source limit's
 //! exact refunds, as its `exact-client`); `mix` instead of the layer's name runs the bare
 //! service, `PaceLayer` and `GovernorLayer` in alternating slices of 32
-//! requests, as `benches/layer.rs` does (`mix-addr`: the same with the
+//! requests, as `benches/layer.rs` does (`mix-churn`: one limit, no
+//! fields, every peer's bucket full again at its next request, as the
+//! bench's `1/plain/churn`; `mix-addr`: the same as `mix` with the
 //! source limit keyed by `IpAddr`, boxed, rather than `IpPrefix`), each
 //! through a function of its own that is never inlined (`via_bare`,
 //! `via_pace`, `via_governor`; `docs/bench/layer_calls.sh` subtracts them
@@ -317,8 +319,6 @@ fn main() {
     }
 }
 
-/// `mix`: bare, pace and governor interleaved; the source limit's key type
-/// is `K` (`IpPrefix` for `mix`, `IpAddr` for `mix-addr`).
 /// `mix-churn`: one limit per peer address, no fields, as `benches/layer.rs`'
 /// `1/plain/churn`: 1,000,000 tokens a second, a capacity of 2,000,000, so
 /// that a peer's bucket is full again long before its next request (under
@@ -352,6 +352,8 @@ fn mix_churn(n: u64) {
     mix(&mut [&mut f0, &mut f1, &mut f2], n);
 }
 
+/// `mix`: bare, pace and governor interleaved; the source limit's key type
+/// is `K` (`IpPrefix` for `mix`, `IpAddr` for `mix-addr`).
 fn mix_all<K: PeerKey>(limits: u32, fields: bool, n: u64) {
     let gov = || {
         let mut b = GovernorConfigBuilder::default();
