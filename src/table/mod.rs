@@ -305,9 +305,9 @@ pub(super) fn sized_rows(rows: usize) -> usize {
     rows
 }
 
-/// Whether an array of `cells` cells with `rows` rows is sparse: a shrink
-/// to a quarter of its sized rows' room ([`sized_rows`]) halves it at least
-/// twice.
+/// Whether an array of `cells` cells with `rows` rows is sparse: its sized
+/// rows ([`sized_rows`]) fill less than 1/16 of it, so a shrink's target (4
+/// cells a sized row, `shrink_factor`) is at most a quarter of it.
 #[inline]
 pub(super) fn sparse(rows: usize, cells: usize) -> bool {
     sized_rows(rows).saturating_mul(16) < cells
