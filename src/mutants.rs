@@ -65,6 +65,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("stale_lot_opens_in_the_past", "table/held.rs", "a fresh lot opened by a stale reading starts in the past and settles the previous lot early"),
     ("sweep_at_default_cadence", "pace/mod.rs", "passes keep the default quota's cadence"),
     ("sweep_cursor_stuck", "table/sweep.rs", "a pass restarts only from exactly SWEEP_IDLE"),
+    ("sweep_floor_by_hash", "table/sweep.rs", "a sweep raises the floor of a word key's hash, not its bits' stripe"),
     ("sweep_keeps_floor", "table/sweep.rs", "a swept row's floor is not raised"),
     ("sweep_removes_held", "table/sweep.rs", "a held row is judged by its settled tat alone"),
     ("turn_before_its_slot", "pace/turn.rs", "a turn is let through when decided, before its slot"),

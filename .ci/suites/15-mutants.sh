@@ -306,6 +306,13 @@ expect_caught shrink_below_sweep_floor churn "the table migrated under a steady 
 expect_caught copy_drops_without_floor lib "from the floor the copier raised" --release \
     table::tests::a_migration_removes_full_rows_and_raises_their_floor
 
+# A sweep raises each removed row's floor in the stripe its key's creators
+# read (a word key's from its bits, without hashing it), against
+# `sweep_floor_by_hash`: a stale reserve then admits one more
+# (src/table/tests.rs).
+expect_caught sweep_floor_by_hash lib "starts from the floor the sweep raised" --release \
+    table::tests::a_sweep_raises_the_floor_its_keys_creators_read
+
 # A pass that comes due while a small array migrates copies the migration's
 # rest and sweeps the target at once, against `pass_waits_for_migration`,
 # which leaves it to later calls (src/table/tests.rs; tests/model.rs's

@@ -16,7 +16,10 @@
 //! (`Builder::fast_hasher`, alone and with `CoarseClock`); `governor`
 //! (regime `admit`: 1 µs per token, burst 2^32-1, keys primed with 2^31
 //! tokens); and `pace-churn`,
-//! `governor-churn` (a new key per op, refunded by pace). `pace` keeps its
+//! `governor-churn` (a new key per op, refunded by pace); `pace-flood`,
+//! `entries-flood` and `governor-flood`, the tails bench's churn at the
+//! default capacity (a new key per op, kept, 1000/s with capacity 1000, on
+//! a clock that advances 300 ns per op, so sweeps remove a row per op). `pace` keeps its
 //! `u64` rows in cells; `entries`, `entries-foldhash-fixed` and
 //! `entries-churn` are the same with rows in the slot table
 //! (`Builder::boxed_keys`). Arguments: mode, ops, keys (cycled in order).
@@ -179,6 +182,38 @@ fn main() {
             for i in 0..ops {
                 if let Ok(r) = p.reserve(&key(i)) {
                     r.refund();
+                }
+            }
+        }
+        "pace-flood" | "entries-flood" | "governor-flood" => {
+            // The tails bench's churn at the default capacity: a new key per
+            // op, kept, 1000/s with capacity 1000, on a clock that advances
+            // 300 ns per op (a row is full again 3,334 ops after its reserve).
+            let rate = Rate::per_second(1000).unwrap();
+            let c = std::sync::Arc::new(Fixed(AtomicU64::new(1)));
+            struct Shared(std::sync::Arc<Fixed>);
+            impl Clock for Shared {
+                fn now_ns(&self) -> u64 {
+                    self.0.now_ns()
+                }
+            }
+            if mode == "governor-flood" {
+                let q = governor::Quota::per_second(NonZeroU32::new(1000).unwrap());
+                let g = governor::RateLimiter::keyed(q);
+                for i in 0..ops {
+                    black_box(g.check_key(&key(i)).is_ok());
+                }
+            } else {
+                let b = Pace::builder(rate).clock(Shared(c.clone()));
+                let p = if mode == "pace-flood" {
+                    b.build()
+                } else {
+                    b.boxed_keys().build()
+                };
+                let p = p.unwrap();
+                for i in 0..ops {
+                    c.0.fetch_add(300, Ordering::Relaxed);
+                    black_box(p.reserve(&key(i)).is_ok());
                 }
             }
         }

@@ -87,7 +87,8 @@ pub trait PaceInternals<K, S, C> {
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq;
-    /// The stripe of floors `key` shares with other keys.
+    /// The stripe of floors `key` shares with other keys (`usize::MAX` for a
+    /// word-sized key given as a borrowed form other than its own type).
     fn floor_stripe<Q>(&self, key: &Q) -> usize
     where
         K: Borrow<Q>,

@@ -643,13 +643,9 @@ where
         // A row is never live before its first debit; an absent one starts
         // from its floor.
         let t = &self.rows.table;
-        let tat = with_probe!(self.rows, key, hash, &guard, |p| t.peek(
-            hash,
-            p,
-            Some(now),
-            &guard
-        ))
-        .map_or_else(|| t.floor(hash), |s| s.effective(now));
+        let tat = with_probe!(self.rows, key, hash, &guard, |p| t
+            .peek(hash, p, Some(now), &guard)
+            .map_or_else(|| t.floor(hash, p), |s| s.effective(now)));
         limits.tokens(tat, now)
     }
 
@@ -661,7 +657,10 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        Table::floor_stripe(self.hasher.hash_one(key))
+        let hash = self.hasher.hash_one(key);
+        let guard = self.pin();
+        let t = &self.rows.table;
+        with_probe!(self.rows, key, hash, &guard, |p| t.floor_stripe(hash, p)).unwrap_or(usize::MAX)
     }
 
     /// The settled `tat` (ns) of `key`'s row, if any (for models).

@@ -8,10 +8,15 @@
 //! of its stripe instead of 0. A fresh row is thereby never below any earlier
 //! row of its key, which is all DESIGN.md's over-admission argument needs.
 //!
-//! Floors are striped by the top bits of the key's hash so that one key's
-//! removal delays no other key unless they share a stripe and the creator's
-//! clock reading is older than that removed `tat`: with a sane clock a swept
-//! row's `tat` lies in the past, so new keys are not delayed.
+//! Floors are striped so that one key's removal delays no other key unless
+//! they share a stripe and the creator's clock reading is older than that
+//! removed `tat`: with a sane clock a swept row's `tat` lies in the past, so
+//! new keys are not delayed. A key's stripe is any function of the key that
+//! every remover and creator of its rows computes alike: for boxed keys the
+//! top bits of the key's hash (which the box keeps), for word-sized keys in
+//! cells a multiply-shift of the key's own bits under a random odd
+//! multiplier drawn per table ([`Floors::of_word`]), so that a sweep, which
+//! reads only the bits from a cell, removes a row without hashing its key.
 
 use crate::sync::{AtomicU64, Ordering};
 
@@ -25,37 +30,51 @@ const STRIPES: usize = 2;
 /// The largest removed `tat` of each stripe of keys.
 pub(crate) struct Floors {
     stripes: Box<[AtomicU64]>,
+    /// The odd multiplier of [`Floors::of_word`].
+    mul: u64,
 }
+
+/// Bits of a stripe's index.
+const STRIPE_BITS: u32 = STRIPES.trailing_zeros();
 
 impl Floors {
     pub(crate) fn new() -> Floors {
         Floors {
             stripes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            mul: stripe_multiplier(),
         }
     }
 
-    /// The stripe of a key with this hash: the hash's top bits (the table
-    /// indexes slots with its low bits).
+    /// The stripe of a boxed key with this hash: the hash's top bits (the
+    /// table indexes cells with its low bits).
     #[inline]
-    pub(crate) fn stripe(hash: u64) -> usize {
-        (hash >> (64 - STRIPES.trailing_zeros())) as usize
+    pub(crate) fn of_hash(hash: u64) -> usize {
+        (hash >> (64 - STRIPE_BITS)) as usize
     }
 
-    /// The floor a fresh row of a key with this hash starts from.
+    /// The stripe of a word-sized key held in cells by its bits: the top
+    /// bits of their product with the table's random odd multiplier, which
+    /// callers who choose keys cannot predict (a multiply-shift hash).
+    #[inline]
+    pub(crate) fn of_word(&self, bits: u64) -> usize {
+        (bits.wrapping_mul(self.mul) >> (64 - STRIPE_BITS)) as usize
+    }
+
+    /// The floor a fresh row of a key in `stripe` starts from.
     #[cfg(not(pace_mutant = "fresh_row_from_zero"))]
     #[inline]
-    pub(crate) fn get(&self, hash: u64) -> u64 {
+    pub(crate) fn get(&self, stripe: usize) -> u64 {
         // Acquire is enough: the caller reached this point through the
         // release CAS that removed the row (its cell a tombstone), which the
         // raise precedes.
-        self.stripes[Floors::stripe(hash)].load(Ordering::Acquire)
+        self.stripes[stripe].load(Ordering::Acquire)
     }
 
     /// Known-wrong variant `fresh_row_from_zero`: a fresh row forgets every
     /// removed row's debt.
     #[cfg(pace_mutant = "fresh_row_from_zero")]
     #[inline]
-    pub(crate) fn get(&self, _hash: u64) -> u64 {
+    pub(crate) fn get(&self, _stripe: usize) -> u64 {
         0
     }
 
@@ -63,27 +82,46 @@ impl Floors {
     /// row, so that a stale reserve starts a fresh row from it.
     #[cfg(not(pace_mutant = "refund_keeps_floor"))]
     #[inline]
-    pub(crate) fn raise_refunded(&self, hash: u64, tat: u64) {
-        self.raise(hash, tat);
+    pub(crate) fn raise_refunded(&self, stripe: usize, tat: u64) {
+        self.raise(stripe, tat);
     }
 
     /// Known-wrong variant `refund_keeps_floor`: a refund that fills a row
     /// removes it without raising its floor.
     #[cfg(pace_mutant = "refund_keeps_floor")]
-    pub(crate) fn raise_refunded(&self, _: u64, _: u64) {}
+    pub(crate) fn raise_refunded(&self, _: usize, _: u64) {}
 
-    /// Raises the floor of `hash`'s stripe to `tat`. Called before the row is
+    /// Raises the floor of `stripe` to `tat`. Called before the row is
     /// removed, so whoever finds the row gone also finds the floor.
     #[inline]
-    pub(crate) fn raise(&self, hash: u64, tat: u64) {
-        let s = &self.stripes[Floors::stripe(hash)];
+    pub(crate) fn raise(&self, stripe: usize, tat: u64) {
+        let s = &self.stripes[stripe];
         if s.load(Ordering::Acquire) < tat {
             s.fetch_max(tat, Ordering::AcqRel);
         }
+    }
+
+    /// The highest floor of any stripe (a scan of every stripe).
+    pub(crate) fn highest(&self) -> u64 {
+        (0..STRIPES).map(|s| self.get(s)).max().unwrap_or(0)
     }
 
     /// Bytes held by the floors.
     pub(crate) fn bytes(&self) -> usize {
         STRIPES * std::mem::size_of::<AtomicU64>()
     }
+}
+
+/// A random odd multiplier for [`Floors::of_word`], from the standard
+/// library's randomly keyed hasher. Loom models take a fixed one: an
+/// execution must replay the same way.
+#[cfg(not(loom))]
+fn stripe_multiplier() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(STRIPES) | 1
+}
+
+#[cfg(loom)]
+fn stripe_multiplier() -> u64 {
+    0x9E37_79B9_7F4A_7C15
 }

@@ -226,7 +226,14 @@ impl Table {
                 Found::Full { arr, tomb } => (arr, None, tomb),
             };
             // An absent row starts from its floor: decide before creating.
-            let floor = self.floors.get(hash);
+            // A word-sized key's stripe comes from its bits (made now when
+            // the probe lacks them: a borrowed form, whose bits cost no
+            // allocation); a boxed key's from its hash.
+            let stripe = match (self.boxed, key.word()) {
+                (None, None) => self.stripe(hash, *fresh.bits.get_or_insert_with(|| key.make())),
+                (_, word) => self.stripe(hash, word.unwrap_or(0)),
+            };
+            let floor = self.floors.get(stripe);
             if floor > now {
                 now = now.max(reread());
             }
@@ -338,7 +345,7 @@ impl Table {
         // The claim becomes the row with this debit in one CAS, so no
         // row is ever live before its first debit (a sweep would take
         // it for full); a denial now withdraws the claim.
-        let floor = self.floors.get(hash);
+        let floor = self.floors.get(self.stripe(hash, mine));
         if floor > now {
             now = now.max(reread());
             ask.now = now;

@@ -158,6 +158,12 @@ pub(crate) trait Probe {
     /// of its table in a state that names a live key (`Claimed`, `Live`,
     /// `FrozenLive`, `Moved`).
     unsafe fn matches(&self, bits: u64) -> bool;
+
+    /// A word-sized key's own bits, which its cells hold (its floor's stripe
+    /// comes from them), when the probe has them: `None` for a boxed key
+    /// (its stripe comes from its hash) and for a borrowed form of a
+    /// word-sized key other than the key's own type.
+    fn word(&self) -> Option<u64>;
 }
 
 /// A key an insert can make a row of.
@@ -175,6 +181,11 @@ impl Probe for Bits {
     #[inline(always)]
     unsafe fn matches(&self, bits: u64) -> bool {
         bits == self.0
+    }
+
+    #[inline(always)]
+    fn word(&self) -> Option<u64> {
+        Some(self.0)
     }
 }
 
@@ -219,6 +230,11 @@ where
         // SAFETY: the caller's contract is `box_ref`'s.
         let b = unsafe { box_ref::<K>(bits, self.guard) };
         b.hash == self.hash && b.key.borrow() == self.key
+    }
+
+    #[inline(always)]
+    fn word(&self) -> Option<u64> {
+        None
     }
 }
 

@@ -280,7 +280,7 @@ impl Table {
                     // Full: removed here, not copied. The floor first, then
                     // the cell closed (Release): whoever finds the key gone
                     // reads a floor at least `last`.
-                    self.raise_for_copy(hash, last);
+                    self.raise_for_copy(self.stripe(hash, key), last);
                     cell.store(CellState::Closed.encode());
                     removed += 1;
                     if self.boxed.is_some() {
@@ -385,15 +385,15 @@ impl Table {
     /// `tat` first, as a sweep does.
     #[cfg(not(pace_mutant = "copy_drops_without_floor"))]
     #[inline]
-    fn raise_for_copy(&self, hash: u64, tat: u64) {
-        self.floors.raise(hash, tat);
+    fn raise_for_copy(&self, stripe: usize, tat: u64) {
+        self.floors.raise(stripe, tat);
     }
 
     /// Known-wrong variant `copy_drops_without_floor`: the row is removed
     /// without raising the floor, so a stale reserve of its key starts from
     /// an older one.
     #[cfg(pace_mutant = "copy_drops_without_floor")]
-    fn raise_for_copy(&self, _: u64, _: u64) {}
+    fn raise_for_copy(&self, _: usize, _: u64) {}
 }
 
 /// The value of `cell` once frozen for a copy: frozen by this call, or by

@@ -457,16 +457,40 @@ impl Table {
         let _ = hash;
     }
 
-    /// Where a fresh row of a key with this hash starts (its stripe's floor).
-    #[inline]
-    pub(crate) fn floor(&self, hash: u64) -> u64 {
-        self.floors.get(hash)
+    /// The stripe of floors of the key with this hash whose bits in a cell
+    /// are `bits` (a word-sized key's own bits; a boxed key's stripe comes
+    /// from its hash alone, and `bits` are not read). Removers and creators
+    /// of a key's rows compute the same stripe (`floor.rs`).
+    #[inline(always)]
+    pub(crate) fn stripe(&self, hash: u64, bits: u64) -> usize {
+        if self.boxed.is_some() {
+            Floors::of_hash(hash)
+        } else {
+            self.floors.of_word(bits)
+        }
     }
 
-    /// The stripe of floors a key with this hash shares (for models).
+    /// Where a fresh row of the key `probe` names, whose hash is `hash`,
+    /// would start: its stripe's floor, or, for a word-sized key given as
+    /// another borrowed form (whose bits this cannot make), the highest
+    /// floor of any stripe, which is at least its own.
+    #[inline]
+    pub(crate) fn floor<P: Probe>(&self, hash: u64, probe: &P) -> u64 {
+        match (self.boxed, probe.word()) {
+            (None, None) => self.floors.highest(),
+            (_, word) => self.floors.get(self.stripe(hash, word.unwrap_or(0))),
+        }
+    }
+
+    /// The stripe of floors the key `probe` names, whose hash is `hash`,
+    /// shares with other keys (for models; `None` for a word-sized key given
+    /// as another borrowed form).
     #[cfg(feature = "internals")]
-    pub(crate) fn floor_stripe(hash: u64) -> usize {
-        Floors::stripe(hash)
+    pub(crate) fn floor_stripe<P: Probe>(&self, hash: u64, probe: &P) -> Option<usize> {
+        match (self.boxed, probe.word()) {
+            (None, None) => None,
+            (_, word) => Some(self.stripe(hash, word.unwrap_or(0))),
+        }
     }
 
     /// Bytes held by the floors.

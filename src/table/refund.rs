@@ -140,7 +140,7 @@ impl Table {
                 false,
             ),
             Refund::Full => {
-                self.floors.raise_refunded(hash, prev);
+                self.floors.raise_refunded(self.stripe(hash, bits), prev);
                 (CellState::Tomb.encode(), true)
             }
         };
@@ -312,7 +312,7 @@ impl Table {
                 let full =
                     next.is_plain() && next.tat <= now && self.source_of(arr, guard).is_some();
                 let replaced = if full {
-                    self.floors.raise(hash, next.tat);
+                    self.floors.raise(self.stripe(hash, bits), next.tat);
                     arr.cells[idx].cas(v, CellState::Tomb.encode()).map(|_| {
                         // SAFETY: our CAS replaced `tat` in a cell of
                         // `arr` and made that cell a tombstone.

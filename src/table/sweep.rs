@@ -6,6 +6,7 @@
 
 use super::array::Array;
 use super::cell::CellState;
+use super::floor::Floors;
 use super::held::{Held, HELD};
 use super::{is_migrating, sparse, Cx, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE};
 use crate::sync::epoch::Guard;
@@ -191,8 +192,34 @@ impl Table {
         guard: &Guard,
     ) {
         // SAFETY: this function's contract.
-        let hash = unsafe { self.row_hash(key, hash_of, guard) };
-        self.floors.raise(hash, tat);
+        let stripe = unsafe { self.swept_stripe(key, hash_of, guard) };
+        self.floors.raise(stripe, tat);
+    }
+
+    /// The stripe of floors of the key of a row a sweep removes: from the
+    /// hash its box keeps, or from a word-sized key's own bits, without
+    /// hashing it (`floor.rs`).
+    ///
+    /// # Safety
+    /// `key` is the key half of a live cell read under `guard`.
+    #[cfg(not(pace_mutant = "sweep_floor_by_hash"))]
+    #[inline]
+    unsafe fn swept_stripe(&self, key: u64, _: &dyn Fn(u64) -> u64, guard: &Guard) -> usize {
+        if self.boxed.is_some() {
+            // SAFETY: this function's contract.
+            Floors::of_hash(unsafe { super::keys::hash_in_box(key, guard) })
+        } else {
+            self.floors.of_word(key)
+        }
+    }
+
+    /// Known-wrong variant `sweep_floor_by_hash`: a sweep raises the stripe
+    /// of a word-sized key's hash, not the one of its bits that its
+    /// creators read.
+    #[cfg(pace_mutant = "sweep_floor_by_hash")]
+    unsafe fn swept_stripe(&self, key: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) -> usize {
+        // SAFETY: this function's contract.
+        Floors::of_hash(unsafe { self.row_hash(key, hash_of, guard) })
     }
 
     /// Known-wrong variant `sweep_keeps_floor`: a swept row's debt is

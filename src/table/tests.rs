@@ -132,8 +132,9 @@ proptest! {
         let entries = T::new(4, true);
         let cells = T::new(4, false);
         let mut now = 1_000u64;
-        // Admitted reservations not yet refunded: (key, n, tat, prev).
-        let mut held: Vec<(u64, u64, u64, u64)> = Vec::new();
+        // Admitted reservations not yet refunded: (key, n, tat, prev in
+        // entries, prev in cells).
+        let mut held: Vec<(u64, u64, u64, u64, u64)> = Vec::new();
         for op in ops {
             let guard = epoch::pin();
             match op {
@@ -141,9 +142,20 @@ proptest! {
                     now += dt;
                     let e = entries.reserve(&limits, &hash, k, n, now, &guard);
                     let c = cells.reserve(&limits, &hash, k, n, now, &guard);
-                    prop_assert_eq!(e, c, "reserve {} x{} at {}", k, n, now);
-                    if let Ok(a) = c {
-                        held.push((k, n, a.tat, a.prev));
+                    // A fresh row's `prev` is its stripe's floor, and the
+                    // kinds stripe keys apart (a boxed key by its hash, a
+                    // key in cells by its bits): every floor here is a
+                    // removed `tat` no later than `now`, so each starts the
+                    // row at `now`, which is what must agree.
+                    let start = |r: Result<Admitted, Decision>| {
+                        r.map(|a| Admitted {
+                            prev: if a.created { a.prev.max(now) } else { a.prev },
+                            ..a
+                        })
+                    };
+                    prop_assert_eq!(start(e), start(c), "reserve {} x{} at {}", k, n, now);
+                    if let (Ok(e), Ok(c)) = (e, c) {
+                        held.push((k, n, c.tat, e.prev, c.prev));
                     }
                 }
                 Op::Refund { i, dt } => {
@@ -151,9 +163,9 @@ proptest! {
                         continue;
                     }
                     now += dt;
-                    let (k, n, tat, prev) = held.swap_remove(i % held.len());
-                    let e = entries.refund(&limits, &hash, k, Spent { n, tat, prev }, now, &guard);
-                    let c = cells.refund(&limits, &hash, k, Spent { n, tat, prev }, now, &guard);
+                    let (k, n, tat, pe, pc) = held.swap_remove(i % held.len());
+                    let e = entries.refund(&limits, &hash, k, Spent { n, tat, prev: pe }, now, &guard);
+                    let c = cells.refund(&limits, &hash, k, Spent { n, tat, prev: pc }, now, &guard);
                     prop_assert_eq!(e, c, "refund {} at {}", k, now);
                 }
                 Op::Sweep { dt } => {
@@ -493,6 +505,41 @@ fn a_refund_to_full_raises_the_floor() {
             Err(Decision::Wait(5)),
             "a fresh row starts from the floor the refund raised"
         );
+    }
+}
+
+/// A sweep raises the floor of each row it removes, in the stripe the key's
+/// creators read (for keys in cells, from the key's bits; boxed, from the
+/// hash the box keeps): a reserve that read the clock before the sweep
+/// starts the key's next row from that floor. Known-wrong variants
+/// `sweep_keeps_floor` (no raise) and `sweep_floor_by_hash` (a word key's
+/// hash stripe, not its bits') let the stale reserve admit a token the
+/// bucket never had. Eight keys: under the second, each escapes only if
+/// another key's raise lands in its stripe.
+#[test]
+fn a_sweep_raises_the_floor_its_keys_creators_read() {
+    for boxed in [false, true] {
+        let limits = Limits::new(10, 1).unwrap();
+        let t = T::new(64, boxed);
+        let g = epoch::pin();
+        let hasher = RandomState::new();
+        let hash = |k: u64| hasher.hash_one(k);
+        let keys = [3u64, 17, 1 << 40, 99, 12_345, 7 << 50, 61, 1_000_003];
+        for &k in &keys {
+            // Debited at 0: tat 10, the bucket empty until 10.
+            assert_eq!(t.reserve(&limits, &hash, k, 1, 0, &g).unwrap().tat, 10);
+        }
+        assert_eq!(t.sweep(20, &hash, &g), keys.len(), "every row full at 20");
+        assert_eq!(t.len(), 0);
+        for &k in &keys {
+            // A reserve that read the clock at 5, before the sweep: the
+            // first debit still holds the only token until 10.
+            assert_eq!(
+                t.reserve(&limits, &hash, k, 1, 5, &g),
+                Err(Decision::Wait(5)),
+                "key {k} (boxed: {boxed}) starts from the floor the sweep raised"
+            );
+        }
     }
 }
 

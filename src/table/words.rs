@@ -224,6 +224,12 @@ where
     unsafe fn matches(&self, bits: u64) -> bool {
         self.word.key(bits).borrow() == self.key
     }
+
+    /// Not without a `K`: a new row's bits come from [`make`](super::keys::NewRow::make).
+    #[inline]
+    fn word(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl<K, Q> super::keys::NewRow for Borrowed<'_, K, Q>
