@@ -6,6 +6,10 @@
 #   bash docs/bench/layer_calls.sh 1|2 plain|fields
 #   bash docs/bench/layer_calls.sh churn        # one limit, no fields, every
 #                                               # peer's bucket full again
+#   bash docs/bench/layer_calls.sh addr 1 plain # the peer-address limit
+#                                               # keyed by IpAddr (boxed)
+#   bash docs/bench/layer_calls.sh 2 inexact-plain   # two limits, the first
+#                                               # not held (exact_refunds(false))
 #
 # `layer_calls mix` runs the bare service, PaceLayer and GovernorLayer in
 # alternating slices of 32 requests, each through a function of its own
@@ -21,6 +25,10 @@ mix=mix
 if [ "$limits" = churn ]; then
     mix=mix-churn limits=1
     set -- 1 plain
+elif [ "$limits" = addr ]; then
+    mix=mix-addr
+    shift
+    limits=${1:?usage: layer_calls.sh addr 1|2 plain|fields}
 fi
 mode=${2:?usage: layer_calls.sh 1|2 plain|fields, or churn}
 bin=${BIN:-target/release/examples/layer_calls}

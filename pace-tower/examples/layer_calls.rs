@@ -17,7 +17,9 @@
 //! requests, as `benches/layer.rs` does (`mix-churn`: one limit, no
 //! fields, every peer's bucket full again at its next request, as the
 //! bench's `1/plain/churn`; `mix-addr`: the same as `mix` with the
-//! source limit keyed by `IpAddr`, boxed, rather than `IpPrefix`), each
+//! source limit keyed by `IpAddr`, boxed, rather than `IpPrefix`; with two
+//! limits, `inexact-plain` and `inexact-fields` give up the source limit's
+//! exact refunds, so that it is reserved plainly rather than held), each
 //! through a function of its own that is never inlined (`via_bare`,
 //! `via_pace`, `via_governor`; `docs/bench/layer_calls.sh` subtracts them
 //! over two runs). The requests are those of
@@ -216,10 +218,10 @@ fn main() {
         b
     };
     if which == "mix" {
-        return mix_all::<IpPrefix>(limits, fields, n);
+        return mix_all::<IpPrefix>(limits, fields, exact_source, n);
     }
     if which == "mix-addr" {
-        return mix_all::<IpAddr>(limits, fields, n);
+        return mix_all::<IpAddr>(limits, fields, exact_source, n);
     }
     if which == "mix-churn" {
         return mix_churn(n);
@@ -354,7 +356,7 @@ fn mix_churn(n: u64) {
 
 /// `mix`: bare, pace and governor interleaved; the source limit's key type
 /// is `K` (`IpPrefix` for `mix`, `IpAddr` for `mix-addr`).
-fn mix_all<K: PeerKey>(limits: u32, fields: bool, n: u64) {
+fn mix_all<K: PeerKey>(limits: u32, fields: bool, exact_source: bool, n: u64) {
     let gov = || {
         let mut b = GovernorConfigBuilder::default();
         b.per_second(1).burst_size(1_000_000);
@@ -365,7 +367,7 @@ fn mix_all<K: PeerKey>(limits: u32, fields: bool, n: u64) {
     let mut bare = inner();
     let p = PaceLayer::builder()
         .rate_limit_headers(fields)
-        .limit(Limit::new("source", live::<K>(), PeerIp::new()));
+        .limit(Limit::new("source", live::<K>(), PeerIp::new()).exact_refunds(exact_source));
     let mut f0 = |r| via_bare(&mut bare, r);
     if limits == 1 {
         let mut p = p.build().unwrap().layer(inner());
