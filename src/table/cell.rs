@@ -252,7 +252,8 @@ impl Cell {
     }
 
     /// Writes `new` (Release): only for a cell whose writer is alone by the
-    /// protocol (a copier moving a cell it froze).
+    /// protocol (a copier moving a cell it froze, a cleaner lifting its
+    /// fence).
     #[inline]
     pub(crate) fn store(&self, new: u128) {
         #[cfg(not(loom))]

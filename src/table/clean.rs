@@ -60,19 +60,37 @@ impl Table {
     /// Cell `idx` of `arr` just became a tombstone: if `arr` is current and
     /// not migrating, empty it and the tombstones before it while each ends
     /// a run (at most [`CLEAN_CHUNK`] cells).
-    #[cfg(not(pace_mutant = "no_clean"))]
     pub(super) fn clean_after(&self, arr: &Array, idx: usize, guard: &Guard) {
+        let emptied = self.clean_back(arr, idx, guard);
+        if emptied > 0 {
+            arr.used.fetch_sub(emptied, Ordering::Relaxed);
+        }
+    }
+
+    /// [`clean_after`](Table::clean_after) without taking the cells it
+    /// emptied off `arr.used`: it returns how many, and the caller takes
+    /// them off (a sweep chunk, once for all its removals; until then the
+    /// array only looks fuller than it is).
+    #[cfg(not(pace_mutant = "no_clean"))]
+    pub(super) fn clean_back(&self, arr: &Array, idx: usize, guard: &Guard) -> usize {
         let cur = self.array(guard);
         if !std::ptr::eq(cur, arr) || is_migrating(arr.next.load(Ordering::Acquire, guard)) {
-            return;
+            return 0;
         }
-        let mask = arr.mask();
+        let (mask, fence) = (arr.mask(), CellState::Fence.encode());
+        let mut emptied = 0;
         for back in 0..CLEAN_CHUNK.min(arr.cells.len() - 1) {
             let i = idx.wrapping_sub(back) & mask;
-            if self.clean_range(arr, i, i + 1) == 0 {
-                return;
+            let cell = &arr.cells[i];
+            let v = cell.load();
+            if !matches!(CellState::decode(v), CellState::Tomb)
+                || !empty_behind_fence(cell, v, &arr.cells[(i + 1) & mask], fence)
+            {
+                break;
             }
+            emptied += 1;
         }
+        emptied
     }
 
     /// The current array is at its limit: if tombstones hold a quarter of
@@ -100,7 +118,9 @@ impl Table {
     /// Known-wrong variant `no_clean`: tombstones are never cleaned (only
     /// reused), here and when a target is sized (`migrate.rs`).
     #[cfg(pace_mutant = "no_clean")]
-    pub(super) fn clean_after(&self, _: &Array, _: usize, _: &Guard) {}
+    pub(super) fn clean_back(&self, _: &Array, _: usize, _: &Guard) -> usize {
+        0
+    }
 
     /// Known-wrong variant `no_clean`, as above.
     #[cfg(pace_mutant = "no_clean")]
@@ -111,7 +131,10 @@ impl Table {
 
 /// Empties tombstone `cell` (read as `v`) when the cell after it, `next`,
 /// is empty: a fence in `next` for the moment, so that no row is claimed
-/// there behind an emptied cell. True if it emptied the cell.
+/// there behind an emptied cell. True if it emptied the cell. The fence is
+/// lifted with a store, not a CAS: no one but its cleaner writes a fenced
+/// cell (claims, debits and removals expect other values; a copier waits
+/// until the fence is gone before it freezes the cell).
 #[cfg(not(pace_mutant = "clean_without_fence"))]
 #[inline]
 fn empty_behind_fence(cell: &Cell, v: u128, next: &Cell, fence: u128) -> bool {
@@ -121,8 +144,8 @@ fn empty_behind_fence(cell: &Cell, v: u128, next: &Cell, fence: u128) -> bool {
         return false;
     }
     let emptied = cell.cas(v, 0).is_ok();
-    let lifted = next.cas(fence, 0);
-    debug_assert!(lifted.is_ok(), "only its cleaner changes a fence");
+    debug_assert_eq!(next.load(), fence, "only its cleaner changes a fence");
+    next.store(0);
     emptied
 }
 

@@ -90,7 +90,7 @@ impl Table {
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
     ) -> usize {
-        let mut removed = 0;
+        let (mut removed, mut emptied) = (0, 0);
         let mut gone = Vec::new();
         for idx in start..end {
             let cell = &arr.cells[idx];
@@ -116,13 +116,16 @@ impl Table {
                         if self.boxed.is_some() {
                             gone.push(super::keys::untagged(key));
                         }
-                        self.clean_after(arr, idx, guard);
+                        emptied += self.clean_back(arr, idx, guard);
                     }
                 }
             }
         }
         if removed > 0 {
             self.len.fetch_sub(removed, Ordering::SeqCst);
+        }
+        if emptied > 0 {
+            arr.used.fetch_sub(emptied, Ordering::Relaxed);
         }
         // SAFETY: each row left `arr`, which was current when loaded (the
         // arrays before it were unpublished first), by this call's CAS, and
