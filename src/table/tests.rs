@@ -145,8 +145,11 @@ proptest! {
                     // A fresh row's `prev` is its stripe's floor, and the
                     // kinds stripe keys apart (a boxed key by its hash, a
                     // key in cells by its bits): every floor here is a
-                    // removed `tat` no later than `now`, so each starts the
-                    // row at `now`, which is what must agree.
+                    // removed `tat` no later than `now` (asserted), so each
+                    // starts the row at `now`, which is what must agree.
+                    for a in [&e, &c].into_iter().flatten() {
+                        prop_assert!(!a.created || a.prev <= now, "floor {} after {}", a.prev, now);
+                    }
                     let start = |r: Result<Admitted, Decision>| {
                         r.map(|a| Admitted {
                             prev: if a.created { a.prev.max(now) } else { a.prev },
