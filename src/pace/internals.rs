@@ -176,7 +176,7 @@ where
         S: BuildHasher,
         C: Clock,
     {
-        self.hold_n_with_inner(key, n, quota, Some(now))
+        self.hold_n_at_inner(key, n, quota, now)
     }
 
     fn resolve_at<Q>(hold: Hold<'_, K, Q, S, C>, keep: bool, now: u64) -> Refunded

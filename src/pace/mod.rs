@@ -395,25 +395,30 @@ where
     /// Keep the hold ([`Hold::keep`], or drop it) when the exchange
     /// happened. Never admits more than `reserve` would: held tokens count
     /// as debited at every decision (DESIGN.md §3, "Holds").
+    #[inline]
     pub fn hold<'a, Q>(&'a self, key: &'a Q) -> Result<Hold<'a, K, Q, S, C>, Denied>
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.hold_n_with_inner(key, 1, None, None)
+        self.hold_n(key, 1)
     }
 
     /// Holds `n` tokens of `key` (see [`hold`](Pace::hold)).
+    #[inline]
     pub fn hold_n<'a, Q>(&'a self, key: &'a Q, n: u64) -> Result<Hold<'a, K, Q, S, C>, Denied>
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.hold_n_with_inner(key, n, None, None)
+        let r = self
+            .reserve_slot::<Q, _, false, true>(key, n, None, (0, &mut 0), || self.clock.now_ns())?;
+        Ok(Hold { inner: Some(r) })
     }
 
     /// Holds `n` tokens of `key` under the call's own quota (see
     /// [`hold`](Pace::hold) and [`reserve_n_with`](Pace::reserve_n_with)).
+    #[inline]
     pub fn hold_n_with<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -424,24 +429,28 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.hold_n_with_inner(key, n, Some(quota), None)
+        let limits = Some(quota.limits_ref());
+        let r = self.reserve_slot::<Q, _, false, true>(key, n, limits, (0, &mut 0), || {
+            self.clock.now_ns()
+        })?;
+        Ok(Hold { inner: Some(r) })
     }
 
-    /// A hold, at the clock's time or at `now` (for models).
-    pub(crate) fn hold_n_with_inner<'a, Q>(
+    /// A hold at `now` (for models).
+    #[cfg(feature = "internals")]
+    pub(crate) fn hold_n_at_inner<'a, Q>(
         &'a self,
         key: &'a Q,
         n: u64,
         quota: Option<Quota>,
-        now: Option<u64>,
+        now: u64,
     ) -> Result<Hold<'a, K, Q, S, C>, Denied>
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = quota.as_ref().map(Quota::limits_ref);
-        let clock = || now.unwrap_or_else(|| self.clock.now_ns());
-        let r = self.reserve_slot::<Q, _, false, true>(key, n, limits, (0, &mut 0), clock)?;
+        let r = self.reserve_slot::<Q, _, false, true>(key, n, limits, (0, &mut 0), || now)?;
         Ok(Hold { inner: Some(r) })
     }
 

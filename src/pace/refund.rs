@@ -93,11 +93,37 @@ where
         };
         let hash = debit.hash;
         let guard = self.pin();
+        let t = &self.rows.table;
+        // The row among its key's first cells, resolved in one try; the
+        // rest (a walk, a migration, a removal) out of line.
+        let first = with_probe!(self.rows, key, hash, &guard, |p| t
+            .resolve_first(hash, p, ticket, keep, now, &guard));
+        match first {
+            Some(r) => r,
+            None => self.resolve_rest(key, hash, ticket, keep, now, &guard),
+        }
+    }
+
+    /// [`resolve_hashed`](Pace::resolve_hashed) past the key's first cells.
+    #[inline(never)]
+    fn resolve_rest<Q>(
+        &self,
+        key: &Q,
+        hash: u64,
+        ticket: Ticket,
+        keep: bool,
+        now: u64,
+        guard: &Guard,
+    ) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
         let hash_of = |b| self.hash_of(b);
         let cx = &Cx::new(&hash_of, now);
         let t = &self.rows.table;
-        with_probe!(self.rows, key, hash, &guard, |p| t
-            .resolve(hash, p, ticket, keep, cx, &guard))
+        with_probe!(self.rows, key, hash, guard, |p| t
+            .resolve_rest(hash, p, ticket, keep, cx, guard))
     }
 
     /// Refunds `debit` to `key`, whose hash is `hash`.

@@ -215,9 +215,24 @@ impl Table {
         cx: &Cx<'_>,
         guard: &Guard,
     ) -> bool {
-        if let Some(r) = self.resolve_first(hash, key, ticket, keep, cx.now, guard) {
-            return r;
+        match self.resolve_first(hash, key, ticket, keep, cx.now, guard) {
+            Some(r) => r,
+            None => self.resolve_rest(hash, key, ticket, keep, cx, guard),
         }
+    }
+
+    /// [`resolve`](Table::resolve) after
+    /// [`resolve_first`](Table::resolve_first) left it: the walk, then this
+    /// call's share of a running migration.
+    pub(crate) fn resolve_rest<P: Probe>(
+        &self,
+        hash: u64,
+        key: &P,
+        ticket: Ticket,
+        keep: bool,
+        cx: &Cx<'_>,
+        guard: &Guard,
+    ) -> bool {
         let r = self.resolve_row(hash, key, ticket, keep, cx, guard);
         if !cx.copied.get() {
             self.help(cx, guard);
@@ -231,7 +246,7 @@ impl Table {
     /// it (full, nothing held left), or the CAS lost;
     /// [`resolve_row`](Table::resolve_row) takes over then.
     #[inline(always)]
-    fn resolve_first<P: Probe>(
+    pub(crate) fn resolve_first<P: Probe>(
         &self,
         hash: u64,
         key: &P,
