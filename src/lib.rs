@@ -235,6 +235,7 @@ pub mod all;
 mod bucket;
 pub mod clock;
 pub mod gate;
+mod hasher;
 #[cfg(feature = "internals")]
 pub mod internals;
 mod pace;

@@ -143,3 +143,54 @@ fn a_hasher_that_panics_on_a_live_key_leaves_counts_exact() {
     PANIC_ON.store(u64::MAX, Ordering::Relaxed);
     assert_eq!(p.peek_at(&7, 10_000_000_000), 2, "key 7's bucket is full");
 }
+
+/// A limiter with std's `RandomState` hashes with SipHash-1-3 under a key
+/// of its own (src/hasher.rs), and a copier hashes the keys it moves the
+/// same way: 20,000 keys, each drained, grow the table through
+/// migrations, and every key is then found where its callers look (each
+/// denied, one row each), also with `IpPrefix` keys, and after a sweep
+/// removes them all. Known-wrong variant, caught here: `std_hash_for_bits`
+/// (copies hash with std's hasher).
+#[test]
+#[cfg_attr(miri, ignore)] // 20,000 keys
+fn a_random_state_limiter_finds_every_key_it_moved() {
+    const KEYS: u64 = 20_000;
+    let p: Pace<u64, RandomState, ManualClock> = Pace::builder(rate())
+        .capacity(1)
+        .hasher(RandomState::new())
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    assert!(p.inline_keys());
+    let slots = p.memory().slots;
+    for k in 0..KEYS {
+        assert!(p.reserve_n_at(&k, 1, 0).is_ok(), "key {k} admitted");
+    }
+    assert!(p.memory().slots > slots, "the table grew");
+    for k in 0..KEYS {
+        assert!(
+            p.reserve_n_at(&k, 1, 0).is_err(),
+            "key {k} is found after the migrations, drained"
+        );
+    }
+    assert_eq!(p.len(), KEYS as usize, "one row per key");
+    p.sweep_at(10_000_000_000);
+    assert_eq!(p.len(), 0, "a sweep finds and removes every row");
+
+    let p: Pace<pace::IpPrefix, RandomState, ManualClock> = Pace::builder(rate())
+        .capacity(1)
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let net = |k: u64| pace::IpPrefix::from(std::net::Ipv4Addr::from(k as u32));
+    for k in 0..KEYS {
+        assert!(p.reserve_n_at(&net(k), 1, 0).is_ok(), "net {k} admitted");
+    }
+    for k in 0..KEYS {
+        assert!(
+            p.reserve_n_at(&net(k), 1, 0).is_err(),
+            "net {k} found, drained"
+        );
+    }
+    assert_eq!(p.len(), KEYS as usize, "one row per net");
+}

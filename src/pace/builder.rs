@@ -98,6 +98,11 @@ impl<K, S, C> Builder<K, S, C> {
 
     /// The hasher (default: `RandomState`, randomly seeded SipHash). Keys are
     /// chosen by clients, so a predictable hasher invites collision floods.
+    /// With std's `RandomState` a limiter hashes with SipHash-1-3, the
+    /// function `RandomState`'s hashers compute, under a random key of its
+    /// own drawn at `build()`, through the `siphasher` crate, which takes an
+    /// integer whole where std's hasher buffers its bytes (DESIGN.md §6);
+    /// any other hasher is called as it is.
     ///
     /// Word-sized keys (`u64`, `i32`, `char`, `Ipv4Addr`, …) are held in
     /// their rows' cells as their own bits only with std's `RandomState`,
@@ -215,6 +220,7 @@ impl<K, S, C> Builder<K, S, C> {
         Ok(Pace {
             rows,
             quota: QuotaCell::new(quota),
+            sip: Sip::for_hasher::<S>(),
             hasher: self.hasher,
             clock: self.clock,
             horizon: AtomicU64::new(horizon),

@@ -194,7 +194,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash_key(key);
         let guard = self.pin();
         let t = &self.rows.table;
         with_probe!(self.rows, key, hash, &guard, |p| t

@@ -11,6 +11,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::bucket::{Decision, Limits};
 use crate::clock::{Clock, DefaultClock};
+use crate::hasher::{self, Sip};
 use crate::rate::{ConfigError, Quota, Rate};
 use crate::sync::epoch::Guard;
 use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
@@ -88,6 +89,9 @@ pub struct Pace<K, S = RandomState, C = DefaultClock> {
     /// The default quota: what `reserve` decides with.
     quota: QuotaCell,
     hasher: S,
+    /// The SipHash-1-3 key keys are hashed under when `hasher` is std's
+    /// `RandomState` (`hasher.rs`).
+    sip: Sip,
     clock: C,
     /// The time between time-driven sweep passes: the default quota's
     /// horizon (at least `MIN_HORIZON_NS`).
@@ -227,7 +231,10 @@ impl<K, S, C> Pace<K, S, C> {
         &self.clock
     }
 
-    /// The hasher this limiter hashes keys with.
+    /// The hasher this limiter was built with. With std's `RandomState`,
+    /// keys are hashed with the same function (SipHash-1-3) under a key
+    /// drawn for the limiter at `build()` ([`Builder::hasher`]), so this
+    /// hasher's own hashes of keys are not the limiter's.
     pub fn hasher(&self) -> &S {
         &self.hasher
     }
@@ -284,7 +291,23 @@ impl<K, S, C> Pace<K, S, C> {
 
     /// The hash of a word-sized key's own bits, for the table's copies and
     /// sweeps (boxed keys keep theirs: never called for them).
+    #[cfg(not(pace_mutant = "std_hash_for_bits"))]
     #[inline]
+    fn hash_of(&self, bits: u64) -> u64
+    where
+        S: BuildHasher,
+        K: Hash,
+    {
+        match self.rows.word {
+            Some(word) => self.hash_key(&word.key(bits)),
+            None => 0,
+        }
+    }
+
+    /// Known-wrong variant `std_hash_for_bits`: copies and sweeps hash a
+    /// cell's key with the hasher itself, which is not how callers hash
+    /// it when that is std's `RandomState` (`hash_key`).
+    #[cfg(pace_mutant = "std_hash_for_bits")]
     fn hash_of(&self, bits: u64) -> u64
     where
         S: BuildHasher,
@@ -293,6 +316,21 @@ impl<K, S, C> Pace<K, S, C> {
         match self.rows.word {
             Some(word) => self.hasher.hash_one(word.key(bits)),
             None => 0,
+        }
+    }
+
+    /// The hash of `key`, for every use: SipHash-1-3 under `sip` when the
+    /// hasher is std's `RandomState` (the same function, taking integers
+    /// whole: `hasher.rs`), the hasher's own otherwise.
+    #[inline(always)]
+    pub(crate) fn hash_key<Q: ?Sized + Hash>(&self, key: &Q) -> u64
+    where
+        S: BuildHasher,
+    {
+        if hasher::sip_for::<S>() {
+            self.sip.hash_one(key)
+        } else {
+            self.hasher.hash_one(key)
         }
     }
 
@@ -497,7 +535,7 @@ where
         if n == 0 {
             return Ok(self.reservation(key, Debit::none(self.id)));
         }
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash_key(key);
         // The key's cell is fetched while the epoch is pinned and the clock
         // read, which is why the clock is read only now.
         self.rows.table.prefetch(hash);
@@ -646,7 +684,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash_key(key);
         let guard = self.pin();
         let limits = quota.unwrap_or_else(|| *self.quota.load(&guard)).limits();
         // A row is never live before its first debit; an absent one starts
@@ -666,7 +704,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash_key(key);
         let guard = self.pin();
         let t = &self.rows.table;
         with_probe!(self.rows, key, hash, &guard, |p| t.floor_stripe(hash, p)).unwrap_or(usize::MAX)
@@ -679,7 +717,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq,
     {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash_key(key);
         let guard = self.pin();
         with_probe!(self.rows, key, hash, &guard, |p| self
             .rows

@@ -49,7 +49,7 @@ where
     where
         Q: ?Sized + Hash,
     {
-        (debit.limiter == self.id && debit.hash == self.hasher.hash_one(key)).then_some(debit.hash)
+        (debit.limiter == self.id && debit.hash == self.hash_key(key)).then_some(debit.hash)
     }
 
     /// Known-wrong variant for mutation tests: a debit is refunded to
@@ -60,7 +60,7 @@ where
     where
         Q: ?Sized + Hash,
     {
-        Some(self.hasher.hash_one(key))
+        Some(self.hash_key(key))
     }
 
     /// Keeps a detached hold ([`Hold::detach`]) of `key`: its tokens are
