@@ -128,7 +128,7 @@ impl<K, S, C> Builder<K, S, C> {
     /// foldhash's fast hasher instead of SipHash, with a seed of its own:
     /// [`FastHasher`], whose per-limiter seed is drawn from std's
     /// `RandomState` (keyed from the operating system's entropy). About
-    /// 70 fewer instructions per reserve (docs/bench/README.md); it does not
+    /// 80 fewer instructions per reserve (docs/bench/README.md); it does not
     /// resist an attacker who can observe the limiter's timing, which
     /// SipHash does (DESIGN.md §6). Feature `foldhash`.
     #[cfg(feature = "foldhash")]
