@@ -21,6 +21,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("all_no_refund", "all.rs", "pairs held before a denial keep their debits"),
     ("all_refund_oldest_first", "all.rs", "pairs held before a denial are refunded oldest first"),
     ("arrays_wait_for_a_full_bag", "table/array.rs", "a retired array waits for its thread's garbage bag to fill"),
+    ("check_costs_one", "pace/mod.rs", "check_key_n debits one token, however many it asked for"),
     ("check_then_debit", "table/insert.rs", "a debit is stored after a load, not by a CAS from it"),
     ("claimed_left_on_panic", "table/insert.rs", "a claim whose key check panicked stays claimed"),
     ("clean_without_fence", "table/clean.rs", "a tombstone is emptied on a read of the next cell, without a fence"),

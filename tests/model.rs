@@ -12,6 +12,7 @@ fn op(keys: u16, capacity: u64, tau: u64) -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0..keys).prop_map(|key| Op::Reserve { key, n: 1 }),
         2 => (0..keys, 0..=capacity + 1).prop_map(|(key, n)| Op::Reserve { key, n }),
+        2 => (0..keys, 0..=capacity + 1).prop_map(|(key, n)| Op::Check { key, n }),
         3 => any::<usize>().prop_map(|pick| Op::Refund { pick }),
         3 => (0..=tau * 2).prop_map(|ns| Op::Advance { ns }),
         1 => (0..=tau).prop_map(|ns| Op::SetBack { ns }),

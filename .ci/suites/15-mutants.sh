@@ -157,6 +157,10 @@ expect_caught quota_cost_of_default quotas "exceed the bound by" "" \
     random_mixed_quota_histories_never_exceed_the_bound
 expect_caught quota_cost_of_default model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
+# `check_key_n` decides as `reserve_n` does (the exact model's `Check`), against
+# `check_costs_one`: a check debits one token, however many it asked for.
+expect_caught check_costs_one model "Test failed: step" "" \
+    pace_agrees_with_the_debt_model
 # ... and against `turn_before_its_slot`: a turn (`acquire`) is let through
 # when it is decided, up to its whole wait before its debit fits; caught
 # also by the real-clock test of quotas and turns (tests/exactness.rs) and

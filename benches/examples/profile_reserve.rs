@@ -9,7 +9,8 @@
 //! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.n $B pace 200000 1
 //! ```
 //!
-//! Modes: `pace`, `pace-with` (each reserve with its own quota),
+//! Modes: `pace`, `pace-check` (`check_key`: the reserve without its
+//! reservation), `pace-with` (each reserve with its own quota),
 //! `pace-foldhash`, `pace-foldhash-fixed` (foldhash and a
 //! clock that is one relaxed load), `pace-coarse` (`CoarseClock`), and with
 //! `--features foldhash` `pace-fast` and `pace-fast-coarse`
@@ -86,6 +87,16 @@ fn main() {
                     "pace-hold-refund" => black_box(p.hold(k).map(|h| h.refund()).is_ok()),
                     _ => black_box(p.reserve(k).map(|r| r.refund()).is_ok()),
                 };
+            }
+        }
+        "pace-check" => {
+            // The warm reserve without its reservation (`check_key`).
+            let p = Pace::builder(rate).capacity(cap).build().unwrap();
+            for k in &keys {
+                let _kept = p.reserve_n(k, 1 << 31).expect("primed");
+            }
+            for i in 0..ops {
+                black_box(p.check_key(&keys[(i % nkeys) as usize]).is_ok());
             }
         }
         "pace-with" => {

@@ -24,6 +24,14 @@ pub enum Op {
         /// Tokens asked for.
         n: u64,
     },
+    /// `check_key_n(key, n)`: a reserve kept at once, without its
+    /// reservation.
+    Check {
+        /// The key (taken modulo [`Params::keys`]).
+        key: u16,
+        /// Tokens asked for.
+        n: u64,
+    },
     /// Refund one of the reservations still held (`pick` modulo their number).
     Refund {
         /// Which held reservation.
@@ -486,6 +494,15 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
                     held.push((r, key, n, end, prev));
                 }
             }
+            Op::Check { key, n } => {
+                let key = key % p.keys;
+                let (expect, _, _, made) = model.reserve(key, n, now as i128, None, 0);
+                created = made;
+                let got = pace.check_key_n(&names[key as usize], n);
+                if !agrees(&got, &expect) {
+                    return fail(format!("got {got:?}, model {expect:?}"));
+                }
+            }
             Op::Refund { pick } => {
                 if !held.is_empty() {
                     let (r, key, n, end, prev) = held.swap_remove(pick % held.len());
@@ -669,6 +686,10 @@ pub fn decode(data: &[u8], big_tables: bool) -> Option<(Params, Vec<Op>)> {
                 11 | 12 => Op::Advance { ns: frac(2 * tau) },
                 13 => Op::SetBack { ns: frac(tau) },
                 14 => Op::Sweep,
+                _ if c[3] & 1 == 1 => Op::Check {
+                    key: arg,
+                    n: u64::from(c[3] >> 1) % (capacity + 2),
+                },
                 _ => Op::Peek { key: arg },
             }
         })

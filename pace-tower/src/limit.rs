@@ -107,6 +107,16 @@ pub trait AsyncLimit<K>: Send + Sync + 'static {
         None
     }
 
+    /// [`reserve_now`](Self::reserve_now) for a debit the layer keeps at
+    /// once (a limit it never refunds, without fields to write): only the
+    /// decision. By default, `reserve_now`'s with its debit dropped; a
+    /// `pace::Pace` takes [`check_key_n`](pace::Pace::check_key_n), which
+    /// carries no debit back.
+    #[inline]
+    fn admit_now(&self, key: &K, n: u64) -> Option<Result<(), Refusal>> {
+        self.reserve_now(key, n).map(|r| r.map(drop))
+    }
+
     /// Whether [`reserve_now`](Self::reserve_now) always decides (a local
     /// limit): the layer then reserves it without keeping a state per
     /// request. False by default.
@@ -279,6 +289,11 @@ where
                 .map(pace::Reservation::detach)
                 .map_err(Refusal::from),
         )
+    }
+
+    #[inline]
+    fn admit_now(&self, key: &K, n: u64) -> Option<Result<(), Refusal>> {
+        Some(self.check_key_n(key, n).map_err(Refusal::from))
     }
 
     #[inline]

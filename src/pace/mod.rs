@@ -359,6 +359,57 @@ where
         self.reserve_n(key, 1)
     }
 
+    /// Debits one token from `key`'s bucket and keeps it: [`reserve`](Pace::reserve)
+    /// without the [`Reservation`], for a limit nothing refunds (governor's
+    /// `check_key`). The same decision and the same write; no debit to
+    /// carry back, so the call is the cheapest of the limiter's.
+    ///
+    /// ```
+    /// use pace::{Pace, Rate};
+    ///
+    /// let limiter: Pace<u64> = Pace::builder(Rate::per_second(10).unwrap())
+    ///     .capacity(2)
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(limiter.check_key(&7).is_ok());
+    /// assert!(limiter.check_key_n(&7, 1).is_ok());
+    /// let denied = limiter.check_key(&7).unwrap_err();
+    /// assert!(denied.retry_after() > std::time::Duration::ZERO);
+    /// ```
+    ///
+    /// # Errors
+    /// [`Denied`] as for [`reserve`](Pace::reserve).
+    #[inline]
+    pub fn check_key<Q>(&self, key: &Q) -> Result<(), Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.check_key_n(key, 1)
+    }
+
+    /// Debits `n` tokens at once, or none, and keeps them:
+    /// [`reserve_n`](Pace::reserve_n) without the [`Reservation`] (see
+    /// [`check_key`](Pace::check_key)).
+    ///
+    /// # Errors
+    /// [`Denied`] as for [`reserve`](Pace::reserve).
+    #[inline]
+    pub fn check_key_n<Q>(&self, key: &Q, n: u64) -> Result<(), Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        self.reserve_slot::<Q, _, _, false, false>(
+            key,
+            check_cost(n),
+            None,
+            (0, &mut 0),
+            || self.clock.now_ns(),
+            |_, _, _| (),
+        )
+    }
+
     /// Debits `n` tokens at once, or none. `n == 0` is always admitted and
     /// touches nothing; `n > capacity` is denied permanently.
     ///
@@ -374,7 +425,14 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_slot::<Q, _, false, false>(key, n, None, (0, &mut 0), || self.clock.now_ns())
+        self.reserve_slot::<Q, _, _, false, false>(
+            key,
+            n,
+            None,
+            (0, &mut 0),
+            || self.clock.now_ns(),
+            Self::reservation,
+        )
     }
 
     /// Debits one token from `key`'s bucket under `quota` instead of the
@@ -421,7 +479,14 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = Some(quota.limits_ref());
-        self.reserve_slot::<Q, _, false, false>(key, n, limits, (0, &mut 0), || self.clock.now_ns())
+        self.reserve_slot::<Q, _, _, false, false>(
+            key,
+            n,
+            limits,
+            (0, &mut 0),
+            || self.clock.now_ns(),
+            Self::reservation,
+        )
     }
 
     /// Holds a token of `key` while a presentation is checked: admitted or
@@ -449,8 +514,14 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        let r = self
-            .reserve_slot::<Q, _, false, true>(key, n, None, (0, &mut 0), || self.clock.now_ns())?;
+        let r = self.reserve_slot::<Q, _, _, false, true>(
+            key,
+            n,
+            None,
+            (0, &mut 0),
+            || self.clock.now_ns(),
+            Self::reservation,
+        )?;
         Ok(Hold { inner: Some(r) })
     }
 
@@ -468,9 +539,14 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = Some(quota.limits_ref());
-        let r = self.reserve_slot::<Q, _, false, true>(key, n, limits, (0, &mut 0), || {
-            self.clock.now_ns()
-        })?;
+        let r = self.reserve_slot::<Q, _, _, false, true>(
+            key,
+            n,
+            limits,
+            (0, &mut 0),
+            || self.clock.now_ns(),
+            Self::reservation,
+        )?;
         Ok(Hold { inner: Some(r) })
     }
 
@@ -488,7 +564,14 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = quota.as_ref().map(Quota::limits_ref);
-        let r = self.reserve_slot::<Q, _, false, true>(key, n, limits, (0, &mut 0), || now)?;
+        let r = self.reserve_slot::<Q, _, _, false, true>(
+            key,
+            n,
+            limits,
+            (0, &mut 0),
+            || now,
+            Self::reservation,
+        )?;
         Ok(Hold { inner: Some(r) })
     }
 
@@ -508,7 +591,14 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = quota.as_ref().map(Quota::limits_ref);
-        self.reserve_slot::<Q, _, false, false>(key, n, limits, (0, &mut 0), || now)
+        self.reserve_slot::<Q, _, _, false, false>(
+            key,
+            n,
+            limits,
+            (0, &mut 0),
+            || now,
+            Self::reservation,
+        )
     }
 
     /// The reserve: `limits` is the call's quota, `None` for the default.
@@ -518,14 +608,16 @@ where
     /// `(wait_ns, slot)`; a plain reserve (`TURN` false) does neither, and
     /// the compiler drops both.
     #[inline]
-    fn reserve_slot<'a, Q, F, const TURN: bool, const HOLD: bool>(
+    #[allow(clippy::too_many_arguments)]
+    fn reserve_slot<'a, Q, F, R, const TURN: bool, const HOLD: bool>(
         &'a self,
         key: &'a Q,
         n: u64,
         limits: Option<&Limits>,
         turn: (u64, &mut u64),
         clock: F,
-    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+        finish: impl FnOnce(&'a Self, &'a Q, Debit) -> R,
+    ) -> Result<R, Denied>
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
@@ -533,7 +625,7 @@ where
     {
         let (wait_ns, slot) = turn;
         if n == 0 {
-            return Ok(self.reservation(key, Debit::none(self.id)));
+            return Ok(finish(self, key, Debit::none(self.id)));
         }
         let hash = self.hash_key(key);
         // The key's cell is fetched while the epoch is pinned and the clock
@@ -587,7 +679,7 @@ where
                     // A hold's row (`Admitted::held`); unused by a debit.
                     row: held,
                 };
-                Ok(self.reservation(key, debit))
+                Ok(finish(self, key, debit))
             }
             // The wait beyond `wait_ns`, plus `wait_ns`: the whole wait.
             Err(Decision::Wait(ns)) if TURN => Err(Denied::from_decision(Decision::Wait(
@@ -861,6 +953,21 @@ mod builder;
 #[cfg(feature = "internals")]
 mod internals;
 mod refund;
+/// The tokens [`Pace::check_key_n`] debits for `n` asked: `n`.
+#[cfg(not(pace_mutant = "check_costs_one"))]
+#[inline(always)]
+fn check_cost(n: u64) -> u64 {
+    n
+}
+
+/// Known-wrong variant `check_costs_one`: a check debits one token, however
+/// many it asked for.
+#[cfg(pace_mutant = "check_costs_one")]
+#[inline(always)]
+fn check_cost(_n: u64) -> u64 {
+    1
+}
+
 mod reservation;
 // `internals`: on in every test build of the repository (the dev-dependency
 // on itself); a test of the published package without it leaves these out.

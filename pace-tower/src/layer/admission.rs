@@ -199,6 +199,44 @@ where
         }
     }
 
+    /// The request's key on the light path: the extractor's, without the
+    /// `Result` of [`key`](Self::key) around it; `None` when the limit is
+    /// skipped.
+    #[inline(always)]
+    fn light_key(&self, head: &RequestHead<'_>) -> Result<Option<E::Key>, Stop> {
+        match self.extractor.extract(head) {
+            Some(k) => Ok(Some(k)),
+            None => self.no_key(head),
+        }
+    }
+
+    /// The last limit's part of [`LimitsImpl::light_top`] without fields:
+    /// nothing after it can refuse and, as the last limit of a light layer,
+    /// it is not held, so its debit is kept at once and only the decision
+    /// is taken ([`AsyncLimit::admit_now`]).
+    #[inline(always)]
+    fn light_last(&self, head: &RequestHead<'_>) -> Result<(), Stop> {
+        let Some(key) = self.light_key(head)? else {
+            return Ok(()); // skipped
+        };
+        let n = self.cost.as_ref().map_or(1, |f| f(head));
+        match self.limiter.admit_now(&key, n) {
+            Some(Ok(())) => {
+                self.count_admitted();
+                Ok(())
+            }
+            Some(Err(refusal)) => Err(Stop::Refused {
+                index: self.index,
+                refusal,
+            }),
+            // `decides_at_once` promised a decision.
+            None => Err(Stop::Refused {
+                index: self.index,
+                refusal: Refusal::unavailable("the limit did not decide at once"),
+            }),
+        }
+    }
+
     /// This limit's part of [`LimitsImpl::light`]: reserves it at once,
     /// adds its field, runs `then` (the limits after it), and refunds its
     /// reservation if `then` stops.
@@ -212,13 +250,7 @@ where
     where
         F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
     {
-        // The extractor's key on the hot path, without the `Result` of
-        // [`key`](Self::key) around it.
-        let key = match self.extractor.extract(head) {
-            Some(k) => Some(k),
-            None => self.no_key(head)?,
-        };
-        let Some(key) = key else {
+        let Some(key) = self.light_key(head)? else {
             // Skipped (no key, `MissingKey::Skip`): no item; the policy
             // still lists its quota.
             let mut fields = fields;
@@ -410,6 +442,18 @@ where
     {
         self.0
             .light(head, fields, |fields| self.1.light_one(head, fields, then))
+    }
+
+    #[inline(always)]
+    fn light_top(
+        &self,
+        head: &RequestHead<'_>,
+        fields: Option<&mut FieldAcc<'_>>,
+    ) -> Result<(), Stop> {
+        if fields.is_some() || self.1.hold {
+            return self.light(head, fields, |_| Ok(()));
+        }
+        self.0.light(head, None, |_| self.1.light_last(head))
     }
 
     #[inline]

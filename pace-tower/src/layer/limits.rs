@@ -133,6 +133,15 @@ mod sealed {
         ) -> Result<(), Stop>
         where
             F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>;
+        /// [`light`](Self::light) with nothing after the limits: without
+        /// `fields`, the last limit (never refunded, not held) takes only
+        /// its decision ([`AsyncLimit::admit_now`]) and keeps its debit at
+        /// once.
+        fn light_top(
+            &self,
+            head: &RequestHead<'_>,
+            fields: Option<&mut FieldAcc<'_>>,
+        ) -> Result<(), Stop>;
         /// Reserves the limits in order (each once the ones before it
         /// admitted). On a refusal, the ones before it are refunded, newest
         /// first, before this returns it.
@@ -246,6 +255,10 @@ impl LimitsImpl for () {
         F: FnOnce(Option<&mut FieldAcc<'_>>) -> Result<(), Stop>,
     {
         then(fields)
+    }
+    #[inline(always)]
+    fn light_top(&self, _: &RequestHead<'_>, _: Option<&mut FieldAcc<'_>>) -> Result<(), Stop> {
+        Ok(())
     }
     #[inline]
     fn poll_reserve(&self, _: &mut (), _: &mut Context<'_>) -> Poll<Result<(), Stop>> {

@@ -297,13 +297,13 @@ where
             // admission: no state, no reference to the layer in the future.
             if shared.headers {
                 let mut acc = FieldAcc::new(shared);
-                if let Err(stop) = shared.limits.light(&head, Some(&mut acc), |_| Ok(())) {
+                if let Err(stop) = shared.limits.light_top(&head, Some(&mut acc)) {
                     return ResponseFuture::rejected(shared.reject(stop, &head));
                 }
                 let fields = acc.finish(shared, Src::Head(&head));
                 return ResponseFuture::fields(self.inner.call(req), fields);
             }
-            if let Err(stop) = shared.limits.light(&head, None, |_| Ok(())) {
+            if let Err(stop) = shared.limits.light_top(&head, None) {
                 return ResponseFuture::rejected(shared.reject(stop, &head));
             }
             return ResponseFuture::passthrough(self.inner.call(req));
