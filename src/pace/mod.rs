@@ -949,10 +949,6 @@ impl<K, S, C: fmt::Debug> fmt::Debug for Pace<K, S, C> {
     }
 }
 
-mod builder;
-#[cfg(feature = "internals")]
-mod internals;
-mod refund;
 /// The tokens [`Pace::check_key_n`] debits for `n` asked: `n`.
 #[cfg(not(pace_mutant = "check_costs_one"))]
 #[inline(always)]
@@ -968,6 +964,10 @@ fn check_cost(_n: u64) -> u64 {
     1
 }
 
+mod builder;
+#[cfg(feature = "internals")]
+mod internals;
+mod refund;
 mod reservation;
 // `internals`: on in every test build of the repository (the dev-dependency
 // on itself); a test of the published package without it leaves these out.
