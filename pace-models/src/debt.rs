@@ -482,25 +482,21 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
         // later than the clock's now (set back since).
         let mut reading = now as i128;
         match *op {
-            Op::Reserve { key, n } => {
+            Op::Reserve { key, n } | Op::Check { key, n } => {
                 let key = key % p.keys;
                 let (expect, end, prev, made) = model.reserve(key, n, now as i128, None, 0);
                 created = made;
-                let got = pace.reserve_n(&names[key as usize], n);
+                let name = &names[key as usize];
+                // A check keeps its debit at once: nothing to refund later.
+                let got = match op {
+                    Op::Check { .. } => pace.check_key_n(name, n).map(|()| None),
+                    _ => pace.reserve_n(name, n).map(Some),
+                };
                 if !agrees(&got, &expect) {
                     return fail(format!("got {got:?}, model {expect:?}"));
                 }
-                if let Ok(r) = got {
+                if let Ok(Some(r)) = got {
                     held.push((r, key, n, end, prev));
-                }
-            }
-            Op::Check { key, n } => {
-                let key = key % p.keys;
-                let (expect, _, _, made) = model.reserve(key, n, now as i128, None, 0);
-                created = made;
-                let got = pace.check_key_n(&names[key as usize], n);
-                if !agrees(&got, &expect) {
-                    return fail(format!("got {got:?}, model {expect:?}"));
                 }
             }
             Op::Refund { pick } => {

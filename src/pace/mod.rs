@@ -425,14 +425,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_slot::<Q, _, _, false, false>(
-            key,
-            n,
-            None,
-            (0, &mut 0),
-            || self.clock.now_ns(),
-            Self::reservation,
-        )
+        self.reservation_of::<Q, _, false>(key, n, None, || self.clock.now_ns())
     }
 
     /// Debits one token from `key`'s bucket under `quota` instead of the
@@ -479,14 +472,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = Some(quota.limits_ref());
-        self.reserve_slot::<Q, _, _, false, false>(
-            key,
-            n,
-            limits,
-            (0, &mut 0),
-            || self.clock.now_ns(),
-            Self::reservation,
-        )
+        self.reservation_of::<Q, _, false>(key, n, limits, || self.clock.now_ns())
     }
 
     /// Holds a token of `key` while a presentation is checked: admitted or
@@ -514,14 +500,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        let r = self.reserve_slot::<Q, _, _, false, true>(
-            key,
-            n,
-            None,
-            (0, &mut 0),
-            || self.clock.now_ns(),
-            Self::reservation,
-        )?;
+        let r = self.reservation_of::<Q, _, true>(key, n, None, || self.clock.now_ns())?;
         Ok(Hold { inner: Some(r) })
     }
 
@@ -539,14 +518,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = Some(quota.limits_ref());
-        let r = self.reserve_slot::<Q, _, _, false, true>(
-            key,
-            n,
-            limits,
-            (0, &mut 0),
-            || self.clock.now_ns(),
-            Self::reservation,
-        )?;
+        let r = self.reservation_of::<Q, _, true>(key, n, limits, || self.clock.now_ns())?;
         Ok(Hold { inner: Some(r) })
     }
 
@@ -564,14 +536,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = quota.as_ref().map(Quota::limits_ref);
-        let r = self.reserve_slot::<Q, _, _, false, true>(
-            key,
-            n,
-            limits,
-            (0, &mut 0),
-            || now,
-            Self::reservation,
-        )?;
+        let r = self.reservation_of::<Q, _, true>(key, n, limits, || now)?;
         Ok(Hold { inner: Some(r) })
     }
 
@@ -591,14 +556,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = quota.as_ref().map(Quota::limits_ref);
-        self.reserve_slot::<Q, _, _, false, false>(
-            key,
-            n,
-            limits,
-            (0, &mut 0),
-            || now,
-            Self::reservation,
-        )
+        self.reservation_of::<Q, _, false>(key, n, limits, || now)
     }
 
     /// The reserve: `limits` is the call's quota, `None` for the default.
@@ -687,6 +645,32 @@ where
             ))),
             Err(d) => Err(Denied::from_decision(d)),
         }
+    }
+
+    /// A reserve (`HOLD` false) or a hold of `n` tokens of `key` under
+    /// `limits` (the default quota when `None`) at the clock's reading
+    /// `clock`, as a [`Reservation`].
+    #[inline(always)]
+    fn reservation_of<'a, Q, F, const HOLD: bool>(
+        &'a self,
+        key: &'a Q,
+        n: u64,
+        limits: Option<&Limits>,
+        clock: F,
+    ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+        F: Fn() -> u64,
+    {
+        self.reserve_slot::<Q, _, _, false, HOLD>(
+            key,
+            n,
+            limits,
+            (0, &mut 0),
+            clock,
+            Self::reservation,
+        )
     }
 
     /// The reservation of `debit` on `key`.
