@@ -9,7 +9,8 @@
 //! valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.n $B pace 200000 1
 //! ```
 //!
-//! Modes: `pace`, `pace-check` (`check_key`: the reserve without its
+//! Modes: `pace`, `pace-sip0` (`pace` with SipHash under fixed keys: the
+//! same cells in every run, for counts over many keys), `pace-check` (`check_key`: the reserve without its
 //! reservation), `pace-with` (each reserve with its own quota),
 //! `pace-foldhash`, `pace-foldhash-fixed` (foldhash and a
 //! clock that is one relaxed load), `pace-coarse` (`CoarseClock`), and with
@@ -109,6 +110,24 @@ fn main() {
             for i in 0..ops {
                 black_box(p.reserve_with(&keys[(i % nkeys) as usize], q).is_ok());
             }
+        }
+        "pace-sip0" => {
+            // `pace` with SipHash-1-3 under fixed (zero) keys instead of
+            // random ones: the same cells from run to run, so counts over
+            // many keys compare builds exactly.
+            let h =
+                std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(
+                );
+            run(
+                &Pace::builder(rate)
+                    .capacity(cap)
+                    .hasher(h)
+                    .inline_keys_any_hasher()
+                    .build()
+                    .unwrap(),
+                &keys,
+                ops,
+            )
         }
         "pace-foldhash" => {
             let h = foldhash::fast::RandomState::default();

@@ -89,16 +89,16 @@ const SPARSE_ROWS: usize = 16;
 /// below `usize::MAX`, so that late `fetch_add`s cannot wrap it.
 const SWEEP_IDLE: usize = usize::MAX / 2;
 
-/// Cells of a key's sequence probed by the fast paths ([`near`]) before
-/// the walk: with rows at up to 13/16 of an array's cells, a key's row is
-/// mostly within the first few cells of its sequence. At half load (an
-/// array just grown) a quarter of the rows sit past their first cell and a
-/// few in a hundred past their fourth, whose reserves would walk (about a
-/// thousand instructions, against some 150 for a row found near): eight
-/// cells leave the walk to rows in long clusters. An array of fewer cells
-/// (4, the smallest) is probed around more than once: a live row of the key
-/// found on a later lap is still its one row in the array. The models
-/// probe 4, as many as their arrays have cells.
+/// Cells of a key's sequence probed by [`near`] (the first reads of a
+/// refund, a peek and a walk) before the walk: with rows at up to 13/16 of
+/// an array's cells, a key's row is mostly within the first few cells of
+/// its sequence. At half load (an array just grown) a quarter of the rows
+/// sit past their first cell and a few in a hundred past their fourth. A
+/// reserve past its first cell probes to the end of the cluster instead
+/// ([`near_after`]). An array of fewer cells (4, the smallest) is probed
+/// around more than once: a live row of the key found on a later lap is
+/// still its one row in the array. The models probe 4, as many as their
+/// arrays have cells.
 #[cfg(not(loom))]
 const FAST_PROBES: usize = 8;
 #[cfg(loom)]
@@ -127,28 +127,40 @@ struct Near {
 #[inline(always)]
 unsafe fn near<P: Probe>(arr: &Array, hash: u64, key: &P) -> Option<Near> {
     // SAFETY: the caller's contract.
-    unsafe { near_from(arr, hash as usize & arr.mask(), 0, key) }
+    unsafe { near_from(arr, hash as usize & arr.mask(), 0, FAST_PROBES, key) }
 }
 
 /// [`near`] past the key's first cell, `first`, which the walk passes
-/// over: out of line, for a fast path that tried the first cell itself.
+/// over, to the end of the key's cluster (at most once around `arr`)
+/// rather than [`FAST_PROBES`] cells: out of line, for a fast path that
+/// tried the first cell itself. A row in a long cluster, which a fuller
+/// array has more of, is debited where the walk would find it, without the
+/// walk: its setup, its second pass over the same cells and its share of
+/// the table's work cost about a thousand instructions. `None` where the
+/// walk decides, as for [`near`].
 ///
 /// # Safety
 /// As [`near`].
 #[inline(never)]
 unsafe fn near_after<P: Probe>(arr: &Array, first: usize, key: &P) -> Option<Near> {
     // SAFETY: the caller's contract.
-    unsafe { near_from(arr, first, 1, key) }
+    unsafe { near_from(arr, first, 1, arr.cells.len(), key) }
 }
 
-/// [`near`]'s probe of the cells `first + from .. first + FAST_PROBES`.
+/// [`near`]'s probe of the cells `first + from .. first + to`.
 ///
 /// # Safety
 /// As [`near`].
 #[inline(always)]
-unsafe fn near_from<P: Probe>(arr: &Array, first: usize, from: usize, key: &P) -> Option<Near> {
+unsafe fn near_from<P: Probe>(
+    arr: &Array,
+    first: usize,
+    from: usize,
+    to: usize,
+    key: &P,
+) -> Option<Near> {
     let mask = arr.mask();
-    for i in from..FAST_PROBES {
+    for i in from..to {
         let idx = (first + i) & mask;
         let v = arr.cells[idx].load();
         match cell::live(v) {
