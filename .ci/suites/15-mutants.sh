@@ -161,6 +161,16 @@ expect_caught quota_cost_of_default model "Test failed: step" "" \
 # `check_costs_one`: a check debits one token, however many it asked for.
 expect_caught check_costs_one model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
+# A large slot array asks for transparent huge pages (tests/huge_pages.rs),
+# against `huge_pages_ignored`: none asks. The test sees pace's huge pages
+# only where the kernel's THP setting is `madvise` (elsewhere it passes
+# with nothing to check).
+if grep -qF '[madvise]' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null; then
+    expect_caught huge_pages_ignored huge_pages "its array asked for none" "" \
+        a_large_array_asks_for_huge_pages
+else
+    echo "huge_pages_ignored: THP is not \`madvise\` here, nothing to catch it with"
+fi
 # ... and against `turn_before_its_slot`: a turn (`acquire`) is let through
 # when it is decided, up to its whole wait before its debit fits; caught
 # also by the real-clock test of quotas and turns (tests/exactness.rs) and

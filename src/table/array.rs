@@ -41,18 +41,19 @@ struct Orphan {
 
 impl Array {
     /// A migration target: an allocation failure aborts, as a `Vec`'s does.
-    pub(super) fn new(n: usize, copies: usize) -> Array {
-        Array::try_new(n, copies).unwrap_or_else(|| {
+    /// `huge`: see [`cell::empty_cells`].
+    pub(super) fn new(n: usize, copies: usize, huge: bool) -> Array {
+        Array::try_new(n, copies, huge).unwrap_or_else(|| {
             let layout = std::alloc::Layout::array::<Cell>(n)
                 .unwrap_or_else(|_| std::alloc::Layout::new::<Cell>());
             std::alloc::handle_alloc_error(layout)
         })
     }
 
-    pub(super) fn try_new(n: usize, copies: usize) -> Option<Array> {
+    pub(super) fn try_new(n: usize, copies: usize, huge: bool) -> Option<Array> {
         debug_assert!(n.is_power_of_two());
         Some(Array {
-            cells: cell::empty_cells(n)?,
+            cells: cell::empty_cells(n, huge)?,
             used: CachePadded::new(AtomicUsize::new(0)),
             limit: AtomicUsize::new(grow_at(n).saturating_sub(copies)),
             next: Atomic::null(),

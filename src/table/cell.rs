@@ -177,9 +177,10 @@ pub(crate) struct Cell(crate::sync::Mutex<u128>);
 /// allocator refuses them. Outside loom the memory comes zeroed from the
 /// allocator (an empty cell is all zero bits), so a large migration target
 /// costs its starter no pass over it: the copies that fill it touch its
-/// pages.
+/// pages. With `huge`, an array of [`HUGE_FROM`] bytes or more asks for
+/// transparent huge pages ([`advise_huge`]).
 #[cfg(not(loom))]
-pub(crate) fn empty_cells(n: usize) -> Option<Box<[Cell]>> {
+pub(crate) fn empty_cells(n: usize, huge: bool) -> Option<Box<[Cell]>> {
     use std::alloc::{alloc_zeroed, Layout};
     debug_assert_eq!(CellState::Empty.encode(), 0);
     let layout = Layout::array::<Cell>(n).ok()?;
@@ -191,6 +192,9 @@ pub(crate) fn empty_cells(n: usize) -> Option<Box<[Cell]>> {
     if p.is_null() {
         return None;
     }
+    if huge {
+        advise_huge(p as usize, layout.size());
+    }
     // SAFETY: `p` points to `n` zeroed cells, aligned for `Cell` and
     // allocated by the global allocator with `Layout::array::<Cell>(n)`, the
     // layout `Box<[Cell]>` frees with. A `Cell` is a transparent
@@ -198,10 +202,46 @@ pub(crate) fn empty_cells(n: usize) -> Option<Box<[Cell]>> {
     Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) })
 }
 
+/// The size from which an array asks for huge pages: 4 MiB, 262,144
+/// cells (rows past about 200,000), two huge pages of x86-64 and more.
+#[cfg(not(loom))]
+pub(crate) const HUGE_FROM: usize = 4 << 20;
+
+/// Asks the kernel to back the whole 2 MiB pages of the allocation
+/// `p..p + len` with transparent huge pages (`madvise(MADV_HUGEPAGE)`),
+/// if it is at least [`HUGE_FROM`] bytes: a lookup in a large array then
+/// misses the TLB far less. The kernel decides (THP `never`: nothing
+/// changes); a failure changes nothing. Linux only, and not under miri.
+#[cfg(not(any(loom, pace_mutant = "huge_pages_ignored")))]
+fn advise_huge(p: usize, len: usize) {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    {
+        const HUGE: usize = 2 << 20;
+        if len < HUGE_FROM {
+            return;
+        }
+        let at = p.next_multiple_of(HUGE);
+        let end = (p + len) & !(HUGE - 1);
+        if at < end {
+            // SAFETY: `at..end` is whole 2 MiB pages inside the allocation,
+            // which nobody has seen yet; MADV_HUGEPAGE only sets how the
+            // kernel backs them, never their contents (zero, as the
+            // allocator gave them).
+            unsafe { libc::madvise(at as *mut libc::c_void, end - at, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    let _ = (p, len);
+}
+
+/// Known-wrong variant `huge_pages_ignored`: no array asks for huge pages.
+#[cfg(all(not(loom), pace_mutant = "huge_pages_ignored"))]
+fn advise_huge(_p: usize, _len: usize) {}
+
 /// Loom's mutexes cannot be made by zeroing memory: build each cell (models
 /// use a handful).
 #[cfg(loom)]
-pub(crate) fn empty_cells(n: usize) -> Option<Box<[Cell]>> {
+pub(crate) fn empty_cells(n: usize, _huge: bool) -> Option<Box<[Cell]>> {
     (n > 0).then(|| (0..n).map(|_| Cell::new(CellState::Empty)).collect())
 }
 

@@ -166,13 +166,15 @@ impl Table {
             arr.claim.store(chunks, Ordering::Relaxed);
             arr.copied.store(chunks, Ordering::Relaxed);
             arr.next
-                .store(Owned::new(Array::new(n, 0)), Ordering::Release);
+                .store(Owned::new(Array::new(n, 0, self.huge)), Ordering::Release);
             let next = self.next_of(arr, guard);
             self.finish(arr, next, guard);
             return 0;
         }
-        arr.next
-            .store(Owned::new(Array::new(n, rows)), Ordering::Release);
+        arr.next.store(
+            Owned::new(Array::new(n, rows, self.huge)),
+            Ordering::Release,
+        );
         self.help(cx, guard)
     }
 

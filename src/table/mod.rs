@@ -410,6 +410,9 @@ pub(crate) struct Table {
     /// A sweep pass ended on a sparse array that still held rows: the next
     /// insert or removal starts the shrink (`shrink_pending`).
     shrink_wanted: AtomicBool,
+    /// Whether arrays of `cell::HUGE_FROM` bytes and more ask for huge
+    /// pages (`Builder::huge_pages`).
+    huge: bool,
     /// The current array's first cell and mask, as plain numbers, for
     /// [`prefetch`](Table::prefetch) before a call pins the epoch,
     /// stored by `finish` after it makes an array current. Never read
@@ -430,14 +433,16 @@ impl Table {
     /// can have or the allocator gives; its cells hold keys as `kind` says.
     /// Holds take new holds into a lot for `hold_limit` ns, and the table's
     /// interval `interval` sets how held rows are written (`held::Form`).
+    /// With `huge`, large arrays ask for huge pages (`cell::empty_cells`).
     pub(crate) fn try_new(
         min_cells: usize,
         kind: keys::KeyKind,
         interval: u64,
         hold_limit: u64,
+        huge: bool,
     ) -> Option<Table> {
         let n = min_cells.max(MIN_CELLS).checked_next_power_of_two()?;
-        let first = Array::try_new(n, 0)?;
+        let first = Array::try_new(n, 0, huge)?;
         #[cfg(not(loom))]
         let hint = (
             std::sync::atomic::AtomicUsize::new(first.cells.as_ptr() as usize),
@@ -458,6 +463,7 @@ impl Table {
             copied_cells: AtomicUsize::new(0),
             copy_removed: AtomicUsize::new(0),
             shrink_wanted: AtomicBool::new(false),
+            huge,
         })
     }
 
