@@ -28,6 +28,7 @@
 //! cargo bench -p pace-benches --bench tails -- growth       # growth and churn only
 //! PACE_CHURN_CAPACITY=1000 cargo bench -p pace-benches --bench tails -- growth
 //!                                                 # churn at the default capacity
+//! PACE_TAIL_HUGE=1 cargo bench -p pace-benches --bench tails -- growth    # + growth of `pace-huge` (`Builder::huge_pages(true)`)
 //! PACE_TAIL_SLOW_US=300 cargo bench -p pace-benches --bench tails -- growth   # + where the slow calls fall
 //! PACE_TAIL_SLOW_US=200 cargo bench -p pace-benches --bench tails -- growth-control
 //! cargo bench -p pace-benches --bench tails -- growth-cpu   # growth's slowest calls: wall and CPU time
@@ -479,6 +480,15 @@ fn growth_and_churn() {
         timed_flood(&p, n, split),
     );
     drop(p);
+    if std::env::var_os("PACE_TAIL_HUGE").is_some() {
+        let p = pace_huge::<u64, _>(&GROW, QuantaClock::new());
+        row(
+            "growth (1/100 s, capacity 100)",
+            "pace-huge",
+            timed_flood(&p, n, split),
+        );
+        drop(p);
+    }
     let churn = churn_regime();
     let churn_name: &'static str = if churn.capacity == 1 {
         "churn (1000/s, capacity 1)"

@@ -12,6 +12,7 @@
 //! PACE_WARM_ORDER=seq cargo bench -p pace-benches --features foldhash --bench warm
 //! PACE_WARM_ORDER=fenced cargo bench -p pace-benches --features foldhash --bench warm
 //! PACE_WARM_CELLS=1 cargo bench -p pace-benches --features foldhash --bench warm   # + `cells`, `cells128`, `pace-entries`
+//! PACE_WARM_HUGE=1 cargo bench -p pace-benches --features foldhash --bench warm    # + `pace-huge` (`Builder::huge_pages(true)`)
 //! ```
 //!
 //! Regime `admit` for every contender (1 µs per token, burst 2^32-1, every
@@ -392,6 +393,12 @@ fn contenders() -> Vec<(&'static str, Make)> {
     // Opt-in: one more 32 MiB table alive beside the others changes what
     // they measure at 1M keys (the L3 is shared), so the default run
     // leaves it out.
+    // Opt-in for the same reason: `pace` with `Builder::huge_pages(true)`.
+    if std::env::var_os("PACE_WARM_HUGE").is_some() {
+        v.push(("pace-huge", |r, n| {
+            Box::new(primed(pace_huge(r, QuantaClock::new()), r, n))
+        }));
+    }
     if std::env::var_os("PACE_WARM_CELLS").is_some() {
         v.push(("cells", |r, n| Box::new(primed(Cells::new(r, n), r, n))));
         v.push(("cells128", |r, n| {

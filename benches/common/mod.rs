@@ -184,6 +184,20 @@ pub fn pace_entries<K: Key, C: Clock>(r: &Regime, clock: C) -> PaceC<K, C> {
     )
 }
 
+/// `pace-huge`: `Pace` at defaults but for `Builder::huge_pages(true)`:
+/// its slot arrays of 4 MiB and more ask for transparent huge pages.
+pub fn pace_huge<K: Key, C: Clock>(r: &Regime, clock: C) -> PaceC<K, C> {
+    PaceC(
+        Pace::builder(r.rate())
+            .capacity(u64::from(r.capacity))
+            .clock(clock)
+            .hasher(RandomState::new())
+            .huge_pages(true)
+            .build()
+            .expect("valid limiter"),
+    )
+}
+
 /// `pace-with`: `Pace` at defaults whose every reserve brings its own quota
 /// (`reserve_with`, the same rate and capacity as the limiter's).
 pub struct PaceWith<K, C>(pub Pace<K, RandomState, C>, pub pace::Quota);

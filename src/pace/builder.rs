@@ -172,11 +172,11 @@ impl<K, S, C> Builder<K, S, C> {
     /// copies of a growth fault the new array 2 MiB at a time, and with
     /// THP `defrag` at `always` or `madvise` (the kernel's default) a fault
     /// when no huge page is free first compacts memory, which the copying
-    /// call waits for. Growing to 4M rows, the slowest call took 5.6–31 ms
-    /// this way, against 0.3 ms without (docs/bench/warm.md): turn it on
-    /// for a table sized ahead ([`min_slots`](Builder::min_slots)) or
-    /// where lookups matter more than a growth's slowest call. With THP
-    /// `never` no page changes.
+    /// call waits for. Growing to 4M rows, the slowest call took 17–29 ms
+    /// this way, against 0.3–0.6 ms without (and governor's 12–13 ms):
+    /// turn it on for a table sized ahead
+    /// ([`min_slots`](Builder::min_slots)) or where lookups matter more
+    /// than a growth's slowest call. With THP `never` no page changes.
     pub fn huge_pages(mut self, on: bool) -> Self {
         self.huge_pages = on;
         self
