@@ -29,6 +29,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("copy_removes_held", "table/migrate.rs", "a copier judges a held row by its settled tat alone"),
     ("copy_unfrozen", "table/migrate.rs", "a live row is copied without freezing its cell"),
     ("decision_ignores_held", "table/held.rs", "a decision counts no held token"),
+    ("deep_probe_any_row", "table/mod.rs", "a reserve past its key's eighth cell takes any live row for the key's"),
     ("drop_panics_while_unwinding", "pace/mod.rs", "a key's panic in a Drop escapes it while the thread unwinds"),
     ("fresh_row_from_zero", "table/floor.rs", "a fresh row starts from zero, not its key's floor"),
     ("gate_async_drop_keeps_turn", "gate/admit_async.rs", "a dropped first waiter wakes nobody"),

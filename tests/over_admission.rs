@@ -386,6 +386,31 @@ fn panicking_eq_while_inserting_leaves_no_claimed_row() {
     assert!(panicked >= 2, "Eq runs in the lookup and in the check");
 }
 
+/// Rows deep in one cluster: every key hashes alike, so the n-th key's row
+/// sits n − 1 cells past its first cell, where a reserve finds it by
+/// probing to the end of the cluster (not by a walk). Each key is debited
+/// in its own row, exactly: at one instant its capacity and then denials,
+/// and one interval later one more token and then denials.
+#[test]
+fn rows_deep_in_one_cluster_are_debited_exactly() {
+    const KEYS: u64 = 40;
+    let p: P<Collide> = limiter(3, S);
+    for (at, admitted) in [(S, 3), (2 * S, 1)] {
+        for round in 0..admitted + 1 {
+            for k in 0..KEYS {
+                assert_eq!(
+                    p.reserve_n_at(&Collide(k), 1, at)
+                        .map(|r| r.detach())
+                        .is_ok(),
+                    round < admitted,
+                    "key {k}, reserve {round} at {at}"
+                );
+            }
+        }
+    }
+    assert_eq!(p.len(), KEYS as usize);
+}
+
 /// One random single-key history; returns the worst excess (ns) of its kept
 /// admissions. Stale reserves and refunds act on readings up to `2 tau` old;
 /// the clock steps back up to `tau`; sweeps read up to `2 tau` ahead or, now

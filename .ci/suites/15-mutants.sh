@@ -161,6 +161,11 @@ expect_caught quota_cost_of_default model "Test failed: step" "" \
 # `check_costs_one`: a check debits one token, however many it asked for.
 expect_caught check_costs_one model "Test failed: step" "" \
     pace_agrees_with_the_debt_model
+# A reserve finds a row deep in a long cluster by probing to its end
+# (tests/over_admission.rs), against `deep_probe_any_row`: past the eighth
+# cell any live row is taken for the key's.
+expect_caught deep_probe_any_row over_admission "key 11, reserve 0" "" \
+    rows_deep_in_one_cluster_are_debited_exactly
 # A large slot array asks for transparent huge pages (tests/huge_pages.rs),
 # against `huge_pages_ignored`: none asks. The test sees pace's huge pages
 # only where the kernel's THP setting is `madvise` (elsewhere it passes

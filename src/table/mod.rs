@@ -141,10 +141,31 @@ unsafe fn near<P: Probe>(arr: &Array, hash: u64, key: &P) -> Option<Near> {
 ///
 /// # Safety
 /// As [`near`].
+#[cfg(not(pace_mutant = "deep_probe_any_row"))]
 #[inline(never)]
 unsafe fn near_after<P: Probe>(arr: &Array, first: usize, key: &P) -> Option<Near> {
     // SAFETY: the caller's contract.
     unsafe { near_from(arr, first, 1, arr.cells.len(), key) }
+}
+
+/// Known-wrong variant `deep_probe_any_row`: past the first
+/// [`FAST_PROBES`] cells, any live row is taken for the key's.
+///
+/// # Safety
+/// As [`near`].
+#[cfg(pace_mutant = "deep_probe_any_row")]
+#[inline(never)]
+unsafe fn near_after<P: Probe>(arr: &Array, first: usize, key: &P) -> Option<Near> {
+    // SAFETY: the caller's contract.
+    let near = unsafe { near_from(arr, first, 1, FAST_PROBES, key) };
+    let mask = arr.mask();
+    near.or_else(|| {
+        (FAST_PROBES..arr.cells.len()).find_map(|i| {
+            let idx = (first + i) & mask;
+            let v = arr.cells[idx].load();
+            cell::live(v).map(|(bits, tat)| Near { idx, v, bits, tat })
+        })
+    })
 }
 
 /// [`near`]'s probe of the cells `first + from .. first + to`.
