@@ -289,25 +289,64 @@ where
         self.inner.poll_ready(cx)
     }
 
+    #[inline]
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
-        let head = RequestHead::of(&req);
         if shared.light {
             // Every limit decides at once and nothing is kept after the
             // admission: no state, no reference to the layer in the future.
             if shared.headers {
+                let head = RequestHead::of(&req);
                 let mut acc = FieldAcc::new(shared);
                 if let Err(stop) = shared.limits.light_top(&head, Some(&mut acc)) {
-                    return ResponseFuture::rejected(shared.reject(stop, &head));
+                    return self.denied(stop, &req);
                 }
                 let fields = acc.finish(shared, Src::Head(&head));
                 return ResponseFuture::fields(self.inner.call(req), fields);
             }
-            if let Err(stop) = shared.limits.light_top(&head, None) {
-                return ResponseFuture::rejected(shared.reject(stop, &head));
+            if let Err(stop) = shared.limits.light_top(&RequestHead::of(&req), None) {
+                return self.denied(stop, &req);
             }
             return ResponseFuture::passthrough(self.inner.call(req));
         }
+        self.call_held(req)
+    }
+}
+
+impl<S, L, H> PaceService<S, L, H> {
+    /// The answer to a request a limit stopped on the light path (cold,
+    /// out of line).
+    #[cold]
+    #[inline(never)]
+    fn denied<ReqBody, ResBody>(
+        &self,
+        stop: super::limits::Stop,
+        req: &Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody, L, H>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+        L: Limits,
+        H: Respond<ResBody>,
+    {
+        ResponseFuture::rejected(self.shared.reject(stop, &RequestHead::of(req)))
+    }
+
+    /// [`call`](Service::call) of a layer whose limits keep state past
+    /// the admission (a hold, a refund predicate, a limit that answers
+    /// later): out of line, so that the light paths inlined where the
+    /// service is called stay small.
+    #[inline(never)]
+    fn call_held<ReqBody, ResBody>(
+        &mut self,
+        req: Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody, L, H>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+        L: Limits,
+        H: Respond<ResBody>,
+    {
+        let shared = &*self.shared;
+        let head = RequestHead::of(&req);
         let mut st = match shared.limits.start(&head) {
             Ok((st, true)) => {
                 // Every limit decided at once (local limits): admitted.
