@@ -164,7 +164,7 @@ impl<K, S, C> Builder<K, S, C> {
     }
 
     /// Whether the table's large slot arrays (4 MiB and more: from about
-    /// 200,000 live keys) ask the kernel for transparent huge pages (Linux
+    /// 100,000 live keys) ask the kernel for transparent huge pages (Linux
     /// `madvise(MADV_HUGEPAGE)`; default false; elsewhere it changes
     /// nothing). A lookup in such an array then misses the TLB far less:
     /// over 1M live keys, one reserve at a time takes about a tenth less

@@ -203,7 +203,8 @@ pub(crate) fn empty_cells(n: usize, huge: bool) -> Option<Box<[Cell]>> {
 }
 
 /// The size from which an array asks for huge pages: 4 MiB, 262,144
-/// cells (rows past about 200,000), two huge pages of x86-64 and more.
+/// cells: the array a table grows to past about 100,000 rows; two huge
+/// pages of x86-64.
 #[cfg(not(loom))]
 pub(crate) const HUGE_FROM: usize = 4 << 20;
 
