@@ -105,7 +105,7 @@ impl CellsModel {
                 crate::table::keys::inline(),
                 interval,
                 hold_limit,
-                true,
+                false,
             )
             .expect("cells fit an array"),
             limits: crate::bucket::Limits::new(interval, capacity).expect("valid bucket"),

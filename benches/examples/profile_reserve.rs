@@ -29,6 +29,8 @@
 //! count (`callgrind_annotate --inclusive=yes`, the line
 //! `once_cell::imp::OnceCell<T>::initialize`) from both totals.
 
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,6 +58,17 @@ fn run<S: std::hash::BuildHasher, C: Clock>(p: &Pace<u64, S, C>, keys: &[u64], o
     for i in 0..ops {
         black_box(p.reserve(&keys[(i % n) as usize]).is_ok());
     }
+}
+
+/// A `Pace<u64>` with hasher `h`, its keys held in the cells as their own
+/// bits whatever the hasher.
+fn inline_keys<S: BuildHasher>(rate: Rate, cap: u64, h: S) -> Pace<u64, S> {
+    Pace::builder(rate)
+        .capacity(cap)
+        .hasher(h)
+        .inline_keys_any_hasher()
+        .build()
+        .unwrap()
 }
 
 fn main() {
@@ -115,32 +128,12 @@ fn main() {
             // `pace` with SipHash-1-3 under fixed (zero) keys instead of
             // random ones: the same cells from run to run, so counts over
             // many keys compare builds exactly.
-            let h =
-                std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(
-                );
-            run(
-                &Pace::builder(rate)
-                    .capacity(cap)
-                    .hasher(h)
-                    .inline_keys_any_hasher()
-                    .build()
-                    .unwrap(),
-                &keys,
-                ops,
-            )
+            let h = BuildHasherDefault::<DefaultHasher>::default();
+            run(&inline_keys(rate, cap, h), &keys, ops)
         }
         "pace-foldhash" => {
             let h = foldhash::fast::RandomState::default();
-            run(
-                &Pace::builder(rate)
-                    .capacity(cap)
-                    .hasher(h)
-                    .inline_keys_any_hasher()
-                    .build()
-                    .unwrap(),
-                &keys,
-                ops,
-            )
+            run(&inline_keys(rate, cap, h), &keys, ops)
         }
         "pace-foldhash-fixed" => {
             let h = foldhash::fast::RandomState::default();

@@ -28,7 +28,7 @@ impl T {
             keys::inline()
         };
         T {
-            table: Table::try_new(min_cells, kind, 1, crate::bucket::MAX_TIME, true).unwrap(),
+            table: Table::try_new(min_cells, kind, 1, crate::bucket::MAX_TIME, false).unwrap(),
             boxed,
         }
     }
@@ -438,7 +438,7 @@ fn a_panicking_eq_in_the_check_leaves_counts_exact() {
     }
     impl Eq for K {}
     let limits = Limits::new(10, 2).unwrap();
-    let table = Table::try_new(4, keys::boxed::<K>(), 1, crate::bucket::MAX_TIME, true).unwrap();
+    let table = Table::try_new(4, keys::boxed::<K>(), 1, crate::bucket::MAX_TIME, false).unwrap();
     let g = epoch::pin();
     // Every key on one home: an insert's check meets the other rows' keys
     // with the same tag, so it calls `Eq` on them.
