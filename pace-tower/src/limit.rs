@@ -225,6 +225,35 @@ pub trait AsyncLimit<K>: Send + Sync + 'static {
         self.reserve_now_with(key, n, quota)
     }
 
+    /// [`hold_now`](Self::hold_now) while `decide` runs, then
+    /// [`keep`](Self::keep) if it returns `Ok` or [`refund`](Self::refund)
+    /// if it returns `Err`: how the layer holds a limit that decides at
+    /// once while the limits after it decide. `decide` gets the debit to
+    /// look at. `None` when the limit does not decide at once. The default
+    /// does exactly that; a `pace::Pace` does it in one pin of the epoch,
+    /// its resolution without a clock reading ([`pace::Pace::hold_while`]).
+    #[inline]
+    fn hold_while<T, E>(
+        &self,
+        key: &K,
+        n: u64,
+        decide: impl FnOnce(&Self::Debit) -> Result<T, E>,
+    ) -> Option<Result<Result<T, E>, Refusal>>
+    where
+        Self: Sized,
+    {
+        let debit = match self.hold_now(key, n)? {
+            Ok(d) => d,
+            Err(refusal) => return Some(Err(refusal)),
+        };
+        let out = decide(&debit);
+        match out {
+            Ok(_) => self.keep(key, debit),
+            Err(_) => self.refund(key, debit),
+        }
+        Some(Ok(out))
+    }
+
     /// Keeps `debit`: settles a held debit ([`hold`](Self::hold)) as spent.
     /// The layer calls it (on a limit that [`holds`](Self::holds)) for
     /// every debit of a held limit it does not refund (the response passed, the inner service failed, the response
@@ -396,6 +425,18 @@ where
                 .map(pace::Hold::detach)
                 .map_err(Refusal::from),
         )
+    }
+
+    /// `Pace::hold_while`: the hold, `decide` and the resolution in one pin
+    /// of the epoch.
+    #[inline]
+    fn hold_while<T, E>(
+        &self,
+        key: &K,
+        n: u64,
+        decide: impl FnOnce(&pace::Debit) -> Result<T, E>,
+    ) -> Option<Result<Result<T, E>, Refusal>> {
+        Some(Pace::hold_while(self, key, n, decide).map_err(Refusal::from))
     }
 
     /// `Pace::keep`: a held debit is settled as spent (a plain one is kept

@@ -19,7 +19,7 @@ use crate::table::held::Ticket;
 use crate::table::keys::{self, Bits, Boxed};
 use crate::table::quota::QuotaCell;
 use crate::table::words::{self, Borrowed, WordKey};
-use crate::table::{Ask, Cx, Spent, Table, SWEEP_FLOOR};
+use crate::table::{Ask, Cx, Spent, Spot, Table, SWEEP_FLOOR};
 
 /// Runs `f` on each item, the work of a `Drop` (or of a way out) that calls
 /// keys' `Hash` or `Eq`: each runs whatever an earlier one did, a panic of
@@ -406,6 +406,7 @@ where
             None,
             (0, &mut 0),
             || self.clock.now_ns(),
+            None,
             |_, _, _| (),
         )
     }
@@ -522,6 +523,74 @@ where
         Ok(Hold { inner: Some(r) })
     }
 
+    /// Holds `n` tokens of `key` while `decide` runs, then keeps them if it
+    /// returns `Ok` and refunds them exactly if it returns `Err`: a
+    /// [`hold_n`](Pace::hold_n) resolved with [`Hold::keep`] or
+    /// [`Hold::refund`] by what `decide` says, in one pin of the epoch for
+    /// the hold, `decide` and the resolution. The resolution reads no clock
+    /// (it settles from the hold's reading, as `Hold::keep` does) and looks
+    /// the row up in the pin the hold found it in, so a hold cycle costs
+    /// less than with [`hold_n`](Pace::hold_n). `decide` gets the hold's
+    /// [`Debit`] (to look at, not to resolve: this call resolves it).
+    ///
+    /// For short decisions: another limit's reserve, a check of a request's
+    /// fields. While `decide` runs, the thread keeps the epoch pinned, which
+    /// delays the reclamation of removed rows and old arrays of every
+    /// limiter; wait for nothing in it. A hold whose `decide` panics is kept,
+    /// as a dropped [`Hold`] is.
+    ///
+    /// ```
+    /// let pace = pace::Pace::<&str>::builder().per_second(1).burst(2).build().unwrap();
+    /// // A presentation whose credential fails gives its token back.
+    /// let checked: Result<(), &str> = pace.hold_while("client-7", 1, |_| Err("bad secret")).unwrap();
+    /// assert!(checked.is_err());
+    /// assert_eq!(pace.peek(&"client-7"), 2);
+    /// // One that passes keeps it.
+    /// pace.hold_while("client-7", 1, |_| Ok::<(), ()>(())).unwrap().unwrap();
+    /// assert_eq!(pace.peek(&"client-7"), 1);
+    /// ```
+    ///
+    /// # Errors
+    /// [`Denied`] as for [`hold_n`](Pace::hold_n): `decide` does not run.
+    #[inline]
+    pub fn hold_while<Q, T, E>(
+        &self,
+        key: &Q,
+        n: u64,
+        decide: impl FnOnce(&Debit) -> Result<T, E>,
+    ) -> Result<Result<T, E>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
+        let guard = self.pin();
+        let mut spot = Spot::NONE;
+        let mut hold = self.reserve_slot::<Q, _, _, false, true>(
+            key,
+            n,
+            None,
+            (0, &mut 0),
+            || self.clock.now_ns(),
+            Some((&guard, &mut spot)),
+            |pace, key, debit| Hold {
+                inner: Some(pace.reservation(key, debit)),
+            },
+        )?;
+        // The hold stays armed while `decide` runs: unwound, it is kept by
+        // its `Drop`.
+        let out = match &hold.inner {
+            Some(r) => decide(&r.debit),
+            None => unreachable!("a hold is made armed"),
+        };
+        if let Some(r) = hold.inner.take() {
+            if r.debit.n > 0 {
+                let at = r.debit.tat;
+                self.resolve_pinned(key, r.debit, out.is_ok(), at, spot, &guard);
+            }
+        }
+        Ok(out)
+    }
+
     /// A hold at `now` (for models).
     #[cfg(feature = "internals")]
     pub(crate) fn hold_n_at_inner<'a, Q>(
@@ -574,6 +643,7 @@ where
         limits: Option<&Limits>,
         turn: (u64, &mut u64),
         clock: F,
+        pinned: Option<(&Guard, &mut Spot)>,
         finish: impl FnOnce(&'a Self, &'a Q, Debit) -> R,
     ) -> Result<R, Denied>
     where
@@ -591,7 +661,14 @@ where
         self.rows.table.prefetch(hash);
         let now = clock();
         let reread: &dyn Fn() -> u64 = &clock;
-        let guard = self.pin();
+        let own;
+        let (guard, spot) = match pinned {
+            Some((g, spot)) => (g, Some(spot)),
+            None => {
+                own = self.pin();
+                (&own, None)
+            }
+        };
         let call_quota = limits.is_some();
         let limits = self.call_limits(limits, &guard);
         if n > limits.capacity() {
@@ -616,7 +693,12 @@ where
                 &guard,
             )
         })
-        .map(|a| (a.tat, a.prev, a.created, a.lot, a.held));
+        .map(|a| {
+            if let Some(spot) = spot {
+                *spot = a.spot;
+            }
+            (a.tat, a.prev, a.created, a.lot, a.held)
+        });
         let created = matches!(result, Ok((_, _, true, _, _)));
         if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
             self.sooner_sweep(now, tau);
@@ -669,6 +751,7 @@ where
             limits,
             (0, &mut 0),
             clock,
+            None,
             Self::reservation,
         )
     }

@@ -91,16 +91,59 @@ where
         let Some(ticket) = debit.ticket() else {
             return false;
         };
-        let hash = debit.hash;
         let guard = self.pin();
+        self.resolve_ticket(key, debit.hash, ticket, keep, now, &guard)
+    }
+
+    /// [`resolve_hashed`](Pace::resolve_hashed) under `guard`, pinned by
+    /// the caller (`hold_while`: the pin the hold was made in).
+    #[inline]
+    pub(super) fn resolve_pinned<Q>(
+        &self,
+        key: &Q,
+        debit: Debit,
+        keep: bool,
+        now: u64,
+        spot: Spot,
+        guard: &Guard,
+    ) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        let Some(ticket) = debit.ticket() else {
+            return false;
+        };
+        // Where the hold left its row, if nothing changed it since.
+        if let Some(r) = self.rows.table.resolve_spot(spot, ticket, keep, now, guard) {
+            return r;
+        }
+        self.resolve_ticket(key, debit.hash, ticket, keep, now, guard)
+    }
+
+    /// Resolves `ticket` on `key` (hash `hash`) under `guard`.
+    #[inline(always)]
+    fn resolve_ticket<Q>(
+        &self,
+        key: &Q,
+        hash: u64,
+        ticket: Ticket,
+        keep: bool,
+        now: u64,
+        guard: &Guard,
+    ) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
         let t = &self.rows.table;
         // The row among its key's first cells, resolved in one try; the
         // rest (a walk, a migration, a removal) out of line.
-        let first = with_probe!(self.rows, key, hash, &guard, |p| t
-            .resolve_first(hash, p, ticket, keep, now, &guard));
+        let first = with_probe!(self.rows, key, hash, guard, |p| t
+            .resolve_first(hash, p, ticket, keep, now, guard));
         match first {
             Some(r) => r,
-            None => self.resolve_rest(key, hash, ticket, keep, now, &guard),
+            None => self.resolve_rest(key, hash, ticket, keep, now, guard),
         }
     }
 

@@ -308,6 +308,7 @@ where
             limits,
             (wait_ns, &mut slot),
             clock,
+            None,
             Self::reservation,
         )?;
         Ok((r, slot))

@@ -8,7 +8,7 @@ use super::array::Array;
 use super::cell::{self, Cell, CellState};
 use super::held::{self, Held, Ticket, HELD};
 use super::keys::{NewRow, Probe};
-use super::{is_migrating, near_after, probe_seq, Admitted, Ask, Cx, Found, Near, Table};
+use super::{is_migrating, near_after, probe_seq, Admitted, Ask, Cx, Found, Near, Spot, Table};
 use crate::bucket::Decision;
 use crate::sync::epoch::Guard;
 use crate::sync::{cas_retry, fence, snooze, Ordering};
@@ -363,13 +363,14 @@ impl Table {
         match made {
             Ok((field, tat, ticket)) => {
                 let admitted = match ticket {
-                    Some(t) => Admitted::of_hold(t, true, mine),
+                    Some(t) => Admitted::of_hold(t, true, mine, Spot::NONE),
                     None => Admitted {
                         tat,
                         prev: floor,
                         created: true,
                         lot: 0,
                         held: 0,
+                        spot: Spot::NONE,
                     },
                 };
                 let claimed = CellState::Claimed { key: mine }.encode();
@@ -594,6 +595,7 @@ impl Table {
                                 created: false,
                                 lot: 0,
                                 held: 0,
+                                spot: Spot::NONE,
                             }))
                         }
                         Err(actual) => match cell::live_tat(actual, bits) {
@@ -630,7 +632,12 @@ impl Table {
         let (field, ticket) = self.form.hold_word(tat, limits, now, e, n)?;
         let new = cell::live_value(bits, field);
         arr.cells[idx].cas(v, new).ok()?;
-        Some(Ok(Admitted::of_hold(ticket, false, bits)))
+        let spot = Spot {
+            arr: arr as *const Array as usize,
+            idx,
+            v: new,
+        };
+        Some(Ok(Admitted::of_hold(ticket, false, bits, spot)))
     }
 
     /// [`debit`](Table::debit) of a held row, or a hold: each try reads the
@@ -667,13 +674,14 @@ impl Table {
             match self.replace_row(arr, idx, v, next, guard) {
                 Ok(()) => {
                     return Some(Ok(match ticket {
-                        Some(t) => Admitted::of_hold(t, false, bits),
+                        Some(t) => Admitted::of_hold(t, false, bits, Spot::NONE),
                         None => Admitted {
                             tat: next.tat,
                             prev: was.tat,
                             created: false,
                             lot: 0,
                             held: was.held(),
+                            spot: Spot::NONE,
                         },
                     }));
                 }

@@ -281,6 +281,29 @@ pub(crate) struct Admitted {
     /// slot lies behind them; 0 for a plain row); a hold's row
     /// ([`Ticket::row`]).
     pub(crate) held: u64,
+    /// Where a hold worked on its row's word left it, for a resolution in
+    /// the same pin ([`Table::resolve_spot`]); [`Spot::NONE`] otherwise.
+    pub(crate) spot: Spot,
+}
+
+/// A cell of an array and the value a hold wrote to it: the array's
+/// address (0 for none), the cell's index and the value. A resolution
+/// under the pin the hold was made in finds its row there without a probe
+/// while the array is still the current one and the cell still holds the
+/// value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Spot {
+    arr: usize,
+    idx: usize,
+    v: u128,
+}
+
+impl Spot {
+    pub(crate) const NONE: Spot = Spot {
+        arr: 0,
+        idx: 0,
+        v: 0,
+    };
 }
 
 impl Admitted {
@@ -291,13 +314,14 @@ impl Admitted {
     }
 
     /// A hold's admission on the row whose cell's key half is `row`.
-    fn of_hold(t: Ticket, created: bool, row: u64) -> Admitted {
+    fn of_hold(t: Ticket, created: bool, row: u64, spot: Spot) -> Admitted {
         Admitted {
             tat: t.at,
             prev: t.cost,
             created,
             lot: t.lot,
             held: row,
+            spot,
         }
     }
 }

@@ -285,6 +285,34 @@ impl Table {
             .map(|()| true)
     }
 
+    /// A resolution of `ticket` at the cell a hold made in this pin left
+    /// (`spot`), with no probe: `None` unless `spot`'s array is still the
+    /// current one, not migrating, its cell still holds the value the hold
+    /// wrote and the word path decides ([`held::Form::resolve_word`]);
+    /// [`resolve_first`](Table::resolve_first) decides then. Where it
+    /// decides, it writes what `resolve_first` would on reading that value.
+    #[inline(always)]
+    pub(crate) fn resolve_spot(
+        &self,
+        spot: Spot,
+        ticket: Ticket,
+        keep: bool,
+        now: u64,
+        guard: &Guard,
+    ) -> Option<bool> {
+        let arr = self.array(guard);
+        if spot.arr != arr as *const Array as usize || !arr.next.load(Ordering::Relaxed, guard).is_null() {
+            return None;
+        }
+        let (bits, tat) = cell::live(spot.v)?;
+        if !held::on_its_row(bits, &ticket) {
+            return None;
+        }
+        let field = self.form.resolve_word(tat, ticket, keep, now)?;
+        let new = cell::live_value(bits, field);
+        arr.cells.get(spot.idx)?.cas(spot.v, new).ok().map(|_| true)
+    }
+
     /// [`resolve`](Table::resolve)'s own row.
     fn resolve_row<P: Probe>(
         &self,

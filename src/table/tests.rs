@@ -153,6 +153,7 @@ proptest! {
                     let start = |r: Result<Admitted, Decision>| {
                         r.map(|a| Admitted {
                             prev: if a.created { a.prev.max(now) } else { a.prev },
+                            spot: super::Spot::NONE,
                             ..a
                         })
                     };

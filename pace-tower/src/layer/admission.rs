@@ -260,6 +260,34 @@ where
             return then(fields);
         };
         let n = self.cost.as_ref().map_or(1, |f| f(head));
+        #[cfg(not(pace_mutant = "tower_no_keep"))]
+        if self.hold {
+            // Held while the limits after it decide, then kept or refunded
+            // exactly (in one pin of the epoch for a `pace::Pace`).
+            let mut fields = fields;
+            let decided = self.limiter.hold_while(&key, n, |debit| {
+                if let Some(acc) = fields.as_deref_mut() {
+                    self.field(&key, Some(debit), None, acc);
+                }
+                then(fields)
+            });
+            return match decided {
+                Some(Ok(Ok(()))) => {
+                    self.count_admitted();
+                    Ok(())
+                }
+                Some(Ok(Err(stop))) => Err(stop),
+                Some(Err(refusal)) => Err(Stop::Refused {
+                    index: self.index,
+                    refusal,
+                }),
+                // `decides_at_once` promised a decision.
+                None => Err(Stop::Refused {
+                    index: self.index,
+                    refusal: Refusal::unavailable("the limit did not decide at once"),
+                }),
+            };
+        }
         let debit = match self.reserve_now(&key, n, None) {
             Some(Ok(d)) => d,
             Some(Err(refusal)) => {
