@@ -190,6 +190,41 @@ impl CellsModel {
             .map(ModelTicket)
     }
 
+    /// `Pace::hold_while` on the table: holds `n` tokens of `key` at `now`,
+    /// runs `between` with the epoch still pinned, then keeps (`keep`) or
+    /// refunds the hold at the hold's reading in the same pin: at the cell
+    /// the hold left its row in when nothing changed it
+    /// (`Table::resolve_spot`), else as [`resolve`](Self::resolve) does.
+    /// `None` when the hold is denied (`between` does not run); else
+    /// whether the resolution found its lot.
+    pub fn hold_while(
+        &self,
+        key: u64,
+        n: u64,
+        now: u64,
+        keep: bool,
+        between: impl FnOnce(),
+    ) -> Option<bool> {
+        let guard = self.epochs.pin();
+        let a = self
+            .table
+            .reserve::<_, true>(self.ask(n, now), key, &Bits(key), &|| now, &|k| k, &guard)
+            .ok()?;
+        let ticket = a.ticket()?;
+        between();
+        if let Some(r) = self
+            .table
+            .resolve_spot(a.spot, ticket, keep, ticket.at, &guard)
+        {
+            return Some(r);
+        }
+        let cx = &crate::table::Cx::new(&|k| k, ticket.at);
+        Some(
+            self.table
+                .resolve(key, &Bits(key), ticket, keep, cx, &guard),
+        )
+    }
+
     /// Keeps (`keep`) or refunds a hold of `key` at `now`: false if its lot
     /// had expired.
     pub fn resolve(&self, key: u64, ticket: ModelTicket, keep: bool, now: u64) -> bool {

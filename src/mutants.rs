@@ -40,6 +40,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("gate_unchecked_bytes", "gate/state.rs", "bytes are checked against a stale reading, then added blindly"),
     ("holds_never_expire", "table/held.rs", "no held lot ever expires"),
     ("huge_pages_ignored", "table/cell.rs", "no slot array asks for huge pages, however large"),
+    ("spot_written_blind", "table/refund.rs", "a resolution in its hold's pin is stored over the cell, not CASed from the hold's value"),
     ("std_hash_for_bits", "pace/mod.rs", "copies and sweeps hash a cell's key with std's hasher, callers with SipHash under the limiter's key"),
     ("inline_offset_wraps", "table/held.rs", "an inline lot's epoch offset is written modulo 4, unchecked"),
     ("inline_any_hasher", "table/words.rs", "any hasher is trusted with keys held as their own bits"),

@@ -96,7 +96,57 @@ fn exact_history(rng: &mut impl Rng) -> i128 {
         let stale = |rng: &mut dyn rand::RngCore, now: u64| {
             now - rng.gen_range(0..=2 * tau).min(now) * u64::from(rng.gen_bool(0.4))
         };
-        match rng.gen_range(0..12) {
+        match rng.gen_range(0..14) {
+            // `hold_while`: held while `decide` runs (which may debit the
+            // key itself, so that the hold's cell changes under it), then
+            // kept from its reading or refunded exactly by what it says.
+            12 | 13 => {
+                let t = stale(rng, now);
+                let n = rng.gen_range(1..=capacity);
+                let inner = rng
+                    .gen_bool(0.5)
+                    .then(|| (stale(rng, now), rng.gen_range(1..=capacity)));
+                let keep = rng.gen_bool(0.5);
+                let admits = m.admits(t, n * interval);
+                let mut ran = false;
+                let got = p.hold_while_at(&0, n, t, |_| {
+                    ran = true;
+                    m.held.push((usize::MAX, n * interval, t));
+                    if let Some((t2, n2)) = inner {
+                        let debit = p.reserve_n_at(&0, n2, t2).map(|r| r.detach());
+                        assert_eq!(
+                            debit.is_ok(),
+                            m.admits(t2, n2 * interval),
+                            "debit of {n2} at {t2} inside a hold"
+                        );
+                        if debit.is_ok() {
+                            m.tat = m.tat.max(t2) + n2 * interval;
+                            kept.push((t2, n2));
+                        }
+                    }
+                    if keep {
+                        Ok(())
+                    } else {
+                        Err(())
+                    }
+                });
+                assert_eq!(got.is_ok(), admits, "hold_while of {n} at {t}");
+                assert_eq!(ran, admits, "decide runs iff the hold is admitted");
+                match got {
+                    Ok(out) => {
+                        assert_eq!(out.is_ok(), keep);
+                        m.held.retain(|x| x.0 != usize::MAX);
+                        if keep {
+                            m.tat = m.tat.max(t) + n * interval;
+                            kept.push((t, n));
+                        }
+                    }
+                    Err(d) => {
+                        let (reason, wait) = m.denial(t, n * interval);
+                        assert_eq!((d.reason(), d.retry_after()), (reason, ns(wait)));
+                    }
+                }
+            }
             0 | 1 => {
                 let t = stale(rng, now);
                 let n = rng.gen_range(1..=capacity);

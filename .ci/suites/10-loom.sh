@@ -176,5 +176,6 @@ expect_caught cells \
 holds_mutants=(
     "refund_rewinds_tat=only the kept debit remains"
     "decision_ignores_held=at most the capacity is admitted"
+    "spot_written_blind=the debit and what was kept remain"
 )
 expect_caught holds "${holds_mutants[@]}"

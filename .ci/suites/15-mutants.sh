@@ -230,6 +230,12 @@ expect_caught inline_offset_wraps holds "resolved at" "" \
 # epoch, the resolution takes that key's held token.
 expect_caught resolve_ignores_row holds "key 1's row has no hold of key 0" "" \
     a_ticket_resolves_only_on_its_own_row
+# A hold resolved in its own pin (`Pace::hold_while`) CASes its row's cell
+# from the value the hold wrote (tests/holds.rs, whose histories debit the
+# key inside the hold), against `spot_written_blind`: the resolution is
+# stored over the cell, and the debit made meanwhile is lost.
+expect_caught spot_written_blind holds "tokens at" "" \
+    random_hold_histories_follow_the_rule_exactly
 # Drops while unwinding (tests/seams.rs), against
 # `drop_panics_while_unwinding`: a key's panic escapes a Drop during
 # unwinding, which aborts the test process (so no FAILED line: the abort's

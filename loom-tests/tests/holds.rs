@@ -9,7 +9,9 @@
 //!
 //! Known-wrong variants: `refund_rewinds_tat` (a refund also takes its cost
 //! off the settled `tat`) must fail `overlapping_refunds_are_exact`;
-//! `decision_ignores_held` must fail `held_tokens_count_at_every_decision`.
+//! `decision_ignores_held` must fail `held_tokens_count_at_every_decision`;
+//! `spot_written_blind` (a resolution in its hold's pin stored over the
+//! cell) must fail `hold_while_vs_debit`.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -170,6 +172,70 @@ fn holds_past_the_first_cell_vs_sweep() {
         assert_eq!(t.live_keys(), vec![4]);
         assert_eq!(t.held(4), Some((3 * T, 0)), "kept after the debt");
     });
+}
+
+/// `Pace::hold_while`: a hold resolved in the pin it was made in, at the
+/// cell it left its row in, while another thread debits the key. A refund
+/// CASes from the value the hold wrote: a debit between them makes it look
+/// the row up again and refund exactly, so only the debit remains; a keep
+/// settles both. Capacity 3, key 0's row made first (a hold on a new row
+/// is resolved by a lookup).
+#[test]
+fn hold_while_vs_debit() {
+    for keep in [false, true] {
+        model(move || {
+            let t = Arc::new(CellsModel::new(4, T, 3));
+            assert_eq!(t.reserve(0, 0), Some(T));
+            let debtor = {
+                let t = t.clone();
+                thread::spawn(move || {
+                    assert!(t.reserve(0, 0).is_some(), "3 tokens: 1 owed, 1 held")
+                })
+            };
+            let r = t.hold_while(0, 1, 0, keep, || thread::yield_now());
+            assert_eq!(r, Some(true), "the resolution found its lot");
+            debtor.join().unwrap();
+            let expect = if keep { 3 * T } else { 2 * T };
+            assert_eq!(
+                t.held(0),
+                Some((expect, 0)),
+                "the debit and what was kept remain"
+            );
+        });
+    }
+}
+
+/// `Pace::hold_while` racing a chunk copy: keys 0, 1, 2 fill the limit of
+/// 4 cells, a new key starts a migration that copies key 0's chunk between
+/// the hold and its refund. The refund at the hold's cell is refused once
+/// the array migrates (or its cell is frozen) and finds the row where it
+/// moved; nothing stays held.
+#[test]
+fn hold_while_vs_copy() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 4));
+        for k in [0, 1, 2] {
+            assert_eq!(t.reserve(k, 0), Some(T));
+        }
+        let holder = {
+            let t = t.clone();
+            thread::spawn(move || {
+                let r = t.hold_while(0, 1, 0, false, || thread::yield_now());
+                assert_eq!(r, Some(true), "the refund found its lot");
+            })
+        };
+        assert_eq!(t.reserve(5, 0), Some(T));
+        holder.join().unwrap();
+        assert_eq!(t.sweep(0), 0);
+        assert_eq!(t.held(0), Some((T, 0)), "the hold left nothing behind");
+        assert_eq!(t.live_keys(), vec![0, 1, 2, 5]);
+    });
+}
+
+#[cfg(pace_mutant = "spot_written_blind")]
+#[test]
+fn mutant_spot_written_blind() {
+    hold_while_vs_debit();
 }
 
 #[cfg(pace_mutant = "refund_rewinds_tat")]

@@ -57,6 +57,19 @@ pub trait PaceInternals<K, S, C> {
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
         S: BuildHasher,
         C: Clock;
+    /// [`Pace::hold_while`] deciding its hold with `now`.
+    fn hold_while_at<Q, T, E>(
+        &self,
+        key: &Q,
+        n: u64,
+        now: u64,
+        decide: impl FnOnce(&Debit) -> Result<T, E>,
+    ) -> Result<Result<T, E>, Denied>
+    where
+        K: Hash + Eq + Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+        S: BuildHasher,
+        C: Clock;
     /// [`Hold::keep`] (`keep`) or [`Hold::refund`] at `now`: a keep answers
     /// `Nothing` when it settled, `Expired` when the hold had expired.
     fn resolve_at<Q>(hold: Hold<'_, K, Q, S, C>, keep: bool, now: u64) -> Refunded
@@ -161,6 +174,22 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         self.reserve_turn_clocked(key, n, quota, max_wait_ns, || now)
+    }
+
+    fn hold_while_at<Q, T, E>(
+        &self,
+        key: &Q,
+        n: u64,
+        now: u64,
+        decide: impl FnOnce(&Debit) -> Result<T, E>,
+    ) -> Result<Result<T, E>, Denied>
+    where
+        K: Hash + Eq + Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+        S: BuildHasher,
+        C: Clock,
+    {
+        self.hold_while_inner(key, n, || now, decide)
     }
 
     fn hold_n_at<'a, Q>(

@@ -536,8 +536,9 @@ where
     /// For short decisions: another limit's reserve, a check of a request's
     /// fields. While `decide` runs, the thread keeps the epoch pinned, which
     /// delays the reclamation of removed rows and old arrays of every
-    /// limiter; wait for nothing in it. A hold whose `decide` panics is kept,
-    /// as a dropped [`Hold`] is.
+    /// limiter; wait for nothing in it. A hold whose `decide` panics stays
+    /// held until it expires, then counts as kept, as a detached hold
+    /// dropped unresolved does ([`Hold::detach`]).
     ///
     /// ```
     /// let pace = pace::Pace::<&str>::builder().per_second(1).burst(2).build().unwrap();
@@ -563,30 +564,38 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
+        self.hold_while_inner(key, n, || self.clock.now_ns(), decide)
+    }
+
+    /// [`hold_while`](Pace::hold_while) at the reading `clock` gives.
+    #[inline(always)]
+    pub(crate) fn hold_while_inner<Q, T, E>(
+        &self,
+        key: &Q,
+        n: u64,
+        clock: impl Fn() -> u64,
+        decide: impl FnOnce(&Debit) -> Result<T, E>,
+    ) -> Result<Result<T, E>, Denied>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
+    {
         let guard = self.pin();
         let mut spot = Spot::NONE;
-        let mut hold = self.reserve_slot::<Q, _, _, false, true>(
+        let debit = self.reserve_slot::<Q, _, _, false, true>(
             key,
             n,
             None,
             (0, &mut 0),
-            || self.clock.now_ns(),
+            clock,
             Some((&guard, &mut spot)),
-            |pace, key, debit| Hold {
-                inner: Some(pace.reservation(key, debit)),
-            },
+            |_, _, debit| debit,
         )?;
-        // The hold stays armed while `decide` runs: unwound, it is kept by
-        // its `Drop`.
-        let out = match &hold.inner {
-            Some(r) => decide(&r.debit),
-            None => unreachable!("a hold is made armed"),
-        };
-        if let Some(r) = hold.inner.take() {
-            if r.debit.n > 0 {
-                let at = r.debit.tat;
-                self.resolve_pinned(key, r.debit, out.is_ok(), at, spot, &guard);
-            }
+        let out = decide(&debit);
+        if debit.n > 0 {
+            // Settled from the hold's reading, as `Hold::keep` does.
+            let at = debit.tat;
+            self.resolve_pinned(key, debit, out.is_ok(), at, spot, &guard);
         }
         Ok(out)
     }
@@ -670,7 +679,7 @@ where
             }
         };
         let call_quota = limits.is_some();
-        let limits = self.call_limits(limits, &guard);
+        let limits = self.call_limits(limits, guard);
         if n > limits.capacity() {
             return Err(Denied::from_decision(Decision::Never));
         }
@@ -683,14 +692,14 @@ where
             limits
         };
         let hash_of = |b| self.hash_of(b);
-        let result = with_probe!(self.rows, key, hash, &guard, |p| {
+        let result = with_probe!(self.rows, key, hash, guard, |p| {
             self.rows.table.reserve::<_, HOLD>(
                 Ask { limits, n, now },
                 hash,
                 p,
                 reread,
                 &hash_of,
-                &guard,
+                guard,
             )
         })
         .map(|a| {
@@ -703,7 +712,7 @@ where
         if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
             self.sooner_sweep(now, tau);
         }
-        self.maybe_sweep(now, created, &guard);
+        self.maybe_sweep(now, created, guard);
         match result {
             Ok((tat, prev, _, lot, held)) => {
                 if TURN {

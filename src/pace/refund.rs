@@ -96,8 +96,9 @@ where
     }
 
     /// [`resolve_hashed`](Pace::resolve_hashed) under `guard`, pinned by
-    /// the caller (`hold_while`: the pin the hold was made in).
-    #[inline]
+    /// the caller: `hold_while`, in the pin its hold was made in, which
+    /// left its row at `spot`.
+    #[inline(always)]
     pub(super) fn resolve_pinned<Q>(
         &self,
         key: &Q,
@@ -118,7 +119,25 @@ where
         if let Some(r) = self.rows.table.resolve_spot(spot, ticket, keep, now, guard) {
             return r;
         }
-        self.resolve_ticket(key, debit.hash, ticket, keep, now, guard)
+        self.resolve_found(key, debit.hash, ticket, keep, now, guard)
+    }
+
+    /// [`resolve_ticket`](Pace::resolve_ticket), out of line.
+    #[inline(never)]
+    fn resolve_found<Q>(
+        &self,
+        key: &Q,
+        hash: u64,
+        ticket: Ticket,
+        keep: bool,
+        now: u64,
+        guard: &Guard,
+    ) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq,
+    {
+        self.resolve_ticket(key, hash, ticket, keep, now, guard)
     }
 
     /// Resolves `ticket` on `key` (hash `hash`) under `guard`.

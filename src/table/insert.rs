@@ -633,9 +633,8 @@ impl Table {
         let new = cell::live_value(bits, field);
         arr.cells[idx].cas(v, new).ok()?;
         let spot = Spot {
-            arr: arr as *const Array as usize,
-            idx,
-            v: new,
+            at: &arr.cells[idx] as *const Cell as usize,
+            field,
         };
         Some(Ok(Admitted::of_hold(ticket, false, bits, spot)))
     }

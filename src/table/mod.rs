@@ -286,24 +286,19 @@ pub(crate) struct Admitted {
     pub(crate) spot: Spot,
 }
 
-/// A cell of an array and the value a hold wrote to it: the array's
-/// address (0 for none), the cell's index and the value. A resolution
-/// under the pin the hold was made in finds its row there without a probe
-/// while the array is still the current one and the cell still holds the
-/// value.
+/// The cell a hold worked on its row's word left its row in, and the
+/// field it wrote there: the cell's address (0 for none) and the field. A
+/// resolution under the pin the hold was made in finds the row there
+/// without a probe while the cell is in the current array and still holds
+/// the hold's row with that field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Spot {
-    arr: usize,
-    idx: usize,
-    v: u128,
+    at: usize,
+    field: u64,
 }
 
 impl Spot {
-    pub(crate) const NONE: Spot = Spot {
-        arr: 0,
-        idx: 0,
-        v: 0,
-    };
+    pub(crate) const NONE: Spot = Spot { at: 0, field: 0 };
 }
 
 impl Admitted {

@@ -286,11 +286,12 @@ impl Table {
     }
 
     /// A resolution of `ticket` at the cell a hold made in this pin left
-    /// (`spot`), with no probe: `None` unless `spot`'s array is still the
-    /// current one, not migrating, its cell still holds the value the hold
-    /// wrote and the word path decides ([`held::Form::resolve_word`]);
-    /// [`resolve_first`](Table::resolve_first) decides then. Where it
-    /// decides, it writes what `resolve_first` would on reading that value.
+    /// (`spot`), with no probe: `None` unless that cell is in the current
+    /// array, which is not migrating, still holds the hold's row with the
+    /// field the hold wrote, and the word path decides
+    /// ([`held::Form::resolve_word`]); [`resolve_first`](Table::resolve_first)
+    /// decides then. Where it decides, it writes what `resolve_first` would
+    /// on reading that cell.
     #[inline(always)]
     pub(crate) fn resolve_spot(
         &self,
@@ -301,16 +302,18 @@ impl Table {
         guard: &Guard,
     ) -> Option<bool> {
         let arr = self.array(guard);
-        if spot.arr != arr as *const Array as usize || !arr.next.load(Ordering::Relaxed, guard).is_null() {
+        if !arr.next.load(Ordering::Relaxed, guard).is_null() {
             return None;
         }
-        let (bits, tat) = cell::live(spot.v)?;
-        if !held::on_its_row(bits, &ticket) {
+        // The cell's index in the current array, if it is one of its cells.
+        let off = spot.at.wrapping_sub(arr.cells.as_ptr() as usize);
+        if !off.is_multiple_of(std::mem::size_of::<Cell>()) {
             return None;
         }
-        let field = self.form.resolve_word(tat, ticket, keep, now)?;
-        let new = cell::live_value(bits, field);
-        arr.cells.get(spot.idx)?.cas(spot.v, new).ok().map(|_| true)
+        let cell = arr.cells.get(off / std::mem::size_of::<Cell>())?;
+        let v = cell::live_value(ticket.row, spot.field);
+        let field = self.form.resolve_word(spot.field, ticket, keep, now)?;
+        spot_write(cell, v, cell::live_value(ticket.row, field)).then_some(true)
     }
 
     /// [`resolve`](Table::resolve)'s own row.
@@ -426,5 +429,22 @@ impl Step {
 #[cfg(not(pace_mutant = "refund_gives_up_on_frozen"))]
 #[inline]
 const fn refund_follows_copies() -> bool {
+    true
+}
+
+/// [`Table::resolve_spot`]'s write: one CAS from the value the hold wrote.
+#[cfg(not(pace_mutant = "spot_written_blind"))]
+#[inline(always)]
+fn spot_write(cell: &Cell, v: u128, new: u128) -> bool {
+    cell.cas(v, new).is_ok()
+}
+
+/// Known-wrong variant `spot_written_blind`: the resolution is stored over
+/// whatever the cell holds, as if nothing had changed the row since the
+/// hold.
+#[cfg(pace_mutant = "spot_written_blind")]
+#[inline(always)]
+fn spot_write(cell: &Cell, _v: u128, new: u128) -> bool {
+    cell.store(new);
     true
 }
