@@ -541,14 +541,19 @@ where
     /// dropped unresolved does ([`Hold::detach`]).
     ///
     /// ```
-    /// let pace = pace::Pace::<&str>::builder().per_second(1).burst(2).build().unwrap();
+    /// use pace::{Pace, Rate};
+    ///
+    /// let pace: Pace<String> = Pace::builder(Rate::per_second(1).unwrap())
+    ///     .capacity(2)
+    ///     .build()
+    ///     .unwrap();
     /// // A presentation whose credential fails gives its token back.
     /// let checked: Result<(), &str> = pace.hold_while("client-7", 1, |_| Err("bad secret")).unwrap();
     /// assert!(checked.is_err());
-    /// assert_eq!(pace.peek(&"client-7"), 2);
+    /// assert_eq!(pace.peek("client-7"), 2);
     /// // One that passes keeps it.
     /// pace.hold_while("client-7", 1, |_| Ok::<(), ()>(())).unwrap().unwrap();
-    /// assert_eq!(pace.peek(&"client-7"), 1);
+    /// assert_eq!(pace.peek("client-7"), 1);
     /// ```
     ///
     /// # Errors

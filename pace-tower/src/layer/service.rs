@@ -69,8 +69,12 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// and every limit but the last (a limit after it may refuse the
     /// request, which refunds it). A held limit the layer does not refund
     /// is kept ([`AsyncLimit::keep`]: for a `pace::Pace`, a second CAS on
-    /// the key's row, and the core's held record per request, taken from
-    /// the thread's pool of freed records or else allocated).
+    /// the key's row). In a layer whose limits all decide at once and
+    /// none refunds on the response, a limit held only because a later one
+    /// may refuse is held with [`AsyncLimit::hold_while`] while the later
+    /// ones decide: for a `pace::Pace` ([`pace::Pace::hold_while`]), the
+    /// hold, their decisions and the keep or refund in one pin of the
+    /// epoch, the keep one CAS on the cell the hold wrote.
     /// The last limit, without a refund predicate, is never refunded and
     /// keeps the plain one-CAS reservation: a layer of one such limit costs
     /// what it did before holds; in a layer of several, put the busiest
@@ -207,8 +211,10 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
 /// fields on, the `RateLimit` value (and the `RateLimit-Policy` value when
 /// a limit's quota for the request differs from the one the layer was built
 /// with), a request to a queueing limit ([`Limit::wait_up_to`]) its
-/// wait, and, in the core, each held limit's record (see
-/// [`PaceLayerBuilder::limit`]). Reservations are kept when the inner
+/// wait, and, in the core, a held row's record where its holds do not
+/// fit in the row's word (a lot of more than 3 tokens, or a quota of
+/// another interval; records come from the thread's pool of freed ones).
+/// Reservations are kept when the inner
 /// service fails or the response future is dropped. The layer is `Clone`
 /// and cheap to clone (one `Arc`).
 pub struct PaceLayer<L = (), H = DefaultRespond> {
