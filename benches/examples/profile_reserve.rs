@@ -87,9 +87,14 @@ fn main() {
             &keys,
             ops,
         ),
-        "pace-hold-keep" | "pace-hold-refund" | "pace-reserve-refund" => {
+        "pace-hold-keep"
+        | "pace-hold-refund"
+        | "pace-reserve-refund"
+        | "pace-hold-while-keep"
+        | "pace-hold-while-refund" => {
             // One presentation at a time on warm keys: a hold kept or
-            // refunded (`Pace::hold`), or a reserve refunded at once.
+            // refunded (`Pace::hold`, or `Pace::hold_while` deciding at
+            // once), or a reserve refunded at once.
             let p = Pace::builder(rate).capacity(cap).build().unwrap();
             for k in &keys {
                 let _kept = p.reserve_n(k, 1 << 31).expect("primed");
@@ -99,6 +104,12 @@ fn main() {
                 match mode {
                     "pace-hold-keep" => black_box(p.hold(k).map(|h| h.keep()).is_ok()),
                     "pace-hold-refund" => black_box(p.hold(k).map(|h| h.refund()).is_ok()),
+                    "pace-hold-while-keep" => {
+                        black_box(p.hold_while(k, 1, |_| Ok::<(), ()>(())).is_ok())
+                    }
+                    "pace-hold-while-refund" => {
+                        black_box(p.hold_while(k, 1, |_| Err::<(), ()>(())).is_ok())
+                    }
                     _ => black_box(p.reserve(k).map(|r| r.refund()).is_ok()),
                 };
             }
