@@ -217,6 +217,7 @@ impl<K, S, C> Pace<K, S, C> {
     }
 
     /// Rows held now: keys whose bucket is not known to be full.
+    #[inline]
     pub fn len(&self) -> usize {
         self.rows.table.len()
     }

@@ -594,6 +594,7 @@ impl Table {
         bytes(cur) + self.target(cur, guard).map_or(0, bytes)
     }
 
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
     }
