@@ -513,3 +513,150 @@ fn every_admission_a_holding_limit_does_not_refund_is_kept() {
     assert_eq!(src.peek(&[192, 0, 2, 7].into()), 3, "remote admitted");
     assert_eq!(remote.0.peek(&"a".to_string()), 3, "remote admitted: kept");
 }
+
+/// A limit that decides at once and holds, backed by a local `Pace`, with
+/// `AsyncLimit`'s own `hold_while` (a hold, the decision, then `keep` or
+/// `refund`), counting its resolutions.
+struct AtOnce {
+    pace: Arc<P<HeaderValue>>,
+    kept: AtomicU64,
+    refunded: AtomicU64,
+}
+
+impl AsyncLimit<HeaderValue> for AtOnce {
+    type Debit = pace::Debit;
+    type Reserve = std::future::Ready<Result<pace::Debit, Refusal>>;
+
+    fn reserve(&self, key: &HeaderValue, n: u64) -> Self::Reserve {
+        ready(self.reserve_now(key, n).expect("decides at once"))
+    }
+
+    fn reserve_now(&self, key: &HeaderValue, n: u64) -> Option<Result<pace::Debit, Refusal>> {
+        Some(
+            self.pace
+                .reserve_n(key, n)
+                .map(pace::Reservation::detach)
+                .map_err(Refusal::from),
+        )
+    }
+
+    fn hold_now(&self, key: &HeaderValue, n: u64) -> Option<Result<pace::Debit, Refusal>> {
+        Some(
+            self.pace
+                .hold_n(key, n)
+                .map(pace::Hold::detach)
+                .map_err(Refusal::from),
+        )
+    }
+
+    fn decides_at_once(&self) -> bool {
+        true
+    }
+
+    fn holds(&self) -> bool {
+        true
+    }
+
+    fn keep(&self, key: &HeaderValue, debit: pace::Debit) {
+        self.kept.fetch_add(1, Ordering::Relaxed);
+        self.pace.keep(key, debit);
+    }
+
+    fn refund(&self, key: &HeaderValue, debit: pace::Debit) {
+        self.refunded.fetch_add(1, Ordering::Relaxed);
+        self.pace.refund(key, debit);
+    }
+
+    fn remaining(&self, key: &HeaderValue, _: Option<&pace::Debit>) -> Option<u64> {
+        Some(self.pace.peek(key))
+    }
+
+    fn capacity(&self) -> u64 {
+        self.pace.capacity()
+    }
+
+    fn rate(&self) -> Rate {
+        self.pace.rate()
+    }
+}
+
+/// The light path holds a limit that decides at once while the limits
+/// after it decide (`AsyncLimit::hold_while`): with a limit of its own
+/// (the trait's `hold_while`, here) as with a `Pace` (`Pace::hold_while`),
+/// a request the later limit refuses refunds the held token exactly, and
+/// an admitted one keeps it, so that it refills (a hold left unresolved
+/// would stay spent past a second).
+#[test]
+fn the_light_path_resolves_what_it_holds_by_the_later_limits() {
+    let second = Duration::from_secs(1);
+    for own in [true, false] {
+        for fields in [false, true] {
+            let what = format!("own hold_while {own}, fields {fields}");
+            let clock = clock();
+            let ids: Arc<P<HeaderValue>> = pace(&clock, 3, 3);
+            let keys: Arc<P<HeaderValue>> = pace(&clock, 1, 1);
+            let at_once = Arc::new(AtOnce {
+                pace: ids.clone(),
+                kept: AtomicU64::new(0),
+                refunded: AtomicU64::new(0),
+            });
+            let layer = PaceLayer::builder().rate_limit_headers(fields);
+            let second_limit = Limit::new("key", keys.clone(), key_header());
+            let mut svc = if own {
+                let layer = layer
+                    .limit(Limit::new("client", at_once.clone(), client_header()))
+                    .limit(second_limit)
+                    .build()
+                    .unwrap();
+                tower::util::BoxCloneService::new(layer.layer(inner()))
+            } else {
+                let layer = layer
+                    .limit(Limit::new("client", ids.clone(), client_header()))
+                    .limit(second_limit)
+                    .build()
+                    .unwrap();
+                tower::util::BoxCloneService::new(layer.layer(inner()))
+            };
+            // Spend the second limit's key, then present it again: refused
+            // by the second limit, the first is refunded.
+            let spend = request(&[("x-client-id", "other"), ("x-api-key", "spent")]);
+            assert_eq!(
+                poll_once(&mut svc, spend),
+                Some(Ok(StatusCode::OK)),
+                "{what}"
+            );
+            for _ in 0..5 {
+                let r = request(&[("x-client-id", "victim"), ("x-api-key", "spent")]);
+                assert_eq!(
+                    poll_once(&mut svc, r),
+                    Some(Ok(StatusCode::TOO_MANY_REQUESTS)),
+                    "{what}"
+                );
+            }
+            assert_eq!(
+                ids.peek(&hv("victim")),
+                3,
+                "{what}: the refusals left a trace"
+            );
+            // Admitted by both: the first limit's token is kept.
+            let ok = request(&[("x-client-id", "victim"), ("x-api-key", "fresh")]);
+            assert_eq!(poll_once(&mut svc, ok), Some(Ok(StatusCode::OK)), "{what}");
+            assert_eq!(
+                ids.peek(&hv("victim")),
+                2,
+                "{what}: the admission spent one"
+            );
+            clock.advance(second);
+            assert_eq!(ids.peek(&hv("victim")), 3, "{what}: the kept token refills");
+            assert_eq!(ids.peek(&hv("other")), 3, "{what}: the kept token refills");
+            if own {
+                assert_eq!(at_once.kept.load(Ordering::Relaxed), 2, "{what}: kept");
+                assert_eq!(
+                    at_once.refunded.load(Ordering::Relaxed),
+                    5,
+                    "{what}: refunded"
+                );
+            }
+        }
+    }
+}
