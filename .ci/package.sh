@@ -34,6 +34,19 @@ for c in "${crates[@]}"; do
 done
 [ "$status" -eq 0 ] || exit 1
 
+# The dry run builds each package against the others' from a local
+# registry under target/package, whose crates cargo unpacks into
+# CARGO_HOME/registry/src by registry path, name and version. An unpacked
+# directory of the same name and version is reused whatever it holds, so a
+# clone at the path of an earlier one would build against that run's
+# sources: remove every unpacked copy of these crates first (they exist on
+# no other registry).
+version=$(cargo metadata --no-deps --format-version 1 |
+    python3 -c 'import json,sys; print({p["name"]: p["version"] for p in json.load(sys.stdin)["packages"]}["pace"])')
+for c in "${crates[@]}"; do
+    rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"$c-$version"
+done
+
 args=()
 for c in "${crates[@]}"; do args+=(-p "$c"); done
 cargo publish --dry-run --allow-dirty "${args[@]}"
