@@ -81,7 +81,8 @@ fn a_steady_stream_of_holds_allocates_nothing() {
     // pins once where a `Hold` pins twice, and crossbeam-epoch collects
     // every 128 pins of a thread, so its freed records wait twice as many
     // cycles to come back to the pool.
-    let cycles: [(&str, &dyn Fn(u64), u64); 2] = [
+    type Cycle<'a> = (&'a str, &'a dyn Fn(u64), u64);
+    let cycles: [Cycle<'_>; 2] = [
         ("hold", &hold, CYCLES / 100),
         ("hold_while", &hold_while, CYCLES / 50),
     ];
