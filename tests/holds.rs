@@ -499,6 +499,32 @@ fn a_leaked_hold_expires_as_kept() {
     assert_eq!(p.len(), 0);
 }
 
+/// A `hold_while` whose decision panics: the panic reaches the caller, the
+/// hold stays held (as a detached hold dropped unresolved) and expires as
+/// kept at its lot's end, and the limiter goes on deciding exactly.
+#[test]
+fn a_hold_while_whose_decision_panics_expires_as_kept() {
+    let p: P<u8> = limiter(3, 10 * S, Duration::from_secs(1));
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = p.hold_while_at(&0, 1, 0, |_| -> Result<(), ()> {
+            panic!("a decision panics")
+        });
+    }));
+    assert!(unwound.is_err(), "the panic reaches the caller");
+    assert_eq!(p.row_held(&0), Some(10 * S), "held, not kept or refunded");
+    assert_eq!(p.peek_at(&0, S), 2);
+    // Another presentation meanwhile: decided beside the held token.
+    let kept = p.hold_while_at(&0, 1, S, |_| Ok::<(), ()>(()));
+    assert_eq!(kept, Ok(Ok(())));
+    assert_eq!(p.peek_at(&0, S), 1);
+    // Its lot opened in epoch 0 and expires at 2 s: settled as kept at
+    // 2 s − 1 ns, after the kept one (tat 10 s + 1 s, then 10 s more).
+    assert_eq!(p.peek_at(&0, 2 * S - 1), 1, "still held");
+    p.sweep_at(2 * S);
+    assert_eq!(p.row_held(&0), Some(0));
+    assert_eq!(p.row_tat(&0), Some(21 * S));
+}
+
 /// Overlapping holds of one key, refunded in any order by real threads
 /// (the flood of issue 26 at a small scale): the key's budget is whole
 /// when the last one is refunded.
