@@ -125,7 +125,15 @@ impl CellsModel {
     pub fn reserve(&self, key: u64, now: u64) -> Option<u64> {
         let guard = self.epochs.pin();
         self.table
-            .reserve::<_, false>(self.ask(1, now), key, &Bits(key), &|| now, &|k| k, &guard)
+            .reserve::<_, false, _>(
+                self.ask(1, now),
+                key,
+                &Bits(key),
+                &|| now,
+                &|k| k,
+                &guard,
+                (),
+            )
             .ok()
             .map(|a| a.tat)
     }
@@ -143,7 +151,15 @@ impl CellsModel {
     ) -> Option<u64> {
         let guard = self.epochs.pin();
         self.table
-            .reserve::<_, false>(self.ask(n, now), hash, &Bits(key), &|| now, hash_of, &guard)
+            .reserve::<_, false, _>(
+                self.ask(n, now),
+                hash,
+                &Bits(key),
+                &|| now,
+                hash_of,
+                &guard,
+                (),
+            )
             .ok()
             .map(|a| a.tat)
     }
@@ -184,7 +200,15 @@ impl CellsModel {
     pub fn hold_n(&self, key: u64, n: u64, now: u64) -> Option<ModelTicket> {
         let guard = self.epochs.pin();
         self.table
-            .reserve::<_, true>(self.ask(n, now), key, &Bits(key), &|| now, &|k| k, &guard)
+            .reserve::<_, true, _>(
+                self.ask(n, now),
+                key,
+                &Bits(key),
+                &|| now,
+                &|k| k,
+                &guard,
+                (),
+            )
             .ok()
             .and_then(|a| a.ticket())
             .map(ModelTicket)
@@ -206,15 +230,24 @@ impl CellsModel {
         between: impl FnOnce(),
     ) -> Option<bool> {
         let guard = self.epochs.pin();
+        let spot = std::cell::Cell::new(crate::table::Spot::NONE);
         let a = self
             .table
-            .reserve::<_, true>(self.ask(n, now), key, &Bits(key), &|| now, &|k| k, &guard)
+            .reserve::<_, true, _>(
+                self.ask(n, now),
+                key,
+                &Bits(key),
+                &|| now,
+                &|k| k,
+                &guard,
+                &spot,
+            )
             .ok()?;
         let ticket = a.ticket()?;
         between();
         if let Some(r) = self
             .table
-            .resolve_spot(a.spot, ticket, keep, ticket.at, &guard)
+            .resolve_spot(spot.get(), ticket, keep, ticket.at, &guard)
         {
             return Some(r);
         }

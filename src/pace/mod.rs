@@ -19,7 +19,7 @@ use crate::table::held::Ticket;
 use crate::table::keys::{self, Bits, Boxed};
 use crate::table::quota::QuotaCell;
 use crate::table::words::{self, Borrowed, WordKey};
-use crate::table::{Ask, Cx, Spent, Spot, Table, SWEEP_FLOOR};
+use crate::table::{Ask, Cx, Spent, Spot, SpotSink, Table, SWEEP_FLOOR};
 
 /// Runs `f` on each item, the work of a `Drop` (or of a way out) that calls
 /// keys' `Hash` or `Eq`: each runs whatever an earlier one did, a panic of
@@ -401,13 +401,14 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_slot::<Q, _, _, false, false>(
+        self.reserve_slot::<Q, _, _, _, false, false>(
             key,
             check_cost(n),
             None,
             (0, &mut 0),
             || self.clock.now_ns(),
             None,
+            (),
             |_, _, _| (),
         )
     }
@@ -587,21 +588,22 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let guard = self.pin();
-        let mut spot = Spot::NONE;
-        let debit = self.reserve_slot::<Q, _, _, false, true>(
+        let spot = std::cell::Cell::new(Spot::NONE);
+        let debit = self.reserve_slot::<Q, _, _, _, false, true>(
             key,
             n,
             None,
             (0, &mut 0),
             clock,
-            Some((&guard, &mut spot)),
+            Some(&guard),
+            &spot,
             |_, _, debit| debit,
         )?;
         let out = decide(&debit);
         if debit.n > 0 {
             // Settled from the hold's reading, as `Hold::keep` does.
             let at = debit.tat;
-            self.resolve_pinned(key, debit, out.is_ok(), at, spot, &guard);
+            self.resolve_pinned(key, debit, out.is_ok(), at, spot.get(), &guard);
         }
         Ok(out)
     }
@@ -651,20 +653,22 @@ where
     /// the compiler drops both.
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    fn reserve_slot<'a, Q, F, R, const TURN: bool, const HOLD: bool>(
+    fn reserve_slot<'a, Q, F, R, W, const TURN: bool, const HOLD: bool>(
         &'a self,
         key: &'a Q,
         n: u64,
         limits: Option<&Limits>,
         turn: (u64, &mut u64),
         clock: F,
-        pinned: Option<(&Guard, &mut Spot)>,
+        pinned: Option<&Guard>,
+        spot: W,
         finish: impl FnOnce(&'a Self, &'a Q, Debit) -> R,
     ) -> Result<R, Denied>
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
         F: Fn() -> u64,
+        W: SpotSink,
     {
         let (wait_ns, slot) = turn;
         if n == 0 {
@@ -677,11 +681,11 @@ where
         let now = clock();
         let reread: &dyn Fn() -> u64 = &clock;
         let own;
-        let (guard, spot) = match pinned {
-            Some((g, spot)) => (g, Some(spot)),
+        let guard = match pinned {
+            Some(g) => g,
             None => {
                 own = self.pin();
-                (&own, None)
+                &own
             }
         };
         let call_quota = limits.is_some();
@@ -699,21 +703,17 @@ where
         };
         let hash_of = |b| self.hash_of(b);
         let result = with_probe!(self.rows, key, hash, guard, |p| {
-            self.rows.table.reserve::<_, HOLD>(
+            self.rows.table.reserve::<_, HOLD, W>(
                 Ask { limits, n, now },
                 hash,
                 p,
                 reread,
                 &hash_of,
                 guard,
+                spot,
             )
         })
-        .map(|a| {
-            if let Some(spot) = spot {
-                *spot = a.spot;
-            }
-            (a.tat, a.prev, a.created, a.lot, a.held)
-        });
+        .map(|a| (a.tat, a.prev, a.created, a.lot, a.held));
         let created = matches!(result, Ok((_, _, true, _, _)));
         if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
             self.sooner_sweep(now, tau);
@@ -760,13 +760,14 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
         F: Fn() -> u64,
     {
-        self.reserve_slot::<Q, _, _, false, HOLD>(
+        self.reserve_slot::<Q, _, _, _, false, HOLD>(
             key,
             n,
             limits,
             (0, &mut 0),
             clock,
             None,
+            (),
             Self::reservation,
         )
     }

@@ -302,13 +302,14 @@ where
     {
         let mut slot = 0;
         let limits = quota.as_ref().map(Quota::limits_ref);
-        let r = self.reserve_slot::<Q, _, _, true, false>(
+        let r = self.reserve_slot::<Q, _, _, _, true, false>(
             key,
             n,
             limits,
             (wait_ns, &mut slot),
             clock,
             None,
+            (),
             Self::reservation,
         )?;
         Ok((r, slot))

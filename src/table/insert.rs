@@ -8,7 +8,9 @@ use super::array::Array;
 use super::cell::{self, Cell, CellState};
 use super::held::{self, Held, Ticket, HELD};
 use super::keys::{NewRow, Probe};
-use super::{is_migrating, near_after, probe_seq, Admitted, Ask, Cx, Found, Near, Spot, Table};
+use super::{
+    is_migrating, near_after, probe_seq, Admitted, Ask, Cx, Found, Near, Spot, SpotSink, Table,
+};
 use crate::bucket::Decision;
 use crate::sync::epoch::Guard;
 use crate::sync::{cas_retry, fence, snooze, Ordering};
@@ -88,7 +90,8 @@ impl Table {
     /// ([`reserve_near`](Table::reserve_near)) when the walk would pass over
     /// the first: a row found there is debited at once.
     #[inline(always)]
-    pub(crate) fn reserve<P: NewRow, const HOLD: bool>(
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reserve<P: NewRow, const HOLD: bool, W: SpotSink>(
         &self,
         ask: Ask<'_>,
         hash: u64,
@@ -96,6 +99,7 @@ impl Table {
         reread: &dyn Fn() -> u64,
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
+        spot: W,
     ) -> Result<Admitted, Decision> {
         let arr = self.array(guard);
         if arr.next.load(Ordering::Relaxed, guard).is_null() {
@@ -108,7 +112,7 @@ impl Table {
                     // the plain one stays as small as it was.)
                     if HOLD || tat < HELD {
                         let r = if HOLD {
-                            if let Some(r) = self.hold_in_word(arr, idx, v, bits, tat, ask) {
+                            if let Some(r) = self.hold_in_word(arr, idx, v, bits, tat, ask, spot) {
                                 return r;
                             }
                             self.change_held::<HOLD>(arr, idx, v, ask, guard)
@@ -125,7 +129,7 @@ impl Table {
                 None => cell::passed_over(v),
             };
             if passed {
-                if let Some(r) = self.reserve_near::<P, HOLD>(arr, idx, key, ask, guard) {
+                if let Some(r) = self.reserve_near::<P, HOLD, W>(arr, idx, key, ask, guard, spot) {
                     return r;
                 }
             }
@@ -138,18 +142,19 @@ impl Table {
     /// passes over, probed as the walk does ([`near_after`]), and the key's
     /// row found there debited or held. `None` when the walk must decide.
     #[inline(never)]
-    fn reserve_near<P: Probe, const HOLD: bool>(
+    fn reserve_near<P: Probe, const HOLD: bool, W: SpotSink>(
         &self,
         arr: &Array,
         first: usize,
         key: &P,
         ask: Ask<'_>,
         guard: &Guard,
+        spot: W,
     ) -> Option<Result<Admitted, Decision>> {
         // SAFETY: `arr` was loaded under `guard`, which `key` probes with.
         let Near { idx, v, bits, tat } = unsafe { near_after(arr, first, key) }?;
         if HOLD {
-            if let Some(r) = self.hold_in_word(arr, idx, v, bits, tat, ask) {
+            if let Some(r) = self.hold_in_word(arr, idx, v, bits, tat, ask, spot) {
                 return Some(r);
             }
             self.change_held::<HOLD>(arr, idx, v, ask, guard)
@@ -363,14 +368,13 @@ impl Table {
         match made {
             Ok((field, tat, ticket)) => {
                 let admitted = match ticket {
-                    Some(t) => Admitted::of_hold(t, true, mine, Spot::NONE),
+                    Some(t) => Admitted::of_hold(t, true, mine),
                     None => Admitted {
                         tat,
                         prev: floor,
                         created: true,
                         lot: 0,
                         held: 0,
-                        spot: Spot::NONE,
                     },
                 };
                 let claimed = CellState::Claimed { key: mine }.encode();
@@ -595,7 +599,6 @@ impl Table {
                                 created: false,
                                 lot: 0,
                                 held: 0,
-                                spot: Spot::NONE,
                             }))
                         }
                         Err(actual) => match cell::live_tat(actual, bits) {
@@ -618,7 +621,8 @@ impl Table {
     /// no record. `None` when the word path does not decide it or the CAS
     /// lost: [`change_held`](Table::change_held) takes over.
     #[inline(always)]
-    fn hold_in_word(
+    #[allow(clippy::too_many_arguments)]
+    fn hold_in_word<W: SpotSink>(
         &self,
         arr: &Array,
         idx: usize,
@@ -626,17 +630,18 @@ impl Table {
         bits: u64,
         tat: u64,
         ask: Ask<'_>,
+        spot: W,
     ) -> Option<Result<Admitted, Decision>> {
         let Ask { limits, n, now } = ask;
         let e = self.form.epoch(now);
         let (field, ticket) = self.form.hold_word(tat, limits, now, e, n)?;
         let new = cell::live_value(bits, field);
         arr.cells[idx].cas(v, new).ok()?;
-        let spot = Spot {
+        spot.put(Spot {
             at: &arr.cells[idx] as *const Cell as usize,
             field,
-        };
-        Some(Ok(Admitted::of_hold(ticket, false, bits, spot)))
+        });
+        Some(Ok(Admitted::of_hold(ticket, false, bits)))
     }
 
     /// [`debit`](Table::debit) of a held row, or a hold: each try reads the
@@ -673,14 +678,13 @@ impl Table {
             match self.replace_row(arr, idx, v, next, guard) {
                 Ok(()) => {
                     return Some(Ok(match ticket {
-                        Some(t) => Admitted::of_hold(t, false, bits, Spot::NONE),
+                        Some(t) => Admitted::of_hold(t, false, bits),
                         None => Admitted {
                             tat: next.tat,
                             prev: was.tat,
                             created: false,
                             lot: 0,
                             held: was.held(),
-                            spot: Spot::NONE,
                         },
                     }));
                 }

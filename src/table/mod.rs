@@ -281,9 +281,6 @@ pub(crate) struct Admitted {
     /// slot lies behind them; 0 for a plain row); a hold's row
     /// ([`Ticket::row`]).
     pub(crate) held: u64,
-    /// Where a hold worked on its row's word left it, for a resolution in
-    /// the same pin ([`Table::resolve_spot`]); [`Spot::NONE`] otherwise.
-    pub(crate) spot: Spot,
 }
 
 /// The cell a hold worked on its row's word left its row in, and the
@@ -301,6 +298,25 @@ impl Spot {
     pub(crate) const NONE: Spot = Spot { at: 0, field: 0 };
 }
 
+/// Where a hold worked on its row's word reports its [`Spot`]: nowhere
+/// (`()`: every call but `Pace::hold_while`, compiled without it), or a
+/// cell the caller reads after the reserve.
+pub(crate) trait SpotSink: Copy {
+    fn put(self, spot: Spot);
+}
+
+impl SpotSink for () {
+    #[inline(always)]
+    fn put(self, _: Spot) {}
+}
+
+impl SpotSink for &std::cell::Cell<Spot> {
+    #[inline(always)]
+    fn put(self, spot: Spot) {
+        self.set(spot);
+    }
+}
+
 impl Admitted {
     /// A hold's ticket (for the table's models).
     #[cfg(feature = "internals")]
@@ -309,14 +325,13 @@ impl Admitted {
     }
 
     /// A hold's admission on the row whose cell's key half is `row`.
-    fn of_hold(t: Ticket, created: bool, row: u64, spot: Spot) -> Admitted {
+    fn of_hold(t: Ticket, created: bool, row: u64) -> Admitted {
         Admitted {
             tat: t.at,
             prev: t.cost,
             created,
             lot: t.lot,
             held: row,
-            spot,
         }
     }
 }

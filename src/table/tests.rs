@@ -47,10 +47,10 @@ impl T {
         if self.boxed {
             let p = Boxed::<u64, u64>::new(&k, hash, g);
             self.table
-                .reserve::<_, false>(ask, hash, &p, &|| now, hash_of, g)
+                .reserve::<_, false, _>(ask, hash, &p, &|| now, hash_of, g, ())
         } else {
             self.table
-                .reserve::<_, false>(ask, hash, &Bits(k), &|| now, hash_of, g)
+                .reserve::<_, false, _>(ask, hash, &Bits(k), &|| now, hash_of, g, ())
         }
     }
 
@@ -153,7 +153,6 @@ proptest! {
                     let start = |r: Result<Admitted, Decision>| {
                         r.map(|a| Admitted {
                             prev: if a.created { a.prev.max(now) } else { a.prev },
-                            spot: super::Spot::NONE,
                             ..a
                         })
                     };
@@ -451,7 +450,7 @@ fn a_panicking_eq_in_the_check_leaves_counts_exact() {
             now: 0,
         };
         let p = Boxed::<K, K>::new(&key, 0, &g);
-        table.reserve::<_, false>(ask, 0, &p, &|| 0, &|_| 0, &g)
+        table.reserve::<_, false, _>(ask, 0, &p, &|| 0, &|_| 0, &g, ())
     };
     assert!(reserve(1).is_ok());
     PANIC_ON_EQ.with(|p| p.set(true));
