@@ -198,19 +198,7 @@ impl CellsModel {
 
     /// Holds `n` tokens of `key` at `now` (`Pace::hold_n`).
     pub fn hold_n(&self, key: u64, n: u64, now: u64) -> Option<ModelTicket> {
-        let guard = self.epochs.pin();
-        self.table
-            .reserve::<_, true, _>(
-                self.ask(n, now),
-                key,
-                &Bits(key),
-                &|| now,
-                &|k| k,
-                &guard,
-                (),
-            )
-            .ok()
-            .and_then(|a| a.ticket())
+        self.hold_in(key, n, now, &self.epochs.pin(), ())
             .map(ModelTicket)
     }
 
@@ -231,40 +219,55 @@ impl CellsModel {
     ) -> Option<bool> {
         let guard = self.epochs.pin();
         let spot = std::cell::Cell::new(crate::table::Spot::NONE);
-        let a = self
-            .table
-            .reserve::<_, true, _>(
-                self.ask(n, now),
-                key,
-                &Bits(key),
-                &|| now,
-                &|k| k,
-                &guard,
-                &spot,
-            )
-            .ok()?;
-        let ticket = a.ticket()?;
+        let ticket = self.hold_in(key, n, now, &guard, &spot)?;
         between();
-        if let Some(r) = self
+        let spotted = self
             .table
-            .resolve_spot(spot.get(), ticket, keep, ticket.at, &guard)
-        {
-            return Some(r);
-        }
-        let cx = &crate::table::Cx::new(&|k| k, ticket.at);
-        Some(
-            self.table
-                .resolve(key, &Bits(key), ticket, keep, cx, &guard),
-        )
+            .resolve_spot(spot.get(), ticket, keep, ticket.at, &guard);
+        Some(spotted.unwrap_or_else(|| self.resolve_in(key, ticket, keep, ticket.at, &guard)))
     }
 
     /// Keeps (`keep`) or refunds a hold of `key` at `now`: false if its lot
     /// had expired.
     pub fn resolve(&self, key: u64, ticket: ModelTicket, keep: bool, now: u64) -> bool {
-        let guard = self.epochs.pin();
-        let cx = &crate::table::Cx::new(&|k| k, now);
+        self.resolve_in(key, ticket.0, keep, now, &self.epochs.pin())
+    }
+
+    /// A hold of `n` tokens of `key` at `now` under `guard`, its cell
+    /// reported to `spot`: its ticket, or `None` if denied.
+    fn hold_in<W: crate::table::SpotSink>(
+        &self,
+        key: u64,
+        n: u64,
+        now: u64,
+        guard: &crate::sync::epoch::Guard,
+        spot: W,
+    ) -> Option<crate::table::held::Ticket> {
         self.table
-            .resolve(key, &Bits(key), ticket.0, keep, cx, &guard)
+            .reserve::<_, true, W>(
+                self.ask(n, now),
+                key,
+                &Bits(key),
+                &|| now,
+                &|k| k,
+                guard,
+                spot,
+            )
+            .ok()
+            .and_then(|a| a.ticket())
+    }
+
+    /// [`resolve`](Self::resolve) under `guard`, by the lookup.
+    fn resolve_in(
+        &self,
+        key: u64,
+        ticket: crate::table::held::Ticket,
+        keep: bool,
+        now: u64,
+        guard: &crate::sync::epoch::Guard,
+    ) -> bool {
+        let cx = &crate::table::Cx::new(&|k| k, now);
+        self.table.resolve(key, &Bits(key), ticket, keep, cx, guard)
     }
 
     /// Keys of the live rows, sorted.

@@ -220,16 +220,23 @@ where
             return Ok(()); // skipped
         };
         let n = self.cost.as_ref().map_or(1, |f| f(head));
-        match self.limiter.admit_now(&key, n) {
-            Some(Ok(())) => {
-                self.count_admitted();
-                Ok(())
-            }
+        self.decided(self.limiter.admit_now(&key, n))?;
+        self.count_admitted();
+        Ok(())
+    }
+
+    /// The decision of a limit that decides at once
+    /// ([`AsyncLimit::decides_at_once`]): its refusal as this limit's stop,
+    /// and no decision (which that promise rules out) as an unavailable
+    /// limit.
+    #[inline(always)]
+    fn decided<T>(&self, decision: Option<Result<T, Refusal>>) -> Result<T, Stop> {
+        match decision {
+            Some(Ok(t)) => Ok(t),
             Some(Err(refusal)) => Err(Stop::Refused {
                 index: self.index,
                 refusal,
             }),
-            // `decides_at_once` promised a decision.
             None => Err(Stop::Refused {
                 index: self.index,
                 refusal: Refusal::unavailable("the limit did not decide at once"),
@@ -271,39 +278,12 @@ where
                 }
                 then(fields)
             });
-            return match decided {
-                Some(Ok(Ok(()))) => {
-                    self.count_admitted();
-                    Ok(())
-                }
-                Some(Ok(Err(stop))) => Err(stop),
-                Some(Err(refusal)) => Err(Stop::Refused {
-                    index: self.index,
-                    refusal,
-                }),
-                // `decides_at_once` promised a decision.
-                None => Err(Stop::Refused {
-                    index: self.index,
-                    refusal: Refusal::unavailable("the limit did not decide at once"),
-                }),
-            };
+            // The later limits' stop, or this one's refusal.
+            self.decided(decided)??;
+            self.count_admitted();
+            return Ok(());
         }
-        let debit = match self.reserve_now(&key, n, None) {
-            Some(Ok(d)) => d,
-            Some(Err(refusal)) => {
-                return Err(Stop::Refused {
-                    index: self.index,
-                    refusal,
-                })
-            }
-            // `decides_at_once` promised a decision.
-            None => {
-                return Err(Stop::Refused {
-                    index: self.index,
-                    refusal: Refusal::unavailable("the limit did not decide at once"),
-                })
-            }
-        };
+        let debit = self.decided(self.reserve_now(&key, n, None))?;
         let mut fields = fields;
         if let Some(acc) = fields.as_deref_mut() {
             self.field(&key, Some(&debit), None, acc);
