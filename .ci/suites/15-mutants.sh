@@ -497,7 +497,7 @@ expect_caught "$ops" tls "expected a TLS failure" "-p pace-redis --all-features"
 # pace-tower's known-wrong variants (PACE_MUTANT, read by pace-tower/build.rs):
 # each must make its test file fail (tests, not the build).
 [ "$part" = release ] || for entry in xff_leftmost=server v6_full_address=server retry_after_truncated=server \
-    tower_plain_reserve=holds tower_no_keep=holds tower_warn_every_outage_request=operable \
+    tower_plain_reserve=holds tower_no_keep=holds tower_nested_no_refund=holds tower_warn_every_outage_request=operable \
     tower_redis_plain=shared_holds tower_redis_no_turn=shared_holds; do
     m=${entry%%=*}
     f=${entry#*=}

@@ -218,10 +218,10 @@ fn main() {
         b
     };
     if which == "mix" {
-        return mix_all::<IpPrefix>(limits, fields, exact_source, n);
+        return mix_all::<IpPrefix>(limits, fields, exact_source, refund, n);
     }
     if which == "mix-addr" {
-        return mix_all::<IpAddr>(limits, fields, exact_source, n);
+        return mix_all::<IpAddr>(limits, fields, exact_source, refund, n);
     }
     if which == "mix-churn" {
         return mix_churn(n);
@@ -356,7 +356,7 @@ fn mix_churn(n: u64) {
 
 /// `mix`: bare, pace and governor interleaved; the source limit's key type
 /// is `K` (`IpPrefix` for `mix`, `IpAddr` for `mix-addr`).
-fn mix_all<K: PeerKey>(limits: u32, fields: bool, exact_source: bool, n: u64) {
+fn mix_all<K: PeerKey>(limits: u32, fields: bool, exact_source: bool, refund: bool, n: u64) {
     let gov = || {
         let mut b = GovernorConfigBuilder::default();
         b.per_second(1).burst_size(1_000_000);
@@ -392,11 +392,18 @@ fn mix_all<K: PeerKey>(limits: u32, fields: bool, exact_source: bool, n: u64) {
         }
     } else {
         let mut p = p
-            .limit(Limit::new(
-                "client",
-                live::<String>(),
-                from_fn(|h| client_id(h.headers)),
-            ))
+            .limit({
+                let client = Limit::new(
+                    "client",
+                    live::<String>(),
+                    from_fn(|h| client_id(h.headers)),
+                );
+                if refund {
+                    client.refund_if(|r| r.status == StatusCode::UNAUTHORIZED)
+                } else {
+                    client
+                }
+            })
             .build()
             .unwrap()
             .layer(inner());

@@ -17,7 +17,9 @@
 //! pace-tower --test holds`, as `.ci/suites/15-mutants.sh` runs them):
 //! `tower_plain_reserve` (every limit reserved with the plain one-CAS
 //! kind, as before holds: the floods leave traces), `tower_no_keep` (held
-//! debits dropped instead of kept).
+//! debits dropped instead of kept), `tower_nested_no_refund` (on the nested
+//! path, a reservation a later limit's refusal stops is kept, not
+//! refunded).
 
 mod support;
 
@@ -580,83 +582,149 @@ impl AsyncLimit<HeaderValue> for AtOnce {
     }
 }
 
-/// The light path holds a limit that decides at once while the limits
-/// after it decide (`AsyncLimit::hold_while`): with a limit of its own
-/// (the trait's `hold_while`, here) as with a `Pace` (`Pace::hold_while`),
-/// a request the later limit refuses refunds the held token exactly, and
-/// an admitted one keeps it, so that it refills (a hold left unresolved
-/// would stay spent past a second).
+/// A layer whose limits all decide at once holds a limit while the limits
+/// after it decide (`AsyncLimit::hold_while`): on the light path (no
+/// refunds) and on the nested one (a refund predicate on the later limit),
+/// with a limit of its own (the trait's `hold_while`, here) as with a
+/// `Pace` (`Pace::hold_while`). A request the later limit refuses refunds
+/// the held token exactly, an admitted one keeps it, so that it refills (a
+/// hold left unresolved would stay spent past a second), and a response
+/// the predicate refunds returns the later limit's token alone.
 #[test]
 fn the_light_path_resolves_what_it_holds_by_the_later_limits() {
     let second = Duration::from_secs(1);
-    for own in [true, false] {
-        for fields in [false, true] {
-            let what = format!("own hold_while {own}, fields {fields}");
-            let clock = clock();
-            let ids: Arc<P<HeaderValue>> = pace(&clock, 3, 3);
-            let keys: Arc<P<HeaderValue>> = pace(&clock, 1, 1);
-            let at_once = Arc::new(AtOnce {
-                pace: ids.clone(),
-                kept: AtomicU64::new(0),
-                refunded: AtomicU64::new(0),
-            });
-            let layer = PaceLayer::builder().rate_limit_headers(fields);
-            let second_limit = Limit::new("key", keys.clone(), key_header());
-            let mut svc = if own {
-                let layer = layer
-                    .limit(Limit::new("client", at_once.clone(), client_header()))
-                    .limit(second_limit)
-                    .build()
-                    .unwrap();
-                tower::util::BoxCloneService::new(layer.layer(inner()))
-            } else {
-                let layer = layer
-                    .limit(Limit::new("client", ids.clone(), client_header()))
-                    .limit(second_limit)
-                    .build()
-                    .unwrap();
-                tower::util::BoxCloneService::new(layer.layer(inner()))
-            };
-            // Spend the second limit's key, then present it again: refused
-            // by the second limit, the first is refunded.
-            let spend = request(&[("x-client-id", "other"), ("x-api-key", "spent")]);
-            assert_eq!(
-                poll_once(&mut svc, spend),
-                Some(Ok(StatusCode::OK)),
-                "{what}"
-            );
-            for _ in 0..5 {
-                let r = request(&[("x-client-id", "victim"), ("x-api-key", "spent")]);
+    for refund in [false, true] {
+        for own in [true, false] {
+            for fields in [false, true] {
+                let what = format!("refund {refund}, own hold_while {own}, fields {fields}");
+                let clock = clock();
+                let ids: Arc<P<HeaderValue>> = pace(&clock, 3, 3);
+                let keys: Arc<P<HeaderValue>> = pace(&clock, 1, 1);
+                let at_once = Arc::new(AtOnce {
+                    pace: ids.clone(),
+                    kept: AtomicU64::new(0),
+                    refunded: AtomicU64::new(0),
+                });
+                let layer = PaceLayer::builder().rate_limit_headers(fields);
+                let mut second_limit = Limit::new("key", keys.clone(), key_header());
+                if refund {
+                    second_limit = second_limit
+                        .refund_if(|r: &ResponseHead<'_>| r.status == StatusCode::UNAUTHORIZED);
+                }
+                let mut svc = if own {
+                    let layer = layer
+                        .limit(Limit::new("client", at_once.clone(), client_header()))
+                        .limit(second_limit)
+                        .build()
+                        .unwrap();
+                    tower::util::BoxCloneService::new(layer.layer(inner()))
+                } else {
+                    let layer = layer
+                        .limit(Limit::new("client", ids.clone(), client_header()))
+                        .limit(second_limit)
+                        .build()
+                        .unwrap();
+                    tower::util::BoxCloneService::new(layer.layer(inner()))
+                };
+                // Spend the second limit's key, then present it again:
+                // refused by the second limit, the first is refunded.
+                let spend = request(&[("x-client-id", "other"), ("x-api-key", "spent")]);
                 assert_eq!(
-                    poll_once(&mut svc, r),
-                    Some(Ok(StatusCode::TOO_MANY_REQUESTS)),
+                    poll_once(&mut svc, spend),
+                    Some(Ok(StatusCode::OK)),
                     "{what}"
                 );
-            }
-            assert_eq!(
-                ids.peek(&hv("victim")),
-                3,
-                "{what}: the refusals left a trace"
-            );
-            // Admitted by both: the first limit's token is kept.
-            let ok = request(&[("x-client-id", "victim"), ("x-api-key", "fresh")]);
-            assert_eq!(poll_once(&mut svc, ok), Some(Ok(StatusCode::OK)), "{what}");
-            assert_eq!(
-                ids.peek(&hv("victim")),
-                2,
-                "{what}: the admission spent one"
-            );
-            clock.advance(second);
-            assert_eq!(ids.peek(&hv("victim")), 3, "{what}: the kept token refills");
-            assert_eq!(ids.peek(&hv("other")), 3, "{what}: the kept token refills");
-            if own {
-                assert_eq!(at_once.kept.load(Ordering::Relaxed), 2, "{what}: kept");
+                for _ in 0..5 {
+                    let r = request(&[("x-client-id", "victim"), ("x-api-key", "spent")]);
+                    assert_eq!(
+                        poll_once(&mut svc, r),
+                        Some(Ok(StatusCode::TOO_MANY_REQUESTS)),
+                        "{what}"
+                    );
+                }
                 assert_eq!(
-                    at_once.refunded.load(Ordering::Relaxed),
-                    5,
-                    "{what}: refunded"
+                    ids.peek(&hv("victim")),
+                    3,
+                    "{what}: the refusals left a trace"
                 );
+                // Admitted by both: the first limit's token is kept.
+                let ok = request(&[("x-client-id", "victim"), ("x-api-key", "fresh")]);
+                assert_eq!(poll_once(&mut svc, ok), Some(Ok(StatusCode::OK)), "{what}");
+                assert_eq!(
+                    ids.peek(&hv("victim")),
+                    2,
+                    "{what}: the admission spent one"
+                );
+                assert_eq!(keys.peek(&hv("fresh")), 0, "{what}: and the key's");
+                let mut kept = 2;
+                if refund {
+                    // Refunded by the predicate: the key's token returns,
+                    // the first limit's is kept.
+                    let no = request(&[
+                        ("x-client-id", "victim"),
+                        ("x-api-key", "again"),
+                        ("x-valid", "no"),
+                    ]);
+                    assert_eq!(
+                        poll_once(&mut svc, no),
+                        Some(Ok(StatusCode::UNAUTHORIZED)),
+                        "{what}"
+                    );
+                    assert_eq!(keys.peek(&hv("again")), 1, "{what}: refunded");
+                    assert_eq!(ids.peek(&hv("victim")), 1, "{what}: kept");
+                    kept = 3;
+                }
+                clock.advance(second);
+                assert_eq!(ids.peek(&hv("victim")), 3, "{what}: the kept token refills");
+                assert_eq!(ids.peek(&hv("other")), 3, "{what}: the kept token refills");
+                assert_eq!(keys.peek(&hv("fresh")), 1, "{what}: the key's refills");
+                if own {
+                    assert_eq!(at_once.kept.load(Ordering::Relaxed), kept, "{what}: kept");
+                    assert_eq!(
+                        at_once.refunded.load(Ordering::Relaxed),
+                        5,
+                        "{what}: refunded"
+                    );
+                }
             }
         }
+    }
+}
+
+/// A limit refunded on the response, before a limit that refuses: on the
+/// nested path (every limit decides at once) the refusal refunds the
+/// earlier limit's held token at once, exactly, whatever the order.
+#[test]
+fn a_refunded_limit_before_a_refusing_one_is_refunded_by_the_refusal() {
+    for fields in [false, true] {
+        let clock = clock();
+        let keys: Arc<P<HeaderValue>> = pace(&clock, 1, 2);
+        let ids: Arc<P<HeaderValue>> = pace(&clock, 1, 1);
+        let mut svc = PaceLayer::builder()
+            .rate_limit_headers(fields)
+            .limit(
+                Limit::new("key", keys.clone(), key_header())
+                    .refund_if(|r: &ResponseHead<'_>| r.status == StatusCode::UNAUTHORIZED),
+            )
+            .limit(Limit::new("client", ids.clone(), client_header()))
+            .build()
+            .unwrap()
+            .layer(inner());
+        let r = request(&[("x-client-id", "spent"), ("x-api-key", "other")]);
+        assert_eq!(poll_once(&mut svc, r), Some(Ok(StatusCode::OK)));
+        for _ in 0..4 {
+            let r = request(&[("x-client-id", "spent"), ("x-api-key", "victim")]);
+            assert_eq!(
+                poll_once(&mut svc, r),
+                Some(Ok(StatusCode::TOO_MANY_REQUESTS)),
+                "fields {fields}"
+            );
+        }
+        assert_eq!(
+            keys.peek(&hv("victim")),
+            2,
+            "fields {fields}: the refusals left a trace"
+        );
+        assert_eq!(keys.peek(&hv("other")), 1, "fields {fields}: kept");
     }
 }

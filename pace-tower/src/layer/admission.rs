@@ -301,6 +301,53 @@ where
         }
     }
 
+    /// This limit's part of [`LimitsImpl::start_nested`]: reserves it at
+    /// once, runs `then` (the limits after it) and refunds its reservation
+    /// if `then` stops; held only while `then` runs when a later limit is
+    /// all it is held for.
+    #[inline(always)]
+    fn nested_one<F, R>(&self, head: &RequestHead<'_>, then: F) -> Result<(StepOf<E, A>, R), Stop>
+    where
+        F: FnOnce() -> Result<R, Stop>,
+    {
+        let Some(key) = self.key(head)? else {
+            return Ok((Step::Skip, then()?));
+        };
+        let n = self.cost.as_ref().map_or(1, |f| f(head));
+        #[cfg(not(pace_mutant = "tower_no_keep"))]
+        if self.hold && self.refund.is_none() {
+            // Kept or refunded before this returns (in one pin of the epoch
+            // for a `pace::Pace`): the step keeps the key for its field.
+            let r = self.decided(self.limiter.hold_while(&key, n, |_| then()))??;
+            let step = Step::Held {
+                key,
+                q: None,
+                debit: None,
+            };
+            return Ok((step, r));
+        }
+        let debit = self.decided(self.reserve_now(&key, n, None))?;
+        match then() {
+            Ok(r) => {
+                let step = Step::Held {
+                    key,
+                    q: None,
+                    debit: Some(debit),
+                };
+                Ok((step, r))
+            }
+            Err(stop) => {
+                // Known-wrong variant for mutation tests: a reservation the
+                // later limits stop is left spent (kept) instead of refunded.
+                #[cfg(pace_mutant = "tower_nested_no_refund")]
+                self.keep_debit(&key, debit);
+                #[cfg(not(pace_mutant = "tower_nested_no_refund"))]
+                self.limiter.refund(&key, debit);
+                Err(stop)
+            }
+        }
+    }
+
     /// Adds this limit's `RateLimit` item for `key` (under `q`, or the
     /// limit's own quota, read once so that the tokens and the times follow
     /// the same one); notes whether its `(capacity, rate)` is the one the
@@ -429,6 +476,17 @@ where
             }
             None => Ok(((left, Step::Queued { key, n, q }), false)),
         }
+    }
+
+    #[inline(always)]
+    fn start_nested<F, R>(&self, head: &RequestHead<'_>, then: F) -> Result<(Self::State, R), Stop>
+    where
+        F: FnOnce() -> Result<R, Stop>,
+    {
+        let (left, (step, r)) = self
+            .0
+            .start_nested(head, || self.1.nested_one(head, then))?;
+        Ok(((left, step), r))
     }
 
     fn at_once(&self) -> bool {

@@ -112,6 +112,23 @@ mod sealed {
         /// admitted). On a stop, whatever was reserved is refunded, newest
         /// first, before this returns it.
         fn start(&self, head: &RequestHead<'_>) -> Result<(Self::State, bool), Stop>;
+        /// [`start`](Self::start) for limits that are
+        /// [`at_once`](Self::at_once), nested as [`light`](Self::light) is:
+        /// each limit is reserved, then `then` runs (the limits after it),
+        /// and a stop passing back refunds it. A limit held only because a
+        /// later one may refuse (a hold, no refund predicate) is held with
+        /// [`AsyncLimit::hold_while`] while the later ones decide, and its
+        /// step is left `Held` without a debit (kept or refunded already);
+        /// a limit with a refund predicate keeps its held debit in its step
+        /// for the response. Counts nothing: the admission is counted by
+        /// [`admitted`](Self::admitted).
+        fn start_nested<F, R>(
+            &self,
+            head: &RequestHead<'_>,
+            then: F,
+        ) -> Result<(Self::State, R), Stop>
+        where
+            F: FnOnce() -> Result<R, Stop>;
         /// Whether every limit decides at once ([`AsyncLimit::decides_at_once`],
         /// no queueing) and takes its own quota (no [`Limit::quota`]
         /// closure): [`light`](Self::light) then applies.
@@ -239,6 +256,13 @@ impl LimitsImpl for () {
     #[inline]
     fn start(&self, _: &RequestHead<'_>) -> Result<((), bool), Stop> {
         Ok(((), true))
+    }
+    #[inline(always)]
+    fn start_nested<F, R>(&self, _: &RequestHead<'_>, then: F) -> Result<((), R), Stop>
+    where
+        F: FnOnce() -> Result<R, Stop>,
+    {
+        Ok(((), then()?))
     }
     #[inline]
     fn at_once(&self) -> bool {

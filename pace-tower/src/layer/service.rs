@@ -43,6 +43,9 @@ pub(super) struct Shared<L, H> {
     /// admitted requests go through [`LimitsImpl::light`] and keep
     /// nothing.
     light: bool,
+    /// Refunds on the response, and every limit decides at once with its
+    /// own quota: admitted through [`LimitsImpl::start_nested`].
+    nested: bool,
     pub(super) permanent: StatusCode,
     pub(super) respond: H,
 }
@@ -165,7 +168,9 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
         let policy = policy_value(items).and_then(|v| headers::interned(&v));
         self.limits.mark_holds(false)?;
         let refunds = self.limits.refunds_on_response();
-        let light = !refunds && self.limits.at_once();
+        let at_once = self.limits.at_once();
+        let light = !refunds && at_once;
+        let nested = refunds && at_once;
         Ok(PaceLayer {
             shared: Arc::new(Shared {
                 limits: self.limits,
@@ -175,6 +180,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
                 headers: self.headers,
                 refunds,
                 light,
+                nested,
                 permanent: self.permanent,
                 respond: self.respond,
             }),
@@ -353,6 +359,14 @@ impl<S, L, H> PaceService<S, L, H> {
     {
         let shared = &*self.shared;
         let head = RequestHead::of(&req);
+        if shared.nested {
+            // Every limit decides at once: the ones held only for the later
+            // ones are settled before this returns.
+            return match shared.limits.start_nested(&head, || Ok(())) {
+                Ok((st, ())) => ResponseFuture::admitted(&mut self.inner, req, st, &self.shared),
+                Err(stop) => ResponseFuture::rejected(shared.reject(stop, &head)),
+            };
+        }
         let mut st = match shared.limits.start(&head) {
             Ok((st, true)) => {
                 // Every limit decided at once (local limits): admitted.
