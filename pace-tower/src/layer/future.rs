@@ -32,6 +32,7 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
+    #[repr(u8)]
     enum Kind<S, ReqBody, L, H>
     where
         S: Service<Request<ReqBody>>,
