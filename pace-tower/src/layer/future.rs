@@ -32,7 +32,6 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
-    #[repr(u8)]
     enum Kind<S, ReqBody, L, H>
     where
         S: Service<Request<ReqBody>>,
