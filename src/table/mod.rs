@@ -142,7 +142,7 @@ unsafe fn near<P: Probe>(arr: &Array, hash: u64, key: &P) -> Option<Near> {
 /// # Safety
 /// As [`near`].
 #[cfg(not(pace_mutant = "deep_probe_any_row"))]
-#[inline(always)]
+#[inline]
 unsafe fn near_after<P: Probe>(arr: &Array, first: usize, key: &P) -> Option<Near> {
     // SAFETY: the caller's contract.
     unsafe { near_from(arr, first, 1, arr.cells.len(), key) }
