@@ -10,6 +10,8 @@
 #                                               # keyed by IpAddr (boxed)
 #   bash docs/bench/layer_calls.sh 2 inexact-plain   # two limits, the first
 #                                               # not held (exact_refunds(false))
+#   bash docs/bench/layer_calls.sh 2 refund-plain    # two limits, the second
+#                                               # with refund_if (refund-fields too)
 #
 # `layer_calls mix` runs the bare service, PaceLayer and GovernorLayer in
 # alternating slices of 32 requests, each through a function of its own

@@ -9,7 +9,7 @@
 //! Arguments: `pace`, `governor` or `bare` (the inner service alone); `1`
 //! (per peer IP) or `2` (per peer IP + per client id); `fields` (pace's
 //! `RateLimit` fields, tower_governor's `use_headers()`) or `plain`; the
-//! number of requests (for `pace` with 2 limits, `refund-fields` and
+//! number of requests (with 2 limits, for `pace` and `mix`, `refund-fields` and
 //! `refund-plain` add `refund_if` on the client id's limit, as the bench's
 //! `2/refund/..`; `inexact-` before either gives up the source limit's
 //! exact refunds, as its `exact-client`); `mix` instead of the layer's name runs the bare

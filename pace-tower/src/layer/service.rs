@@ -72,10 +72,11 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// and every limit but the last (a limit after it may refuse the
     /// request, which refunds it). A held limit the layer does not refund
     /// is kept ([`AsyncLimit::keep`]: for a `pace::Pace`, a second CAS on
-    /// the key's row). In a layer whose limits all decide at once and
-    /// none refunds on the response, a limit held only because a later one
-    /// may refuse is held with [`AsyncLimit::hold_while`] while the later
-    /// ones decide: for a `pace::Pace` ([`pace::Pace::hold_while`]), the
+    /// the key's row). In a layer whose limits all decide at once (no
+    /// queueing, no [`Limit::quota`]), a limit held only because a later
+    /// one may refuse is held with [`AsyncLimit::hold_while`] while the
+    /// later ones decide, whether or not a later one refunds on the
+    /// response: for a `pace::Pace` ([`pace::Pace::hold_while`]), the
     /// hold, their decisions and the keep or refund in one pin of the
     /// epoch, the keep one CAS on the cell the hold wrote.
     /// The last limit, without a refund predicate, is never refunded and
