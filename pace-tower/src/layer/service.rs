@@ -304,29 +304,45 @@ where
 
     #[inline]
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let shared = &*self.shared;
-        if shared.light {
-            // Every limit decides at once and nothing is kept after the
-            // admission: no state, no reference to the layer in the future.
-            if shared.headers {
-                let head = RequestHead::of(&req);
-                let mut acc = FieldAcc::new(shared);
-                if let Err(stop) = shared.limits.light_top(&head, Some(&mut acc)) {
-                    return self.denied(stop, &req);
-                }
-                let fields = acc.finish(shared, Src::Head(&head));
-                return ResponseFuture::fields(self.inner.call(req), fields);
-            }
-            if let Err(stop) = shared.limits.light_top(&RequestHead::of(&req), None) {
-                return self.denied(stop, &req);
-            }
-            return ResponseFuture::passthrough(self.inner.call(req));
+        if self.shared.light {
+            return self.call_light(req);
         }
+        // (`req` is moved, not borrowed, on this path: it goes to
+        // `call_held` without a copy.)
         self.call_held(req)
     }
 }
 
 impl<S, L, H> PaceService<S, L, H> {
+    /// [`call`](Service::call) of a layer whose limits all decide at once
+    /// and keep nothing after the admission: no state, no reference to
+    /// the layer in the future. Inlined where the service is called.
+    #[inline(always)]
+    fn call_light<ReqBody, ResBody>(
+        &mut self,
+        req: Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody, L, H>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+        L: Limits,
+        H: Respond<ResBody>,
+    {
+        let shared = &*self.shared;
+        if shared.headers {
+            let head = RequestHead::of(&req);
+            let mut acc = FieldAcc::new(shared);
+            if let Err(stop) = shared.limits.light_top(&head, Some(&mut acc)) {
+                return self.denied(stop, &req);
+            }
+            let fields = acc.finish(shared, Src::Head(&head));
+            return ResponseFuture::fields(self.inner.call(req), fields);
+        }
+        if let Err(stop) = shared.limits.light_top(&RequestHead::of(&req), None) {
+            return self.denied(stop, &req);
+        }
+        ResponseFuture::passthrough(self.inner.call(req))
+    }
+
     /// The answer to a request a limit stopped on the light path (cold,
     /// out of line).
     #[cold]
