@@ -22,6 +22,16 @@ fn main() {
     if std::env::var("PACE_HOLD_RECORD").is_ok_and(|v| v == "1") {
         println!("cargo::rustc-cfg=pace_hold_record");
     }
+    // `PACE_FIXED_SIP=1` gives every limiter hashing with SipHash one fixed
+    // key (`src/hasher.rs`), so that two builds compared instruction by
+    // instruction (callgrind) place the same keys in the same cells. A
+    // measuring aid only: with a known key, callers could choose keys that
+    // collide.
+    println!("cargo::rerun-if-env-changed=PACE_FIXED_SIP");
+    println!("cargo::rustc-check-cfg=cfg(pace_fixed_sip)");
+    if std::env::var("PACE_FIXED_SIP").is_ok_and(|v| v == "1") {
+        println!("cargo::rustc-cfg=pace_fixed_sip");
+    }
     // The registry beside this script: `src/mutants.rs` of the package that
     // runs it (the core), or of its parent directory (loom-tests, whose
     // `build` points here). A path that does not exist would rerun the

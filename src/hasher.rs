@@ -26,12 +26,23 @@ pub(crate) struct Sip {
 }
 
 impl Sip {
+    /// The key of every limiter in a build with `PACE_FIXED_SIP=1`.
+    const FIXED: Sip = Sip {
+        k0: 0x1234_5678_9abc_def1,
+        k1: 0x0fed_cba9_8765_4321,
+    };
+
     /// The key of a limiter whose hasher is of type `S`: when it is std's
     /// `RandomState`, a key of its own, two outputs of a fresh
     /// `RandomState` (whose key comes from the operating system's entropy);
     /// zero, and unused, otherwise.
     pub(crate) fn for_hasher<S: ?Sized>() -> Sip {
         if sip_for::<S>() {
+            if cfg!(pace_fixed_sip) {
+                // A build with `PACE_FIXED_SIP=1` (build.rs), for comparing
+                // two builds' instruction counts: one key for every limiter.
+                return Sip::FIXED;
+            }
             let seed = RandomState::new();
             Sip {
                 k0: seed.hash_one(0x7061_6365_u64),
@@ -100,10 +111,16 @@ mod tests {
         for m in [0u64, 1, 7, 0x0706_0504_0302_0100, u64::MAX] {
             assert_eq!(sip.hash_one(&m), sip13_of_word(sip.k0, sip.k1, m), "{m:#x}");
         }
-        // Another limiter, another key.
+        // Another limiter, another key (one fixed key only in a build with
+        // `PACE_FIXED_SIP=1`, for comparing builds).
         let other = Sip::for_hasher::<RandomState>();
-        assert_ne!((sip.k0, sip.k1), (other.k0, other.k1));
-        assert_ne!(sip.hash_one(&7u64), other.hash_one(&7u64));
+        if cfg!(pace_fixed_sip) {
+            assert_eq!((sip.k0, sip.k1), (Sip::FIXED.k0, Sip::FIXED.k1));
+            assert_eq!((other.k0, other.k1), (Sip::FIXED.k0, Sip::FIXED.k1));
+        } else {
+            assert_ne!((sip.k0, sip.k1), (other.k0, other.k1));
+            assert_ne!(sip.hash_one(&7u64), other.hash_one(&7u64));
+        }
         // Only std's RandomState is replaced; other hashers are not called.
         assert!(sip_for::<RandomState>());
         assert!(!sip_for::<BuildHasherDefault<DefaultHasher>>());
