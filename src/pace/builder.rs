@@ -241,6 +241,7 @@ impl<K, S, C> Builder<K, S, C> {
             word,
             _owns: std::marker::PhantomData,
         };
+        rows.table.set_retain(super::retention(horizon));
         Ok(Pace {
             rows,
             quota: QuotaCell::new(quota),

@@ -95,6 +95,11 @@ pub trait PaceInternals<K, S, C> {
         Q: ?Sized + Hash + Eq;
     /// [`Pace::sweep`] at `now`.
     fn sweep_at(&self, now: u64) -> usize;
+    /// A whole automatic sweep pass at `now` (as calls run it a chunk at a
+    /// time): full rows go dormant, dormant cells past their retention go.
+    fn pass_at(&self, now: u64);
+    /// Dormant cells: keys whose full rows a pass put to sleep (not rows).
+    fn dormant_cells(&self) -> usize;
     /// The raw bucket word (`tat`, ns) of `key`'s row, if it has one.
     fn row_tat<Q>(&self, key: &Q) -> Option<u64>
     where
@@ -273,6 +278,14 @@ where
 
     fn sweep_at(&self, now: u64) -> usize {
         self.sweep_at_inner(now)
+    }
+
+    fn pass_at(&self, now: u64) {
+        self.pass_at_inner(now)
+    }
+
+    fn dormant_cells(&self) -> usize {
+        self.dormant_inner()
     }
 
     fn row_tat<Q>(&self, key: &Q) -> Option<u64>

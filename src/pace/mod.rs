@@ -60,6 +60,16 @@ const DEFAULT_MIN_SLOTS: usize = 64;
 /// The shortest time between two time-driven sweeps.
 const MIN_HORIZON_NS: u64 = 1_000_000;
 
+/// Horizons a dormant cell is kept after its bucket filled (DESIGN.md §4,
+/// "Dormant cells"): a client that comes back within them is revived with
+/// one CAS, its key not made or hashed into a new row again.
+const RETAIN_HORIZONS: u64 = 4;
+
+/// How long a dormant cell is kept under a default quota of `horizon` ns.
+pub(crate) fn retention(horizon: u64) -> u64 {
+    horizon.saturating_mul(RETAIN_HORIZONS)
+}
+
 /// A lock-free keyed pace limiter: one token bucket per key.
 ///
 /// Each key gets a bucket holding (by default) one second of the declared
@@ -194,8 +204,9 @@ impl<K, S, C> Pace<K, S, C> {
     /// time its bucket is full again, whichever quota debited it. Sweep
     /// passes follow the new quota's horizon.
     pub fn set_quota(&self, quota: Quota) {
-        self.horizon
-            .store(quota.limits().tau().max(MIN_HORIZON_NS), Ordering::Relaxed);
+        let horizon = quota.limits().tau().max(MIN_HORIZON_NS);
+        self.horizon.store(horizon, Ordering::Relaxed);
+        self.rows.table.set_retain(retention(horizon));
         self.quota.store(quota, &self.pin());
     }
 
@@ -219,7 +230,7 @@ impl<K, S, C> Pace<K, S, C> {
     /// Rows held now: keys whose bucket is not known to be full.
     #[inline]
     pub fn len(&self) -> usize {
-        self.rows.table.len()
+        self.rows.table.rows()
     }
 
     /// True when no row is held.
@@ -899,6 +910,26 @@ where
             .table
             .peek(hash, p, None, &guard)
             .map(|s| s.tat))
+    }
+
+    /// Runs a whole sweep pass at `now`, as calls run one chunk by chunk
+    /// (for models): full rows go dormant, dormant cells past their
+    /// retention go.
+    #[cfg(feature = "internals")]
+    pub(crate) fn pass_at_inner(&self, now: u64) {
+        let guard = self.pin();
+        self.start_pass(now, &guard);
+        while self.rows.table.pass_running(&guard) {
+            if self.rows.table.sweep_step(now, &|b| self.hash_of(b), &guard) {
+                self.pass_ended();
+            }
+        }
+    }
+
+    /// Dormant cells (for models).
+    #[cfg(feature = "internals")]
+    pub(crate) fn dormant_inner(&self) -> usize {
+        self.rows.table.dormant_cells()
     }
 
     /// Removes every row whose bucket has refilled, and shrinks the table if

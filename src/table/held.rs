@@ -36,6 +36,31 @@ pub(crate) const HELD: u64 = MAX_TIME + 1;
 /// itself (`INLINE | payload`, [`Form`]), not a record's address.
 pub(crate) const INLINE: u64 = 1 << 62;
 
+/// A `tat` field in `[DORMANT, INLINE)` is a *dormant* cell's: the key of a
+/// row a sweep pass found full, kept with its settled `tat` (the field minus
+/// `DORMANT`) so that the key's next call revives it with one CAS (DESIGN.md
+/// §4, "Dormant cells"). Record addresses stay below it (`2^60` bytes).
+pub(crate) const DORMANT: u64 = HELD + (1 << 60);
+
+/// The largest settled `tat` a dormant cell keeps (`2^60 − 1` ns, about 36
+/// years of the limiter's clock): a full row past it is removed instead.
+pub(crate) const DORMANT_MAX_TAT: u64 = INLINE - DORMANT - 1;
+
+const _: () = assert!(DORMANT_MAX_TAT == (1 << 60) - 1);
+
+/// The settled `tat` a dormant cell's field keeps, if `field` is one.
+#[inline(always)]
+pub(crate) fn dormant(field: u64) -> Option<u64> {
+    (DORMANT..INLINE).contains(&field).then(|| field - DORMANT)
+}
+
+/// The field of a dormant cell keeping `tat`, if it fits
+/// ([`DORMANT_MAX_TAT`]).
+#[inline]
+pub(crate) fn dormant_field(tat: u64) -> Option<u64> {
+    (tat <= DORMANT_MAX_TAT).then(|| DORMANT + tat)
+}
+
 /// The largest inline payload: the words above `INLINE + MAX_PAYLOAD` are
 /// the row states that are not live (`cell.rs`).
 const MAX_PAYLOAD: u64 = super::cell::FIELD_MAX - INLINE;
@@ -554,8 +579,12 @@ impl Held {
         if field >= INLINE {
             return form.decode(field);
         }
+        if let Some(tat) = dormant(field) {
+            return Held::plain(tat);
+        }
         let p = std::ptr::with_exposed_provenance::<Held>((field - HELD) as usize);
-        // SAFETY: a field in `[HELD, INLINE)` is `HELD` plus the address of
+        // SAFETY: a field in `[HELD, DORMANT)` (the dormant fields were decoded
+        // above) is `HELD` plus the address of
         // a record made by `publish` and published by a CAS; the caller's
         // contract keeps it alive while `guard` is pinned, and records are
         // never written after publication.
@@ -582,8 +611,8 @@ impl Held {
     fn publish_record(self) -> u64 {
         let addr = Box::into_raw(pool::take(self)).expose_provenance() as u64;
         debug_assert!(
-            addr < INLINE - HELD,
-            "a record's address fits below the inline tag"
+            addr < DORMANT - HELD,
+            "a record's address fits below the dormant fields"
         );
         HELD + addr
     }
@@ -774,8 +803,10 @@ pub(crate) unsafe fn free(field: u64) {
 /// retirement keeps (a plain address, which a conservative leak checker
 /// scanning the collector's garbage recognises).
 pub(crate) fn address(field: u64) -> Option<u64> {
-    (HELD..INLINE).contains(&field).then(|| field - HELD)
+    (HELD..DORMANT).contains(&field).then(|| field - HELD)
 }
+
+
 
 /// Frees the record at `addr` ([`address`] of a published field).
 ///

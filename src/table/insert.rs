@@ -122,6 +122,11 @@ impl Table {
                         if let Some(r) = r {
                             return r;
                         }
+                    } else if held::dormant(tat).is_some() {
+                        // A dormant cell of the key: revived with one CAS.
+                        if let Some(r) = self.change_held::<false>(arr, idx, v, ask, guard) {
+                            return r;
+                        }
                     }
                     false
                 }
@@ -160,6 +165,8 @@ impl Table {
             self.change_held::<HOLD>(arr, idx, v, ask, guard)
         } else if tat < HELD {
             self.debit(arr, idx, v, ask)
+        } else if held::dormant(tat).is_some() {
+            self.change_held::<false>(arr, idx, v, ask, guard)
         } else {
             None
         }
@@ -439,9 +446,26 @@ impl Table {
         }
         let claim = CellState::Claimed { key: bits }.encode();
         let lost = if let Some((at, v)) = tomb {
-            // A tombstone is already counted in `used`; a copier that froze
-            // it first makes this CAS fail.
+            // A tombstone or a dormant cell is already counted in `used`; a
+            // copier that froze it first makes this CAS fail. A dormant
+            // cell of another key is taken over as a sweep drops one: its
+            // key's floor raised to the `tat` it kept first.
+            let taken = match cell::live(v) {
+                Some((other, field)) => held::dormant(field).map(|kept| (other, kept)),
+                None => None,
+            };
+            if let Some((other, kept)) = taken {
+                // SAFETY: `other` is the key half of a live (dormant) cell
+                // read under `guard` by this call's walk.
+                let stripe = unsafe { self.stripe_of_row(other, guard) };
+                self.raise_dormant_floor(stripe, kept);
+            }
             if arr.cells[at].cas(v, claim).is_ok() {
+                if let Some((other, _)) = taken {
+                    // SAFETY: our CAS took the dormant cell of `other` over
+                    // in `arr`; no other cell names its box.
+                    unsafe { self.dormant_taken(arr, other, guard) };
+                }
                 return Ok(at);
             }
             Lost::Taken
@@ -664,7 +688,14 @@ impl Table {
         let e = form.epoch(now);
         loop {
             // SAFETY: `tat` is the field of a live cell read under `guard`.
-            let was = unsafe { Held::of(tat, form, guard) }.at_epoch(e, form);
+            let mut was = unsafe { Held::of(tat, form, guard) }.at_epoch(e, form);
+            // A revival makes the key's row, as an insert would (the sweep
+            // policy counts it so: `Pace::maybe_sweep`).
+            let revival = held::dormant(tat).is_some();
+            if revival {
+                // SAFETY: `bits` is the key half of that live cell.
+                was = unsafe { self.revived(was.tat, bits, guard) };
+            }
             let changed: Result<(Held, Option<Ticket>), Decision> = if HOLD {
                 was.hold_at_epoch(limits, now, e, n, form)
                     .map(|(s, t)| (s, Some(t)))
@@ -678,11 +709,11 @@ impl Table {
             match self.replace_row(arr, idx, v, next, guard) {
                 Ok(()) => {
                     return Some(Ok(match ticket {
-                        Some(t) => Admitted::of_hold(t, false, bits),
+                        Some(t) => Admitted::of_hold(t, revival, bits),
                         None => Admitted {
                             tat: next.tat,
                             prev: was.tat,
-                            created: false,
+                            created: revival,
                             lot: 0,
                             held: was.held(),
                         },
@@ -698,6 +729,36 @@ impl Table {
                 },
             }
         }
+    }
+}
+
+impl Table {
+    /// The state a dormant cell that kept `tat` (key half `bits`) is revived
+    /// in: a plain row from its key's floor, which the pass that made it
+    /// dormant raised to `tat` first. A revival thus decides as the key's
+    /// row made anew would (never below any earlier row of the key, whatever
+    /// the reviver's reading), without a claim, a check or a key box.
+    ///
+    /// # Safety
+    /// `bits` is the key half of a live cell read under `guard`.
+    #[cfg(not(pace_mutant = "revive_from_now"))]
+    #[inline]
+    unsafe fn revived(&self, tat: u64, bits: u64, guard: &Guard) -> Held {
+        // SAFETY: this function's contract.
+        let stripe = unsafe { self.stripe_of_row(bits, guard) };
+        Held::plain(tat.max(self.floors.get(stripe)))
+    }
+
+    /// Known-wrong variant `revive_from_now`: a revival forgets the `tat`
+    /// its cell kept and its floor, and starts from the reviver's reading
+    /// as a bucket that was never debited, so a reading older than the
+    /// kept `tat` mints tokens.
+    ///
+    /// # Safety
+    /// As for the right variant.
+    #[cfg(pace_mutant = "revive_from_now")]
+    unsafe fn revived(&self, _: u64, _: u64, _: &Guard) -> Held {
+        Held::plain(0)
     }
 }
 

@@ -127,7 +127,26 @@ impl Table {
     /// Starts a migration of `arr` if it is current and none runs: seal
     /// `next`, size the target from `len`, publish it, copy a chunk.
     /// Returns the full rows its copies removed.
+    ///
+    /// Dormant cells are not copied: a copier drops the ones it meets
+    /// (floor first), so the target is sized from the rows a caller sees
+    /// (a revival checks for the seal first: `enter_revival`), or from
+    /// those and the cells revived lately, when that is more (a working set
+    /// of clients who come back after their buckets refill, whose cells
+    /// the target should have room for).
     pub(super) fn start_migration(&self, arr: &Array, cx: &Cx<'_>, guard: &Guard) -> usize {
+        self.start_migration_for(arr, self.revived_lately(), cx, guard)
+    }
+
+    /// [`start_migration`](Table::start_migration) with a target sized for
+    /// `extra` cells beyond the rows.
+    pub(super) fn start_migration_for(
+        &self,
+        arr: &Array,
+        extra: usize,
+        cx: &Cx<'_>,
+        guard: &Guard,
+    ) -> usize {
         if !std::ptr::eq(self.array(guard), arr) {
             return self.help(cx, guard); // a target cannot migrate before it is current
         }
@@ -149,19 +168,23 @@ impl Table {
         // The other half of `count_row`'s Dekker: a claim that did not see
         // the seal is counted here.
         fence(Ordering::SeqCst);
-        let rows = self.len.load(Ordering::SeqCst);
+        let all = self.len.load(Ordering::SeqCst);
+        let dormant = self.dormant.load(Ordering::SeqCst) as isize;
+        // Without the dormant cells: a count the sweeps add late, or a
+        // revival took off before its CAS, only makes it larger.
+        let rows = all.saturating_sub(dormant.max(0) as usize);
         // Sized as slot arrays are (`target_size`).
         let n = target_size(
-            rows,
+            rows.saturating_add(extra),
             arr.used.load(Ordering::Relaxed),
             arr.cells.len(),
             arr.chunks(),
             self.min_cells,
         );
-        if rows == 0 {
-            // No row is live and no claim is in flight (each is counted in
-            // `len` before it checks the seal): nothing to copy, so the
-            // target becomes current at once.
+        if all == 0 {
+            // No row is live, no cell dormant and no claim is in flight
+            // (each is counted in `len` before it checks the seal): nothing
+            // to copy or drop, so the target becomes current at once.
             let chunks = arr.chunks();
             arr.claim.store(chunks, Ordering::Relaxed);
             arr.copied.store(chunks, Ordering::Relaxed);
@@ -266,6 +289,7 @@ impl Table {
         let mut copies = 0;
         let mut removed = 0;
         let mut gone = Vec::new();
+        let mut dropped = 0;
         for (i, cell) in old.cells[start..end].iter().enumerate() {
             let frozen = frozen(cell, &backoff);
             if let CellState::FrozenLive { key, tat } = CellState::decode(frozen) {
@@ -273,6 +297,18 @@ impl Table {
                 // copier froze (a live row's, which no one removes while
                 // frozen).
                 let hash = unsafe { self.row_hash(key, cx.hash_of, guard) };
+                // A dormant cell is dropped: its floor raised to the `tat`
+                // it kept, then the cell closed (the target has no room
+                // kept for it).
+                if let Some(kept) = super::held::dormant(tat) {
+                    self.raise_dormant_floor(self.stripe(hash, key), kept);
+                    cell.store(CellState::Closed.encode());
+                    dropped += 1;
+                    if self.boxed.is_some() {
+                        gone.push(super::keys::untagged(key));
+                    }
+                    continue;
+                }
                 // A held row (`tat` at least `HELD`: a record or its state
                 // inline) is never full: copied as it is, with its record.
                 // SAFETY: `tat` is the field of a live cell this copier
@@ -304,19 +340,24 @@ impl Table {
         // removed instead goes to new rows.
         new.used.fetch_add(copies, Ordering::Relaxed);
         new.limit.fetch_add(copies + removed, Ordering::Release);
+        if dropped > 0 {
+            self.dormant.fetch_sub(dropped, Ordering::SeqCst);
+            self.dormancy.dropped.fetch_add(dropped, Ordering::Relaxed);
+            self.len.fetch_sub(dropped, Ordering::SeqCst);
+        }
         if removed > 0 {
             self.len.fetch_sub(removed, Ordering::SeqCst);
             if !cx.pass {
                 self.copy_removed.fetch_add(removed, Ordering::Relaxed);
             }
-            // SAFETY: each removed row left `old`, the current array (its
-            // migration is not finished while this chunk is being copied),
-            // whose older arrays were unpublished before it became current;
-            // its cell is closed (no key half) and it was never placed in
-            // `new`: no cell a reader pinning from now on can reach names
-            // its box. Only this copier, which froze the row, removes it.
-            unsafe { self.retire_keys(gone, guard) };
         }
+        // SAFETY: each removed row or dropped dormant cell left `old`, the
+        // current array (its migration is not finished while this chunk is
+        // being copied), whose older arrays were unpublished before it
+        // became current; its cell is closed (no key half) and it was never
+        // placed in `new`: no cell a reader pinning from now on can reach
+        // names its box. Only this copier, which froze the cell, removes it.
+        unsafe { self.retire_keys(gone, guard) };
         (copies, removed)
     }
 

@@ -37,7 +37,7 @@ use crossbeam_utils::{Backoff, CachePadded};
 use crate::bucket::{Limits, Refund};
 use crate::pace::Refunded;
 use crate::sync::epoch::{Atomic, Guard, Shared};
-use crate::sync::{cas_retry, snooze, AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use held::{Held, Resolution, Ticket, HELD};
 
 mod array;
@@ -351,6 +351,12 @@ pub(crate) const MIN_CELLS: usize = 4;
 /// cells at 4,000 live rows in 16,384 cells).
 const CHURN_FACTOR: usize = 8;
 
+/// A pass keeps the dormant cells within their retention while at least one
+/// in this many of them was revived since the pass before the last began
+/// (`Table::dormant_kept`): clients come back to them. Otherwise it drops
+/// them, as the tombstones of a flood of keys nobody names again.
+const KEPT_IF_REVIVED: usize = 8;
+
 /// Below this many rows, growth alone does not start a sweep pass: a pass
 /// starts when the rows reach twice `max(mark, SWEEP_FLOOR)`, `mark` being
 /// the rows the last pass left (`Pace::maybe_sweep`). So a table gains up to
@@ -437,12 +443,48 @@ enum Found<'g> {
     },
 }
 
+/// The counts behind [`Table::revived_lately`]: cells made dormant and
+/// dropped (monotonic, wrapping), and `(dormant, made, dropped)` at the
+/// start of the last pass and of the one before it.
+struct Dormancy {
+    made: AtomicUsize,
+    dropped: AtomicUsize,
+    last: [AtomicUsize; 3],
+    base: [AtomicUsize; 3],
+}
+
+impl Dormancy {
+    fn new() -> Dormancy {
+        let zeros = || [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
+        Dormancy {
+            made: AtomicUsize::new(0),
+            dropped: AtomicUsize::new(0),
+            last: zeros(),
+            base: zeros(),
+        }
+    }
+}
+
 /// The table: arrays of cells, migrating chunk by chunk.
 pub(crate) struct Table {
     /// The oldest array in use: the one migrating, if a migration runs.
     current: Atomic<Array>,
-    /// Rows: live cells plus claims in flight.
+    /// Rows: live cells (dormant ones among them) plus claims in flight.
     len: CachePadded<AtomicUsize>,
+    /// Dormant cells (DESIGN.md §4, "Dormant cells"), counted in `len` too:
+    /// the rows a caller sees are `len − dormant`. Wrapping: a sweep adds
+    /// the cells it made dormant after their CASes, so a revival may take
+    /// one off first.
+    dormant: CachePadded<AtomicUsize>,
+    /// Cells made dormant and dormant cells dropped since the table was
+    /// made, and the three counts at the start of the last two passes:
+    /// how many dormant cells were revived since the pass before the last
+    /// began (`revived_lately`).
+    dormancy: Dormancy,
+    /// How long a dormant cell is kept after its bucket filled (ns): a
+    /// pass or a copy drops one whose kept `tat` is at least this far
+    /// behind its reading (`Pace` sets it from its horizon).
+    retain: AtomicU64,
     min_cells: usize,
     floors: Floors,
     /// How rows hold their keys: `None` for a key's own bits, else the free
@@ -508,6 +550,9 @@ impl Table {
             hint,
             current: Atomic::new(first),
             len: CachePadded::new(AtomicUsize::new(0)),
+            dormant: CachePadded::new(AtomicUsize::new(0)),
+            dormancy: Dormancy::new(),
+            retain: AtomicU64::new(0),
             min_cells: n,
             floors: Floors::new(),
             boxed: kind.free,
@@ -609,9 +654,72 @@ impl Table {
         bytes(cur) + self.target(cur, guard).map_or(0, bytes)
     }
 
+    /// Rows, dormant cells and claims in flight: what sizes arrays.
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
+    }
+
+    /// The rows a caller sees: live cells and claims in flight, not the
+    /// dormant cells.
+    #[inline]
+    pub(crate) fn rows(&self) -> usize {
+        let dormant = self.dormant.load(Ordering::Relaxed) as isize;
+        self.len().saturating_sub(dormant.max(0) as usize)
+    }
+
+    /// Dormant cells (for tests and models).
+    #[cfg(any(test, feature = "internals"))]
+    pub(crate) fn dormant_cells(&self) -> usize {
+        self.dormant_count()
+    }
+
+    /// Dormant cells (the count may lag a sweep's CASes by a chunk).
+    #[inline]
+    fn dormant_count(&self) -> usize {
+        (self.dormant.load(Ordering::Relaxed) as isize).max(0) as usize
+    }
+
+    /// Sets how long a dormant cell is kept after its bucket filled (ns).
+    pub(crate) fn set_retain(&self, ns: u64) {
+        self.retain.store(ns, Ordering::Relaxed);
+    }
+
+    /// Whether a dormant cell that kept `tat` is past its retention at
+    /// `now`: a pass or a copy at that reading drops it.
+    #[inline]
+    fn stale(&self, tat: u64, now: u64) -> bool {
+        tat.saturating_add(self.retain.load(Ordering::Relaxed)) <= now
+    }
+
+    /// The rows a pass's shrink judges by: the rows a caller sees plus the
+    /// dormant cells revived since the pass before the last began (clients
+    /// that come back between their buckets' refills are rows of the
+    /// table's working set, not a flood's leftovers).
+    pub(super) fn pass_rows(&self) -> usize {
+        self.rows().saturating_add(self.revived_lately())
+    }
+
+    /// Dormant cells revived since the pass before the last began.
+    fn revived_lately(&self) -> usize {
+        let d = &self.dormancy;
+        let base = d.base[0].load(Ordering::Relaxed);
+        let made = d.made.load(Ordering::Relaxed).wrapping_sub(d.base[1].load(Ordering::Relaxed));
+        let dropped = d.dropped.load(Ordering::Relaxed).wrapping_sub(d.base[2].load(Ordering::Relaxed));
+        let now = self.dormant.load(Ordering::Relaxed);
+        (base.wrapping_add(made).wrapping_sub(dropped).wrapping_sub(now) as isize).max(0) as usize
+    }
+
+    /// A pass begins: the counts at the start of the previous one become
+    /// the base of [`revived_lately`](Table::revived_lately).
+    pub(super) fn mark_pass_start(&self) {
+        let d = &self.dormancy;
+        for i in 0..3 {
+            d.base[i].store(d.last[i].load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        d.last[0].store(self.dormant.load(Ordering::Relaxed), Ordering::Relaxed);
+        d.last[1].store(d.made.load(Ordering::Relaxed), Ordering::Relaxed);
+        d.last[2].store(d.dropped.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     /// Migrations started since the table was made.
@@ -730,6 +838,17 @@ impl Table {
     ) -> Result<(), u128> {
         debug_assert!(cell::live(v).is_some(), "a live row's value");
         let (bits, old) = cell::live(v).unwrap_or_default();
+        let revival = held::dormant(old);
+        if let Some(kept) = revival {
+            if !self.enter_revival(arr, guard) {
+                // The array is migrating: the dormant cell is dropped
+                // instead (floor first), and the caller looks again.
+                // SAFETY: `v` is the value of cell `idx` of `arr`, read
+                // under `guard` (this function's callers read it so).
+                unsafe { self.drop_dormant(arr, idx, v, bits, kept, guard) };
+                return Err(arr.cells[idx].load());
+            }
+        }
         let field = next.publish(&self.form);
         let new = CellState::Live {
             key: bits,
@@ -743,12 +862,125 @@ impl Table {
                 Ok(())
             }
             Err(actual) => {
+                if revival.is_some() {
+                    self.dormant.fetch_add(1, Ordering::SeqCst);
+                }
                 // SAFETY: the record (if any) was never published.
                 unsafe { held::free(field) };
                 Err(actual)
             }
         }
     }
+
+    /// A revival of a dormant cell of `arr` is about to be tried: it leaves
+    /// the dormant count first, then checks that `arr` is not migrating
+    /// (the other half of `start_migration`'s Dekker: a migration sealed
+    /// before this check sees the row counted; one sealed after it is seen
+    /// here). False (the count restored): `arr` is migrating, and a
+    /// migration that drops dormant cells has no room for a revived row.
+    #[cfg(not(pace_mutant = "revive_unsealed"))]
+    #[inline]
+    fn enter_revival(&self, arr: &Array, guard: &Guard) -> bool {
+        self.dormant.fetch_sub(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if arr.next.load(Ordering::SeqCst, guard).is_null() {
+            return true;
+        }
+        self.dormant.fetch_add(1, Ordering::SeqCst);
+        false
+    }
+
+    /// Known-wrong variant `revive_unsealed`: a revival does not look for a
+    /// migration, so a row revived in an array whose migration drops
+    /// dormant cells is copied into a target sized without it.
+    #[cfg(pace_mutant = "revive_unsealed")]
+    fn enter_revival(&self, _: &Array, _: &Guard) -> bool {
+        self.dormant.fetch_sub(1, Ordering::SeqCst);
+        true
+    }
+
+    /// Drops the dormant cell `idx` of `arr` (value `v`, key half `bits`,
+    /// kept `tat`): the key's floor raised to `tat` first, then the cell a
+    /// tombstone, as a sweep removes a full row. True if this call dropped
+    /// it (false: the cell changed first).
+    ///
+    /// # Safety
+    /// `v` was read under `guard` from cell `idx` of `arr`, an array of
+    /// this table reached under `guard`, and is a dormant cell's value.
+    unsafe fn drop_dormant(
+        &self,
+        arr: &Array,
+        idx: usize,
+        v: u128,
+        bits: u64,
+        tat: u64,
+        guard: &Guard,
+    ) -> bool {
+        // SAFETY: the caller's contract: `bits` names a live key.
+        let stripe = unsafe { self.stripe_of_row(bits, guard) };
+        self.raise_dormant_floor(stripe, tat);
+        if arr.cells[idx].cas(v, CellState::Tomb.encode()).is_err() {
+            return false;
+        }
+        // SAFETY: our CAS made the dormant cell a tombstone.
+        unsafe { self.dormant_taken(arr, bits, guard) };
+        self.clean_after(arr, idx, guard);
+        true
+    }
+
+    /// What follows a CAS that took a dormant cell of `arr` (key half
+    /// `bits`) away, by a drop or an insert's take-over: the counts, and the
+    /// key box retired (adopted by the source when `arr` is a migration's
+    /// target).
+    ///
+    /// # Safety
+    /// The caller's CAS just replaced that dormant cell, of an array of
+    /// this table reached under `guard`, with a state that does not name
+    /// its box.
+    unsafe fn dormant_taken(&self, arr: &Array, bits: u64, guard: &Guard) {
+        self.dormant.fetch_sub(1, Ordering::SeqCst);
+        self.dormancy.dropped.fetch_add(1, Ordering::Relaxed);
+        self.len.fetch_sub(1, Ordering::SeqCst);
+        match self.source_of(arr, guard) {
+            Some(Some(source)) => {
+                if let Some(free) = self.boxed {
+                    source.adopt(keys::untagged(bits), free);
+                }
+            }
+            // SAFETY: the cell left an array that is current now or was
+            // before, and no longer names the box; only the one whose CAS
+            // took the cell retires it (as `row_removed`).
+            _ => unsafe { self.retire_key(bits, guard) },
+        }
+    }
+
+    /// The floors' stripe of the key of a cell (key half `bits`): from the
+    /// hash its box keeps, or from a word key's own bits (`floor.rs`).
+    ///
+    /// # Safety
+    /// `bits` is the key half of a live cell read under `guard`.
+    #[inline]
+    unsafe fn stripe_of_row(&self, bits: u64, guard: &Guard) -> usize {
+        if self.boxed.is_some() {
+            // SAFETY: this function's contract.
+            Floors::of_hash(unsafe { keys::hash_in_box(bits, guard) })
+        } else {
+            self.floors.of_word(bits)
+        }
+    }
+
+    /// A dormant cell's floor is raised to its kept `tat` before it goes.
+    #[cfg(not(pace_mutant = "dormant_drop_keeps_floor"))]
+    #[inline]
+    fn raise_dormant_floor(&self, stripe: usize, tat: u64) {
+        self.floors.raise(stripe, tat);
+    }
+
+    /// Known-wrong variant `dormant_drop_keeps_floor`: a dormant cell is
+    /// dropped without raising its key's floor, so the key's next row
+    /// starts below the `tat` it kept.
+    #[cfg(pace_mutant = "dormant_drop_keeps_floor")]
+    fn raise_dormant_floor(&self, _: usize, _: u64) {}
 
     /// Hands the key boxes of rows that left the table to the collector as
     /// one deferred free (nothing for keys' own bits), and flushes the
@@ -826,7 +1058,11 @@ impl Table {
         let backoff = Backoff::new();
         let mut arr = self.array(guard);
         'arrays: loop {
+            // The first tombstone the walk passes, else the first dormant
+            // cell of another key: where an insert claims (a dormant cell
+            // is taken over only where no tombstone is).
             let mut tomb = None;
+            let mut asleep = None;
             for idx in probe_seq(hash, arr.mask()) {
                 loop {
                     let v = arr.cells[idx].load();
@@ -836,7 +1072,7 @@ impl Table {
                                 return Found::Absent {
                                     arr,
                                     empty: idx,
-                                    tomb,
+                                    tomb: tomb.or(asleep),
                                 };
                             }
                             if seal {
@@ -872,13 +1108,21 @@ impl Table {
                             arr = self.next_of(arr, guard);
                             continue 'arrays;
                         }
+                        CellState::Live { tat, .. }
+                            if asleep.is_none() && held::dormant(tat).is_some() =>
+                        {
+                            asleep = Some((idx, v)); // another key's dormant cell
+                        }
                         _ => {} // other keys, claims, closed tombstones
                     }
                     break;
                 }
             }
             if !is_migrating(arr.next.load(Ordering::Acquire, guard)) {
-                return Found::Full { arr, tomb };
+                return Found::Full {
+                    arr,
+                    tomb: tomb.or(asleep),
+                };
             }
             arr = self.next_of(arr, guard);
         }
@@ -902,6 +1146,11 @@ impl Table {
             .iter()
             .flat_map(|a| a.cells.iter())
             .filter_map(|c| match CellState::decode(c.load()) {
+                CellState::Live { tat, .. } | CellState::FrozenLive { tat, .. }
+                    if held::dormant(tat).is_some() =>
+                {
+                    None
+                }
                 CellState::Live { key: bits, .. } | CellState::FrozenLive { key: bits, .. } => {
                     Some(if self.boxed.is_some() {
                         // SAFETY: read under `guard` from a live or frozen

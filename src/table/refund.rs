@@ -48,6 +48,11 @@ impl Table {
                 return Refunded::Refilled;
             };
             loop {
+                if held::dormant(tat).is_some() {
+                    // Not a row: the key's bucket refilled and a pass put
+                    // it to sleep, as if it had been removed.
+                    return Refunded::Refilled;
+                }
                 let row = Seen {
                     arr,
                     idx,
@@ -193,6 +198,8 @@ impl Table {
         guard: &Guard,
     ) -> Option<Held> {
         match self.find(hash, key, false, guard) {
+            // A dormant cell is no row (its key's floor holds its `tat`).
+            Found::Row { tat, .. } if held::dormant(tat).is_some() => None,
             Found::Row { tat, .. } => {
                 // SAFETY: `tat` is the field of a live cell read under
                 // `guard`.

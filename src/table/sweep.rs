@@ -7,8 +7,11 @@
 use super::array::Array;
 use super::cell::CellState;
 use super::floor::Floors;
-use super::held::{Held, HELD};
-use super::{is_migrating, sparse, Cx, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE};
+use super::cell::{self as cells, Cell};
+use super::held::{self, Held, HELD};
+use super::{
+    is_migrating, sparse, Cx, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, KEPT_IF_REVIVED, SWEEP_IDLE,
+};
 use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
 
@@ -61,12 +64,12 @@ impl Table {
         loop {
             removed += self.finish_migration(cx, guard);
             let arr = self.array(guard);
-            removed += self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
+            removed += self.sweep_range(arr, 0, arr.cells.len(), now, false, hash_of, guard);
             if is_migrating(arr.next.load(Ordering::Acquire, guard)) {
                 continue; // a migration started under the pass: sweep its target
             }
             if arr.cells.len() > self.min_cells && sparse(self.len(), arr.cells.len()) {
-                removed += self.start_migration(arr, cx, guard);
+                removed += self.start_migration_for(arr, 0, cx, guard);
             }
             removed += self.finish_migration(cx, guard);
             return removed;
@@ -75,27 +78,49 @@ impl Table {
 
     /// Removes the rows of cells `start..end` of `arr` whose bucket is full
     /// at `now`: the floor of each row's key raised to the row's own `tat`,
-    /// then the cell a tombstone (cleaned when it ends a run). Returns how
-    /// many it removed. `arr` was loaded from `current` (rows leave only
+    /// then the cell a tombstone (cleaned when it ends a run). A `pass`
+    /// (not an explicit sweep) makes a full plain row *dormant* instead
+    /// (DESIGN.md §4, "Dormant cells": its key and `tat` stay in the cell,
+    /// which is no row, for the key's next call to revive), unless its
+    /// `tat` is already past the table's retention, and drops the dormant
+    /// cells past it; an explicit sweep drops every dormant cell. Returns
+    /// how many rows it removed or made dormant (a caller sees neither as
+    /// a row). `arr` was loaded from `current` (rows leave only
     /// the current array, `keys.rs`); their key boxes go to the collector
     /// as one deferred free, so that a chunk's memory comes back soon
     /// (crossbeam-epoch frees a bounded number of deferred items per
     /// collection).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn sweep_range(
         &self,
         arr: &Array,
         start: usize,
         end: usize,
         now: u64,
+        pass: bool,
         hash_of: &dyn Fn(u64) -> u64,
         guard: &Guard,
     ) -> usize {
-        let (mut removed, mut emptied) = (0, 0);
+        let (mut removed, mut emptied, mut made, mut dropped) = (0, 0, 0, 0);
+        // A pass keeps the dormant cells within their retention while the
+        // table's clients come back to them; otherwise (a flood's leftovers)
+        // it drops them as tombstones, which cleaning and reuse take back.
+        let keep = pass && self.dormant_kept();
         let mut gone = Vec::new();
         for idx in start..end {
             let cell = &arr.cells[idx];
             let v = cell.load();
             if let CellState::Live { key, tat } = CellState::decode(v) {
+                if let Some(kept) = held::dormant(tat) {
+                    if (!keep || self.stale(kept, now)) && self.drop_swept(cell, v, key, kept, guard) {
+                        dropped += 1;
+                        if self.boxed.is_some() {
+                            gone.push(super::keys::untagged(key));
+                        }
+                        emptied += self.clean_back(arr, idx, guard);
+                    }
+                    continue;
+                }
                 // A held row is not full, whatever its settled `tat`.
                 let tat = if tat < HELD {
                     tat
@@ -111,6 +136,18 @@ impl Table {
                 if tat <= now {
                     // SAFETY: `key` was read under `guard` from a live cell.
                     unsafe { self.raise_swept_floor(key, tat, hash_of, guard) };
+                    if pass && !self.stale(tat, now) {
+                        if let Some(field) = self.dormant_field(tat) {
+                            // Dormant: the floor raised first, as for a
+                            // removal, so the key's next call (a revival
+                            // from the floor) decides as a row made anew.
+                            let asleep = cells::live_value(key, field);
+                            if cell.cas(v, asleep).is_ok() {
+                                made += 1;
+                            }
+                            continue;
+                        }
+                    }
                     if cell.cas(v, CellState::Tomb.encode()).is_ok() {
                         removed += 1;
                         if self.boxed.is_some() {
@@ -121,18 +158,60 @@ impl Table {
                 }
             }
         }
-        if removed > 0 {
-            self.len.fetch_sub(removed, Ordering::SeqCst);
+        if made > 0 {
+            self.dormant.fetch_add(made, Ordering::SeqCst);
+            self.dormancy.made.fetch_add(made, Ordering::Relaxed);
+        }
+        if dropped > 0 {
+            self.dormant.fetch_sub(dropped, Ordering::SeqCst);
+            self.dormancy.dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        if removed + dropped > 0 {
+            self.len.fetch_sub(removed + dropped, Ordering::SeqCst);
         }
         if emptied > 0 {
             arr.used.fetch_sub(emptied, Ordering::Relaxed);
         }
-        // SAFETY: each row left `arr`, which was current when loaded (the
-        // arrays before it were unpublished first), by this call's CAS, and
-        // its cell no longer names its box: only a row's remover retires its
-        // box, once.
+        // SAFETY: each row or dormant cell left `arr`, which was current
+        // when loaded (the arrays before it were unpublished first), by this
+        // call's CAS, and its cell no longer names its box: only a row's
+        // remover retires its box.
         unsafe { self.retire_keys(gone, guard) };
-        removed
+        removed + made
+    }
+
+    /// Whether passes keep dormant cells: at least one in
+    /// [`KEPT_IF_REVIVED`] of them was revived since the pass before the
+    /// last began (or there are none).
+    #[inline]
+    fn dormant_kept(&self) -> bool {
+        let dormant = self.dormant_count();
+        dormant == 0 || self.revived_lately().saturating_mul(KEPT_IF_REVIVED) >= dormant
+    }
+
+    /// The dormant field of a full row at `tat`, if the row may go dormant.
+    #[cfg(not(pace_mutant = "no_dormancy"))]
+    #[inline]
+    fn dormant_field(&self, tat: u64) -> Option<u64> {
+        held::dormant_field(tat)
+    }
+
+    /// Known-wrong variant `no_dormancy`: passes remove every full row, so
+    /// a returning client's row is made again at each visit.
+    #[cfg(pace_mutant = "no_dormancy")]
+    fn dormant_field(&self, _: u64) -> Option<u64> {
+        None
+    }
+
+    /// A sweep drops the dormant cell `cell` (value `v`, key half `key`,
+    /// kept `tat`, read under `guard` from a cell of the current array):
+    /// floor first, then the tombstone. True if its CAS did.
+    fn drop_swept(&self, cell: &Cell, v: u128, key: u64, tat: u64, guard: &Guard) -> bool {
+        // SAFETY: `key` is the key half of a live (dormant) cell read under
+        // `guard`.
+        let stripe = unsafe { self.stripe_of_row(key, guard) };
+        self.raise_dormant_floor(stripe, tat);
+        cell.cas(v, CellState::Tomb.encode()).is_ok()
     }
 
     /// A sweep meets the held row in cell `idx` of `arr` (value `v`, record
@@ -235,6 +314,7 @@ impl Table {
     /// of [`sweep_step`](Table::sweep_step). A pass already running
     /// goes on.
     pub(crate) fn start_sweep(&self, now: u64, hash_of: &dyn Fn(u64) -> u64, guard: &Guard) {
+        self.mark_pass_start();
         let mut arr = self.array(guard);
         let mut migrating = is_migrating(arr.next.load(Ordering::Acquire, guard));
         if migrating && arr.cells.len() <= SWEEP_AT_ONCE {
@@ -248,7 +328,7 @@ impl Table {
             migrating = is_migrating(arr.next.load(Ordering::Acquire, guard));
         }
         if arr.cells.len() <= SWEEP_AT_ONCE && !migrating {
-            self.sweep_range(arr, 0, arr.cells.len(), now, hash_of, guard);
+            self.sweep_range(arr, 0, arr.cells.len(), now, true, hash_of, guard);
             self.resize_after_pass(&Cx::pass(hash_of, now), guard);
             return;
         }
@@ -300,7 +380,7 @@ impl Table {
             return false; // the pass ended under us
         }
         let end = (start + chunk).min(len);
-        self.sweep_range(arr, start, end, now, hash_of, guard);
+        self.sweep_range(arr, start, end, now, true, hash_of, guard);
         if end < len {
             return false;
         }
@@ -329,10 +409,30 @@ impl Table {
     fn copy_rest(&self, _: &Array, _: &Cx<'_>, _: &Guard) {}
 
     /// After a sweep pass: shrinks a sparse array, or resizes a churning
-    /// one.
+    /// one, or grows one crowded by a working set of dormant cells.
     fn resize_after_pass(&self, cx: &Cx<'_>, guard: &Guard) {
         self.shrink_if_sparse(cx, guard);
         self.resize_if_churning(cx, guard);
+        self.grow_for_returns(cx, guard);
+    }
+
+    /// Grows the current array when its clients come back to their dormant
+    /// cells (the pass keeps them) and rows and dormant cells together fill
+    /// more than half of its claimable cells: new keys would otherwise take
+    /// the dormant cells over before their clients return. The target is
+    /// sized for both (`start_migration`, which drops the dormant cells:
+    /// their clients come back to rows made anew, once).
+    fn grow_for_returns(&self, cx: &Cx<'_>, guard: &Guard) {
+        let arr = self.array(guard);
+        let n = arr.cells.len();
+        let held = self.len().saturating_mul(2);
+        if self.dormant_count() > 0
+            && self.dormant_kept()
+            && held > super::grow_at(n)
+            && !is_migrating(arr.next.load(Ordering::Acquire, guard))
+        {
+            self.start_migration_for(arr, self.dormant_count(), cx, guard);
+        }
     }
 
     /// Migrates the current array to one sized for churn (rows at most
@@ -372,8 +472,8 @@ impl Table {
     /// a moment later makes unnecessary.
     pub(super) fn shrink_if_sparse(&self, cx: &Cx<'_>, guard: &Guard) {
         let arr = self.array(guard);
-        if arr.cells.len() > self.min_cells && sparse(self.len(), arr.cells.len()) {
-            if self.len() == 0 {
+        if arr.cells.len() > self.min_cells && sparse(self.pass_rows(), arr.cells.len()) {
+            if self.rows() == 0 {
                 self.start_migration(arr, cx, guard);
             } else {
                 self.shrink_wanted.store(true, Ordering::Relaxed);
@@ -397,13 +497,20 @@ impl Table {
             return;
         }
         let arr = self.array(guard);
-        if arr.cells.len() > self.min_cells && sparse(self.len(), arr.cells.len()) {
+        if arr.cells.len() > self.min_cells && sparse(self.pass_rows(), arr.cells.len()) {
             self.start_migration(arr, cx, guard);
         }
     }
 
+    /// Whether a chunked pass is running on the current array (for tests
+    /// and models).
+    #[cfg(any(test, feature = "internals"))]
+    pub(crate) fn pass_running(&self, guard: &Guard) -> bool {
+        self.sweep_running(guard)
+    }
+
     /// Whether a chunked pass is running on the current array (for tests).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn sweep_running(&self, guard: &Guard) -> bool {
         let arr = self.array(guard);
         arr.sweep_next.load(Ordering::Relaxed) < arr.cells.len()
