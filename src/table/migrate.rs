@@ -130,12 +130,12 @@ impl Table {
     ///
     /// Dormant cells are not copied: a copier drops the ones it meets
     /// (floor first), so the target is sized from the rows a caller sees
-    /// (a revival checks for the seal first: `enter_revival`), or from
-    /// those and the cells revived lately, when that is more (a working set
-    /// of clients who come back after their buckets refill, whose cells
-    /// the target should have room for).
+    /// (a revival checks for the seal first: `enter_revival`) and the
+    /// dormant cells of a working set (`working_dormant`: clients who come
+    /// back after their buckets refill, whose rows the target should have
+    /// room for when they come back).
     pub(super) fn start_migration(&self, arr: &Array, cx: &Cx<'_>, guard: &Guard) -> usize {
-        self.start_migration_for(arr, self.revived_lately(), cx, guard)
+        self.start_migration_for(arr, self.working_dormant(), cx, guard)
     }
 
     /// [`start_migration`](Table::start_migration) with a target sized for

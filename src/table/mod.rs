@@ -693,15 +693,36 @@ impl Table {
     }
 
     /// The rows a pass's shrink judges by: the rows a caller sees plus the
-    /// dormant cells revived since the pass before the last began (clients
-    /// that come back between their buckets' refills are rows of the
-    /// table's working set, not a flood's leftovers).
+    /// dormant cells of the working set (clients that come back between
+    /// their buckets' refills are rows of the table's working set, not a
+    /// flood's leftovers).
     pub(super) fn pass_rows(&self) -> usize {
-        self.rows().saturating_add(self.revived_lately())
+        self.rows().saturating_add(self.working_dormant())
+    }
+
+    /// The dormant cells a table's working set holds: all of them while
+    /// its clients come back to them ([`dormant_kept`](Table::dormant_kept)),
+    /// none otherwise (a flood's leftovers, which the next pass or a
+    /// shrink drops).
+    pub(super) fn working_dormant(&self) -> usize {
+        if self.dormant_kept() {
+            self.dormant_count()
+        } else {
+            0
+        }
+    }
+
+    /// Whether passes keep dormant cells: at least one in
+    /// [`KEPT_IF_REVIVED`] of them was revived since the pass before the
+    /// last began (or there are none).
+    #[inline]
+    pub(super) fn dormant_kept(&self) -> bool {
+        let dormant = self.dormant_count();
+        dormant == 0 || self.revived_lately().saturating_mul(KEPT_IF_REVIVED) >= dormant
     }
 
     /// Dormant cells revived since the pass before the last began.
-    fn revived_lately(&self) -> usize {
+    pub(super) fn revived_lately(&self) -> usize {
         let d = &self.dormancy;
         let base = d.base[0].load(Ordering::Relaxed);
         let made = d.made.load(Ordering::Relaxed).wrapping_sub(d.base[1].load(Ordering::Relaxed));

@@ -10,7 +10,7 @@ use super::floor::Floors;
 use super::cell::{self as cells, Cell};
 use super::held::{self, Held, HELD};
 use super::{
-    is_migrating, sparse, Cx, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, KEPT_IF_REVIVED, SWEEP_IDLE,
+    is_migrating, sparse, Cx, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE,
 };
 use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
@@ -136,7 +136,7 @@ impl Table {
                 if tat <= now {
                     // SAFETY: `key` was read under `guard` from a live cell.
                     unsafe { self.raise_swept_floor(key, tat, hash_of, guard) };
-                    if pass && !self.stale(tat, now) {
+                    if keep && !self.stale(tat, now) {
                         if let Some(field) = self.dormant_field(tat) {
                             // Dormant: the floor raised first, as for a
                             // removal, so the key's next call (a revival
@@ -178,15 +178,6 @@ impl Table {
         // remover retires its box.
         unsafe { self.retire_keys(gone, guard) };
         removed + made
-    }
-
-    /// Whether passes keep dormant cells: at least one in
-    /// [`KEPT_IF_REVIVED`] of them was revived since the pass before the
-    /// last began (or there are none).
-    #[inline]
-    fn dormant_kept(&self) -> bool {
-        let dormant = self.dormant_count();
-        dormant == 0 || self.revived_lately().saturating_mul(KEPT_IF_REVIVED) >= dormant
     }
 
     /// The dormant field of a full row at `tat`, if the row may go dormant.
