@@ -61,13 +61,19 @@ const DEFAULT_MIN_SLOTS: usize = 64;
 const MIN_HORIZON_NS: u64 = 1_000_000;
 
 /// Horizons a dormant cell is kept after its bucket filled (DESIGN.md §4,
-/// "Dormant cells"): a client that comes back within them is revived with
-/// one CAS, its key not made or hashed into a new row again.
+/// "Dormant cells"), and at least [`RETAIN_MIN_NS`]: a client that comes
+/// back within them is revived with one CAS, its key not made or hashed
+/// into a new row again. (Kept only while clients come back to dormant
+/// cells: otherwise the next shrink drops them, and new keys take them
+/// over.)
 const RETAIN_HORIZONS: u64 = 4;
+
+/// The shortest retention of a dormant cell: 1 s.
+const RETAIN_MIN_NS: u64 = 1_000_000_000;
 
 /// How long a dormant cell is kept under a default quota of `horizon` ns.
 pub(crate) fn retention(horizon: u64) -> u64 {
-    horizon.saturating_mul(RETAIN_HORIZONS)
+    horizon.saturating_mul(RETAIN_HORIZONS).max(RETAIN_MIN_NS)
 }
 
 /// A lock-free keyed pace limiter: one token bucket per key.
@@ -977,7 +983,11 @@ where
         } else if created {
             let mark = self.sweep_mark.load(Ordering::Relaxed);
             let len = self.len();
-            if len >= mark.max(SWEEP_FLOOR).saturating_mul(2)
+            // (Or an eighth of the array, when that is more: an array kept
+            // large for dormant cells is not swept whole for every few rows
+            // its returning clients make.)
+            let doubled = mark.max(SWEEP_FLOOR).saturating_mul(2);
+            if len >= doubled.max(self.rows.table.cells_hint() / 8)
                 && self
                     .sweep_mark
                     .compare_exchange(mark, len, Ordering::Relaxed, Ordering::Relaxed)

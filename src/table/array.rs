@@ -29,6 +29,10 @@ pub(super) struct Array {
     /// Key boxes of rows removed from this array's migration target while
     /// this array was current: freed with this array (`keys.rs`).
     orphans: AtomicPtr<Orphan>,
+    /// As a migration's target: whether it was sized for the dormant cells
+    /// too, so that its copiers copy those within their retention (else
+    /// they drop them all).
+    pub(super) keeps_dormant: bool,
 }
 
 /// A key box or a held row's record waiting for the array it may still be
@@ -62,6 +66,7 @@ impl Array {
             clean_next: AtomicUsize::new(0),
             sweep_next: CachePadded::new(AtomicUsize::new(SWEEP_IDLE)),
             orphans: AtomicPtr::new(std::ptr::null_mut()),
+            keeps_dormant: false,
         })
     }
 

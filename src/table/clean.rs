@@ -93,12 +93,17 @@ impl Table {
         emptied
     }
 
-    /// The current array is at its limit: if tombstones hold a quarter of
-    /// its cells, clean chunks of it until one frees a cell. False: migrate.
+    /// The current array is at its limit: if tombstones (and, unless the
+    /// table's clients come back to them, dormant cells) hold a quarter of
+    /// its cells, clean chunks of it until one frees a cell, dropping the
+    /// chunk's dormant cells first (floor raised, key retired: DESIGN.md
+    /// §4, "Dormant cells"). False: migrate.
     #[cfg(not(pace_mutant = "no_clean"))]
     pub(super) fn clean_some(&self, arr: &Array, guard: &Guard) -> bool {
         let n = arr.cells.len();
-        let tombs = arr.used.load(Ordering::Relaxed).saturating_sub(self.len());
+        let returning = self.returning();
+        let cleanable = if returning { self.len() } else { self.rows() };
+        let tombs = arr.used.load(Ordering::Relaxed).saturating_sub(cleanable);
         if tombs < n / 4
             || !std::ptr::eq(self.array(guard), arr)
             || is_migrating(arr.next.load(Ordering::Acquire, guard))
@@ -108,7 +113,15 @@ impl Table {
         for _ in 0..CLEAN_TRIES {
             let chunk = arr.clean_next.fetch_add(1, Ordering::Relaxed) % n.div_ceil(CLEAN_CHUNK);
             let start = chunk * CLEAN_CHUNK;
-            if self.clean_range(arr, start, (start + CLEAN_CHUNK).min(n)) > 0 {
+            let end = (start + CLEAN_CHUNK).min(n);
+            // (Not while clients come back to their dormant cells: the array
+            // grows for them instead, `start_migration`.)
+            let dropped = if returning {
+                0
+            } else {
+                self.drop_dormant_range(arr, start, end, guard)
+            };
+            if self.clean_range(arr, start, end) > 0 || dropped > 0 {
                 return true;
             }
         }

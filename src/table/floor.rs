@@ -32,7 +32,17 @@ pub(crate) struct Floors {
     stripes: Box<[AtomicU64]>,
     /// The odd multiplier of [`Floors::of_word`].
     mul: u64,
+    /// Marks of keys whose rows a sweep removed lately, one per slot of a
+    /// small direct-mapped array ([`Floors::remember`]): a new row of a key
+    /// found here is a client coming back (`Table::returning`).
+    recent: Box<[AtomicU64]>,
 }
+
+/// Slots of [`Floors::recent`] (a power of two): 16 KiB.
+#[cfg(not(loom))]
+const RECENT: usize = 2048;
+#[cfg(loom)]
+const RECENT: usize = 2;
 
 /// Bits of a stripe's index.
 const STRIPE_BITS: u32 = STRIPES.trailing_zeros();
@@ -42,7 +52,32 @@ impl Floors {
         Floors {
             stripes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
             mul: stripe_multiplier(),
+            recent: (0..RECENT).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// A key's mark for [`remember`](Floors::remember): the hash its box
+    /// keeps, or a word key's bits mixed by the table's multiplier.
+    #[inline]
+    pub(crate) fn mark(&self, boxed: bool, hash: u64, bits: u64) -> u64 {
+        if boxed {
+            hash
+        } else {
+            bits.wrapping_mul(self.mul)
+        }
+    }
+
+    /// A sweep removed the row of the key of mark `mark`.
+    #[inline]
+    pub(crate) fn remember(&self, mark: u64) {
+        self.recent[slot_of(mark)].store(mark | 1, Ordering::Relaxed);
+    }
+
+    /// Whether the key of mark `mark`, making a row, had one removed lately
+    /// (or shares its slot and 31 more bits with such a key).
+    #[inline]
+    pub(crate) fn returned(&self, mark: u64) -> bool {
+        self.recent[slot_of(mark)].load(Ordering::Relaxed) == mark | 1
     }
 
     /// The stripe of a boxed key with this hash: the hash's top bits (the
@@ -108,8 +143,17 @@ impl Floors {
 
     /// Bytes held by the floors.
     pub(crate) fn bytes(&self) -> usize {
-        STRIPES * std::mem::size_of::<AtomicU64>()
+        (STRIPES + RECENT) * std::mem::size_of::<AtomicU64>()
     }
+}
+
+/// The slot of [`Floors::recent`] of a mark: the top bits of the mark
+/// folded and multiplied again (a word key's mark is one multiply-shift
+/// product, whose top bits alone repeat for keys in arithmetic sequence).
+#[inline]
+fn slot_of(mark: u64) -> usize {
+    let m = (mark ^ (mark >> 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (m >> (64 - RECENT.trailing_zeros())) as usize
 }
 
 /// A random odd multiplier for [`Floors::of_word`], from the standard

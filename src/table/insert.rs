@@ -122,9 +122,9 @@ impl Table {
                         if let Some(r) = r {
                             return r;
                         }
-                    } else if held::dormant(tat).is_some() {
+                    } else if let Some(kept) = held::dormant(tat) {
                         // A dormant cell of the key: revived with one CAS.
-                        if let Some(r) = self.change_held::<false>(arr, idx, v, ask, guard) {
+                        if let Some(r) = self.revive(arr, idx, v, kept, ask, guard) {
                             return r;
                         }
                     }
@@ -165,8 +165,8 @@ impl Table {
             self.change_held::<HOLD>(arr, idx, v, ask, guard)
         } else if tat < HELD {
             self.debit(arr, idx, v, ask)
-        } else if held::dormant(tat).is_some() {
-            self.change_held::<false>(arr, idx, v, ask, guard)
+        } else if let Some(kept) = held::dormant(tat) {
+            self.revive(arr, idx, v, kept, ask, guard)
         } else {
             None
         }
@@ -241,10 +241,12 @@ impl Table {
             // A word-sized key's stripe comes from its bits (made now when
             // the probe lacks them: a borrowed form, whose bits cost no
             // allocation); a boxed key's from its hash.
-            let stripe = match (self.boxed, key.word()) {
-                (None, None) => self.stripe(hash, *fresh.bits.get_or_insert_with(|| key.make())),
-                (_, word) => self.stripe(hash, word.unwrap_or(0)),
+            let bits = match (self.boxed, key.word()) {
+                (None, None) => *fresh.bits.get_or_insert_with(|| key.make()),
+                (_, word) => word.unwrap_or(0),
             };
+            let stripe = self.stripe(hash, bits);
+            self.note_new_row(hash, bits);
             let floor = self.floors.get(stripe);
             if floor > now {
                 now = now.max(reread());
@@ -445,44 +447,57 @@ impl Table {
             return Err(Lost::Taken);
         }
         let claim = CellState::Claimed { key: bits }.encode();
+        // A dormant cell of another key (the walk passed no tombstone) is
+        // taken over only when the array has no room for the empty cell.
+        let asleep = tomb.and_then(|(at, v)| {
+            let (other, field) = cell::live(v)?;
+            held::dormant(field).map(|kept| (at, v, other, kept))
+        });
+        let tomb = tomb.filter(|_| asleep.is_none());
         let lost = if let Some((at, v)) = tomb {
-            // A tombstone or a dormant cell is already counted in `used`; a
-            // copier that froze it first makes this CAS fail. A dormant
-            // cell of another key is taken over as a sweep drops one: its
-            // key's floor raised to the `tat` it kept first.
-            let taken = match cell::live(v) {
-                Some((other, field)) => held::dormant(field).map(|kept| (other, kept)),
-                None => None,
-            };
-            if let Some((other, kept)) = taken {
-                // SAFETY: `other` is the key half of a live (dormant) cell
-                // read under `guard` by this call's walk.
-                let stripe = unsafe { self.stripe_of_row(other, guard) };
-                self.raise_dormant_floor(stripe, kept);
-            }
+            // A tombstone is already counted in `used`; a copier that froze
+            // it first makes this CAS fail.
             if arr.cells[at].cas(v, claim).is_ok() {
-                if let Some((other, _)) = taken {
-                    // SAFETY: our CAS took the dormant cell of `other` over
-                    // in `arr`; no other cell names its box.
-                    unsafe { self.dormant_taken(arr, other, guard) };
-                }
                 return Ok(at);
             }
             Lost::Taken
-        } else if let Some(at) = empty {
-            let limit = arr.limit.load(Ordering::Acquire);
-            if arr.used.fetch_add(1, Ordering::Relaxed) < limit {
-                if arr.cells[at].cas(0, claim).is_ok() {
-                    return Ok(at);
-                }
-                arr.used.fetch_sub(1, Ordering::Relaxed);
-                Lost::Taken
-            } else {
-                arr.used.fetch_sub(1, Ordering::Relaxed);
-                Lost::NoRoom
-            }
         } else {
-            Lost::NoRoom
+            let lost = if let Some(at) = empty {
+                let limit = arr.limit.load(Ordering::Acquire);
+                if arr.used.fetch_add(1, Ordering::Relaxed) < limit {
+                    if arr.cells[at].cas(0, claim).is_ok() {
+                        return Ok(at);
+                    }
+                    arr.used.fetch_sub(1, Ordering::Relaxed);
+                    Lost::Taken
+                } else {
+                    arr.used.fetch_sub(1, Ordering::Relaxed);
+                    Lost::NoRoom
+                }
+            } else {
+                Lost::NoRoom
+            };
+            match (lost, asleep) {
+                (Lost::NoRoom, Some((at, v, other, kept))) => {
+                    // Taken over as a sweep drops a dormant cell: the key's
+                    // floor raised to the `tat` it kept first. It is already
+                    // counted in `used`; a copier that froze it first makes
+                    // the CAS fail.
+                    // SAFETY: `other` is the key half of a live (dormant)
+                    // cell read under `guard` by this call's walk.
+                    let stripe = unsafe { self.stripe_of_row(other, guard) };
+                    self.raise_dormant_floor(stripe, kept);
+                    if arr.cells[at].cas(v, claim).is_ok() {
+                        // SAFETY: our CAS took the dormant cell of `other`
+                        // over in `arr`; no other cell names its box.
+                        unsafe { self.dormant_taken(arr, other, guard) };
+                        self.count_take_over();
+                        return Ok(at);
+                    }
+                    Lost::Taken
+                }
+                (lost, _) => lost,
+            }
         };
         self.len.fetch_sub(1, Ordering::SeqCst);
         Err(lost)
@@ -638,6 +653,51 @@ impl Table {
                 denied => return Some(Err(denied)),
             }
         }
+    }
+
+    /// A plain debit of the dormant cell `idx` of `arr` (value `v`, which
+    /// kept `kept`): decided from the revived state
+    /// ([`revived`](Table::revived)), then one CAS after the revival's
+    /// check for a migration ([`enter_revival`](Table::enter_revival)).
+    /// `None` when the cell changed first or the array is migrating (the
+    /// cell is then dropped: look again).
+    #[inline(never)]
+    fn revive(
+        &self,
+        arr: &Array,
+        idx: usize,
+        v: u128,
+        kept: u64,
+        ask: Ask<'_>,
+        guard: &Guard,
+    ) -> Option<Result<Admitted, Decision>> {
+        let Ask { limits, n, now } = ask;
+        let bits = cell::live_parts(v).0;
+        // SAFETY: `bits` is the key half of the live cell `v`, read under
+        // `guard`.
+        let from = unsafe { self.revived(kept, bits, guard) }.tat;
+        let new = match limits.reserve(from, now, n) {
+            Decision::Admit(new) => new,
+            denied => return Some(Err(denied)),
+        };
+        if !self.enter_revival(arr, guard) {
+            // SAFETY: `v` was read under `guard` from cell `idx` of `arr`,
+            // and is a dormant cell's.
+            unsafe { self.drop_dormant(arr, idx, v, bits, kept, guard) };
+            return None;
+        }
+        let next = cell::live_value(bits, new);
+        if arr.cells[idx].cas(v, next).is_err() {
+            self.leave_revival();
+            return None;
+        }
+        Some(Ok(Admitted {
+            tat: new,
+            prev: from,
+            created: true,
+            lot: 0,
+            held: 0,
+        }))
     }
 
     /// A hold on the row in cell `idx` of `arr` (value `v`, key half `bits`,

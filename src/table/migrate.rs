@@ -173,10 +173,18 @@ impl Table {
         // Without the dormant cells: a count the sweeps add late, or a
         // revival took off before its CAS, only makes it larger.
         let rows = all.saturating_sub(dormant.max(0) as usize);
+        if std::env::var_os("PACE_DBG").is_some() {
+            if std::env::var_os("PACE_BT").is_some() { eprintln!("{}", std::backtrace::Backtrace::force_capture()); }
+            eprintln!("migrate: cells {} all {all} dormant {dormant} rows {rows} extra {extra} revived {} taken {} used {}", arr.cells.len(), self.revived_lately(), self.taken_lately(), arr.used.load(Ordering::Relaxed));
+        }
         // Sized as slot arrays are (`target_size`).
+        // Dormant cells are no sign of churn (cleaning drops them when the
+        // array is at its limit): `used` without them.
         let n = target_size(
             rows.saturating_add(extra),
-            arr.used.load(Ordering::Relaxed),
+            arr.used
+                .load(Ordering::Relaxed)
+                .saturating_sub(dormant.max(0) as usize),
             arr.cells.len(),
             arr.chunks(),
             self.min_cells,
@@ -194,10 +202,12 @@ impl Table {
             self.finish(arr, next, guard);
             return 0;
         }
-        arr.next.store(
-            Owned::new(Array::new(n, rows, self.huge)),
-            Ordering::Release,
-        );
+        // A target sized for every cell `len` counts keeps the dormant
+        // cells: every copy has room whatever revives after the seal.
+        let keep = rows.saturating_add(extra) >= all;
+        let mut target = Array::new(n, if keep { all } else { rows }, self.huge);
+        target.keeps_dormant = keep;
+        arr.next.store(Owned::new(target), Ordering::Release);
         self.help(cx, guard)
     }
 
@@ -297,10 +307,13 @@ impl Table {
                 // copier froze (a live row's, which no one removes while
                 // frozen).
                 let hash = unsafe { self.row_hash(key, cx.hash_of, guard) };
-                // A dormant cell is dropped: its floor raised to the `tat`
-                // it kept, then the cell closed (the target has no room
-                // kept for it).
-                if let Some(kept) = super::held::dormant(tat) {
+                // A dormant cell is copied as it is into a target sized for
+                // it, unless past its retention at a reading that may
+                // remove rows (`now` 0 removes nothing); else dropped: its
+                // floor raised to the `tat` it kept, then the cell closed.
+                if let Some(kept) = super::held::dormant(tat).filter(|&kept| {
+                    !new.keeps_dormant || (cx.now > 0 && self.stale(kept, cx.now))
+                }) {
                     self.raise_dormant_floor(self.stripe(hash, key), kept);
                     cell.store(CellState::Closed.encode());
                     dropped += 1;
@@ -339,10 +352,13 @@ impl Table {
         // `limit` before they add to `used`); the room kept for the rows
         // removed instead goes to new rows.
         new.used.fetch_add(copies, Ordering::Relaxed);
-        new.limit.fetch_add(copies + removed, Ordering::Release);
+        // (A dropped dormant cell had room kept only in a target sized for
+        // the dormant cells.)
+        let kept_for = if new.keeps_dormant { dropped } else { 0 };
+        new.limit.fetch_add(copies + removed + kept_for, Ordering::Release);
         if dropped > 0 {
             self.dormant.fetch_sub(dropped, Ordering::SeqCst);
-            self.dormancy.dropped.fetch_add(dropped, Ordering::Relaxed);
+            self.dormancy.add(super::Count::Dropped, dropped);
             self.len.fetch_sub(dropped, Ordering::SeqCst);
         }
         if removed > 0 {

@@ -351,11 +351,22 @@ pub(crate) const MIN_CELLS: usize = 4;
 /// cells at 4,000 live rows in 16,384 cells).
 const CHURN_FACTOR: usize = 8;
 
-/// A pass keeps the dormant cells within their retention while at least one
-/// in this many of them was revived since the pass before the last began
-/// (`Table::dormant_kept`): clients come back to them. Otherwise it drops
-/// them, as the tombstones of a flood of keys nobody names again.
-const KEPT_IF_REVIVED: usize = 8;
+/// The share of the rows passes put to sleep or removed that must come
+/// back for the table to keep dormant cells (`Table::returning`): one in 8.
+const RETURNING_SHARE: usize = 8;
+
+/// Or this many came back, whatever their share (`Table::returning`): the
+/// marks of removed keys are few (`Floors::returned`), so a working set of
+/// many thousand clients is seen by a few of its returns; a flood of new
+/// keys shows none.
+const RETURNING_FEW: usize = 16;
+
+/// A pass's end grows the array for the dormant cells of returning clients
+/// when, since the pass before the last began, new keys took dormant cells
+/// over and at least one in this many as many cells were revived
+/// (`Table::grow_for_returns`): a working set larger than the array's room
+/// for its cells. A flood of keys nobody names again revives none.
+const GROW_IF_REVIVED: usize = 64;
 
 /// Below this many rows, growth alone does not start a sweep pass: a pass
 /// starts when the rows reach twice `max(mark, SWEEP_FLOOR)`, `mark` being
@@ -447,21 +458,56 @@ enum Found<'g> {
 /// dropped (monotonic, wrapping), and `(dormant, made, dropped)` at the
 /// start of the last pass and of the one before it.
 struct Dormancy {
-    made: AtomicUsize,
-    dropped: AtomicUsize,
-    last: [AtomicUsize; 3],
-    base: [AtomicUsize; 3],
+    /// Monotonic (wrapping) counts, in the order of [`Count`]'s indices.
+    counts: [AtomicUsize; COUNTS],
+    /// The dormant cells and `counts` at the start of the last pass, and
+    /// of the one before it.
+    last: [AtomicUsize; COUNTS + 1],
+    base: [AtomicUsize; COUNTS + 1],
+    /// Set by models and tests: passes always put full rows to sleep.
+    forced: AtomicBool,
 }
+
+/// What [`Dormancy::counts`] counts.
+#[derive(Clone, Copy)]
+enum Count {
+    /// Cells made dormant.
+    Made = 0,
+    /// Dormant cells dropped or taken over.
+    Dropped = 1,
+    /// Dormant cells new keys took over.
+    Taken = 2,
+    /// Rows a pass removed (not put to sleep).
+    Removed = 3,
+    /// New rows of keys a pass had removed lately (`Floors::returned`).
+    Returns = 4,
+    /// New rows.
+    Inserts = 5,
+}
+
+const COUNTS: usize = 6;
 
 impl Dormancy {
     fn new() -> Dormancy {
-        let zeros = || [AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0)];
         Dormancy {
-            made: AtomicUsize::new(0),
-            dropped: AtomicUsize::new(0),
-            last: zeros(),
-            base: zeros(),
+            counts: std::array::from_fn(|_| AtomicUsize::new(0)),
+            last: std::array::from_fn(|_| AtomicUsize::new(0)),
+            base: std::array::from_fn(|_| AtomicUsize::new(0)),
+            forced: AtomicBool::new(false),
         }
+    }
+
+    #[inline]
+    fn add(&self, c: Count, n: usize) {
+        self.counts[c as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// How much `c` grew since the pass before the last began.
+    fn lately(&self, c: Count) -> usize {
+        let i = c as usize;
+        self.counts[i]
+            .load(Ordering::Relaxed)
+            .wrapping_sub(self.base[i + 1].load(Ordering::Relaxed))
     }
 }
 
@@ -585,6 +631,20 @@ impl Table {
         let _ = hash;
     }
 
+    /// Cells of the current array, from the prefetch hint (a moment stale
+    /// around a migration's end: only a sweep policy reads it).
+    #[inline]
+    pub(crate) fn cells_hint(&self) -> usize {
+        #[cfg(not(loom))]
+        {
+            self.hint.1.load(std::sync::atomic::Ordering::Relaxed) + 1
+        }
+        #[cfg(loom)]
+        {
+            self.min_cells
+        }
+    }
+
     /// The stripe of floors of the key with this hash whose bits in a cell
     /// are `bits` (a word-sized key's own bits; a boxed key's stripe comes
     /// from its hash alone, and `bits` are not read). Removers and creators
@@ -701,47 +761,88 @@ impl Table {
     }
 
     /// The dormant cells a table's working set holds: all of them while
-    /// its clients come back to them ([`dormant_kept`](Table::dormant_kept)),
-    /// none otherwise (a flood's leftovers, which the next pass or a
-    /// shrink drops).
+    /// its clients come back ([`returning`](Table::returning)), none
+    /// otherwise (a flood's leftovers, which a shrink drops).
     pub(super) fn working_dormant(&self) -> usize {
-        if self.dormant_kept() {
+        if self.returning() {
             self.dormant_count()
         } else {
             0
         }
     }
 
-    /// Whether passes keep dormant cells: at least one in
-    /// [`KEPT_IF_REVIVED`] of them was revived since the pass before the
-    /// last began (or there are none).
-    #[inline]
-    pub(super) fn dormant_kept(&self) -> bool {
-        let dormant = self.dormant_count();
-        dormant == 0 || self.revived_lately().saturating_mul(KEPT_IF_REVIVED) >= dormant
-    }
-
     /// Dormant cells revived since the pass before the last began.
     pub(super) fn revived_lately(&self) -> usize {
         let d = &self.dormancy;
         let base = d.base[0].load(Ordering::Relaxed);
-        let made = d.made.load(Ordering::Relaxed).wrapping_sub(d.base[1].load(Ordering::Relaxed));
-        let dropped = d.dropped.load(Ordering::Relaxed).wrapping_sub(d.base[2].load(Ordering::Relaxed));
+        let made = d.lately(Count::Made);
+        let dropped = d.lately(Count::Dropped);
         let now = self.dormant.load(Ordering::Relaxed);
         (base.wrapping_add(made).wrapping_sub(dropped).wrapping_sub(now) as isize).max(0) as usize
     }
 
     /// A pass begins: the counts at the start of the previous one become
-    /// the base of [`revived_lately`](Table::revived_lately).
+    /// the base of the `lately` counts.
     pub(super) fn mark_pass_start(&self) {
         let d = &self.dormancy;
-        for i in 0..3 {
+        if std::env::var_os("PACE_DBG2").is_some() {
+            eprintln!("pass: inserts {} returning {} revived {} returns {} made {} removed {} taken {} dormant {} len {}", d.lately(Count::Inserts), self.returning(), self.revived_lately(), d.lately(Count::Returns), d.lately(Count::Made), d.lately(Count::Removed), d.lately(Count::Taken), self.dormant_count(), self.len());
+        }
+        for i in 0..=COUNTS {
             d.base[i].store(d.last[i].load(Ordering::Relaxed), Ordering::Relaxed);
         }
         d.last[0].store(self.dormant.load(Ordering::Relaxed), Ordering::Relaxed);
-        d.last[1].store(d.made.load(Ordering::Relaxed), Ordering::Relaxed);
-        d.last[2].store(d.dropped.load(Ordering::Relaxed), Ordering::Relaxed);
+        for i in 0..COUNTS {
+            d.last[i + 1].store(d.counts[i].load(Ordering::Relaxed), Ordering::Relaxed);
+        }
     }
+
+    /// Dormant cells new keys took over since the pass before the last
+    /// began.
+    pub(super) fn taken_lately(&self) -> usize {
+        self.dormancy.lately(Count::Taken)
+    }
+
+    /// Whether the table's clients come back after their buckets refill, so
+    /// that a pass puts full rows to sleep rather than removing them: since
+    /// the pass before the last began, at least one in [`RETURNING_SHARE`]
+    /// of the rows passes put to sleep or removed came back, or at least
+    /// [`RETURNING_FEW`] (revived, or made anew by a key a pass had removed:
+    /// `Floors::returned`). A flood of keys nobody names again comes back
+    /// to none: its rows are removed as full rows always were.
+    pub(super) fn returning(&self) -> bool {
+        let d = &self.dormancy;
+        if d.forced.load(Ordering::Relaxed) {
+            return true;
+        }
+        let back = self.revived_lately().saturating_add(d.lately(Count::Returns));
+        let gone = d.lately(Count::Made).saturating_add(d.lately(Count::Removed));
+        back >= RETURNING_FEW || (back > 0 && back.saturating_mul(RETURNING_SHARE) >= gone)
+    }
+
+    /// Passes always put full rows to sleep (for models and tests).
+    #[cfg(any(test, feature = "internals"))]
+    pub(crate) fn force_dormancy(&self) {
+        self.dormancy.forced.store(true, Ordering::Relaxed);
+    }
+
+    /// A new row of the key whose hash is `hash` and whose bits are `bits`
+    /// (a word key's; unread for a boxed key) is about to be made: counted
+    /// as a return if a pass removed the key's row lately.
+    #[inline]
+    pub(super) fn note_new_row(&self, hash: u64, bits: u64) {
+        self.dormancy.add(Count::Inserts, 1);
+        if self.floors.returned(self.floors.mark(self.boxed.is_some(), hash, bits)) {
+            self.dormancy.add(Count::Returns, 1);
+        }
+    }
+
+    /// A new key took a dormant cell over.
+    #[inline]
+    fn count_take_over(&self) {
+        self.dormancy.add(Count::Taken, 1);
+    }
+
 
     /// Migrations started since the table was made.
     #[cfg(feature = "internals")]
@@ -884,7 +985,7 @@ impl Table {
             }
             Err(actual) => {
                 if revival.is_some() {
-                    self.dormant.fetch_add(1, Ordering::SeqCst);
+                    self.leave_revival();
                 }
                 // SAFETY: the record (if any) was never published.
                 unsafe { held::free(field) };
@@ -909,6 +1010,13 @@ impl Table {
         }
         self.dormant.fetch_add(1, Ordering::SeqCst);
         false
+    }
+
+    /// A revival [entered](Table::enter_revival) lost its CAS: the cell is
+    /// counted dormant again (or as whatever took it, which counts itself).
+    #[inline]
+    fn leave_revival(&self) {
+        self.dormant.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Known-wrong variant `revive_unsealed`: a revival does not look for a
@@ -949,6 +1057,30 @@ impl Table {
         true
     }
 
+    /// Drops the dormant cells among cells `start..end` of `arr` (the
+    /// current array, not migrating): each a tombstone, its key's floor
+    /// raised first. Returns how many.
+    fn drop_dormant_range(
+        &self,
+        arr: &Array,
+        start: usize,
+        end: usize,
+        guard: &Guard,
+    ) -> usize {
+        let mut dropped = 0;
+        for idx in start..end {
+            let v = arr.cells[idx].load();
+            if let Some((bits, field)) = cell::live(v) {
+                if let Some(kept) = held::dormant(field) {
+                    // SAFETY: `v` was read under `guard` from cell `idx` of
+                    // `arr`, and is a dormant cell's.
+                    dropped += usize::from(unsafe { self.drop_dormant(arr, idx, v, bits, kept, guard) });
+                }
+            }
+        }
+        dropped
+    }
+
     /// What follows a CAS that took a dormant cell of `arr` (key half
     /// `bits`) away, by a drop or an insert's take-over: the counts, and the
     /// key box retired (adopted by the source when `arr` is a migration's
@@ -960,7 +1092,7 @@ impl Table {
     /// its box.
     unsafe fn dormant_taken(&self, arr: &Array, bits: u64, guard: &Guard) {
         self.dormant.fetch_sub(1, Ordering::SeqCst);
-        self.dormancy.dropped.fetch_add(1, Ordering::Relaxed);
+        self.dormancy.add(Count::Dropped, 1);
         self.len.fetch_sub(1, Ordering::SeqCst);
         match self.source_of(arr, guard) {
             Some(Some(source)) => {

@@ -102,17 +102,17 @@ impl Table {
         guard: &Guard,
     ) -> usize {
         let (mut removed, mut emptied, mut made, mut dropped) = (0, 0, 0, 0);
-        // A pass keeps the dormant cells within their retention while the
-        // table's clients come back to them; otherwise (a flood's leftovers)
-        // it drops them as tombstones, which cleaning and reuse take back.
-        let keep = pass && self.dormant_kept();
+        // A pass of a table whose clients come back puts full rows to sleep
+        // and keeps its dormant cells within their retention; any other
+        // pass removes full rows and drops dormant cells.
+        let asleep = pass && self.returning();
         let mut gone = Vec::new();
         for idx in start..end {
             let cell = &arr.cells[idx];
             let v = cell.load();
             if let CellState::Live { key, tat } = CellState::decode(v) {
                 if let Some(kept) = held::dormant(tat) {
-                    if (!keep || self.stale(kept, now)) && self.drop_swept(cell, v, key, kept, guard) {
+                    if (!asleep || self.stale(kept, now)) && self.drop_swept(cell, v, key, kept, guard) {
                         dropped += 1;
                         if self.boxed.is_some() {
                             gone.push(super::keys::untagged(key));
@@ -136,7 +136,7 @@ impl Table {
                 if tat <= now {
                     // SAFETY: `key` was read under `guard` from a live cell.
                     unsafe { self.raise_swept_floor(key, tat, hash_of, guard) };
-                    if keep && !self.stale(tat, now) {
+                    if asleep && !self.stale(tat, now) {
                         if let Some(field) = self.dormant_field(tat) {
                             // Dormant: the floor raised first, as for a
                             // removal, so the key's next call (a revival
@@ -150,6 +150,10 @@ impl Table {
                     }
                     if cell.cas(v, CellState::Tomb.encode()).is_ok() {
                         removed += 1;
+                        if pass {
+                            // SAFETY: as above.
+                            self.remember_removed(key, guard);
+                        }
                         if self.boxed.is_some() {
                             gone.push(super::keys::untagged(key));
                         }
@@ -160,11 +164,14 @@ impl Table {
         }
         if made > 0 {
             self.dormant.fetch_add(made, Ordering::SeqCst);
-            self.dormancy.made.fetch_add(made, Ordering::Relaxed);
+            self.dormancy.add(super::Count::Made, made);
         }
         if dropped > 0 {
             self.dormant.fetch_sub(dropped, Ordering::SeqCst);
-            self.dormancy.dropped.fetch_add(dropped, Ordering::Relaxed);
+            self.dormancy.add(super::Count::Dropped, dropped);
+        }
+        if pass && removed > 0 {
+            self.dormancy.add(super::Count::Removed, removed);
         }
         if removed + dropped > 0 {
             self.len.fetch_sub(removed + dropped, Ordering::SeqCst);
@@ -192,6 +199,20 @@ impl Table {
     #[cfg(pace_mutant = "no_dormancy")]
     fn dormant_field(&self, _: u64) -> Option<u64> {
         None
+    }
+
+    /// A pass removed the row of `key` (a key half read under `guard` from
+    /// a live cell): its mark is remembered, so that its key's next row
+    /// counts as a return (`Table::returning`).
+    fn remember_removed(&self, key: u64, guard: &Guard) {
+        let hash = if self.boxed.is_some() {
+            // SAFETY: `key` is the key half of a live cell read under
+            // `guard`.
+            unsafe { super::keys::hash_in_box(key, guard) }
+        } else {
+            0
+        };
+        self.floors.remember(self.floors.mark(self.boxed.is_some(), hash, key));
     }
 
     /// A sweep drops the dormant cell `cell` (value `v`, key half `key`,
@@ -407,22 +428,29 @@ impl Table {
         self.grow_for_returns(cx, guard);
     }
 
-    /// Grows the current array when its clients come back to their dormant
-    /// cells (the pass keeps them) and rows and dormant cells together fill
-    /// more than half of its claimable cells: new keys would otherwise take
-    /// the dormant cells over before their clients return. The target is
-    /// sized for both (`start_migration`, which drops the dormant cells:
-    /// their clients come back to rows made anew, once).
+    /// Grows the current array when new keys take over dormant cells whose
+    /// clients come back to them: since the pass before the last began,
+    /// some dormant cells were taken over and at least one in
+    /// [`GROW_IF_REVIVED`](super::GROW_IF_REVIVED) as many revived (a
+    /// working set of returning clients larger than the array's room for
+    /// their cells; a flood of new keys revives none and grows nothing).
+    /// The target is sized for the rows, the dormant cells and those taken
+    /// over (`start_migration_for`, which drops the dormant cells: their
+    /// clients come back to rows made anew, once).
     fn grow_for_returns(&self, cx: &Cx<'_>, guard: &Guard) {
         let arr = self.array(guard);
-        let n = arr.cells.len();
-        let held = self.len().saturating_mul(2);
-        if self.dormant_count() > 0
-            && self.dormant_kept()
-            && held > super::grow_at(n)
+        let taken = self.taken_lately();
+        let revived = self.revived_lately();
+        let extra = self.dormant_count().saturating_add(taken);
+        // Only a target twice as large at least: one of the same size would
+        // drop the dormant cells and gain no room.
+        let wanted = self.rows().saturating_add(extra).saturating_mul(2);
+        if taken > 0
+            && revived.saturating_mul(super::GROW_IF_REVIVED) >= taken
+            && wanted >= arr.cells.len()
             && !is_migrating(arr.next.load(Ordering::Acquire, guard))
         {
-            self.start_migration_for(arr, self.dormant_count(), cx, guard);
+            self.start_migration_for(arr, extra, cx, guard);
         }
     }
 
@@ -438,8 +466,10 @@ impl Table {
     fn resize_if_churning(&self, cx: &Cx<'_>, guard: &Guard) {
         let arr = self.array(guard);
         let n = arr.cells.len();
-        let rows = self.len();
-        let tombs = arr.used.load(Ordering::Relaxed).saturating_sub(rows);
+        // Tombstones: not the dormant cells (cleaning drops them when the
+        // array is at its limit), which are no rows either.
+        let rows = self.rows();
+        let tombs = arr.used.load(Ordering::Relaxed).saturating_sub(self.len());
         if n >= CHURN_RESIZE_MIN
             && tombs >= n / 4
             && rows.saturating_mul(CHURN_FACTOR) > n
