@@ -170,8 +170,12 @@ fn range(v: &[f64]) -> (f64, f64) {
 fn real_u64(n_rounds: u64, calls: u64) {
     let rate = Rate::per_second(1000).unwrap();
     let p: Pace<u64> = Pace::builder(rate).capacity(1).build().unwrap();
-    let g = RateLimiter::keyed(Quota::per_second(NonZeroU32::new(1000).unwrap()).allow_burst(NonZeroU32::MIN));
-    let keys: Vec<u64> = (0..CLIENTS as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let g = RateLimiter::keyed(
+        Quota::per_second(NonZeroU32::new(1000).unwrap()).allow_burst(NonZeroU32::MIN),
+    );
+    let keys: Vec<u64> = (0..CLIENTS as u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
     let mut pi = 0usize;
     let mut gi = 0usize;
     let pace_run: Run<'_> = Box::new(move |calls| {
@@ -185,7 +189,9 @@ fn real_u64(n_rounds: u64, calls: u64) {
         state(&p);
         (took, ok)
     });
-    let keys2: Vec<u64> = (0..CLIENTS as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let keys2: Vec<u64> = (0..CLIENTS as u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
     let gov_run: Run<'_> = Box::new(move |calls| {
         let mut ok = 0;
         let t = Instant::now();
@@ -207,7 +213,9 @@ fn warm_then_rounds(name: &str, n: u64, calls: u64, mut p: Run<'_>, mut g: Run<'
 fn real_string(n_rounds: u64, calls: u64, allocs: bool) {
     let rate = Rate::per_second(1000).unwrap();
     let p: Pace<String> = Pace::builder(rate).capacity(1).build().unwrap();
-    let g = RateLimiter::keyed(Quota::per_second(NonZeroU32::new(1000).unwrap()).allow_burst(NonZeroU32::MIN));
+    let g = RateLimiter::keyed(
+        Quota::per_second(NonZeroU32::new(1000).unwrap()).allow_burst(NonZeroU32::MIN),
+    );
     let keys = names(CLIENTS);
     let keys2 = names(CLIENTS);
     let p = &p;
@@ -267,7 +275,9 @@ fn fake(name: &str, step_ns: u64, n_rounds: u64, calls: u64) {
         Quota::per_second(NonZeroU32::new(10).unwrap()).allow_burst(NonZeroU32::new(10).unwrap()),
         fclock.clone(),
     );
-    let keys: Vec<u64> = (0..CLIENTS as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
+    let keys: Vec<u64> = (0..CLIENTS as u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
     let keys2 = keys.clone();
     let step = Duration::from_nanos(step_ns);
     let mut pi = 0usize;
@@ -302,11 +312,15 @@ fn flood(n_rounds: u64) {
     const IDS: usize = 1_000_000;
     let rate = Rate::per_second(1000).unwrap();
     let p: Pace<String> = Pace::builder(rate).capacity(1).build().unwrap();
-    let g = RateLimiter::keyed(Quota::per_second(NonZeroU32::new(1000).unwrap()).allow_burst(NonZeroU32::MIN));
+    let g = RateLimiter::keyed(
+        Quota::per_second(NonZeroU32::new(1000).unwrap()).allow_burst(NonZeroU32::MIN),
+    );
     let mut pr = 0u64;
     let mut gr = 0u64;
     let pace_run: Run<'_> = Box::new(move |calls| {
-        let ids: Vec<String> = (0..calls).map(|i| format!("p{pr:03}-client-{i:09}")).collect();
+        let ids: Vec<String> = (0..calls)
+            .map(|i| format!("p{pr:03}-client-{i:09}"))
+            .collect();
         pr += 1;
         let mut ok = 0;
         let t = Instant::now();
@@ -316,7 +330,9 @@ fn flood(n_rounds: u64) {
         (t.elapsed(), ok)
     });
     let gov_run: Run<'_> = Box::new(move |calls| {
-        let ids: Vec<String> = (0..calls).map(|i| format!("g{gr:03}-client-{i:09}")).collect();
+        let ids: Vec<String> = (0..calls)
+            .map(|i| format!("g{gr:03}-client-{i:09}"))
+            .collect();
         gr += 1;
         let mut ok = 0;
         let t = Instant::now();
@@ -340,7 +356,10 @@ fn main() {
         "returning clients: {CLIENTS} clients round-robin, {n} rounds of {calls} calls; cpu: {}",
         std::fs::read_to_string("/proc/cpuinfo")
             .ok()
-            .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.to_owned()))
+            .and_then(|s| s
+                .lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.to_owned()))
             .unwrap_or_default()
     );
     if want("u64-1ms") {

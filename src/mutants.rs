@@ -30,7 +30,6 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("copy_unfrozen", "table/migrate.rs", "a live row is copied without freezing its cell"),
     ("decision_ignores_held", "table/held.rs", "a decision counts no held token"),
     ("deep_probe_any_row", "table/mod.rs", "a reserve past its key's eighth cell takes any live row for the key's"),
-    ("dormant_drop_keeps_floor", "table/mod.rs", "a dormant cell is dropped without raising its key's floor"),
     ("no_dormancy", "table/sweep.rs", "passes remove every full row instead of making it dormant"),
     ("revive_from_now", "table/held.rs", "a revival starts from the reviver's reading, not the tat its cell kept"),
     ("revive_unsealed", "table/mod.rs", "a revival does not check for a migration that drops dormant cells"),

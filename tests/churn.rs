@@ -10,7 +10,9 @@
 //! start) and `shrink_to_half` (a shrink leaves no room for the rows to
 //! double) by `a_flood_under_a_long_horizon_keeps_few_rows`;
 //! `shrink_below_sweep_floor` (a shrink sized for the few rows a pass left)
-//! by `a_working_set_refilled_between_requests_stops_migrating`.
+//! by `new_keys_refilled_between_requests_stop_migrating`; `no_dormancy`
+//! (passes remove the full rows of returning clients) by
+//! `a_working_set_refilled_between_requests_stops_migrating`.
 
 use std::collections::hash_map::RandomState;
 use std::time::Duration;
@@ -29,6 +31,7 @@ both_tables!(
     swept_keys_reuse_tombstones,
     a_flood_under_a_long_horizon_keeps_few_rows,
     a_working_set_refilled_between_requests_stops_migrating,
+    new_keys_refilled_between_requests_stop_migrating,
 );
 
 /// Cells per live row a churning array may have: its target gives rows at
@@ -204,11 +207,9 @@ fn a_flood_under_a_long_horizon_keeps_few_rows(rows: Rows) {
 /// eighth of the array when that is more) put nearly every row to sleep,
 /// and the keys come back to their dormant cells: after a warm-up the table
 /// holds every key (rows and dormant cells), makes no new row for them, and
-/// neither shrinks nor grows. Known-wrong variants, caught here:
-/// `shrink_below_sweep_floor` (each pass shrank the table for the few rows
-/// it left and the next 128 rows grew it back: a migration every 59
-/// calls), `no_dormancy` (passes remove the full rows: the keys' cells are
-/// made anew at every visit).
+/// neither shrinks nor grows. Known-wrong variant, caught here:
+/// `no_dormancy` (passes remove the full rows: the keys' cells are made
+/// anew at every visit).
 fn a_working_set_refilled_between_requests_stops_migrating(rows: Rows) {
     const KEYS: u64 = 1024;
     let p = limiter(2_000_000, Duration::from_micros(1), rows);
@@ -237,6 +238,43 @@ fn a_working_set_refilled_between_requests_stops_migrating(rows: Rows) {
         p.migrations(),
         migrations,
         "the table migrated under a steady working set"
+    );
+    assert_eq!(p.table_slots(), slots, "the table keeps its size");
+}
+
+/// New keys, one each 400 ns, under 1,000,000 tokens a second and a capacity
+/// of 2,000,000 (a 2 s horizon): each row is full 1 µs after its reserve and
+/// its key never comes back. So the passes that start when the rows double
+/// (from 64, the sweep floor) remove nearly every row, and each comes once
+/// 128 rows are made again. After a warm-up, the table neither shrinks nor
+/// grows: a pass that leaves a few rows does not shrink it below room for
+/// the rows before the next pass. Known-wrong variant, caught here:
+/// `shrink_below_sweep_floor` (each pass shrinks the table for the few rows
+/// it left and the next 128 rows grow it back: a migration every few dozen
+/// calls).
+fn new_keys_refilled_between_requests_stop_migrating(rows: Rows) {
+    let p = limiter(2_000_000, Duration::from_micros(1), rows);
+    assert_eq!(p.horizon(), Duration::from_secs(2));
+    let mut now = 1_000_000_000;
+    let mut ask = |from: u64, calls: u64| {
+        for id in from..from + calls {
+            drop(p.reserve_n_at(&id, 1, now).unwrap());
+            now += 400;
+        }
+    };
+    ask(0, 20_000);
+    let (slots, migrations) = (p.table_slots(), p.migrations());
+    assert!(
+        p.len() < 2 * 64 + 1,
+        "{} rows: the passes did not run",
+        p.len()
+    );
+    assert_eq!(p.dormant_cells(), 0, "nobody came back: no dormant cell");
+    ask(20_000, 100_000);
+    assert_eq!(
+        p.migrations(),
+        migrations,
+        "the table migrated under a steady flow of new keys"
     );
     assert_eq!(p.table_slots(), slots, "the table keeps its size");
 }

@@ -323,12 +323,29 @@ expect_caught mark_kept_after_pass churn "rows at 4,000 keys a millisecond" --re
 expect_caught shrink_to_half churn "the table shrank once" --release \
     cells::a_flood_under_a_long_horizon_keeps_few_rows \
     entries::a_flood_under_a_long_horizon_keeps_few_rows
-# A working set of keys whose buckets refill between their requests: each
-# pass removes nearly every row, and a shrink sized for the few it left
-# grows back before the next pass (a migration every few dozen calls).
-expect_caught shrink_below_sweep_floor churn "the table migrated under a steady working set" --release \
+# New keys whose buckets refill before the next pass: each pass removes
+# nearly every row, and a shrink sized for the few it left grows back before
+# the next pass (a migration every few dozen calls).
+expect_caught shrink_below_sweep_floor churn "the table migrated under a steady flow of new keys" --release \
+    cells::new_keys_refilled_between_requests_stop_migrating \
+    entries::new_keys_refilled_between_requests_stop_migrating
+
+# Dormant cells (tests/dormant.rs, DESIGN.md §4): a revival decides from
+# the `tat` its cell kept (and the floor), never from the reviver's reading
+# (`revive_from_now`: a stale reading mints a token); a revival checks for
+# a migration that drops dormant cells (`revive_unsealed`: its row is copied
+# into a target with no room for it); passes put the full rows of returning
+# clients to sleep (`no_dormancy`: every key of a working set loses its cell
+# at each pass).
+expect_caught revive_from_now dormant "unwrap_err" --release \
+    a_stale_reading_cannot_revive_below_the_kept_tat
+expect_caught revive_unsealed dormant "a target has room for every copy" --release \
+    revivals_during_a_shrink_go_to_the_target
+expect_caught no_dormancy churn "every key of the working set keeps its cell" --release \
     cells::a_working_set_refilled_between_requests_stops_migrating \
     entries::a_working_set_refilled_between_requests_stops_migrating
+expect_caught no_dormancy dormant "allocations" --release \
+    returning_string_keys_allocate_nothing
 
 # A migration removes the rows already full instead of copying them, raising
 # each key's floor first, against `copy_drops_without_floor`: a stale reserve

@@ -100,6 +100,9 @@ pub trait PaceInternals<K, S, C> {
     fn pass_at(&self, now: u64);
     /// Dormant cells: keys whose full rows a pass put to sleep (not rows).
     fn dormant_cells(&self) -> usize;
+    /// From now on, passes put every full row within its retention to sleep
+    /// (dormant cells), whether or not the table's clients come back.
+    fn force_dormancy(&self);
     /// The raw bucket word (`tat`, ns) of `key`'s row, if it has one.
     fn row_tat<Q>(&self, key: &Q) -> Option<u64>
     where
@@ -286,6 +289,10 @@ where
 
     fn dormant_cells(&self) -> usize {
         self.dormant_inner()
+    }
+
+    fn force_dormancy(&self) {
+        self.force_dormancy_inner()
     }
 
     fn row_tat<Q>(&self, key: &Q) -> Option<u64>

@@ -926,7 +926,11 @@ where
         let guard = self.pin();
         self.start_pass(now, &guard);
         while self.rows.table.pass_running(&guard) {
-            if self.rows.table.sweep_step(now, &|b| self.hash_of(b), &guard) {
+            if self
+                .rows
+                .table
+                .sweep_step(now, &|b| self.hash_of(b), &guard)
+            {
                 self.pass_ended();
             }
         }
@@ -936,6 +940,12 @@ where
     #[cfg(feature = "internals")]
     pub(crate) fn dormant_inner(&self) -> usize {
         self.rows.table.dormant_cells()
+    }
+
+    /// Passes put every full row to sleep from now on (for models).
+    #[cfg(feature = "internals")]
+    pub(crate) fn force_dormancy_inner(&self) {
+        self.rows.table.force_dormancy()
     }
 
     /// Removes every row whose bucket has refilled, and shrinks the table if

@@ -806,8 +806,6 @@ pub(crate) fn address(field: u64) -> Option<u64> {
     (HELD..DORMANT).contains(&field).then(|| field - HELD)
 }
 
-
-
 /// Frees the record at `addr` ([`address`] of a published field).
 ///
 /// # Safety

@@ -451,7 +451,7 @@ impl Table {
         // taken over only when the array has no room for the empty cell.
         let asleep = tomb.and_then(|(at, v)| {
             let (other, field) = cell::live(v)?;
-            held::dormant(field).map(|kept| (at, v, other, kept))
+            held::dormant(field).map(|_| (at, v, other))
         });
         let tomb = tomb.filter(|_| asleep.is_none());
         let lost = if let Some((at, v)) = tomb {
@@ -478,15 +478,11 @@ impl Table {
                 Lost::NoRoom
             };
             match (lost, asleep) {
-                (Lost::NoRoom, Some((at, v, other, kept))) => {
-                    // Taken over as a sweep drops a dormant cell: the key's
-                    // floor raised to the `tat` it kept first. It is already
-                    // counted in `used`; a copier that froze it first makes
-                    // the CAS fail.
-                    // SAFETY: `other` is the key half of a live (dormant)
-                    // cell read under `guard` by this call's walk.
-                    let stripe = unsafe { self.stripe_of_row(other, guard) };
-                    self.raise_dormant_floor(stripe, kept);
+                (Lost::NoRoom, Some((at, v, other))) => {
+                    // Taken over as a sweep drops a dormant cell (its key's
+                    // floor holds the `tat` it kept). It is already counted
+                    // in `used`; a copier that froze it first makes the CAS
+                    // fail.
                     if arr.cells[at].cas(v, claim).is_ok() {
                         // SAFETY: our CAS took the dormant cell of `other`
                         // over in `arr`; no other cell names its box.
@@ -683,7 +679,7 @@ impl Table {
         if !self.enter_revival(arr, guard) {
             // SAFETY: `v` was read under `guard` from cell `idx` of `arr`,
             // and is a dormant cell's.
-            unsafe { self.drop_dormant(arr, idx, v, bits, kept, guard) };
+            unsafe { self.drop_dormant(arr, idx, v, bits, guard) };
             return None;
         }
         let next = cell::live_value(bits, new);

@@ -173,10 +173,6 @@ impl Table {
         // Without the dormant cells: a count the sweeps add late, or a
         // revival took off before its CAS, only makes it larger.
         let rows = all.saturating_sub(dormant.max(0) as usize);
-        if std::env::var_os("PACE_DBG").is_some() {
-            if std::env::var_os("PACE_BT").is_some() { eprintln!("{}", std::backtrace::Backtrace::force_capture()); }
-            eprintln!("migrate: cells {} all {all} dormant {dormant} rows {rows} extra {extra} revived {} taken {} used {}", arr.cells.len(), self.revived_lately(), self.taken_lately(), arr.used.load(Ordering::Relaxed));
-        }
         // Sized as slot arrays are (`target_size`).
         // Dormant cells are no sign of churn (cleaning drops them when the
         // array is at its limit): `used` without them.
@@ -309,13 +305,16 @@ impl Table {
                 let hash = unsafe { self.row_hash(key, cx.hash_of, guard) };
                 // A dormant cell is copied as it is into a target sized for
                 // it, unless past its retention at a reading that may
-                // remove rows (`now` 0 removes nothing); else dropped: its
-                // floor raised to the `tat` it kept, then the cell closed.
-                if let Some(kept) = super::held::dormant(tat).filter(|&kept| {
+                // remove rows (`now` 0 removes nothing); else dropped (its
+                // key's floor is at least the `tat` it kept: the pass that
+                // put it to sleep raised it first).
+                if super::held::dormant(tat).is_some_and(|kept| {
                     !new.keeps_dormant || (cx.now > 0 && self.stale(kept, cx.now))
                 }) {
-                    self.raise_dormant_floor(self.stripe(hash, key), kept);
                     cell.store(CellState::Closed.encode());
+                    // Its key's next row counts as a return (`returning`).
+                    self.floors
+                        .remember(self.floors.mark(self.boxed.is_some(), hash, key));
                     dropped += 1;
                     if self.boxed.is_some() {
                         gone.push(super::keys::untagged(key));
@@ -355,7 +354,8 @@ impl Table {
         // (A dropped dormant cell had room kept only in a target sized for
         // the dormant cells.)
         let kept_for = if new.keeps_dormant { dropped } else { 0 };
-        new.limit.fetch_add(copies + removed + kept_for, Ordering::Release);
+        new.limit
+            .fetch_add(copies + removed + kept_for, Ordering::Release);
         if dropped > 0 {
             self.dormant.fetch_sub(dropped, Ordering::SeqCst);
             self.dormancy.add(super::Count::Dropped, dropped);

@@ -464,7 +464,8 @@ struct Dormancy {
     /// of the one before it.
     last: [AtomicUsize; COUNTS + 1],
     base: [AtomicUsize; COUNTS + 1],
-    /// Set by models and tests: passes always put full rows to sleep.
+    /// Set by models and tests: passes always put full rows to sleep
+    /// (`Table::puts_to_sleep`).
     forced: AtomicBool,
 }
 
@@ -481,11 +482,9 @@ enum Count {
     Removed = 3,
     /// New rows of keys a pass had removed lately (`Floors::returned`).
     Returns = 4,
-    /// New rows.
-    Inserts = 5,
 }
 
-const COUNTS: usize = 6;
+const COUNTS: usize = 5;
 
 impl Dormancy {
     fn new() -> Dormancy {
@@ -778,16 +777,17 @@ impl Table {
         let made = d.lately(Count::Made);
         let dropped = d.lately(Count::Dropped);
         let now = self.dormant.load(Ordering::Relaxed);
-        (base.wrapping_add(made).wrapping_sub(dropped).wrapping_sub(now) as isize).max(0) as usize
+        (base
+            .wrapping_add(made)
+            .wrapping_sub(dropped)
+            .wrapping_sub(now) as isize)
+            .max(0) as usize
     }
 
     /// A pass begins: the counts at the start of the previous one become
     /// the base of the `lately` counts.
     pub(super) fn mark_pass_start(&self) {
         let d = &self.dormancy;
-        if std::env::var_os("PACE_DBG2").is_some() {
-            eprintln!("pass: inserts {} returning {} revived {} returns {} made {} removed {} taken {} dormant {} len {}", d.lately(Count::Inserts), self.returning(), self.revived_lately(), d.lately(Count::Returns), d.lately(Count::Made), d.lately(Count::Removed), d.lately(Count::Taken), self.dormant_count(), self.len());
-        }
         for i in 0..=COUNTS {
             d.base[i].store(d.last[i].load(Ordering::Relaxed), Ordering::Relaxed);
         }
@@ -803,6 +803,13 @@ impl Table {
         self.dormancy.lately(Count::Taken)
     }
 
+    /// Rows whose clients came back since the pass before the last began:
+    /// revived, or made anew by a key whose row or dormant cell went lately.
+    pub(super) fn back_lately(&self) -> usize {
+        self.revived_lately()
+            .saturating_add(self.dormancy.lately(Count::Returns))
+    }
+
     /// Whether the table's clients come back after their buckets refill, so
     /// that a pass puts full rows to sleep rather than removing them: since
     /// the pass before the last began, at least one in [`RETURNING_SHARE`]
@@ -812,12 +819,20 @@ impl Table {
     /// to none: its rows are removed as full rows always were.
     pub(super) fn returning(&self) -> bool {
         let d = &self.dormancy;
-        if d.forced.load(Ordering::Relaxed) {
-            return true;
-        }
-        let back = self.revived_lately().saturating_add(d.lately(Count::Returns));
-        let gone = d.lately(Count::Made).saturating_add(d.lately(Count::Removed));
+        let back = self.back_lately();
+        let gone = d
+            .lately(Count::Made)
+            .saturating_add(d.lately(Count::Removed));
         back >= RETURNING_FEW || (back > 0 && back.saturating_mul(RETURNING_SHARE) >= gone)
+    }
+
+    /// Whether passes put full rows to sleep: while the table's clients
+    /// come back ([`returning`](Table::returning)), or always once a model
+    /// or test forced it (which changes nothing else: sizing still follows
+    /// the returns seen).
+    #[inline]
+    pub(super) fn puts_to_sleep(&self) -> bool {
+        self.dormancy.forced.load(Ordering::Relaxed) || self.returning()
     }
 
     /// Passes always put full rows to sleep (for models and tests).
@@ -831,8 +846,10 @@ impl Table {
     /// as a return if a pass removed the key's row lately.
     #[inline]
     pub(super) fn note_new_row(&self, hash: u64, bits: u64) {
-        self.dormancy.add(Count::Inserts, 1);
-        if self.floors.returned(self.floors.mark(self.boxed.is_some(), hash, bits)) {
+        if self
+            .floors
+            .returned(self.floors.mark(self.boxed.is_some(), hash, bits))
+        {
             self.dormancy.add(Count::Returns, 1);
         }
     }
@@ -842,7 +859,6 @@ impl Table {
     fn count_take_over(&self) {
         self.dormancy.add(Count::Taken, 1);
     }
-
 
     /// Migrations started since the table was made.
     #[cfg(feature = "internals")]
@@ -961,13 +977,13 @@ impl Table {
         debug_assert!(cell::live(v).is_some(), "a live row's value");
         let (bits, old) = cell::live(v).unwrap_or_default();
         let revival = held::dormant(old);
-        if let Some(kept) = revival {
+        if revival.is_some() {
             if !self.enter_revival(arr, guard) {
                 // The array is migrating: the dormant cell is dropped
                 // instead (floor first), and the caller looks again.
                 // SAFETY: `v` is the value of cell `idx` of `arr`, read
                 // under `guard` (this function's callers read it so).
-                unsafe { self.drop_dormant(arr, idx, v, bits, kept, guard) };
+                unsafe { self.drop_dormant(arr, idx, v, bits, guard) };
                 return Err(arr.cells[idx].load());
             }
         }
@@ -1028,10 +1044,11 @@ impl Table {
         true
     }
 
-    /// Drops the dormant cell `idx` of `arr` (value `v`, key half `bits`,
-    /// kept `tat`): the key's floor raised to `tat` first, then the cell a
-    /// tombstone, as a sweep removes a full row. True if this call dropped
-    /// it (false: the cell changed first).
+    /// Drops the dormant cell `idx` of `arr` (value `v`, key half `bits`):
+    /// the cell a tombstone. Its key's floor is at least `tat`
+    /// already (the pass that put it to sleep raised it first, and floors
+    /// never fall), so the key's next row starts where a revival would
+    /// have. True if this call dropped it (false: the cell changed first).
     ///
     /// # Safety
     /// `v` was read under `guard` from cell `idx` of `arr`, an array of
@@ -1042,12 +1059,8 @@ impl Table {
         idx: usize,
         v: u128,
         bits: u64,
-        tat: u64,
         guard: &Guard,
     ) -> bool {
-        // SAFETY: the caller's contract: `bits` names a live key.
-        let stripe = unsafe { self.stripe_of_row(bits, guard) };
-        self.raise_dormant_floor(stripe, tat);
         if arr.cells[idx].cas(v, CellState::Tomb.encode()).is_err() {
             return false;
         }
@@ -1060,21 +1073,15 @@ impl Table {
     /// Drops the dormant cells among cells `start..end` of `arr` (the
     /// current array, not migrating): each a tombstone, its key's floor
     /// raised first. Returns how many.
-    fn drop_dormant_range(
-        &self,
-        arr: &Array,
-        start: usize,
-        end: usize,
-        guard: &Guard,
-    ) -> usize {
+    fn drop_dormant_range(&self, arr: &Array, start: usize, end: usize, guard: &Guard) -> usize {
         let mut dropped = 0;
         for idx in start..end {
             let v = arr.cells[idx].load();
             if let Some((bits, field)) = cell::live(v) {
-                if let Some(kept) = held::dormant(field) {
+                if held::dormant(field).is_some() {
                     // SAFETY: `v` was read under `guard` from cell `idx` of
                     // `arr`, and is a dormant cell's.
-                    dropped += usize::from(unsafe { self.drop_dormant(arr, idx, v, bits, kept, guard) });
+                    dropped += usize::from(unsafe { self.drop_dormant(arr, idx, v, bits, guard) });
                 }
             }
         }
@@ -1091,6 +1098,16 @@ impl Table {
     /// this table reached under `guard`, with a state that does not name
     /// its box.
     unsafe fn dormant_taken(&self, arr: &Array, bits: u64, guard: &Guard) {
+        // Its key's next row counts as a return (`returning`).
+        let hash = if self.boxed.is_some() {
+            // SAFETY: the caller's contract: `bits` named a live box of
+            // this table when read under `guard`, which is still pinned.
+            unsafe { keys::hash_in_box(bits, guard) }
+        } else {
+            0
+        };
+        self.floors
+            .remember(self.floors.mark(self.boxed.is_some(), hash, bits));
         self.dormant.fetch_sub(1, Ordering::SeqCst);
         self.dormancy.add(Count::Dropped, 1);
         self.len.fetch_sub(1, Ordering::SeqCst);
@@ -1121,19 +1138,6 @@ impl Table {
             self.floors.of_word(bits)
         }
     }
-
-    /// A dormant cell's floor is raised to its kept `tat` before it goes.
-    #[cfg(not(pace_mutant = "dormant_drop_keeps_floor"))]
-    #[inline]
-    fn raise_dormant_floor(&self, stripe: usize, tat: u64) {
-        self.floors.raise(stripe, tat);
-    }
-
-    /// Known-wrong variant `dormant_drop_keeps_floor`: a dormant cell is
-    /// dropped without raising its key's floor, so the key's next row
-    /// starts below the `tat` it kept.
-    #[cfg(pace_mutant = "dormant_drop_keeps_floor")]
-    fn raise_dormant_floor(&self, _: usize, _: u64) {}
 
     /// Hands the key boxes of rows that left the table to the collector as
     /// one deferred free (nothing for keys' own bits), and flushes the

@@ -6,12 +6,10 @@
 
 use super::array::Array;
 use super::cell::CellState;
-use super::floor::Floors;
 use super::cell::{self as cells, Cell};
+use super::floor::Floors;
 use super::held::{self, Held, HELD};
-use super::{
-    is_migrating, sparse, Cx, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE,
-};
+use super::{is_migrating, sparse, Cx, Table, CHURN_FACTOR, CHURN_RESIZE_MIN, SWEEP_IDLE};
 use crate::sync::epoch::Guard;
 use crate::sync::Ordering;
 
@@ -105,14 +103,14 @@ impl Table {
         // A pass of a table whose clients come back puts full rows to sleep
         // and keeps its dormant cells within their retention; any other
         // pass removes full rows and drops dormant cells.
-        let asleep = pass && self.returning();
+        let asleep = pass && self.puts_to_sleep();
         let mut gone = Vec::new();
         for idx in start..end {
             let cell = &arr.cells[idx];
             let v = cell.load();
             if let CellState::Live { key, tat } = CellState::decode(v) {
                 if let Some(kept) = held::dormant(tat) {
-                    if (!asleep || self.stale(kept, now)) && self.drop_swept(cell, v, key, kept, guard) {
+                    if (!asleep || self.stale(kept, now)) && self.drop_swept(cell, v) {
                         dropped += 1;
                         if self.boxed.is_some() {
                             gone.push(super::keys::untagged(key));
@@ -212,17 +210,13 @@ impl Table {
         } else {
             0
         };
-        self.floors.remember(self.floors.mark(self.boxed.is_some(), hash, key));
+        self.floors
+            .remember(self.floors.mark(self.boxed.is_some(), hash, key));
     }
 
-    /// A sweep drops the dormant cell `cell` (value `v`, key half `key`,
-    /// kept `tat`, read under `guard` from a cell of the current array):
-    /// floor first, then the tombstone. True if its CAS did.
-    fn drop_swept(&self, cell: &Cell, v: u128, key: u64, tat: u64, guard: &Guard) -> bool {
-        // SAFETY: `key` is the key half of a live (dormant) cell read under
-        // `guard`.
-        let stripe = unsafe { self.stripe_of_row(key, guard) };
-        self.raise_dormant_floor(stripe, tat);
+    /// A sweep drops the dormant cell `cell` (value `v`): a tombstone (its
+    /// key's floor holds the `tat` it kept). True if its CAS did.
+    fn drop_swept(&self, cell: &Cell, v: u128) -> bool {
         cell.cas(v, CellState::Tomb.encode()).is_ok()
     }
 
@@ -429,18 +423,19 @@ impl Table {
     }
 
     /// Grows the current array when new keys take over dormant cells whose
-    /// clients come back to them: since the pass before the last began,
-    /// some dormant cells were taken over and at least one in
-    /// [`GROW_IF_REVIVED`](super::GROW_IF_REVIVED) as many revived (a
-    /// working set of returning clients larger than the array's room for
-    /// their cells; a flood of new keys revives none and grows nothing).
+    /// clients come back: since the pass before the last began, some
+    /// dormant cells were taken over and at least one in
+    /// [`GROW_IF_REVIVED`](super::GROW_IF_REVIVED) as many clients came
+    /// back (`back_lately`: a working set of returning clients larger than
+    /// the array's room for their cells; a flood of new keys brings none
+    /// back and grows nothing).
     /// The target is sized for the rows, the dormant cells and those taken
     /// over (`start_migration_for`, which drops the dormant cells: their
     /// clients come back to rows made anew, once).
     fn grow_for_returns(&self, cx: &Cx<'_>, guard: &Guard) {
         let arr = self.array(guard);
         let taken = self.taken_lately();
-        let revived = self.revived_lately();
+        let revived = self.back_lately();
         let extra = self.dormant_count().saturating_add(taken);
         // Only a target twice as large at least: one of the same size would
         // drop the dormant cells and gain no room.
