@@ -178,6 +178,29 @@ impl CellsModel {
         self.table.sweep(now, &|k| k, &self.epochs.pin())
     }
 
+    /// From now on, passes put full rows to sleep (dormant cells) whether
+    /// or not the keys come back (`Pace`'s passes do so once they do), and
+    /// keep them however long ago they filled.
+    pub fn put_to_sleep(&self) {
+        self.table.force_dormancy();
+        self.table.set_retain(u64::MAX); // (no dormant cell goes stale)
+    }
+
+    /// A whole automatic sweep pass at `now`, as calls run it: full rows go
+    /// dormant (after [`put_to_sleep`](CellsModel::put_to_sleep)).
+    pub fn pass(&self, now: u64) {
+        let guard = self.epochs.pin();
+        self.table.start_sweep(now, &|k| k, &guard);
+        while self.table.pass_running(&guard) {
+            self.table.sweep_step(now, &|k| k, &guard);
+        }
+    }
+
+    /// Dormant cells.
+    pub fn dormant(&self) -> usize {
+        self.table.dormant_cells()
+    }
+
     /// The settled `tat` of `key`'s row.
     pub fn peek(&self, key: u64) -> Option<u64> {
         self.held(key).map(|(tat, _)| tat)
@@ -284,7 +307,7 @@ impl CellsModel {
 
     /// Rows counted.
     pub fn len(&self) -> usize {
-        self.table.len()
+        self.table.rows()
     }
 
     /// Whether no row is counted.

@@ -171,7 +171,8 @@ expect_caught table "refund_gives_up_on_frozen=a refund that fills the bucket re
 expect_caught cells "refund_gives_up_on_frozen=from the floor the refund raised"
 expect_caught cells \
     "clean_without_fence=key 4's row is on its sequence" \
-    "sweep_keeps_floor=from the floor the sweep raised"
+    "sweep_keeps_floor=from the floor the sweep raised" \
+    "revive_from_now=from the kept tat"
 # Holds (loom-tests/tests/holds.rs), likewise.
 holds_mutants=(
     "refund_rewinds_tat=only the kept debit remains"

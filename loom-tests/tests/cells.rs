@@ -12,7 +12,8 @@
 //! and `two_inserters_one_row`; `copy_unfrozen` must fail
 //! `reserve_vs_copy`; `clean_without_fence` must fail
 //! `clean_vs_insert`; `refund_gives_up_on_frozen` must fail
-//! `refund_vs_copy`; `sweep_keeps_floor` must fail `sweep_vs_copy`.
+//! `refund_vs_copy`; `sweep_keeps_floor` must fail `sweep_vs_copy`;
+//! `revive_from_now` must fail `stale_revival_vs_drop`.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -232,6 +233,66 @@ fn migration_while_the_previous_finishes() {
     });
 }
 
+/// Key 0's full row was put to sleep by a pass at 2T (its cell keeps its
+/// `tat`, 2T); one thread, whose clock read 0 before that pass, reserves it
+/// while another sweeps explicitly (which drops dormant cells). Whichever
+/// goes first, the reserve is denied (at 0 the bucket is full of debt) and
+/// the next one at 2T ends at 3T: a revival decides from the kept `tat`,
+/// and a row made anew after the drop from the floor the pass raised.
+/// Known-wrong variant `revive_from_now` (a revival from the reading)
+/// admits the stale reserve, at T.
+#[test]
+fn stale_revival_vs_drop() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 2));
+        t.put_to_sleep();
+        assert_eq!(t.reserve(0, 0), Some(T));
+        assert_eq!(t.reserve(0, 0), Some(2 * T));
+        t.pass(2 * T);
+        assert_eq!((t.len(), t.dormant()), (0, 1));
+        let sweeper = {
+            let t = t.clone();
+            thread::spawn(move || t.sweep(2 * T))
+        };
+        // At the stale reading the bucket is still full of debt: denied.
+        let got = t.reserve(0, 0);
+        assert_eq!(sweeper.join().unwrap(), 0, "a dormant cell is no row");
+        assert_eq!(got, None, "from the kept tat");
+        assert_eq!(t.reserve(0, 2 * T), Some(3 * T), "from the kept tat");
+        assert_eq!((t.len(), t.dormant()), (1, 0));
+        assert_eq!(t.peek(0), Some(3 * T));
+    });
+}
+
+/// Key 0 is asleep in cell 0, keys 1 and 2 live in cells 1 and 2 of a
+/// 4-cell array (its claims at their limit, 3). Key 4 (its sequence starts
+/// at cell 0) finds no room and takes the dormant cell over, while key 0
+/// comes back at T. Either key 0 revives its cell (and key 4
+/// makes room by migrating), or key 4 takes it and key 0 makes its row anew
+/// from its floor: both end with one row, key 0's decided from the `tat`
+/// its cell kept (T, so a reserve at T ends at 2T).
+#[test]
+fn revival_vs_take_over() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 1));
+        t.put_to_sleep();
+        assert_eq!(t.reserve(0, 0), Some(T));
+        t.pass(T);
+        assert_eq!(t.dormant(), 1);
+        assert_eq!(t.reserve(1, T), Some(2 * T));
+        assert_eq!(t.reserve(2, T), Some(2 * T));
+        let taker = {
+            let t = t.clone();
+            thread::spawn(move || t.reserve(4, T))
+        };
+        let back = t.reserve(0, T);
+        assert_eq!(taker.join().unwrap(), Some(2 * T));
+        assert_eq!(back, Some(2 * T), "from the kept tat");
+        assert_eq!((t.len(), t.dormant()), (4, 0));
+        assert_eq!(t.live_keys(), vec![0, 1, 2, 4]);
+    });
+}
+
 // Known-wrong variants: each runs the model that must catch it
 // (`.ci/suites/10-loom.sh` asserts that it fails with the model's message).
 
@@ -263,4 +324,10 @@ fn mutant_refund_gives_up_on_frozen() {
 #[test]
 fn mutant_sweep_keeps_floor() {
     sweep_vs_copy();
+}
+
+#[cfg(pace_mutant = "revive_from_now")]
+#[test]
+fn mutant_revive_from_now() {
+    stale_revival_vs_drop();
 }
