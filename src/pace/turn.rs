@@ -105,8 +105,12 @@ where
     ///
     /// Over the instants callers are let through, the kept admissions of a
     /// key obey the same bound as reserves (DESIGN.md §3, "Waiting for a
-    /// turn"). With a [`ManualClock`](crate::ManualClock) the thread sleeps
-    /// until another thread advances the clock past the slot.
+    /// turn"). With a [`ManualClock`](crate::ManualClock) (or a clock whose
+    /// [`Clock::manual`] is one) the thread never sleeps in real time: it
+    /// blocks until another thread's [`advance`](crate::ManualClock::advance)
+    /// or [`set`](crate::ManualClock::set) moves the clock to the slot, and
+    /// an [auto-advancing](crate::ManualClock::auto_advancing) clock jumps
+    /// there by itself (the crate's "Testing with `ManualClock`").
     ///
     /// # Errors
     /// [`Denied`] at once, having written nothing, when the turn lies more
@@ -175,7 +179,11 @@ where
         let (r, slot) = self.reserve_turn(key, n, quota, max_wait)?;
         while let Some(wait) = self.until(slot) {
             note_turn_sleep();
-            std::thread::sleep(wait);
+            match self.clock.manual() {
+                // Woken by the clock's move to the slot.
+                Some(manual) => manual.wait_blocking(slot),
+                None => std::thread::sleep(wait),
+            }
         }
         Ok(r)
     }
@@ -191,6 +199,10 @@ where
     /// refund rule: the slot comes back when nothing was debited from the key
     /// since, and is otherwise lost (later callers keep their slots: fewer
     /// admissions, never more).
+    ///
+    /// With a [`ManualClock`](crate::ManualClock) the task waits for the
+    /// clock's moves, not on the timer, as
+    /// [`acquire_blocking`](Pace::acquire_blocking) does.
     ///
     /// # Errors
     /// As [`acquire_blocking`](Pace::acquire_blocking).
@@ -264,7 +276,11 @@ where
         let mut turn = Turn(Some(r));
         while let Some(wait) = self.until(slot) {
             note_turn_sleep();
-            futures_timer::Delay::new(wait).await;
+            match self.clock.manual() {
+                // Woken by the clock's move to the slot.
+                Some(manual) => manual.sleep_until(slot).await,
+                None => futures_timer::Delay::new(wait).await,
+            }
         }
         Ok(turn.0.take().expect("taken only here"))
     }
