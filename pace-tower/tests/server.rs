@@ -94,7 +94,7 @@ async fn admits_then_429_with_retry_after_rounded_up_and_ratelimit_fields() {
     assert_eq!(r.body().as_ref(), TOO_MANY_REQUESTS_BODY.as_bytes());
     assert_eq!(
         TOO_MANY_REQUESTS_BODY,
-        "pace-tower: too many requests; retry after the seconds in Retry-After\n"
+        "too many requests; retry after the seconds in Retry-After\n"
     );
 
     // 100 ms left: rounded up to 1 s, never 0.
@@ -180,7 +180,7 @@ async fn a_missing_key_of_a_closure_gets_a_body_naming_the_limit() {
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
         r.body().as_ref(),
-        b"pace-tower: the request has no key for the limit \"tenant\"\n"
+        b"the request has no key for the limit \"tenant\"\n"
     );
 }
 
@@ -260,7 +260,7 @@ async fn missing_keys_get_400_a_shared_key_or_pass() {
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
         r.body().as_ref(),
-        b"pace-tower: the request has no key for the limit \"key\": \
+        b"the request has no key for the limit \"key\": \
           the `x-api-key` header is missing\n"
     );
     assert_eq!(p.len(), 0, "a rejected keyless request reserves nothing");

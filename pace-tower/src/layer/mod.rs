@@ -51,6 +51,23 @@ pub struct ResponseHead<'a> {
     pub extensions: &'a Extensions,
 }
 
+impl ResponseHead<'_> {
+    /// The gRPC status of a trailers-only gRPC answer (`grpc-status` in the
+    /// header block: how tonic answers a unary call that fails, and how
+    /// gRPC servers answer a call that fails before its first message), as
+    /// its number (`tonic::Code::from_i32` names it); `None` without one.
+    ///
+    /// A call that sends messages (any successful call, and a streaming
+    /// call that fails after its first message) has its status in the
+    /// trailers, after the body; a refund predicate decides on the head,
+    /// before the body, so it sees `None` for such a call (whatever status
+    /// it ends with). Refund on an error status with
+    /// `refund_if(|r| r.grpc_status().is_some_and(|c| c != 0))`.
+    pub fn grpc_status(&self) -> Option<i32> {
+        crate::grpc::status_of(self.headers)
+    }
+}
+
 /// What a limit does with a request that has no key for it.
 #[derive(Clone, Debug)]
 pub enum MissingKey<K> {

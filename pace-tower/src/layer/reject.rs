@@ -11,6 +11,7 @@ use super::limits::{Limits, Meta, Src, Stop};
 use super::service::Shared;
 #[cfg(doc)]
 use super::{MissingKey, PaceLayer, PaceLayerBuilder};
+use crate::grpc::{self, Pushback};
 use crate::headers::{self, FieldWriter};
 use crate::key::RequestHead;
 use crate::limit::Refusal;
@@ -64,27 +65,37 @@ pub struct Rejection<'a> {
     /// ([`KeyExtractor::describe`](crate::KeyExtractor::describe): a
     /// [`Header`](crate::Header) names its header),
     /// [`MISSING_PEER_ADDR_BODY`] for [`Reason::MissingPeerAddr`],
-    /// [`UNAVAILABLE_BODY`] for [`Reason::Unavailable`], else empty.
+    /// [`UNAVAILABLE_BODY`] for [`Reason::Unavailable`], else empty; empty
+    /// for a gRPC call ([`Rejection::is_grpc`]).
     pub default_body: &'a str,
+}
+
+impl Rejection<'_> {
+    /// Whether the request is a gRPC call (its `content-type` starts with
+    /// `application/grpc`): the default answer is then a trailers-only gRPC
+    /// answer (module [`grpc`](crate::grpc)), and its body must stay empty.
+    pub fn is_grpc(&self) -> bool {
+        crate::grpc::is_grpc(self.request.headers)
+    }
 }
 
 /// The body of the default `429` answer.
 pub const TOO_MANY_REQUESTS_BODY: &str =
-    "pace-tower: too many requests; retry after the seconds in Retry-After\n";
+    "too many requests; retry after the seconds in Retry-After\n";
 
 /// The body of the default answer to a request without a key for the
 /// limit `name`, whose key is read from `source` if it says.
 pub(super) fn missing_key_body(name: &str, source: Option<String>) -> String {
     match source {
-        Some(source) => format!(
-            "pace-tower: the request has no key for the limit \"{name}\": {source} is missing\n"
-        ),
-        None => format!("pace-tower: the request has no key for the limit \"{name}\"\n"),
+        Some(source) => {
+            format!("the request has no key for the limit \"{name}\": {source} is missing\n")
+        }
+        None => format!("the request has no key for the limit \"{name}\"\n"),
     }
 }
 
 /// The body of the default answer to a request without a peer address.
-pub const MISSING_PEER_ADDR_BODY: &str = "pace-tower: this limit keys by the peer address and the \
+pub const MISSING_PEER_ADDR_BODY: &str = "this limit keys by the peer address and the \
 server recorded none. With axum, serve the router with \
 `app.into_make_service_with_connect_info::<std::net::SocketAddr>()`; with another server, \
 insert a `pace_tower::PeerAddr` (or `SocketAddr`) request extension before the layer.\n";
@@ -92,7 +103,7 @@ insert a `pace_tower::PeerAddr` (or `SocketAddr`) request extension before the l
 /// The body of the default answer to a request the limit could not decide
 /// ([`Reason::Unavailable`]).
 pub const UNAVAILABLE_BODY: &str =
-    "pace-tower: the rate limit could not decide (its store is unavailable); retry later\n";
+    "the rate limit could not decide (its store is unavailable); retry later\n";
 
 /// Builds the response to a [`Rejection`] (see [`PaceLayerBuilder::on_reject`]).
 pub trait Respond<B>: Send + Sync + 'static {
@@ -111,20 +122,57 @@ pub trait Respond<B>: Send + Sync + 'static {
 /// a missing peer address `500` with the body [`MISSING_PEER_ADDR_BODY`];
 /// no decision `503` with `Retry-After` and the body [`UNAVAILABLE_BODY`].
 /// Empty bodies otherwise. (The bodies are [`Rejection::default_body`].)
+/// A gRPC request is answered in gRPC, with an empty body (module
+/// [`grpc`](crate::grpc)).
+///
+/// It answers with any body type that is `Default` (tonic's, axum's,
+/// hyper's): a body of `String`, `http_body_util::Full<Bytes>` or (feature
+/// `axum`) `axum::body::Body` holds the text, with `content-type:
+/// text/plain; charset=utf-8`; another type is answered with its default
+/// (empty) body and no `content-type` (give it a body with
+/// [`PaceLayerBuilder::on_reject`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultRespond;
 
-impl<B: From<&'static str> + From<String>> Respond<B> for DefaultRespond {
+impl<B: Default + 'static> Respond<B> for DefaultRespond {
     fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B> {
-        let body = match rejection.reason {
-            Reason::MissingPeerAddr => B::from(MISSING_PEER_ADDR_BODY),
-            Reason::Exhausted { .. } => B::from(TOO_MANY_REQUESTS_BODY),
-            Reason::MissingKey => B::from(rejection.default_body.to_owned()),
-            Reason::Unavailable { .. } => B::from(UNAVAILABLE_BODY),
-            _ => B::from(""),
-        };
-        default.map(|()| body)
+        let text = rejection.default_body;
+        if text.is_empty() {
+            return default.map(|()| B::default());
+        }
+        match text_body::<B>(text) {
+            Some(body) => {
+                let mut r = default.map(|()| body);
+                r.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; charset=utf-8"),
+                );
+                r
+            }
+            None => default.map(|()| B::default()),
+        }
     }
+}
+
+/// A body of type `B` holding `text`, for the body types that can hold
+/// text without knowing more of them; `None` for another type.
+fn text_body<B: Default + 'static>(text: &str) -> Option<B> {
+    use std::any::Any;
+    let mut out: Option<B> = None;
+    let slot: &mut dyn Any = &mut out;
+    if let Some(s) = slot.downcast_mut::<Option<String>>() {
+        *s = Some(text.to_owned());
+    } else if let Some(s) = slot.downcast_mut::<Option<http_body_util::Full<bytes::Bytes>>>() {
+        *s = Some(http_body_util::Full::new(bytes::Bytes::from(
+            text.to_owned(),
+        )));
+    } else {
+        #[cfg(feature = "axum")]
+        if let Some(s) = slot.downcast_mut::<Option<axum::body::Body>>() {
+            *s = Some(axum::body::Body::from(text.to_owned()));
+        }
+    }
+    out
 }
 
 /// A closure as a response hook (see [`PaceLayerBuilder::on_reject`]).
@@ -209,13 +257,18 @@ impl<L: Limits, H> Shared<L, H> {
                 (index, reason, r)
             }
         };
-        let default_body = match reason {
+        let mut default_body = match reason {
             Reason::Exhausted { .. } => TOO_MANY_REQUESTS_BODY,
             Reason::MissingKey => &self.metas[index].missing_body,
             Reason::MissingPeerAddr => MISSING_PEER_ADDR_BODY,
             Reason::Unavailable { .. } => UNAVAILABLE_BODY,
             _ => "",
         };
+        let mut r = r;
+        if grpc::is_grpc(head.headers) {
+            r = self.grpc_answer(&self.metas[index].name, reason, default_body, r);
+            default_body = "";
+        }
         let rejection = Rejection {
             limit: &self.metas[index].name,
             index,
@@ -224,6 +277,41 @@ impl<L: Limits, H> Shared<L, H> {
             default_body,
         };
         self.respond.respond(&rejection, r)
+    }
+
+    /// The gRPC form of the HTTP answer `r` to the limit `name`'s
+    /// `reason` (module [`grpc`](crate::grpc)); `text` is the HTTP body.
+    fn grpc_answer(&self, name: &str, reason: Reason, text: &str, r: Response<()>) -> Response<()> {
+        let text = text.trim_end();
+        match reason {
+            Reason::Exhausted { retry_after } => {
+                let code = if self.grpc_limit_unavailable {
+                    grpc::Code::Unavailable
+                } else {
+                    grpc::Code::ResourceExhausted
+                };
+                let message = format!(
+                    "too many requests for the limit \"{name}\"; retry after {} ms",
+                    retry_after.as_millis()
+                        + u128::from(retry_after.subsec_nanos() % 1_000_000 != 0)
+                );
+                grpc::answer(r, code, &message, Pushback::After(retry_after))
+            }
+            Reason::Permanent(_) => {
+                let message = format!("the limit \"{name}\" can never admit this request");
+                grpc::answer(r, grpc::Code::ResourceExhausted, &message, Pushback::Never)
+            }
+            Reason::MissingKey => {
+                grpc::answer(r, grpc::Code::InvalidArgument, text, Pushback::None)
+            }
+            Reason::MissingPeerAddr => grpc::answer(r, grpc::Code::Internal, text, Pushback::None),
+            Reason::Unavailable { retry_after } => grpc::answer(
+                r,
+                grpc::Code::Unavailable,
+                text,
+                Pushback::After(retry_after.unwrap_or(Duration::from_secs(1))),
+            ),
+        }
     }
 
     /// The reason and default answer of a limit's refusal (`m`: the

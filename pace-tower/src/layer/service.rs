@@ -47,6 +47,9 @@ pub(super) struct Shared<L, H> {
     /// own quota: admitted through [`LimitsImpl::start_nested`].
     nested: bool,
     pub(super) permanent: StatusCode,
+    /// An exhausted limit is `UNAVAILABLE` to a gRPC call, not
+    /// `RESOURCE_EXHAUSTED`.
+    pub(super) grpc_limit_unavailable: bool,
     pub(super) respond: H,
 }
 
@@ -56,6 +59,7 @@ pub struct PaceLayerBuilder<L = (), H = DefaultRespond> {
     limits: L,
     headers: bool,
     permanent: StatusCode,
+    grpc_limit_unavailable: bool,
     respond: H,
 }
 
@@ -99,6 +103,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
             limits: (self.limits, limit),
             headers: self.headers,
             permanent: self.permanent,
+            grpc_limit_unavailable: self.grpc_limit_unavailable,
             respond: self.respond,
         }
     }
@@ -115,6 +120,17 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// `Retry-After`, since waiting does not help.
     pub fn permanent_status(mut self, status: StatusCode) -> Self {
         self.permanent = status;
+        self
+    }
+
+    /// Whether a gRPC call an exhausted limit stops is answered
+    /// `UNAVAILABLE` (14) instead of `RESOURCE_EXHAUSTED` (8), with the same
+    /// wait (false by default). `UNAVAILABLE` is the code gRPC clients'
+    /// retry policies retry by default (honouring
+    /// `grpc-retry-pushback-ms`): for deployments that want a limited call
+    /// retried as HTTP clients retry a `429`. (Module [`grpc`](crate::grpc).)
+    pub fn grpc_limit_as_unavailable(mut self, on: bool) -> Self {
+        self.grpc_limit_unavailable = on;
         self
     }
 
@@ -147,6 +163,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
             limits: self.limits,
             headers: self.headers,
             permanent: self.permanent,
+            grpc_limit_unavailable: self.grpc_limit_unavailable,
             respond: RespondFn(f),
         }
     }
@@ -183,6 +200,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
                 light,
                 nested,
                 permanent: self.permanent,
+                grpc_limit_unavailable: self.grpc_limit_unavailable,
                 respond: self.respond,
             }),
         })
@@ -243,6 +261,7 @@ impl PaceLayer {
             limits: (),
             headers: true,
             permanent: StatusCode::PAYLOAD_TOO_LARGE,
+            grpc_limit_unavailable: false,
             respond: DefaultRespond,
         }
     }
