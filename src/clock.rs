@@ -304,6 +304,7 @@ impl Clock for StdClock {
 /// # Ok::<(), pace::ConfigError>(())
 /// ```
 #[derive(Clone, Debug, Default)]
+#[doc(alias = "FakeRelativeClock", alias = "mock", alias = "pause")]
 pub struct ManualClock {
     inner: Arc<Manual>,
 }

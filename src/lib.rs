@@ -81,7 +81,7 @@
 //!   [`Pace::acquire_n_with`] for async code on any executor, waiting on
 //!   `futures-timer` (one timer thread per process, started by the first
 //!   wait, with nanosecond deadlines; no dependencies of its own).
-//! * `foldhash`: [`Builder::fast_hasher`].
+//! * `foldhash`: `Builder::fast_hasher`, a seeded foldhash instead of SipHash.
 //! * `bytes`: [`Gate`] byte shares attached to `bytes::Bytes` owners.
 //! * `journal`: `gate::journal`, the intent journal and its recovery.
 //! * `loom`: crossbeam-epoch under loom, for `loom-tests/`.

@@ -84,6 +84,12 @@ const MIN_HORIZON_NS: u64 = 1_000_000;
 /// assert!(pace.reserve("client-7").is_ok());
 /// # Ok::<(), pace::ConfigError>(())
 /// ```
+#[doc(
+    alias = "RateLimiter",
+    alias = "DefaultKeyedRateLimiter",
+    alias = "KeyedRateLimiter",
+    alias = "governor"
+)]
 pub struct Pace<K, S = RandomState, C = DefaultClock> {
     rows: Rows<K>,
     /// The default quota: what `reserve` decides with.
@@ -381,6 +387,7 @@ where
     /// # Errors
     /// [`Denied`] as for [`reserve`](Pace::reserve).
     #[inline]
+    #[doc(alias = "check")]
     pub fn check_key<Q>(&self, key: &Q) -> Result<(), Denied>
     where
         K: Borrow<Q>,
@@ -393,9 +400,15 @@ where
     /// [`reserve_n`](Pace::reserve_n) without the [`Reservation`] (see
     /// [`check_key`](Pace::check_key)).
     ///
+    /// Unlike governor's `check_key_n(&k, NonZeroU32)`, `n` is a `u64` (0
+    /// always passes) and the outcome one `Result`: a request above the
+    /// capacity is a [`Denied`] whose [`is_permanent`](Denied::is_permanent)
+    /// is true, not an `InsufficientCapacity` outside it.
+    ///
     /// # Errors
     /// [`Denied`] as for [`reserve`](Pace::reserve).
     #[inline]
+    #[doc(alias = "check_n")]
     pub fn check_key_n<Q>(&self, key: &Q, n: u64) -> Result<(), Denied>
     where
         K: Borrow<Q>,
@@ -904,6 +917,11 @@ where
     /// Removes every row whose bucket has refilled, and shrinks the table if
     /// it became sparse. Runs automatically (see DESIGN.md, "Sweeps"); call it
     /// to reclaim memory at a moment of your choosing. Returns rows removed.
+    ///
+    /// governor's `retain_recent()` and `shrink_to_fit()` have no counterpart
+    /// to call: full buckets leave the table as the limiter runs; this is the
+    /// sweep it runs by itself, on demand.
+    #[doc(alias = "retain_recent", alias = "shrink_to_fit")]
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_ns();
         self.sweep_at_inner(now)

@@ -61,6 +61,14 @@ impl Denied {
     /// touched the key ([`DenyReason::Exhausted`]); with tokens held, the
     /// wait if they are kept ([`DenyReason::Held`]). [`Duration::MAX`] when
     /// it never will be (see [`is_permanent`](Denied::is_permanent)).
+    ///
+    /// governor's `NotUntil::wait_time_from(clock.now())` (and
+    /// `earliest_possible`) is this wait: no clock to pass.
+    #[doc(
+        alias = "wait_time_from",
+        alias = "earliest_possible",
+        alias = "RetryAfter"
+    )]
     pub fn retry_after(&self) -> Duration {
         match self.reason {
             DenyReason::Exhausted | DenyReason::Held => Duration::from_nanos(self.wait_ns),

@@ -117,6 +117,7 @@ where
     /// than `max_wait` ahead (its [`retry_after`](Denied::retry_after) is the
     /// whole wait the request would need now), or when the request can never
     /// pass ([`Denied::is_permanent`]).
+    #[doc(alias = "until_key_ready", alias = "until_ready")]
     pub fn acquire_blocking<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -204,10 +205,20 @@ where
     /// clock's moves, not on the timer, as
     /// [`acquire_blocking`](Pace::acquire_blocking) does.
     ///
+    /// governor's `until_key_ready(&k).await` is `acquire(&k, max_wait).await`:
+    /// one reservation and one sleep, refused at once past `max_wait`
+    /// (`Duration::MAX` to wait however long).
+    ///
     /// # Errors
     /// As [`acquire_blocking`](Pace::acquire_blocking).
     #[cfg(feature = "timer")]
     #[cfg_attr(docsrs, doc(cfg(feature = "timer")))]
+    #[doc(
+        alias = "until_key_ready",
+        alias = "until_ready",
+        alias = "until_key_n_ready",
+        alias = "wait"
+    )]
     pub async fn acquire<'a, Q>(
         &'a self,
         key: &'a Q,

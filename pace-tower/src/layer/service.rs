@@ -55,6 +55,7 @@ pub(super) struct Shared<L, H> {
 
 /// Builds a [`PaceLayer`].
 #[must_use = "a builder does nothing until build() is called"]
+#[doc(alias = "GovernorConfigBuilder", alias = "GovernorConfig")]
 pub struct PaceLayerBuilder<L = (), H = DefaultRespond> {
     limits: L,
     headers: bool,
@@ -110,6 +111,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
 
     /// Whether admitted responses carry the `RateLimit` / `RateLimit-Policy`
     /// fields (default true; denials always carry them).
+    #[doc(alias = "use_headers")]
     pub fn rate_limit_headers(mut self, on: bool) -> Self {
         self.headers = on;
         self
@@ -242,6 +244,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
 /// Reservations are kept when the inner
 /// service fails or the response future is dropped. The layer is `Clone`
 /// and cheap to clone (one `Arc`).
+#[doc(alias = "GovernorLayer", alias = "RateLimitLayer", alias = "governor")]
 pub struct PaceLayer<L = (), H = DefaultRespond> {
     shared: Arc<Shared<L, H>>,
 }
