@@ -31,7 +31,7 @@ pub use crate::key::{
 };
 pub use crate::layer::{
     BuildError, DefaultRespond, InvalidPolicyName, Limit, Limits, MissingKey, PaceLayer,
-    PaceLayerBuilder, PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture,
-    ResponseHead, MISSING_PEER_ADDR_BODY, TOO_MANY_REQUESTS_BODY, UNAVAILABLE_BODY,
+    PaceLayerBuilder, PaceService, ProblemDetails, Reason, Rejection, Respond, RespondFn,
+    ResponseFuture, ResponseHead, MISSING_PEER_ADDR_BODY, TOO_MANY_REQUESTS_BODY, UNAVAILABLE_BODY,
 };
 pub use crate::limit::{Acquire, AsyncLimit, Refusal};

@@ -35,7 +35,7 @@ use crate::limit::AsyncLimit;
 pub use self::future::ResponseFuture;
 pub use self::limits::Limits;
 pub use self::reject::{
-    DefaultRespond, Reason, Rejection, Respond, RespondFn, MISSING_PEER_ADDR_BODY,
+    DefaultRespond, ProblemDetails, Reason, Rejection, Respond, RespondFn, MISSING_PEER_ADDR_BODY,
     TOO_MANY_REQUESTS_BODY, UNAVAILABLE_BODY,
 };
 pub use self::service::{PaceLayer, PaceLayerBuilder, PaceService};
@@ -213,9 +213,10 @@ where
     /// `RateLimit-Policy` item follow. A key debited under several quotas
     /// keeps its debt across them (see `pace::Pace::reserve_with`).
     ///
-    /// `f` is called once per request, and once more when the layer answers
-    /// the request itself (for the `RateLimit-Policy` field of the answer):
-    /// make it a function of the request. A `pace::Pace` and a
+    /// `f` is called once per request, and up to twice more when the layer
+    /// answers the request itself (for the `RateLimit` and
+    /// `RateLimit-Policy` fields of the answer): make it a function of the
+    /// request. A `pace::Pace` and a
     /// `pace_redis::RedisPace` take it (`reserve_n_with`, `hold_n_with`,
     /// `acquire_n_with`; for a `RedisPace`, a quota whose capacity x
     /// interval exceeds `pace_redis::MAX_TAU_NS`, about 13 days, gives no

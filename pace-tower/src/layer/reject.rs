@@ -7,12 +7,13 @@ use std::time::Duration;
 use http::{HeaderValue, Response, StatusCode};
 use pace::DenyReason;
 
+use super::fields::FieldAcc;
 use super::limits::{Limits, Meta, Src, Stop};
 use super::service::Shared;
 #[cfg(doc)]
 use super::{MissingKey, PaceLayer, PaceLayerBuilder};
 use crate::grpc::{self, Pushback};
-use crate::headers::{self, FieldWriter};
+use crate::headers;
 use crate::key::RequestHead;
 use crate::limit::Refusal;
 
@@ -154,6 +155,98 @@ impl<B: Default + 'static> Respond<B> for DefaultRespond {
     }
 }
 
+/// RFC 9457 problem details: the default answers (status and fields as
+/// [`DefaultRespond`]'s) with an `application/problem+json` body instead of
+/// a line of text (see [`PaceLayerBuilder::problem_details`]). Its members:
+/// `type` (`"about:blank"`: the status says it all), `title` (the status's
+/// reason phrase), `status`, `detail` (the line of text, when the answer
+/// has one), `limit` (the limit's name) and, for an answer that says how
+/// long to wait, `retry_after` (whole seconds, rounded up, as
+/// `Retry-After`) and `retry_after_ms` (milliseconds, rounded up).
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use std::time::Duration;
+/// # use pace::{ManualClock, Pace, Rate};
+/// # use pace_tower::{Header, Limit, PaceLayer, ProblemDetails, Reason, Rejection, RequestHead, Respond};
+/// # let head = http::Request::new(());
+/// # let head = RequestHead::of(&head);
+/// let rejection = Rejection {
+///     limit: "client",
+///     index: 0,
+///     reason: Reason::Exhausted { retry_after: Duration::from_millis(1500) },
+///     request: &head,
+///     default_body: "too many requests; retry after the seconds in Retry-After\n",
+/// };
+/// let mut default = http::Response::new(());
+/// *default.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+/// let r: http::Response<String> = ProblemDetails.respond(&rejection, default);
+/// assert_eq!(r.headers()["content-type"], "application/problem+json");
+/// assert_eq!(
+///     r.body(),
+///     r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"too many requests; retry after the seconds in Retry-After","limit":"client","retry_after":2,"retry_after_ms":1500}"#
+/// );
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProblemDetails;
+
+/// The members of a [`ProblemDetails`] body, in the order written.
+#[derive(serde::Serialize)]
+struct Problem<'a> {
+    r#type: &'static str,
+    title: &'static str,
+    status: u16,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    detail: &'a str,
+    limit: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+}
+
+impl<B: Default + 'static> Respond<B> for ProblemDetails {
+    fn respond(&self, rejection: &Rejection<'_>, default: Response<()>) -> Response<B> {
+        if rejection.is_grpc() {
+            return default.map(|()| B::default());
+        }
+        let status = default.status();
+        let wait = match rejection.reason {
+            Reason::Exhausted { retry_after } => Some(retry_after),
+            Reason::Unavailable { retry_after } => {
+                Some(retry_after.unwrap_or(Duration::from_secs(1)))
+            }
+            _ => None,
+        };
+        let problem = Problem {
+            r#type: "about:blank",
+            title: status.canonical_reason().unwrap_or_default(),
+            status: status.as_u16(),
+            detail: rejection.default_body.trim_end(),
+            limit: rejection.limit,
+            retry_after: wait.map(retry_after_secs),
+            retry_after_ms: wait.map(|w| {
+                let ms = w.as_millis() + u128::from(w.subsec_nanos() % 1_000_000 != 0);
+                u64::try_from(ms).unwrap_or(u64::MAX)
+            }),
+        };
+        let Ok(text) = serde_json::to_string(&problem) else {
+            return default.map(|()| B::default());
+        };
+        match text_body::<B>(&text) {
+            Some(body) => {
+                let mut r = default.map(|()| body);
+                r.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/problem+json"),
+                );
+                r
+            }
+            None => default.map(|()| B::default()),
+        }
+    }
+}
+
 /// A body of type `B` holding `text`, for the body types that can hold
 /// text without knowing more of them; `None` for another type.
 fn text_body<B: Default + 'static>(text: &str) -> Option<B> {
@@ -253,7 +346,7 @@ impl<L: Limits, H> Shared<L, H> {
                 )
             }
             Stop::Refused { index, refusal } => {
-                let (reason, r) = self.refused(&self.metas[index], refusal, head);
+                let (reason, r) = self.refused(index, refusal, head);
                 (index, reason, r)
             }
         };
@@ -318,10 +411,11 @@ impl<L: Limits, H> Shared<L, H> {
     /// limit's name and counters).
     fn refused(
         &self,
-        m: &Meta,
+        index: usize,
         refusal: Refusal,
         head: &RequestHead<'_>,
     ) -> (Reason, Response<()>) {
+        let m = &self.metas[index];
         match refusal {
             Refusal::Exhausted { retry_after: wait } => {
                 m.counters.exhausted.increment(1);
@@ -334,7 +428,7 @@ impl<L: Limits, H> Shared<L, H> {
                 );
                 (
                     Reason::Exhausted { retry_after: wait },
-                    self.exhausted(m, wait, head),
+                    self.exhausted(index, wait, head),
                 )
             }
             Refusal::Permanent(reason) => {
@@ -385,20 +479,20 @@ impl<L: Limits, H> Shared<L, H> {
         }
     }
 
-    /// The default answer to an exhausted limit (`m`) that frees its
-    /// tokens after `wait`: `429`, `Retry-After`, `RateLimit` and
+    /// The default answer to an exhausted limit (the `index`th) that frees
+    /// its tokens after `wait`: `429`, `Retry-After`, `RateLimit` (an item
+    /// per limit of the layer as it stands after the answer: the
+    /// exhausted one `r=0` with the wait, the others what their keys have
+    /// left, every reservation of the request refunded) and
     /// `RateLimit-Policy`.
-    fn exhausted(&self, m: &Meta, wait: Duration, head: &RequestHead<'_>) -> Response<()> {
+    fn exhausted(&self, index: usize, wait: Duration, head: &RequestHead<'_>) -> Response<()> {
         let secs = retry_after_secs(wait);
         let mut r = status(StatusCode::TOO_MANY_REQUESTS);
         r.headers_mut()
             .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
-        let mut w = FieldWriter::new();
-        w.item(&m.sf_name, 0, secs);
-        if let Some(v) = w.value() {
-            r.headers_mut().insert(headers::RATELIMIT.clone(), v);
-        }
-        self.policy_field(&mut r, head);
+        let mut acc = FieldAcc::new(self);
+        self.limits.answer_fields(head, index, secs, &mut acc);
+        acc.finish(self, Src::Head(head)).write(r.headers_mut());
         r
     }
 

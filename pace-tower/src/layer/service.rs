@@ -12,7 +12,7 @@ use tower_service::Service;
 use super::fields::{policy_value, FieldAcc};
 use super::future::ResponseFuture;
 use super::limits::{Limits, Meta, Src};
-use super::reject::{DefaultRespond, Rejection, Respond, RespondFn};
+use super::reject::{DefaultRespond, ProblemDetails, Rejection, Respond, RespondFn};
 use super::{BuildError, Limit};
 #[cfg(doc)]
 use super::{MissingKey, MISSING_PEER_ADDR_BODY, UNAVAILABLE_BODY};
@@ -123,6 +123,19 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     pub fn permanent_status(mut self, status: StatusCode) -> Self {
         self.permanent = status;
         self
+    }
+
+    /// Answers with RFC 9457 problem details (`application/problem+json`,
+    /// [`ProblemDetails`]) instead of a line of text; gRPC calls are
+    /// answered in gRPC either way.
+    pub fn problem_details(self) -> PaceLayerBuilder<L, ProblemDetails> {
+        PaceLayerBuilder {
+            limits: self.limits,
+            headers: self.headers,
+            permanent: self.permanent,
+            grpc_limit_unavailable: self.grpc_limit_unavailable,
+            respond: ProblemDetails,
+        }
     }
 
     /// Whether a gRPC call an exhausted limit stops is answered
