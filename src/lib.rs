@@ -84,8 +84,7 @@
 //! * `foldhash`: `Builder::fast_hasher`, a seeded foldhash instead of SipHash.
 //! * `bytes`: [`Gate`] byte shares attached to `bytes::Bytes` owners.
 //! * `journal`: `gate::journal`, the intent journal and its recovery.
-//! * `loom`: crossbeam-epoch under loom, for `loom-tests/`.
-//! * `internals`: `pace::internals` and a few `Builder` and `Pace` methods
+//! * `__internals`: `pace::internals` and a few `Builder` and `Pace` methods
 //!   (explicit times, state probes, table internals) for models, fuzz
 //!   targets and benchmarks. Not a stable API.
 //!
@@ -289,7 +288,7 @@ mod bucket;
 pub mod clock;
 pub mod gate;
 mod hasher;
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub mod internals;
 mod pace;
 mod prefix;

@@ -193,9 +193,9 @@ impl<K, S, C> Builder<K, S, C> {
     }
 
     /// Word-sized keys boxed with their hash, as other keys are (for
-    /// models and benchmarks of boxed keys). Feature `internals`: not a
+    /// models and benchmarks of boxed keys). Feature `__internals`: not a
     /// stable API, for models, fuzz targets and benchmarks.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub fn boxed_keys(mut self) -> Self {
         self.rows = RowsPick::Boxed;
         self
@@ -204,9 +204,9 @@ impl<K, S, C> Builder<K, S, C> {
     /// Word-sized keys held as their own bits whatever the hasher, for
     /// models and benchmarks whose own hasher cannot panic (such a cell
     /// keeps no hash, so a migration and a sweep hash the keys they move or
-    /// remove; see [`Builder::hasher`]). Feature `internals`: not a stable
+    /// remove; see [`Builder::hasher`]). Feature `__internals`: not a stable
     /// API, for models, fuzz targets and benchmarks.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub fn inline_keys_any_hasher(mut self) -> Self {
         self.rows = RowsPick::InlineAnyHasher;
         self

@@ -132,8 +132,8 @@ struct Rows<K> {
 
 /// How a builder stores word-sized keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-// Only `ByType` is built without the `internals` feature.
-#[cfg_attr(not(feature = "internals"), allow(dead_code))]
+// Only `ByType` is built without the `__internals` feature.
+#[cfg_attr(not(feature = "__internals"), allow(dead_code))]
 enum RowsPick {
     /// Their own bits when the hasher is one whose hash of an integer
     /// cannot panic (`words::hasher_cannot_panic`), else boxed.
@@ -261,9 +261,9 @@ impl<K, S, C> Pace<K, S, C> {
     }
 
     /// Slots of the array new rows go to: [`MemoryStats::slots`]. Feature
-    /// `internals`: not a stable API, for models, fuzz targets and
+    /// `__internals`: not a stable API, for models, fuzz targets and
     /// benchmarks.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub fn table_slots(&self) -> usize {
         self.memory().slots
     }
@@ -271,9 +271,9 @@ impl<K, S, C> Pace<K, S, C> {
     /// Bytes of the table's slot arrays (both while a migration runs) and
     /// floors. Each row adds one entry allocation of
     /// [`entry_bytes`](Pace::entry_bytes) plus what its key owns. Feature
-    /// `internals`: not a stable API, for models, fuzz targets and
+    /// `__internals`: not a stable API, for models, fuzz targets and
     /// benchmarks.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub fn table_bytes(&self) -> usize {
         let m = self.memory();
         m.array_bytes + m.floor_bytes
@@ -281,9 +281,9 @@ impl<K, S, C> Pace<K, S, C> {
 
     /// Bytes of one row's key box (hash and key, not what the key owns on
     /// the heap) when keys are boxed; 0 when cells hold the keys' own bits.
-    /// Feature `internals`: not a stable API, for models, fuzz targets and
+    /// Feature `__internals`: not a stable API, for models, fuzz targets and
     /// benchmarks.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub fn entry_bytes(&self) -> usize {
         self.entry_bytes_of()
     }
@@ -622,7 +622,7 @@ where
     }
 
     /// A hold at `now` (for models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn hold_n_at_inner<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -642,7 +642,7 @@ where
     /// [`reserve_n`](Pace::reserve_n) (or, with a quota,
     /// [`reserve_n_with`](Pace::reserve_n_with)) at an explicit time (for
     /// models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn reserve_n_at_inner<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -886,7 +886,7 @@ where
 
     /// The stripe of floors `key` shares with other keys (for models: a fresh
     /// row starts from its stripe's floor, the largest `tat` removed there).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn floor_stripe_inner<Q>(&self, key: &Q) -> usize
     where
         K: Borrow<Q>,
@@ -899,7 +899,7 @@ where
     }
 
     /// The settled `tat` (ns) of `key`'s row, if any (for models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn row_tat_inner<Q>(&self, key: &Q) -> Option<u64>
     where
         K: Borrow<Q>,
@@ -1029,7 +1029,7 @@ where
 impl<K: Clone, S, C> Pace<K, S, C> {
     /// Keys of the rows held now, for invariant checks in tests: call it only
     /// when no other operation is in flight.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn row_keys_inner(&self) -> Vec<K> {
         let guard = self.pin();
         let word = self.rows.word;
@@ -1066,23 +1066,23 @@ fn check_cost(_n: u64) -> u64 {
 }
 
 mod builder;
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 mod internals;
 mod refund;
 mod reservation;
-// `internals`: on in every test build of the repository (the dev-dependency
+// `__internals`: on in every test build of the repository (the dev-dependency
 // on itself); a test of the published package without it leaves these out.
-#[cfg(all(test, feature = "internals"))]
+#[cfg(all(test, feature = "__internals"))]
 mod tests;
 mod turn;
 
 pub use builder::Builder;
 #[cfg(feature = "foldhash")]
 pub use builder::FastHasher;
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub use internals::{PaceInternals, ReservationInternals};
 pub(crate) use reservation::Turned;
 pub use reservation::{Debit, Denied, DenyReason, Hold, Refunded, Reservation};
 use turn::slot_of;
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub(crate) use turn::{turn_sleeps, turn_sleeps_here};

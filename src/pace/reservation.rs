@@ -312,7 +312,7 @@ where
     }
 
     /// [`refund`](Hold::refund) at an explicit time (for models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn resolve_at_inner(mut self, keep: bool, now: u64) -> Refunded {
         let r = self.inner.take().expect("a hold is resolved once");
         if keep {
@@ -369,7 +369,7 @@ where
     }
 
     /// Where this debit ends on the bucket's timeline (ns; for models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn debit_end_ns_inner(&self) -> u64 {
         self.debit.tat
     }

@@ -77,13 +77,13 @@ pub(super) fn note_turn_sleep() {
 }
 
 /// Sleeps taken by callers waiting for a turn in this process so far.
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub(crate) fn turn_sleeps() -> u64 {
     TURN_SLEEPS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Sleeps taken by callers waiting for a turn on this thread so far.
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub(crate) fn turn_sleeps_here() -> u64 {
     TURN_SLEEPS_HERE.with(std::cell::Cell::get)
 }
