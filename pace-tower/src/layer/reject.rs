@@ -165,10 +165,8 @@ impl<B: Default + 'static> Respond<B> for DefaultRespond {
 /// `Retry-After`) and `retry_after_ms` (milliseconds, rounded up).
 ///
 /// ```
-/// # use std::sync::Arc;
 /// # use std::time::Duration;
-/// # use pace::{ManualClock, Pace, Rate};
-/// # use pace_tower::{Header, Limit, PaceLayer, ProblemDetails, Reason, Rejection, RequestHead, Respond};
+/// # use pace_tower::{ProblemDetails, Reason, Rejection, RequestHead, Respond};
 /// # let head = http::Request::new(());
 /// # let head = RequestHead::of(&head);
 /// let rejection = Rejection {
