@@ -326,6 +326,9 @@ struct Manual {
 struct Waiters {
     next_id: u64,
     list: Vec<Waiter>,
+    /// Wakers of tasks released, woken once the lock is let go (a waker
+    /// may poll its task at once, which takes the lock).
+    woken: Vec<Waker>,
 }
 
 #[derive(Debug)]
@@ -346,6 +349,15 @@ impl Manual {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Lets go of the lock, then wakes the tasks it released.
+    fn unlock(&self, mut w: MutexGuard<'_, Waiters>) {
+        let woken = std::mem::take(&mut w.woken);
+        drop(w);
+        for waker in woken {
+            waker.wake();
+        }
+    }
+
     fn now(&self) -> u64 {
         self.ns.load(Ordering::Acquire)
     }
@@ -354,13 +366,12 @@ impl Manual {
     /// off the list.
     fn release(&self, w: &mut Waiters) {
         let now = self.now();
-        w.list.retain_mut(|x| {
+        let Waiters { list, woken, .. } = w;
+        list.retain_mut(|x| {
             if x.deadline > now {
                 return true;
             }
-            if let Some(waker) = x.waker.take() {
-                waker.wake();
-            }
+            woken.extend(x.waker.take());
             false
         });
         self.moved.notify_all();
@@ -443,6 +454,7 @@ impl ManualClock {
         let mut w = m.lock();
         m.auto.store(on, Ordering::Release);
         m.jump(&mut w);
+        m.unlock(w);
     }
 
     /// Whether the clock advances itself (see the type's docs).
@@ -487,15 +499,27 @@ impl ManualClock {
         let m = &*self.inner;
         let mut w = m.lock();
         m.release(&mut w);
+        m.unlock(w);
     }
 
     /// Blocks the thread until the reading reaches `deadline` (ns).
     pub(crate) fn wait_blocking(&self, deadline: u64) {
         let m = &*self.inner;
-        let mut w = m.lock();
         let mut id = None;
-        while !m.check(&mut w, deadline, &mut id, None) {
-            w = m.moved.wait(w).unwrap_or_else(|e| e.into_inner());
+        loop {
+            let mut w = m.lock();
+            let done = m.check(&mut w, deadline, &mut id, None);
+            if done || !w.woken.is_empty() {
+                // Tasks to wake first (then check again), or done.
+                m.unlock(w);
+                if done {
+                    return;
+                }
+                continue;
+            }
+            // Every move notifies under the lock: none is missed between
+            // the check and the wait.
+            drop(m.moved.wait(w).unwrap_or_else(|e| e.into_inner()));
         }
     }
 
@@ -529,10 +553,11 @@ impl std::future::Future for ManualSleep<'_> {
     ) -> std::task::Poll<()> {
         let this = &mut *self;
         let mut w = this.clock.lock();
-        if this
+        let done = this
             .clock
-            .check(&mut w, this.deadline, &mut this.id, Some(cx.waker()))
-        {
+            .check(&mut w, this.deadline, &mut this.id, Some(cx.waker()));
+        this.clock.unlock(w);
+        if done {
             std::task::Poll::Ready(())
         } else {
             std::task::Poll::Pending
@@ -548,6 +573,7 @@ impl Drop for ManualSleep<'_> {
             w.remove(id);
             // A cancelled wait ends too: the clock moves on for the others.
             self.clock.jump(&mut w);
+            self.clock.unlock(w);
         }
     }
 }
