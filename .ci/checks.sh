@@ -22,7 +22,7 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "the core without the internals feature: no warnings, no hidden items"
 cargo clippy -p pace --lib -- -D warnings
 if grep -rnE 'doc\(hidden\)|__private' src; then
-    echo "FAILED: the default public API has hidden items; test hooks go behind the feature internals (src/internals.rs)" >&2
+    echo "FAILED: the default public API has hidden items; test hooks go behind the feature __internals (src/internals.rs)" >&2
     exit 1
 fi
 

@@ -5,10 +5,9 @@
 //! it to be monotonic: a reading that goes backwards only makes a bucket look
 //! emptier (fewer admissions), never fuller (see DESIGN.md, "Time").
 
-#[cfg(feature = "quanta")]
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 /// A source of time in nanoseconds since an arbitrary, fixed origin.
@@ -18,6 +17,18 @@ use std::time::{Duration, Instant};
 pub trait Clock: Send + Sync {
     /// Nanoseconds since this clock's origin.
     fn now_ns(&self) -> u64;
+
+    /// The [`ManualClock`] whose readings this clock gives, if any: a turn
+    /// waiting on a limiter of such a clock ([`Pace::acquire`],
+    /// [`Pace::acquire_blocking`]) waits for that clock's moves instead of
+    /// sleeping in real time. `None`, the default, for clocks of real time.
+    /// A clock that wraps a `ManualClock` and reads the same returns it.
+    ///
+    /// [`Pace::acquire`]: crate::Pace::acquire
+    /// [`Pace::acquire_blocking`]: crate::Pace::acquire_blocking
+    fn manual(&self) -> Option<&ManualClock> {
+        None
+    }
 }
 
 /// The clock a [`Pace`](crate::Pace) uses unless told otherwise:
@@ -262,9 +273,164 @@ impl Clock for StdClock {
 ///
 /// Clones share one reading. It starts at zero; [`set`](ManualClock::set) may
 /// move it backwards, which the limiter must (and does) tolerate.
+///
+/// **Waits follow the clock, not real time.** A turn waiting on a limiter
+/// built with this clock ([`Pace::acquire`](crate::Pace::acquire),
+/// [`Pace::acquire_blocking`](crate::Pace::acquire_blocking)) never sleeps
+/// in real time: it waits until [`advance`](ManualClock::advance) or
+/// [`set`](ManualClock::set) moves the reading to its slot or past it, and is
+/// woken by that call. A turn that nobody moves the clock for waits forever,
+/// unless the clock advances itself:
+///
+/// **Auto-advance** ([`auto_advancing`](ManualClock::auto_advancing),
+/// [`set_auto_advance`](ManualClock::set_auto_advance)), as a paused tokio
+/// clock: while turns wait on the clock, it jumps forward to the earliest
+/// slot waited for whenever a wait starts or ends, so code that waits runs
+/// in no real time, each turn let through at its own slot, in order. The
+/// clock never jumps backwards, and moves only when a turn waits.
+///
+/// ```
+/// use std::time::Duration;
+/// use pace::{ManualClock, Pace, Rate};
+///
+/// let clock = ManualClock::auto_advancing();
+/// let pace = Pace::<u64, _, _>::builder(Rate::per_minute(1)?)
+///     .clock(clock.clone())
+///     .build()?;
+/// drop(pace.reserve(&1).unwrap());
+/// // The next token is a minute away: the wait jumps the clock there.
+/// drop(pace.acquire_blocking(&1, Duration::from_secs(60)).unwrap());
+/// assert_eq!(clock.now(), Duration::from_secs(60));
+/// # Ok::<(), pace::ConfigError>(())
+/// ```
 #[derive(Clone, Debug, Default)]
+#[doc(alias = "FakeRelativeClock", alias = "mock", alias = "pause")]
 pub struct ManualClock {
-    ns: Arc<AtomicU64>,
+    inner: Arc<Manual>,
+}
+
+/// The shared state of a [`ManualClock`]: its reading and the turns waiting
+/// for it.
+#[derive(Debug, Default)]
+struct Manual {
+    ns: AtomicU64,
+    auto: AtomicBool,
+    waiters: Mutex<Waiters>,
+    /// Notified on every move, for waiting threads.
+    moved: Condvar,
+}
+
+/// The turns waiting on a [`ManualClock`]: each with its deadline (ns on the
+/// clock) and, for a task, its waker (threads wait on the condvar).
+#[derive(Debug, Default)]
+struct Waiters {
+    next_id: u64,
+    list: Vec<Waiter>,
+    /// Wakers of tasks released, woken once the lock is let go (a waker
+    /// may poll its task at once, which takes the lock).
+    woken: Vec<Waker>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    deadline: u64,
+    waker: Option<Waker>,
+}
+
+impl Waiters {
+    fn remove(&mut self, id: u64) {
+        self.list.retain(|w| w.id != id);
+    }
+}
+
+impl Manual {
+    fn lock(&self) -> MutexGuard<'_, Waiters> {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lets go of the lock, then wakes the tasks it released.
+    fn unlock(&self, mut w: MutexGuard<'_, Waiters>) {
+        let woken = std::mem::take(&mut w.woken);
+        drop(w);
+        for waker in woken {
+            waker.wake();
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.ns.load(Ordering::Acquire)
+    }
+
+    /// Wakes the waiters whose deadline the reading has reached, taking them
+    /// off the list.
+    fn release(&self, w: &mut Waiters) {
+        let now = self.now();
+        let Waiters { list, woken, .. } = w;
+        list.retain_mut(|x| {
+            if x.deadline > now {
+                return true;
+            }
+            woken.extend(x.waker.take());
+            false
+        });
+        self.moved.notify_all();
+    }
+
+    /// In auto-advance mode, moves the reading forward to the earliest
+    /// deadline waited for and releases who it reaches.
+    fn jump(&self, w: &mut Waiters) {
+        if !self.auto.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(earliest) = w.list.iter().map(|x| x.deadline).min() {
+            if earliest > self.now() {
+                self.ns.fetch_max(earliest, Ordering::AcqRel);
+                self.release(w);
+            }
+        }
+    }
+
+    /// One check of a wait for `deadline`: `true` when the reading has
+    /// reached it (the wait is over and off the list), else registered (or
+    /// its waker renewed) under `id`.
+    fn check(
+        &self,
+        w: &mut Waiters,
+        deadline: u64,
+        id: &mut Option<u64>,
+        waker: Option<&Waker>,
+    ) -> bool {
+        if self.now() < deadline {
+            match w.list.iter_mut().find(|x| Some(x.id) == *id) {
+                Some(x) => {
+                    if let Some(waker) = waker {
+                        x.waker = Some(waker.clone());
+                    }
+                }
+                None => {
+                    let new = w.next_id;
+                    w.next_id += 1;
+                    w.list.push(Waiter {
+                        id: new,
+                        deadline,
+                        waker: waker.cloned(),
+                    });
+                    *id = Some(new);
+                }
+            }
+            self.jump(w);
+            if self.now() < deadline {
+                return false;
+            }
+        }
+        if let Some(id) = id.take() {
+            w.remove(id);
+        }
+        // The wait ends: the clock moves on for those still waiting.
+        self.jump(w);
+        true
+    }
 }
 
 impl ManualClock {
@@ -273,37 +439,153 @@ impl ManualClock {
         Self::default()
     }
 
-    /// Moves the clock forward by `d` (saturating at `u64::MAX` nanoseconds).
+    /// A clock reading zero that advances itself to the earliest slot a
+    /// turn waits for (see the type's docs).
+    pub fn auto_advancing() -> Self {
+        let c = Self::new();
+        c.set_auto_advance(true);
+        c
+    }
+
+    /// Turns auto-advance on or off (see the type's docs); turning it on
+    /// while turns wait jumps the clock to the earliest of their slots.
+    pub fn set_auto_advance(&self, on: bool) {
+        let m = &*self.inner;
+        let mut w = m.lock();
+        m.auto.store(on, Ordering::Release);
+        m.jump(&mut w);
+        m.unlock(w);
+    }
+
+    /// Whether the clock advances itself (see the type's docs).
+    pub fn is_auto_advancing(&self) -> bool {
+        self.inner.auto.load(Ordering::Acquire)
+    }
+
+    /// Moves the clock forward by `d` (saturating at `u64::MAX` nanoseconds)
+    /// and wakes the turns whose slot it reaches.
     pub fn advance(&self, d: Duration) {
         let d = duration_ns(d);
         // A CAS loop rather than `fetch_update`, which nightly deprecates
         // in favour of `try_update` (not in the MSRV).
-        let mut t = self.ns.load(Ordering::Acquire);
-        while let Err(actual) = self.ns.compare_exchange_weak(
-            t,
-            t.saturating_add(d),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
+        let ns = &self.inner.ns;
+        let mut t = ns.load(Ordering::Acquire);
+        while let Err(actual) =
+            ns.compare_exchange_weak(t, t.saturating_add(d), Ordering::AcqRel, Ordering::Acquire)
+        {
             t = actual;
         }
+        self.moved();
     }
 
-    /// Sets the reading to `t` since the origin; may move backwards.
+    /// Sets the reading to `t` since the origin (it may move backwards) and
+    /// wakes the turns whose slot it reaches.
     pub fn set(&self, t: Duration) {
-        self.ns.store(duration_ns(t), Ordering::Release);
+        self.inner.ns.store(duration_ns(t), Ordering::Release);
+        self.moved();
     }
 
     /// The current reading.
     pub fn now(&self) -> Duration {
-        Duration::from_nanos(self.ns.load(Ordering::Acquire))
+        Duration::from_nanos(self.inner.now())
+    }
+
+    /// How many turns wait on the clock now.
+    pub fn waiting(&self) -> usize {
+        self.inner.lock().list.len()
+    }
+
+    fn moved(&self) {
+        let m = &*self.inner;
+        let mut w = m.lock();
+        m.release(&mut w);
+        m.unlock(w);
+    }
+
+    /// Blocks the thread until the reading reaches `deadline` (ns).
+    pub(crate) fn wait_blocking(&self, deadline: u64) {
+        let m = &*self.inner;
+        let mut id = None;
+        loop {
+            let mut w = m.lock();
+            let done = m.check(&mut w, deadline, &mut id, None);
+            if done || !w.woken.is_empty() {
+                // Tasks to wake first (then check again), or done.
+                m.unlock(w);
+                if done {
+                    return;
+                }
+                continue;
+            }
+            // Every move notifies under the lock: none is missed between
+            // the check and the wait.
+            drop(m.moved.wait(w).unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+
+    /// A future ready once the reading reaches `deadline` (ns).
+    #[cfg(feature = "timer")]
+    pub(crate) fn sleep_until(&self, deadline: u64) -> ManualSleep<'_> {
+        ManualSleep {
+            clock: &self.inner,
+            deadline,
+            id: None,
+        }
+    }
+}
+
+/// A task's wait on a [`ManualClock`] (see [`ManualClock::sleep_until`]);
+/// dropping it leaves the clock's list.
+#[cfg(feature = "timer")]
+pub(crate) struct ManualSleep<'a> {
+    clock: &'a Manual,
+    deadline: u64,
+    id: Option<u64>,
+}
+
+#[cfg(feature = "timer")]
+impl std::future::Future for ManualSleep<'_> {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        let this = &mut *self;
+        let mut w = this.clock.lock();
+        let done = this
+            .clock
+            .check(&mut w, this.deadline, &mut this.id, Some(cx.waker()));
+        this.clock.unlock(w);
+        if done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    }
+}
+
+#[cfg(feature = "timer")]
+impl Drop for ManualSleep<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let mut w = self.clock.lock();
+            w.remove(id);
+            // A cancelled wait ends too: the clock moves on for the others.
+            self.clock.jump(&mut w);
+            self.clock.unlock(w);
+        }
     }
 }
 
 impl Clock for ManualClock {
     #[inline]
     fn now_ns(&self) -> u64 {
-        self.ns.load(Ordering::Acquire)
+        self.inner.now()
+    }
+
+    fn manual(&self) -> Option<&ManualClock> {
+        Some(self)
     }
 }
 
@@ -312,12 +594,20 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
     fn now_ns(&self) -> u64 {
         (**self).now_ns()
     }
+
+    fn manual(&self) -> Option<&ManualClock> {
+        (**self).manual()
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for &C {
     #[inline]
     fn now_ns(&self) -> u64 {
         (**self).now_ns()
+    }
+
+    fn manual(&self) -> Option<&ManualClock> {
+        (**self).manual()
     }
 }
 

@@ -1,4 +1,4 @@
-//! Internals for models, fuzz targets and benchmarks (feature `internals`,
+//! Internals for models, fuzz targets and benchmarks (feature `__internals`,
 //! off by default). Not a stable API: anything here may change in any
 //! release.
 //!

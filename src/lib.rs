@@ -81,11 +81,10 @@
 //!   [`Pace::acquire_n_with`] for async code on any executor, waiting on
 //!   `futures-timer` (one timer thread per process, started by the first
 //!   wait, with nanosecond deadlines; no dependencies of its own).
-//! * `foldhash`: [`Builder::fast_hasher`].
+//! * `foldhash`: `Builder::fast_hasher`, a seeded foldhash instead of SipHash.
 //! * `bytes`: [`Gate`] byte shares attached to `bytes::Bytes` owners.
 //! * `journal`: `gate::journal`, the intent journal and its recovery.
-//! * `loom`: crossbeam-epoch under loom, for `loom-tests/`.
-//! * `internals`: `pace::internals` and a few `Builder` and `Pace` methods
+//! * `__internals`: `pace::internals` and a few `Builder` and `Pace` methods
 //!   (explicit times, state probes, table internals) for models, fuzz
 //!   targets and benchmarks. Not a stable API.
 //!
@@ -185,6 +184,59 @@
 //! # Ok::<(), pace::ConfigError>(())
 //! ```
 //!
+//! Waits follow the clock too: a turn that waits
+//! ([`Pace::acquire_blocking`], [`Pace::acquire`]) never sleeps in real time
+//! on a [`ManualClock`]. It is let through by the
+//! [`advance`](ManualClock::advance) or [`set`](ManualClock::set) that
+//! reaches its slot, from another thread or task:
+//!
+//! ```
+//! use std::time::Duration;
+//! use pace::{ManualClock, Pace, Rate};
+//!
+//! let clock = ManualClock::new();
+//! let pace = Pace::<u64, _, _>::builder(Rate::per_minute(1)?)
+//!     .clock(clock.clone())
+//!     .build()?;
+//! drop(pace.reserve(&1).unwrap()); // the next turn is a minute away
+//!
+//! std::thread::scope(|s| {
+//!     let turn = s.spawn(|| pace.acquire_blocking(&1, Duration::from_secs(60)).is_ok());
+//!     while clock.waiting() == 0 {
+//!         std::thread::yield_now(); // until the turn waits on the clock
+//!     }
+//!     clock.advance(Duration::from_secs(60)); // wakes it: no real minute passes
+//!     assert!(turn.join().unwrap());
+//! });
+//! # Ok::<(), pace::ConfigError>(())
+//! ```
+//!
+//! An [auto-advancing](ManualClock::auto_advancing) clock moves itself, as a
+//! paused tokio clock does: while turns wait, it jumps to the earliest slot
+//! waited for, so code that waits runs in no real time, blocking or async
+//! (here on a tokio runtime; any executor does):
+//!
+//! ```
+//! use std::time::Duration;
+//! use pace::{ManualClock, Pace, Rate};
+//!
+//! let clock = ManualClock::auto_advancing();
+//! let pace = Pace::<u64, _, _>::builder(Rate::per_minute(1)?)
+//!     .clock(clock.clone())
+//!     .build()?;
+//! drop(pace.reserve(&1).unwrap());
+//!
+//! drop(pace.acquire_blocking(&1, Duration::from_secs(60)).unwrap());
+//! assert_eq!(clock.now(), Duration::from_secs(60));
+//!
+//! # #[cfg(feature = "timer")]
+//! tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//!     drop(pace.acquire(&1, Duration::from_secs(60)).await.unwrap());
+//!     assert_eq!(clock.now(), Duration::from_secs(120));
+//! });
+//! # Ok::<(), pace::ConfigError>(())
+//! ```
+//!
 //! ## The gate: job slots and a byte budget
 //!
 //! "4 running + 8 queued" bounds a count, not memory. A [`Gate`] reserves a
@@ -236,7 +288,7 @@ mod bucket;
 pub mod clock;
 pub mod gate;
 mod hasher;
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub mod internals;
 mod pace;
 mod prefix;

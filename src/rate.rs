@@ -136,6 +136,7 @@ impl fmt::Display for Rate {
 /// # Ok::<(), pace::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[doc(alias = "Limit")]
 pub struct Quota {
     rate: Rate,
     limits: Limits,

@@ -238,3 +238,200 @@ fn a_turns_sleeps_are_counted_on_its_own_thread() {
         );
     }
 }
+
+/// A bound on real time that only a hang reaches: a wait on a
+/// `ManualClock` that slept its wait in real time would take 60 s.
+const HANG: Duration = Duration::from_secs(30);
+
+/// One token a minute, drained at 0: the next turn's slot is 60 s.
+fn per_minute(clock: &ManualClock) -> P {
+    let p = Pace::builder(Rate::new(1, Duration::from_secs(60)).unwrap())
+        .capacity(1)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    drop(p.reserve(&1).unwrap());
+    p
+}
+
+/// Waits (hang-only bound) until `n` turns wait on `clock`.
+fn until_waiting(clock: &ManualClock, n: usize) {
+    let start = Instant::now();
+    while clock.waiting() != n {
+        assert!(start.elapsed() < HANG, "{n} turns never waited");
+        std::thread::yield_now();
+    }
+}
+
+/// A blocked thread's 60 s turn on a `ManualClock` is woken by the advance
+/// that reaches its slot, not by a sleep: 59 s leave it waiting, the 60th
+/// second lets it through at once.
+#[test]
+fn a_minute_long_blocking_wait_ends_with_the_advance_that_reaches_it() {
+    let clock = ManualClock::new();
+    let p = Arc::new(per_minute(&clock));
+    let start = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = {
+        let p = p.clone();
+        std::thread::spawn(move || {
+            let r = p.acquire_blocking(&1, Duration::from_secs(60)).unwrap();
+            tx.send((r.debit_end_ns(), p.clock().now_ns())).unwrap();
+            drop(r);
+        })
+    };
+    until_waiting(&clock, 1);
+    clock.advance(Duration::from_secs(59));
+    assert_eq!(clock.waiting(), 1, "59 s do not reach the slot");
+    assert!(rx.try_recv().is_err(), "let through before its slot");
+    clock.advance(Duration::from_secs(1));
+    let (debit_end, now) = rx.recv_timeout(HANG).expect("the advance woke it");
+    waiter.join().unwrap();
+    assert_eq!(now, 60_000 * MS, "let through at its slot");
+    assert_eq!(debit_end, 120_000 * MS, "its debit is the second minute's");
+    assert_eq!(clock.waiting(), 0);
+    let real = start.elapsed();
+    eprintln!("a 60 s wait on a ManualClock took {real:?} of real time");
+    assert!(real < HANG, "slept in real time: {real:?}");
+}
+
+/// `set` past the slot wakes a waiting thread too.
+#[test]
+fn a_blocking_wait_ends_with_a_set_past_its_slot() {
+    let clock = ManualClock::new();
+    let p = Arc::new(per_minute(&clock));
+    let waiter = {
+        let p = p.clone();
+        std::thread::spawn(move || {
+            drop(p.acquire_blocking(&1, Duration::from_secs(60)).unwrap());
+            p.clock().now_ns()
+        })
+    };
+    until_waiting(&clock, 1);
+    clock.set(Duration::from_secs(90));
+    assert_eq!(waiter.join().unwrap(), 90_000 * MS);
+}
+
+/// An async turn on a `ManualClock` waits for the clock, not the timer: the
+/// advance from another thread wakes the task.
+#[cfg(feature = "timer")]
+#[test]
+fn a_minute_long_async_wait_ends_with_the_advance_that_reaches_it() {
+    let clock = ManualClock::new();
+    let p = per_minute(&clock);
+    let start = Instant::now();
+    let advancer = {
+        let clock = clock.clone();
+        std::thread::spawn(move || {
+            until_waiting(&clock, 1);
+            clock.advance(Duration::from_secs(30));
+            // Still waiting: 30 s do not reach the slot.
+            let still = clock.waiting();
+            clock.advance(Duration::from_secs(30));
+            still
+        })
+    };
+    let r = runtime()
+        .block_on(p.acquire(&1, Duration::from_secs(60)))
+        .unwrap();
+    assert_eq!(p.clock().now_ns(), 60_000 * MS);
+    assert_eq!(r.debit_end_ns(), 120_000 * MS);
+    assert_eq!(advancer.join().unwrap(), 1);
+    assert_eq!(clock.waiting(), 0);
+    assert!(start.elapsed() < HANG, "slept in real time");
+}
+
+/// An auto-advancing clock jumps to the slot a lone turn waits for: a
+/// minute-long `acquire_blocking` in a plain test returns at once, the
+/// clock reading the slot, and so does each turn after it.
+#[test]
+fn an_auto_advancing_clock_lets_a_blocking_turn_through_at_its_slot() {
+    let clock = ManualClock::auto_advancing();
+    assert!(clock.is_auto_advancing());
+    let p = per_minute(&clock);
+    let start = Instant::now();
+    for minute in 1..=3u64 {
+        let r = p.acquire_blocking(&1, Duration::from_secs(60)).unwrap();
+        assert_eq!(clock.now(), Duration::from_secs(60 * minute));
+        assert_eq!(r.debit_end_ns(), (minute + 1) * 60_000 * MS);
+    }
+    // A turn due now does not move the clock.
+    clock.advance(Duration::from_secs(60));
+    drop(p.acquire_blocking(&1, Duration::ZERO).unwrap());
+    assert_eq!(clock.now(), Duration::from_secs(240));
+    assert_eq!(clock.waiting(), 0);
+    assert!(start.elapsed() < HANG, "slept in real time");
+}
+
+/// The same with `acquire` on a current-thread runtime.
+#[cfg(feature = "timer")]
+#[test]
+fn an_auto_advancing_clock_lets_an_async_turn_through_at_its_slot() {
+    let clock = ManualClock::auto_advancing();
+    let p = per_minute(&clock);
+    let start = Instant::now();
+    runtime().block_on(async {
+        for minute in 1..=3u64 {
+            let r = p.acquire(&1, Duration::from_secs(60)).await.unwrap();
+            assert_eq!(clock.now(), Duration::from_secs(60 * minute));
+            assert_eq!(r.debit_end_ns(), (minute + 1) * 60_000 * MS);
+        }
+    });
+    assert!(start.elapsed() < HANG, "slept in real time");
+}
+
+/// Turns of several threads on an auto-advancing clock: every one is let
+/// through, none before its slot, and the clock stops at the last slot
+/// (it jumps only to slots waited for).
+#[test]
+fn an_auto_advancing_clock_lets_queued_threads_through_at_their_slots() {
+    let clock = ManualClock::auto_advancing();
+    let p = Arc::new(per_minute(&clock));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let r = p.acquire_blocking(&1, Duration::from_secs(600)).unwrap();
+                let slot = r.debit_end_ns() - 60_000 * MS;
+                (slot, p.clock().now_ns())
+            })
+        })
+        .collect();
+    let mut slots: Vec<u64> = threads
+        .into_iter()
+        .map(|t| {
+            let (slot, now) = t.join().unwrap();
+            assert!(now >= slot, "let through {} ns early", slot - now);
+            slot
+        })
+        .collect();
+    slots.sort_unstable();
+    let minute = 60_000 * MS;
+    assert_eq!(slots, vec![minute, 2 * minute, 3 * minute, 4 * minute]);
+    assert_eq!(clock.now_ns(), 4 * minute, "no jump past the last slot");
+    assert_eq!(clock.waiting(), 0);
+}
+
+/// A wait cancelled on a frozen clock leaves its list; turning auto-advance
+/// on while a thread waits lets it through.
+#[cfg(feature = "timer")]
+#[test]
+fn cancelled_waits_leave_the_clock_and_auto_advance_releases_waiters() {
+    let clock = ManualClock::new();
+    let p = Arc::new(per_minute(&clock));
+    let waited = runtime().block_on(async {
+        tokio::time::timeout(ms(5), p.acquire(&1, Duration::from_secs(60))).await
+    });
+    assert!(waited.is_err(), "a frozen clock never reaches the slot");
+    assert_eq!(clock.waiting(), 0, "the cancelled wait left the list");
+    let waiter = {
+        let p = p.clone();
+        std::thread::spawn(move || {
+            drop(p.acquire_blocking(&1, Duration::from_secs(60)).unwrap());
+            p.clock().now_ns()
+        })
+    };
+    until_waiting(&clock, 1);
+    clock.set_auto_advance(true);
+    assert_eq!(waiter.join().unwrap(), 60_000 * MS);
+}

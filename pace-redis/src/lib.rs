@@ -205,6 +205,7 @@ pub use pace::Refunded;
 /// A rate limit shared through one Redis or Valkey server. Cheap to clone;
 /// clones share the connection, the denial cache and the counters.
 #[derive(Clone)]
+#[doc(alias = "Limiter", alias = "redis_rate")]
 pub struct RedisPace {
     pub(crate) inner: Arc<Inner>,
 }

@@ -41,6 +41,7 @@ impl Denied {
     /// passes unless another call touched the key. A denial of the local
     /// cache ([`Source::Cache`]) gives the wait by the debt the server last
     /// reported, without the expiries.
+    #[doc(alias = "RetryAfter")]
     pub fn retry_after(&self) -> Duration {
         match self.reason {
             DenyReason::Exhausted | DenyReason::Held => Duration::from_nanos(self.wait_ns),

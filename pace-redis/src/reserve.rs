@@ -47,6 +47,7 @@ impl RedisPace {
     ///
     /// # Errors
     /// See [`reserve_n`](RedisPace::reserve_n).
+    #[doc(alias = "Allow", alias = "allow")]
     pub async fn reserve(&self, key: &str) -> Result<Reservation, Error> {
         self.reserve_n(key, 1).await
     }
@@ -58,6 +59,7 @@ impl RedisPace {
     /// # Errors
     /// [`Error::Denied`], [`Error::InvalidKey`], or, under
     /// [`OnUnavailable::FailClosed`], [`Error::Unavailable`].
+    #[doc(alias = "AllowN", alias = "allow_n")]
     pub async fn reserve_n(&self, key: &str, n: u64) -> Result<Reservation, Error> {
         self.reserve_inner(key, self.default_call(n), None).await
     }
@@ -173,6 +175,7 @@ impl RedisPace {
     /// ([`Denied::is_permanent`]: `n` above the capacity); otherwise as
     /// [`reserve_n`](RedisPace::reserve_n). A `max_wait` beyond
     /// `MAX_TAU_NS - capacity x interval` (about 13 days) counts as that.
+    #[doc(alias = "until_key_ready")]
     pub async fn acquire(&self, key: &str, max_wait: Duration) -> Result<Reservation, Error> {
         self.acquire_n(key, 1, max_wait).await
     }

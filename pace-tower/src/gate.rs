@@ -20,6 +20,11 @@
 //! into a new buffer and drops the frames releases the share with them.)
 //! The slot follows the response body and is released when the response
 //! body has been sent (or dropped).
+//!
+//! A gRPC call (`content-type: application/grpc*`) is answered in gRPC
+//! (module [`grpc`](crate::grpc)): saturated, `RESOURCE_EXHAUSTED` with the
+//! `Retry-After` wait as `grpc-retry-pushback-ms` and `RetryInfo`; too
+//! large, `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms: -1`.
 
 use std::fmt;
 use std::future::Future;
@@ -27,6 +32,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -78,6 +84,7 @@ impl GateMetrics {
 struct Shared {
     gate: Gate,
     retry_after: HeaderValue,
+    retry_secs: u64,
     metrics: GateMetrics,
 }
 
@@ -107,6 +114,7 @@ impl GateLayer {
             shared: Arc::new(Shared {
                 gate,
                 retry_after: HeaderValue::from(secs.max(1)),
+                retry_secs: secs.max(1),
                 metrics: GateMetrics::new(),
             }),
         }
@@ -197,11 +205,17 @@ where
                         r
                     }
                 };
+                let r = if crate::grpc::is_grpc(req.headers()) {
+                    grpc_answer(r, sh.retry_secs)
+                } else {
+                    r
+                };
                 return GateFuture {
                     inner: None,
                     rejected: Some(r),
                     slot: None,
                     overrun: None,
+                    grpc: false,
                     shared: sh.clone(),
                 };
             }
@@ -211,6 +225,7 @@ where
         let share = declared.unwrap_or(sh.gate.body_cap());
         let (slot, bytes) = ticket.split();
         let overrun = Arc::new(AtomicBool::new(false));
+        let grpc = crate::grpc::is_grpc(req.headers());
         let req = req.map(|body| GateRequestBody {
             inner: body,
             permit: Some(Arc::new(bytes)),
@@ -223,9 +238,29 @@ where
             rejected: None,
             slot: Some(slot),
             overrun: Some(overrun),
+            grpc,
             shared: sh.clone(),
         }
     }
+}
+
+/// The gRPC form of the gate's answer `r` (`413` or `503`).
+fn grpc_answer(r: Response<()>, retry_secs: u64) -> Response<()> {
+    use crate::grpc::{answer, Code, Pushback};
+    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return answer(
+            r,
+            Code::ResourceExhausted,
+            "the request body is larger than the server takes",
+            Pushback::Never,
+        );
+    }
+    answer(
+        r,
+        Code::ResourceExhausted,
+        "the server is busy; retry later",
+        Pushback::After(Duration::from_secs(retry_secs)),
+    )
 }
 
 pin_project! {
@@ -236,6 +271,8 @@ pin_project! {
         rejected: Option<Response<()>>,
         slot: Option<SlotPermit>,
         overrun: Option<Arc<AtomicBool>>,
+        // A gRPC call: an overrun is answered in gRPC.
+        grpc: bool,
         shared: Arc<Shared>,
     }
 }
@@ -276,7 +313,11 @@ where
                 this.shared.metrics.overrun.increment(1);
                 drop(slot);
                 this.shared.metrics.observe(&this.shared.gate);
-                return status(StatusCode::PAYLOAD_TOO_LARGE).map(|()| GateResponseBody {
+                let mut r = status(StatusCode::PAYLOAD_TOO_LARGE);
+                if *this.grpc {
+                    r = grpc_answer(r, 1);
+                }
+                return r.map(|()| GateResponseBody {
                     inner: B::default(),
                     slot: None,
                 });

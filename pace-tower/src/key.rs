@@ -186,6 +186,7 @@ impl PeerKey for IpPrefix {
 /// let by_addr = Limit::new("address", per_addr, PeerIp::new().v6_prefix(128));
 /// # Ok::<(), pace::ConfigError>(())
 /// ```
+#[doc(alias = "PeerIpKeyExtractor")]
 pub struct PeerIp<K = IpPrefix> {
     v4_prefix: u8,
     v6_prefix: u8,
@@ -287,6 +288,7 @@ pub enum ForwardHeader {
 /// When every hop is a trusted proxy, the leftmost hop is the key.
 ///
 /// Its key type `K` is that of [`PeerIp`]: an [`IpPrefix`] by default.
+#[doc(alias = "SmartIpKeyExtractor")]
 pub struct ForwardedIp<K = IpPrefix> {
     trusted: Vec<IpNet>,
     header: ForwardHeader,

@@ -10,6 +10,7 @@
 //! * the key extractors, module [`key`] ([`PeerIp`], [`ForwardedIp`],
 //!   [`Header`], [`from_fn`]);
 //! * the `RateLimit` / `RateLimit-Policy` fields, module [`headers`];
+//! * the answers to gRPC calls, module [`grpc`];
 //! * [`GateLayer`], module [`gate`].
 #![warn(missing_docs)]
 // docs.rs (`--cfg docsrs`): each feature's items marked with the feature
@@ -17,6 +18,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod gate;
+pub mod grpc;
 pub mod headers;
 pub mod key;
 mod layer;
@@ -29,7 +31,7 @@ pub use crate::key::{
 };
 pub use crate::layer::{
     BuildError, DefaultRespond, InvalidPolicyName, Limit, Limits, MissingKey, PaceLayer,
-    PaceLayerBuilder, PaceService, Reason, Rejection, Respond, RespondFn, ResponseFuture,
-    ResponseHead, MISSING_PEER_ADDR_BODY, TOO_MANY_REQUESTS_BODY, UNAVAILABLE_BODY,
+    PaceLayerBuilder, PaceService, ProblemDetails, Reason, Rejection, Respond, RespondFn,
+    ResponseFuture, ResponseHead, MISSING_PEER_ADDR_BODY, TOO_MANY_REQUESTS_BODY, UNAVAILABLE_BODY,
 };
 pub use crate::limit::{Acquire, AsyncLimit, Refusal};

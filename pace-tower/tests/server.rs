@@ -58,7 +58,7 @@ async fn handler(req: Request) -> (StatusCode, &'static str) {
     }
 }
 
-fn app<L: Limits>(layer: PaceLayer<L>) -> Router {
+fn app<L: Limits, H: pace_tower::Respond<axum::body::Body>>(layer: PaceLayer<L, H>) -> Router {
     Router::new().route("/", get(handler)).layer(layer)
 }
 
@@ -93,8 +93,12 @@ async fn admits_then_429_with_retry_after_rounded_up_and_ratelimit_fields() {
     assert_eq!(header(&r, "ratelimit-policy"), Some("\"per-peer\";q=1;w=3"));
     assert_eq!(r.body().as_ref(), TOO_MANY_REQUESTS_BODY.as_bytes());
     assert_eq!(
+        header(&r, "content-type"),
+        Some("text/plain; charset=utf-8")
+    );
+    assert_eq!(
         TOO_MANY_REQUESTS_BODY,
-        "pace-tower: too many requests; retry after the seconds in Retry-After\n"
+        "too many requests; retry after the seconds in Retry-After\n"
     );
 
     // 100 ms left: rounded up to 1 s, never 0.
@@ -180,7 +184,7 @@ async fn a_missing_key_of_a_closure_gets_a_body_naming_the_limit() {
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
         r.body().as_ref(),
-        b"pace-tower: the request has no key for the limit \"tenant\"\n"
+        b"the request has no key for the limit \"tenant\"\n"
     );
 }
 
@@ -260,7 +264,7 @@ async fn missing_keys_get_400_a_shared_key_or_pass() {
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
         r.body().as_ref(),
-        b"pace-tower: the request has no key for the limit \"key\": \
+        b"the request has no key for the limit \"key\": \
           the `x-api-key` header is missing\n"
     );
     assert_eq!(p.len(), 0, "a rejected keyless request reserves nothing");
@@ -326,7 +330,16 @@ async fn a_refund_predicate_returns_the_claimed_ids_pace_but_never_the_sources()
     }
     let r = c.get("/", &[("x-client-id", "victim")]).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(header(&r, "ratelimit"), Some("\"client\";r=0;t=1"));
+    // Every limit as it stands after the answer: the source's debit of
+    // this request is refunded (87 left, as below), the client is out.
+    assert_eq!(
+        header(&r, "ratelimit"),
+        Some("\"source\";r=87;t=1, \"client\";r=0;t=1")
+    );
+    assert_eq!(
+        header(&r, "content-type"),
+        Some("text/plain; charset=utf-8")
+    );
     assert_eq!(
         header(&r, "ratelimit-policy"),
         Some("\"source\";q=100;w=1, \"client\";q=3;w=1")
@@ -375,7 +388,11 @@ async fn without_refunds_a_later_stop_refunds_the_earlier_limits() {
         // The third limit denies: the first two are refunded.
         let r = c.get("/", &both).await;
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(header(&r, "ratelimit"), Some("\"key\";r=0;t=1"));
+        // Each limit after the answer: the first two refunded.
+        assert_eq!(
+            header(&r, "ratelimit"),
+            Some("\"source\";r=99;t=1, \"client\";r=1;t=1, \"key\";r=0;t=1")
+        );
         assert_eq!(src.peek(&localhost()), 99);
         assert_eq!(ids.peek(&HeaderValue::from_static("a")), 1);
         // The third key is missing: 400, the first two refunded.
@@ -390,7 +407,11 @@ async fn without_refunds_a_later_stop_refunds_the_earlier_limits() {
         let third = [("x-client-id", "a"), ("x-api-key", "k3")];
         let r = c.get("/", &third).await;
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(header(&r, "ratelimit"), Some("\"client\";r=0;t=1"));
+        // The third limit's key k3, never reserved, is full.
+        assert_eq!(
+            header(&r, "ratelimit"),
+            Some("\"source\";r=98;t=1, \"client\";r=0;t=1, \"key\";r=1;t=0")
+        );
         assert_eq!(src.peek(&localhost()), 98);
         assert_eq!(keys.peek(&HeaderValue::from_static("k3")), 1);
         assert_eq!(keys.len(), 2);
@@ -679,4 +700,41 @@ async fn counters_reach_the_metrics_recorder() {
         Some(DebugValue::Gauge(g)) => assert_eq!(g.into_inner(), 1.0),
         other => panic!("pace_rows: {other:?}"),
     }
+}
+
+/// `problem_details()`: the same answers with an RFC 9457 body.
+#[tokio::test]
+async fn problem_details_answer_in_application_problem_json() {
+    let clock = clock();
+    // One token per 2.5 s, capacity 1.
+    let p: Arc<P<IpAddr>> = pace(&clock, Rate::new(2, Duration::from_secs(5)).unwrap(), 1);
+    let layer = PaceLayer::builder()
+        .limit(Limit::new(
+            "tenant",
+            pace(&clock, per_sec(10), 10),
+            Header(axum::http::HeaderName::from_static("x-tenant")),
+        ))
+        .limit(Limit::new("per-peer", p.clone(), PeerIp::new()))
+        .problem_details()
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let mut c = Client::connect(addr).await;
+    let tenant = [("x-tenant", "t")];
+    assert_eq!(c.get("/", &tenant).await.status(), StatusCode::OK);
+    let r = c.get("/", &tenant).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "content-type"), Some("application/problem+json"));
+    assert_eq!(header(&r, "retry-after"), Some("3"));
+    assert_eq!(
+        std::str::from_utf8(r.body()).unwrap(),
+        r#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"too many requests; retry after the seconds in Retry-After","limit":"per-peer","retry_after":3,"retry_after_ms":2500}"#
+    );
+    // Without a key: 400, the detail names the header.
+    let r = c.get("/", &[]).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        std::str::from_utf8(r.body()).unwrap(),
+        r#"{"type":"about:blank","title":"Bad Request","status":400,"detail":"the request has no key for the limit \"tenant\": the `x-tenant` header is missing","limit":"tenant"}"#
+    );
 }

@@ -193,7 +193,12 @@ async fn a_local_and_an_async_limit_are_reserved_in_order_all_or_nothing() {
     let r = c.get("/", &[("x-client-id", "a")]).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&r, "retry-after"), Some("1"));
-    assert_eq!(header(&r, "ratelimit"), Some("\"client\";r=0;t=1"));
+    // Every limit after the answer: the source as it was (97), the client
+    // out.
+    assert_eq!(
+        header(&r, "ratelimit"),
+        Some("\"source\";r=97;t=1, \"client\";r=0;t=1")
+    );
     assert_eq!(local.peek(&localhost()), 97);
     assert_eq!(shared.pace.peek("a"), 0);
 }
@@ -262,7 +267,12 @@ async fn a_later_local_denial_refunds_the_async_limit_and_a_local_first_denial_n
     );
     let r = c.get("/", &[("x-client-id", "b")]).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(header(&r, "ratelimit"), Some("\"source\";r=0;t=1"));
+    // Every limit after the answer: the client's debit for this request
+    // returned (9, as below), the source out.
+    assert_eq!(
+        header(&r, "ratelimit"),
+        Some("\"client\";r=9;t=1, \"source\";r=0;t=1")
+    );
     assert_eq!(
         *shared.log.lock().unwrap(),
         ["reserve b 1", "reserve b 1", "refund b"]

@@ -53,6 +53,7 @@ impl Gate {
     /// # Errors
     /// The future resolves to [`AdmitError::TooLarge`] when `declared` is
     /// over the body cap, [`AdmitError::TimedOut`] as above.
+    #[doc(alias = "acquire", alias = "acquire_owned")]
     pub fn admit_async(&self, declared: Option<u64>, deadline: Option<Instant>) -> Admit {
         Admit {
             gate: self.clone(),

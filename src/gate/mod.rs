@@ -104,6 +104,7 @@ pub struct GateStats {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
+#[doc(alias = "Semaphore")]
 pub struct Gate {
     inner: Arc<Inner>,
 }

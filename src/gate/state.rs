@@ -50,6 +50,7 @@ impl Gate {
     /// # Errors
     /// [`AdmitError::TooLarge`] when `declared` is over the body cap,
     /// [`AdmitError::Saturated`] when a resource is short.
+    #[doc(alias = "try_acquire")]
     pub fn try_admit(&self, declared: Option<u64>) -> Result<Ticket, AdmitError> {
         let inner = &*self.inner;
         let want = inner.want(declared)?;

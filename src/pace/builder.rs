@@ -34,6 +34,11 @@ pub(super) fn fast_hasher() -> FastHasher {
 impl<K> Pace<K> {
     /// A limiter at `rate` with one second of it as capacity, the default
     /// clock and a randomly seeded SipHash.
+    ///
+    /// governor's `RateLimiter::keyed(quota)` is `Pace::<K>::new(rate)` (or
+    /// [`Pace::builder`] for a capacity of its own); `RateLimiter::direct` is
+    /// a `Pace<()>` keyed by `&()`.
+    #[doc(alias = "keyed", alias = "direct", alias = "RateLimiter::keyed")]
     pub fn new(rate: Rate) -> Pace<K> {
         // `Rate::new` bounds the interval by the largest refill time, and one
         // second of a rate is at least 1 token and refills within about a
@@ -44,6 +49,7 @@ impl<K> Pace<K> {
     }
 
     /// A builder starting from `rate`.
+    #[doc(alias = "keyed", alias = "direct")]
     pub fn builder(rate: Rate) -> Builder<K> {
         Builder {
             rate,
@@ -71,6 +77,10 @@ pub(super) fn hold_limit_ns(limit: Duration) -> u64 {
 
 impl<K, S, C> Builder<K, S, C> {
     /// Bucket capacity in tokens (default: one second of the rate, at least 1).
+    ///
+    /// governor's `Quota::allow_burst(b)` and tower_governor's `burst_size(b)`
+    /// are `capacity(b)`.
+    #[doc(alias = "allow_burst", alias = "burst_size", alias = "burst")]
     pub fn capacity(mut self, tokens: u64) -> Self {
         self.capacity = Some(tokens);
         self
@@ -183,9 +193,9 @@ impl<K, S, C> Builder<K, S, C> {
     }
 
     /// Word-sized keys boxed with their hash, as other keys are (for
-    /// models and benchmarks of boxed keys). Feature `internals`: not a
+    /// models and benchmarks of boxed keys). Feature `__internals`: not a
     /// stable API, for models, fuzz targets and benchmarks.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub fn boxed_keys(mut self) -> Self {
         self.rows = RowsPick::Boxed;
         self
@@ -194,9 +204,9 @@ impl<K, S, C> Builder<K, S, C> {
     /// Word-sized keys held as their own bits whatever the hasher, for
     /// models and benchmarks whose own hasher cannot panic (such a cell
     /// keeps no hash, so a migration and a sweep hash the keys they move or
-    /// remove; see [`Builder::hasher`]). Feature `internals`: not a stable
+    /// remove; see [`Builder::hasher`]). Feature `__internals`: not a stable
     /// API, for models, fuzz targets and benchmarks.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub fn inline_keys_any_hasher(mut self) -> Self {
         self.rows = RowsPick::InlineAnyHasher;
         self

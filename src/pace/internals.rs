@@ -1,11 +1,11 @@
-//! `PaceInternals`: explicit-time entry points and probes (feature `internals`).
+//! `PaceInternals`: explicit-time entry points and probes (feature `__internals`).
 
 use super::*;
 
 /// Explicit-time entry points and state probes of [`Pace`], for models, fuzz
 /// targets, benchmarks and tests: `use pace::internals::PaceInternals;`.
-/// Feature `internals`: not a stable API.
-#[cfg(feature = "internals")]
+/// Feature `__internals`: not a stable API.
+#[cfg(feature = "__internals")]
 pub trait PaceInternals<K, S, C> {
     /// [`Pace::reserve_n`] deciding with `now` instead of a clock reading.
     fn reserve_n_at<'a, Q>(
@@ -135,7 +135,7 @@ pub trait PaceInternals<K, S, C> {
     fn inline_keys(&self) -> bool;
 }
 
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 impl<K, S, C> PaceInternals<K, S, C> for Pace<K, S, C>
 where
     K: Hash + Eq,
@@ -320,8 +320,8 @@ where
 }
 
 /// Explicit-time refund and the debit's end, for models. Feature
-/// `internals`: not a stable API.
-#[cfg(feature = "internals")]
+/// `__internals`: not a stable API.
+#[cfg(feature = "__internals")]
 pub trait ReservationInternals {
     /// [`Reservation::refund`] at `now`.
     fn refund_at(self, now: u64) -> Refunded;
@@ -332,7 +332,7 @@ pub trait ReservationInternals {
     fn debit_prev_ns(&self) -> u64;
 }
 
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 impl<K, Q, S, C> ReservationInternals for Reservation<'_, K, Q, S, C>
 where
     K: Hash + Eq + Borrow<Q>,

@@ -100,6 +100,12 @@ pub(crate) fn retention(horizon: u64) -> u64 {
 /// assert!(pace.reserve("client-7").is_ok());
 /// # Ok::<(), pace::ConfigError>(())
 /// ```
+#[doc(
+    alias = "RateLimiter",
+    alias = "DefaultKeyedRateLimiter",
+    alias = "KeyedRateLimiter",
+    alias = "governor"
+)]
 pub struct Pace<K, S = RandomState, C = DefaultClock> {
     rows: Rows<K>,
     /// The default quota: what `reserve` decides with.
@@ -142,8 +148,8 @@ struct Rows<K> {
 
 /// How a builder stores word-sized keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-// Only `ByType` is built without the `internals` feature.
-#[cfg_attr(not(feature = "internals"), allow(dead_code))]
+// Only `ByType` is built without the `__internals` feature.
+#[cfg_attr(not(feature = "__internals"), allow(dead_code))]
 enum RowsPick {
     /// Their own bits when the hasher is one whose hash of an integer
     /// cannot panic (`words::hasher_cannot_panic`), else boxed.
@@ -272,9 +278,9 @@ impl<K, S, C> Pace<K, S, C> {
     }
 
     /// Slots of the array new rows go to: [`MemoryStats::slots`]. Feature
-    /// `internals`: not a stable API, for models, fuzz targets and
+    /// `__internals`: not a stable API, for models, fuzz targets and
     /// benchmarks.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub fn table_slots(&self) -> usize {
         self.memory().slots
     }
@@ -282,9 +288,9 @@ impl<K, S, C> Pace<K, S, C> {
     /// Bytes of the table's slot arrays (both while a migration runs) and
     /// floors. Each row adds one entry allocation of
     /// [`entry_bytes`](Pace::entry_bytes) plus what its key owns. Feature
-    /// `internals`: not a stable API, for models, fuzz targets and
+    /// `__internals`: not a stable API, for models, fuzz targets and
     /// benchmarks.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub fn table_bytes(&self) -> usize {
         let m = self.memory();
         m.array_bytes + m.floor_bytes
@@ -292,9 +298,9 @@ impl<K, S, C> Pace<K, S, C> {
 
     /// Bytes of one row's key box (hash and key, not what the key owns on
     /// the heap) when keys are boxed; 0 when cells hold the keys' own bits.
-    /// Feature `internals`: not a stable API, for models, fuzz targets and
+    /// Feature `__internals`: not a stable API, for models, fuzz targets and
     /// benchmarks.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub fn entry_bytes(&self) -> usize {
         self.entry_bytes_of()
     }
@@ -398,6 +404,7 @@ where
     /// # Errors
     /// [`Denied`] as for [`reserve`](Pace::reserve).
     #[inline]
+    #[doc(alias = "check")]
     pub fn check_key<Q>(&self, key: &Q) -> Result<(), Denied>
     where
         K: Borrow<Q>,
@@ -410,9 +417,15 @@ where
     /// [`reserve_n`](Pace::reserve_n) without the [`Reservation`] (see
     /// [`check_key`](Pace::check_key)).
     ///
+    /// Unlike governor's `check_key_n(&k, NonZeroU32)`, `n` is a `u64` (0
+    /// always passes) and the outcome one `Result`: a request above the
+    /// capacity is a [`Denied`] whose [`is_permanent`](Denied::is_permanent)
+    /// is true, not an `InsufficientCapacity` outside it.
+    ///
     /// # Errors
     /// [`Denied`] as for [`reserve`](Pace::reserve).
     #[inline]
+    #[doc(alias = "check_n")]
     pub fn check_key_n<Q>(&self, key: &Q, n: u64) -> Result<(), Denied>
     where
         K: Borrow<Q>,
@@ -626,7 +639,7 @@ where
     }
 
     /// A hold at `now` (for models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn hold_n_at_inner<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -646,7 +659,7 @@ where
     /// [`reserve_n`](Pace::reserve_n) (or, with a quota,
     /// [`reserve_n_with`](Pace::reserve_n_with)) at an explicit time (for
     /// models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn reserve_n_at_inner<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -890,7 +903,7 @@ where
 
     /// The stripe of floors `key` shares with other keys (for models: a fresh
     /// row starts from its stripe's floor, the largest `tat` removed there).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn floor_stripe_inner<Q>(&self, key: &Q) -> usize
     where
         K: Borrow<Q>,
@@ -903,7 +916,7 @@ where
     }
 
     /// The settled `tat` (ns) of `key`'s row, if any (for models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn row_tat_inner<Q>(&self, key: &Q) -> Option<u64>
     where
         K: Borrow<Q>,
@@ -951,6 +964,11 @@ where
     /// Removes every row whose bucket has refilled, and shrinks the table if
     /// it became sparse. Runs automatically (see DESIGN.md, "Sweeps"); call it
     /// to reclaim memory at a moment of your choosing. Returns rows removed.
+    ///
+    /// governor's `retain_recent()` and `shrink_to_fit()` have no counterpart
+    /// to call: full buckets leave the table as the limiter runs; this is the
+    /// sweep it runs by itself, on demand.
+    #[doc(alias = "retain_recent", alias = "shrink_to_fit")]
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_ns();
         self.sweep_at_inner(now)
@@ -1062,7 +1080,7 @@ where
 impl<K: Clone, S, C> Pace<K, S, C> {
     /// Keys of the rows held now, for invariant checks in tests: call it only
     /// when no other operation is in flight.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn row_keys_inner(&self) -> Vec<K> {
         let guard = self.pin();
         let word = self.rows.word;
@@ -1099,23 +1117,23 @@ fn check_cost(_n: u64) -> u64 {
 }
 
 mod builder;
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 mod internals;
 mod refund;
 mod reservation;
-// `internals`: on in every test build of the repository (the dev-dependency
+// `__internals`: on in every test build of the repository (the dev-dependency
 // on itself); a test of the published package without it leaves these out.
-#[cfg(all(test, feature = "internals"))]
+#[cfg(all(test, feature = "__internals"))]
 mod tests;
 mod turn;
 
 pub use builder::Builder;
 #[cfg(feature = "foldhash")]
 pub use builder::FastHasher;
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub use internals::{PaceInternals, ReservationInternals};
 pub(crate) use reservation::Turned;
 pub use reservation::{Debit, Denied, DenyReason, Hold, Refunded, Reservation};
 use turn::slot_of;
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub(crate) use turn::{turn_sleeps, turn_sleeps_here};

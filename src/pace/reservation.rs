@@ -61,6 +61,14 @@ impl Denied {
     /// touched the key ([`DenyReason::Exhausted`]); with tokens held, the
     /// wait if they are kept ([`DenyReason::Held`]). [`Duration::MAX`] when
     /// it never will be (see [`is_permanent`](Denied::is_permanent)).
+    ///
+    /// governor's `NotUntil::wait_time_from(clock.now())` (and
+    /// `earliest_possible`) is this wait: no clock to pass.
+    #[doc(
+        alias = "wait_time_from",
+        alias = "earliest_possible",
+        alias = "RetryAfter"
+    )]
     pub fn retry_after(&self) -> Duration {
         match self.reason {
             DenyReason::Exhausted | DenyReason::Held => Duration::from_nanos(self.wait_ns),
@@ -304,7 +312,7 @@ where
     }
 
     /// [`refund`](Hold::refund) at an explicit time (for models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn resolve_at_inner(mut self, keep: bool, now: u64) -> Refunded {
         let r = self.inner.take().expect("a hold is resolved once");
         if keep {
@@ -361,7 +369,7 @@ where
     }
 
     /// Where this debit ends on the bucket's timeline (ns; for models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn debit_end_ns_inner(&self) -> u64 {
         self.debit.tat
     }

@@ -77,13 +77,13 @@ pub(super) fn note_turn_sleep() {
 }
 
 /// Sleeps taken by callers waiting for a turn in this process so far.
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub(crate) fn turn_sleeps() -> u64 {
     TURN_SLEEPS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Sleeps taken by callers waiting for a turn on this thread so far.
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub(crate) fn turn_sleeps_here() -> u64 {
     TURN_SLEEPS_HERE.with(std::cell::Cell::get)
 }
@@ -105,14 +105,19 @@ where
     ///
     /// Over the instants callers are let through, the kept admissions of a
     /// key obey the same bound as reserves (DESIGN.md §3, "Waiting for a
-    /// turn"). With a [`ManualClock`](crate::ManualClock) the thread sleeps
-    /// until another thread advances the clock past the slot.
+    /// turn"). With a [`ManualClock`](crate::ManualClock) (or a clock whose
+    /// [`Clock::manual`] is one) the thread never sleeps in real time: it
+    /// blocks until another thread's [`advance`](crate::ManualClock::advance)
+    /// or [`set`](crate::ManualClock::set) moves the clock to the slot, and
+    /// an [auto-advancing](crate::ManualClock::auto_advancing) clock jumps
+    /// there by itself (the crate's "Testing with `ManualClock`").
     ///
     /// # Errors
     /// [`Denied`] at once, having written nothing, when the turn lies more
     /// than `max_wait` ahead (its [`retry_after`](Denied::retry_after) is the
     /// whole wait the request would need now), or when the request can never
     /// pass ([`Denied::is_permanent`]).
+    #[doc(alias = "until_key_ready", alias = "until_ready")]
     pub fn acquire_blocking<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -175,7 +180,11 @@ where
         let (r, slot) = self.reserve_turn(key, n, quota, max_wait)?;
         while let Some(wait) = self.until(slot) {
             note_turn_sleep();
-            std::thread::sleep(wait);
+            match self.clock.manual() {
+                // Woken by the clock's move to the slot.
+                Some(manual) => manual.wait_blocking(slot),
+                None => std::thread::sleep(wait),
+            }
         }
         Ok(r)
     }
@@ -192,10 +201,24 @@ where
     /// since, and is otherwise lost (later callers keep their slots: fewer
     /// admissions, never more).
     ///
+    /// With a [`ManualClock`](crate::ManualClock) the task waits for the
+    /// clock's moves, not on the timer, as
+    /// [`acquire_blocking`](Pace::acquire_blocking) does.
+    ///
+    /// governor's `until_key_ready(&k).await` is `acquire(&k, max_wait).await`:
+    /// one reservation and one sleep, refused at once past `max_wait`
+    /// (`Duration::MAX` to wait however long).
+    ///
     /// # Errors
     /// As [`acquire_blocking`](Pace::acquire_blocking).
     #[cfg(feature = "timer")]
     #[cfg_attr(docsrs, doc(cfg(feature = "timer")))]
+    #[doc(
+        alias = "until_key_ready",
+        alias = "until_ready",
+        alias = "until_key_n_ready",
+        alias = "wait"
+    )]
     pub async fn acquire<'a, Q>(
         &'a self,
         key: &'a Q,
@@ -264,7 +287,11 @@ where
         let mut turn = Turn(Some(r));
         while let Some(wait) = self.until(slot) {
             note_turn_sleep();
-            futures_timer::Delay::new(wait).await;
+            match self.clock.manual() {
+                // Woken by the clock's move to the slot.
+                Some(manual) => manual.sleep_until(slot).await,
+                None => futures_timer::Delay::new(wait).await,
+            }
         }
         Ok(turn.0.take().expect("taken only here"))
     }

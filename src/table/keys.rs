@@ -121,7 +121,7 @@ pub(crate) unsafe fn hash_in_box(bits: u64, guard: &Guard) -> u64 {
 ///
 /// # Safety
 /// As for [`box_ref`].
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub(crate) unsafe fn key_in_box<K>(bits: u64, guard: &Guard) -> &K {
     // SAFETY: the caller's contract.
     &unsafe { box_ref::<K>(bits, guard) }.key
@@ -261,7 +261,7 @@ pub(crate) struct KeyKind {
     /// `None` for keys' own bits, else the free function of the boxes.
     pub(super) free: Option<unsafe fn(u64)>,
     /// The type the boxes hold (for the `internals` key listing).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(super) key_type: std::any::TypeId,
 }
 
@@ -269,7 +269,7 @@ pub(crate) struct KeyKind {
 pub(crate) fn inline() -> KeyKind {
     KeyKind {
         free: None,
-        #[cfg(feature = "internals")]
+        #[cfg(feature = "__internals")]
         key_type: std::any::TypeId::of::<()>(),
     }
 }
@@ -278,7 +278,7 @@ pub(crate) fn inline() -> KeyKind {
 pub(crate) fn boxed<K>() -> KeyKind {
     KeyKind {
         free: Some(free_box::<K>),
-        #[cfg(feature = "internals")]
+        #[cfg(feature = "__internals")]
         key_type: typeid::of::<K>(),
     }
 }

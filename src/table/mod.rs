@@ -54,12 +54,12 @@ mod sweep;
 pub(crate) mod words;
 
 use array::Array;
-#[cfg(all(feature = "internals", not(any(loom, miri))))]
+#[cfg(all(feature = "__internals", not(any(loom, miri))))]
 pub(crate) use array::FREES_IN_FLIGHT;
 use cell::{Cell, CellState};
 use floor::Floors;
 pub(crate) use keys::Probe;
-#[cfg(feature = "internals")]
+#[cfg(feature = "__internals")]
 pub(crate) use sweep::sweep_chunk;
 #[cfg(test)]
 pub(crate) use sweep::SWEEP_AT_ONCE;
@@ -319,7 +319,7 @@ impl SpotSink for &std::cell::Cell<Spot> {
 
 impl Admitted {
     /// A hold's ticket (for the table's models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn ticket(&self) -> Option<Ticket> {
         Ticket::unpack(self.lot, self.prev, self.tat, self.held)
     }
@@ -536,7 +536,7 @@ pub(crate) struct Table {
     /// function of the table's key boxes (`keys.rs`).
     boxed: Option<unsafe fn(u64)>,
     /// The type the boxes hold (for the `internals` key listing).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     key_type: std::any::TypeId,
     /// How held rows are written: the hold limit, the rounding and the
     /// inline form (`held.rs`).
@@ -601,7 +601,7 @@ impl Table {
             min_cells: n,
             floors: Floors::new(),
             boxed: kind.free,
-            #[cfg(feature = "internals")]
+            #[cfg(feature = "__internals")]
             key_type: kind.key_type,
             form: held::Form::new(interval, hold_limit),
             migrations: AtomicUsize::new(0),
@@ -672,7 +672,7 @@ impl Table {
     /// The stripe of floors the key `probe` names, whose hash is `hash`,
     /// shares with other keys (for models; `None` for a word-sized key given
     /// as another borrowed form).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn floor_stripe<P: Probe>(&self, hash: u64, probe: &P) -> Option<usize> {
         match (self.boxed, probe.word()) {
             (None, None) => None,
@@ -686,20 +686,20 @@ impl Table {
     }
 
     /// Cells of the chunks migrations have copied since the table was made.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn copied_cells(&self) -> usize {
         self.copied_cells.load(Ordering::Relaxed)
     }
 
     /// Full rows the copies of calls' shares of migrations have removed
     /// instead of copying them (a pass's copies are not counted).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn copy_removed(&self) -> usize {
         self.copy_removed.load(Ordering::Relaxed)
     }
 
     /// Whether a migration of the current array is running.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn migrating(&self, guard: &Guard) -> bool {
         let cur = self.array(guard);
         is_migrating(cur.next.load(Ordering::Acquire, guard))
@@ -861,7 +861,7 @@ impl Table {
     }
 
     /// Migrations started since the table was made.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn migrations(&self) -> usize {
         self.migrations.load(Ordering::Relaxed)
     }
@@ -1290,7 +1290,7 @@ impl Table {
     ///
     /// # Panics
     /// If the table's boxes do not hold `K`s.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn live_keys<K: Clone>(&self, key: &dyn Fn(u64) -> K, guard: &Guard) -> Vec<K> {
         assert!(
             self.boxed.is_none() || self.key_type == typeid::of::<K>(),
@@ -1363,6 +1363,6 @@ const fn refund_follows_copies() -> bool {
     false
 }
 
-// `internals`: as src/pace/mod.rs's tests.
-#[cfg(all(test, not(loom), feature = "internals"))]
+// `__internals`: as src/pace/mod.rs's tests.
+#[cfg(all(test, not(loom), feature = "__internals"))]
 mod tests;

@@ -613,6 +613,34 @@ where
         }
     }
 
+    fn answer_fields(
+        &self,
+        head: &RequestHead<'_>,
+        denied: usize,
+        secs: u64,
+        acc: &mut FieldAcc<'_>,
+    ) {
+        self.0.answer_fields(head, denied, secs, acc);
+        let m = &self.1;
+        let q = m.request_quota(head);
+        if m.index == denied {
+            acc.w.item(&acc.metas[m.index].sf_name, 0, secs);
+            acc.same &= acc.built.get(m.index) == Some(&m.term(q));
+            return;
+        }
+        let key = match m.extractor.extract(head) {
+            Some(k) => Some(k),
+            None => match &m.missing {
+                MissingKey::Shared(k) => Some(k.clone()),
+                _ => None,
+            },
+        };
+        match key {
+            Some(key) => m.field(&key, None, q, acc),
+            None => acc.same &= acc.built.get(m.index) == Some(&m.term(q)),
+        }
+    }
+
     #[inline]
     fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, Rate)) {
         let (left, q) = match src {

@@ -190,6 +190,17 @@ mod sealed {
         /// every limit's `(capacity, rate)` for the request is the one the
         /// layer was built with.
         fn fields(&self, st: &Self::State, acc: &mut FieldAcc<'_>);
+        /// The `RateLimit` items of an answer of the layer to the request
+        /// `head` that the `denied`th limit stopped (exhausted, `secs` to
+        /// wait): that limit `r=0;t=secs`, each other limit with a key what
+        /// the key has left now.
+        fn answer_fields(
+            &self,
+            head: &RequestHead<'_>,
+            denied: usize,
+            secs: u64,
+            acc: &mut FieldAcc<'_>,
+        );
         /// `f(index, capacity, rate)` of each limit, in order, under the
         /// request's quotas.
         fn terms(&self, src: Src<'_, '_, Self::State>, f: &mut dyn FnMut(usize, u64, Rate));
@@ -303,6 +314,7 @@ impl LimitsImpl for () {
     fn settle(&self, _: &mut (), _: &ResponseHead<'_>, _: &[Meta]) {}
     #[inline]
     fn fields(&self, _: &(), _: &mut FieldAcc<'_>) {}
+    fn answer_fields(&self, _: &RequestHead<'_>, _: usize, _: u64, _: &mut FieldAcc<'_>) {}
     #[inline]
     fn terms(&self, _: Src<'_, '_, ()>, _: &mut dyn FnMut(usize, u64, Rate)) {}
 }

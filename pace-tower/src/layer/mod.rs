@@ -35,7 +35,7 @@ use crate::limit::AsyncLimit;
 pub use self::future::ResponseFuture;
 pub use self::limits::Limits;
 pub use self::reject::{
-    DefaultRespond, Reason, Rejection, Respond, RespondFn, MISSING_PEER_ADDR_BODY,
+    DefaultRespond, ProblemDetails, Reason, Rejection, Respond, RespondFn, MISSING_PEER_ADDR_BODY,
     TOO_MANY_REQUESTS_BODY, UNAVAILABLE_BODY,
 };
 pub use self::service::{PaceLayer, PaceLayerBuilder, PaceService};
@@ -49,6 +49,23 @@ pub struct ResponseHead<'a> {
     pub headers: &'a HeaderMap,
     /// The extensions (a handler can mark its response there).
     pub extensions: &'a Extensions,
+}
+
+impl ResponseHead<'_> {
+    /// The gRPC status of a trailers-only gRPC answer (`grpc-status` in the
+    /// header block: how tonic answers a unary call that fails, and how
+    /// gRPC servers answer a call that fails before its first message), as
+    /// its number (`tonic::Code::from_i32` names it); `None` without one.
+    ///
+    /// A call that sends messages (any successful call, and a streaming
+    /// call that fails after its first message) has its status in the
+    /// trailers, after the body; a refund predicate decides on the head,
+    /// before the body, so it sees `None` for such a call (whatever status
+    /// it ends with). Refund on an error status with
+    /// `refund_if(|r| r.grpc_status().is_some_and(|c| c != 0))`.
+    pub fn grpc_status(&self) -> Option<i32> {
+        crate::grpc::status_of(self.headers)
+    }
 }
 
 /// What a limit does with a request that has no key for it.
@@ -196,9 +213,10 @@ where
     /// `RateLimit-Policy` item follow. A key debited under several quotas
     /// keeps its debt across them (see `pace::Pace::reserve_with`).
     ///
-    /// `f` is called once per request, and once more when the layer answers
-    /// the request itself (for the `RateLimit-Policy` field of the answer):
-    /// make it a function of the request. A `pace::Pace` and a
+    /// `f` is called once per request, and up to twice more when the layer
+    /// answers the request itself (for the `RateLimit` and
+    /// `RateLimit-Policy` fields of the answer): make it a function of the
+    /// request. A `pace::Pace` and a
     /// `pace_redis::RedisPace` take it (`reserve_n_with`, `hold_n_with`,
     /// `acquire_n_with`; for a `RedisPace`, a quota whose capacity x
     /// interval exceeds `pace_redis::MAX_TAU_NS`, about 13 days, gives no

@@ -12,7 +12,7 @@ use tower_service::Service;
 use super::fields::{policy_value, FieldAcc};
 use super::future::ResponseFuture;
 use super::limits::{Limits, Meta, Src};
-use super::reject::{DefaultRespond, Rejection, Respond, RespondFn};
+use super::reject::{DefaultRespond, ProblemDetails, Rejection, Respond, RespondFn};
 use super::{BuildError, Limit};
 #[cfg(doc)]
 use super::{MissingKey, MISSING_PEER_ADDR_BODY, UNAVAILABLE_BODY};
@@ -47,15 +47,20 @@ pub(super) struct Shared<L, H> {
     /// own quota: admitted through [`LimitsImpl::start_nested`].
     nested: bool,
     pub(super) permanent: StatusCode,
+    /// An exhausted limit is `UNAVAILABLE` to a gRPC call, not
+    /// `RESOURCE_EXHAUSTED`.
+    pub(super) grpc_limit_unavailable: bool,
     pub(super) respond: H,
 }
 
 /// Builds a [`PaceLayer`].
 #[must_use = "a builder does nothing until build() is called"]
+#[doc(alias = "GovernorConfigBuilder", alias = "GovernorConfig")]
 pub struct PaceLayerBuilder<L = (), H = DefaultRespond> {
     limits: L,
     headers: bool,
     permanent: StatusCode,
+    grpc_limit_unavailable: bool,
     respond: H,
 }
 
@@ -99,12 +104,14 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
             limits: (self.limits, limit),
             headers: self.headers,
             permanent: self.permanent,
+            grpc_limit_unavailable: self.grpc_limit_unavailable,
             respond: self.respond,
         }
     }
 
     /// Whether admitted responses carry the `RateLimit` / `RateLimit-Policy`
     /// fields (default true; denials always carry them).
+    #[doc(alias = "use_headers")]
     pub fn rate_limit_headers(mut self, on: bool) -> Self {
         self.headers = on;
         self
@@ -115,6 +122,30 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
     /// `Retry-After`, since waiting does not help.
     pub fn permanent_status(mut self, status: StatusCode) -> Self {
         self.permanent = status;
+        self
+    }
+
+    /// Answers with RFC 9457 problem details (`application/problem+json`,
+    /// [`ProblemDetails`]) instead of a line of text; gRPC calls are
+    /// answered in gRPC either way.
+    pub fn problem_details(self) -> PaceLayerBuilder<L, ProblemDetails> {
+        PaceLayerBuilder {
+            limits: self.limits,
+            headers: self.headers,
+            permanent: self.permanent,
+            grpc_limit_unavailable: self.grpc_limit_unavailable,
+            respond: ProblemDetails,
+        }
+    }
+
+    /// Whether a gRPC call an exhausted limit stops is answered
+    /// `UNAVAILABLE` (14) instead of `RESOURCE_EXHAUSTED` (8), with the same
+    /// wait (false by default). `UNAVAILABLE` is the code gRPC clients'
+    /// retry policies retry by default (honouring
+    /// `grpc-retry-pushback-ms`): for deployments that want a limited call
+    /// retried as HTTP clients retry a `429`. (Module [`grpc`](crate::grpc).)
+    pub fn grpc_limit_as_unavailable(mut self, on: bool) -> Self {
+        self.grpc_limit_unavailable = on;
         self
     }
 
@@ -147,6 +178,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
             limits: self.limits,
             headers: self.headers,
             permanent: self.permanent,
+            grpc_limit_unavailable: self.grpc_limit_unavailable,
             respond: RespondFn(f),
         }
     }
@@ -183,6 +215,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
                 light,
                 nested,
                 permanent: self.permanent,
+                grpc_limit_unavailable: self.grpc_limit_unavailable,
                 respond: self.respond,
             }),
         })
@@ -224,6 +257,7 @@ impl<L: Limits, H> PaceLayerBuilder<L, H> {
 /// Reservations are kept when the inner
 /// service fails or the response future is dropped. The layer is `Clone`
 /// and cheap to clone (one `Arc`).
+#[doc(alias = "GovernorLayer", alias = "RateLimitLayer", alias = "governor")]
 pub struct PaceLayer<L = (), H = DefaultRespond> {
     shared: Arc<Shared<L, H>>,
 }
@@ -243,6 +277,7 @@ impl PaceLayer {
             limits: (),
             headers: true,
             permanent: StatusCode::PAYLOAD_TOO_LARGE,
+            grpc_limit_unavailable: false,
             respond: DefaultRespond,
         }
     }
