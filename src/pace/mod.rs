@@ -934,7 +934,7 @@ where
     /// Runs a whole sweep pass at `now`, as calls run one chunk by chunk
     /// (for models): full rows go dormant, dormant cells past their
     /// retention go.
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn pass_at_inner(&self, now: u64) {
         let guard = self.pin();
         self.start_pass(now, &guard);
@@ -950,13 +950,13 @@ where
     }
 
     /// Dormant cells (for models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn dormant_inner(&self) -> usize {
         self.rows.table.dormant_cells()
     }
 
     /// Passes put every full row to sleep from now on (for models).
-    #[cfg(feature = "internals")]
+    #[cfg(feature = "__internals")]
     pub(crate) fn force_dormancy_inner(&self) {
         self.rows.table.force_dormancy()
     }

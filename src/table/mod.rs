@@ -728,7 +728,7 @@ impl Table {
     }
 
     /// Dormant cells (for tests and models).
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(any(test, feature = "__internals"))]
     pub(crate) fn dormant_cells(&self) -> usize {
         self.dormant_count()
     }
@@ -836,7 +836,7 @@ impl Table {
     }
 
     /// Passes always put full rows to sleep (for models and tests).
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(any(test, feature = "__internals"))]
     pub(crate) fn force_dormancy(&self) {
         self.dormancy.forced.store(true, Ordering::Relaxed);
     }

@@ -520,13 +520,13 @@ impl Table {
 
     /// Whether a chunked pass is running on the current array (for tests
     /// and models).
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(any(test, feature = "__internals"))]
     pub(crate) fn pass_running(&self, guard: &Guard) -> bool {
         self.sweep_running(guard)
     }
 
     /// Whether a chunked pass is running on the current array (for tests).
-    #[cfg(any(test, feature = "internals"))]
+    #[cfg(any(test, feature = "__internals"))]
     pub(crate) fn sweep_running(&self, guard: &Guard) -> bool {
         let arr = self.array(guard);
         arr.sweep_next.load(Ordering::Relaxed) < arr.cells.len()
