@@ -961,9 +961,12 @@ where
         self.rows.table.force_dormancy()
     }
 
-    /// Removes every row whose bucket has refilled, and shrinks the table if
-    /// it became sparse. Runs automatically (see DESIGN.md, "Sweeps"); call it
-    /// to reclaim memory at a moment of your choosing. Returns rows removed.
+    /// Removes every row whose bucket has refilled, drops every dormant
+    /// cell (the keys of full rows an automatic pass put to sleep for
+    /// clients that come back: DESIGN.md §4), and shrinks the table if it
+    /// became sparse. Runs automatically (see DESIGN.md, "Sweeps"); call it
+    /// to reclaim memory at a moment of your choosing. Returns rows removed
+    /// (a dormant cell is no row).
     ///
     /// governor's `retain_recent()` and `shrink_to_fit()` have no counterpart
     /// to call: full buckets leave the table as the limiter runs; this is the
