@@ -128,12 +128,13 @@ impl Table {
     /// `next`, size the target from `len`, publish it, copy a chunk.
     /// Returns the full rows its copies removed.
     ///
-    /// Dormant cells are not copied: a copier drops the ones it meets
-    /// (floor first), so the target is sized from the rows a caller sees
-    /// (a revival checks for the seal first: `enter_revival`) and the
-    /// dormant cells of a working set (`working_dormant`: clients who come
-    /// back after their buckets refill, whose rows the target should have
-    /// room for when they come back).
+    /// The target is sized from the rows a caller sees and the dormant
+    /// cells of a working set (`working_dormant`: clients who come back
+    /// after their buckets refill). Sized for every dormant cell, it keeps
+    /// them: its copiers copy them as they are. Otherwise its copiers drop
+    /// them (their floors hold their `tat`s), and a revival checks for the
+    /// seal first (`enter_revival`), so that no row it did not count lands
+    /// in it.
     pub(super) fn start_migration(&self, arr: &Array, cx: &Cx<'_>, guard: &Guard) -> usize {
         self.start_migration_for(arr, self.working_dormant(), cx, guard)
     }

@@ -977,15 +977,13 @@ impl Table {
         debug_assert!(cell::live(v).is_some(), "a live row's value");
         let (bits, old) = cell::live(v).unwrap_or_default();
         let revival = held::dormant(old);
-        if revival.is_some() {
-            if !self.enter_revival(arr, guard) {
-                // The array is migrating: the dormant cell is dropped
-                // instead (floor first), and the caller looks again.
-                // SAFETY: `v` is the value of cell `idx` of `arr`, read
-                // under `guard` (this function's callers read it so).
-                unsafe { self.drop_dormant(arr, idx, v, bits, guard) };
-                return Err(arr.cells[idx].load());
-            }
+        if revival.is_some() && !self.enter_revival(arr, guard) {
+            // The array is migrating: the dormant cell is dropped instead
+            // (its floor holds its `tat`), and the caller looks again.
+            // SAFETY: `v` is the value of cell `idx` of `arr`, read under
+            // `guard` (this function's callers read it so).
+            unsafe { self.drop_dormant(arr, idx, v, bits, guard) };
+            return Err(arr.cells[idx].load());
         }
         let field = next.publish(&self.form);
         let new = CellState::Live {
