@@ -5,7 +5,7 @@
 //! it to be monotonic: a reading that goes backwards only makes a bucket look
 //! emptier (fewer admissions), never fuller (see DESIGN.md, "Time").
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -318,6 +318,13 @@ struct Manual {
     waiters: Mutex<Waiters>,
     /// Notified on every move, for waiting threads.
     moved: Condvar,
+    /// How many turns wait (the list's length, stored under the lock): a
+    /// move with none waiting takes no lock and wakes nobody, so a clock a
+    /// test or benchmark advances at every call stays cheap. (A Dekker pair
+    /// with the wait's registration: the mover stores the reading, then
+    /// reads this; the waiter stores this, then reads the reading, both
+    /// SeqCst, so one of them sees the other.)
+    waiting: AtomicUsize,
 }
 
 /// The turns waiting on a [`ManualClock`]: each with its deadline (ns on the
@@ -359,7 +366,12 @@ impl Manual {
     }
 
     fn now(&self) -> u64 {
-        self.ns.load(Ordering::Acquire)
+        self.ns.load(Ordering::SeqCst)
+    }
+
+    /// Publishes how many turns wait, after the list changed.
+    fn count(&self, w: &Waiters) {
+        self.waiting.store(w.list.len(), Ordering::SeqCst);
     }
 
     /// Wakes the waiters whose deadline the reading has reached, taking them
@@ -374,6 +386,7 @@ impl Manual {
             woken.extend(x.waker.take());
             false
         });
+        self.count(w);
         self.moved.notify_all();
     }
 
@@ -416,6 +429,7 @@ impl Manual {
                         deadline,
                         waker: waker.cloned(),
                     });
+                    self.count(w);
                     *id = Some(new);
                 }
             }
@@ -426,6 +440,7 @@ impl Manual {
         }
         if let Some(id) = id.take() {
             w.remove(id);
+            self.count(w);
         }
         // The wait ends: the clock moves on for those still waiting.
         self.jump(w);
@@ -471,7 +486,7 @@ impl ManualClock {
         let ns = &self.inner.ns;
         let mut t = ns.load(Ordering::Acquire);
         while let Err(actual) =
-            ns.compare_exchange_weak(t, t.saturating_add(d), Ordering::AcqRel, Ordering::Acquire)
+            ns.compare_exchange_weak(t, t.saturating_add(d), Ordering::SeqCst, Ordering::Acquire)
         {
             t = actual;
         }
@@ -481,7 +496,7 @@ impl ManualClock {
     /// Sets the reading to `t` since the origin (it may move backwards) and
     /// wakes the turns whose slot it reaches.
     pub fn set(&self, t: Duration) {
-        self.inner.ns.store(duration_ns(t), Ordering::Release);
+        self.inner.ns.store(duration_ns(t), Ordering::SeqCst);
         self.moved();
     }
 
@@ -497,6 +512,9 @@ impl ManualClock {
 
     fn moved(&self) {
         let m = &*self.inner;
+        if m.waiting.load(Ordering::SeqCst) == 0 {
+            return; // nobody to wake (see `Manual::waiting`)
+        }
         let mut w = m.lock();
         m.release(&mut w);
         m.unlock(w);
@@ -571,6 +589,7 @@ impl Drop for ManualSleep<'_> {
         if let Some(id) = self.id.take() {
             let mut w = self.clock.lock();
             w.remove(id);
+            self.clock.count(&w);
             // A cancelled wait ends too: the clock moves on for the others.
             self.clock.jump(&mut w);
             self.clock.unlock(w);
