@@ -1109,6 +1109,20 @@ impl Table {
         self.dormant.fetch_sub(1, Ordering::SeqCst);
         self.dormancy.add(Count::Dropped, 1);
         self.len.fetch_sub(1, Ordering::SeqCst);
+        // SAFETY: the caller's contract.
+        unsafe { self.release_key(arr, bits, guard) };
+    }
+
+    /// Hands the key box of a row or dormant cell that a CAS of the caller
+    /// took out of `arr` (key half `bits`) to its one owner: the source of
+    /// a migration whose target `arr` is (the source may still name it as
+    /// moved: `keys.rs`), else the collector.
+    ///
+    /// # Safety
+    /// The caller's CAS just replaced that cell of `arr` (the current array
+    /// or its migration's target, reached under `guard`) with a state that
+    /// does not name the box; called once per such CAS.
+    unsafe fn release_key(&self, arr: &Array, bits: u64, guard: &Guard) {
         match self.source_of(arr, guard) {
             Some(Some(source)) => {
                 if let Some(free) = self.boxed {
@@ -1116,8 +1130,10 @@ impl Table {
                 }
             }
             // SAFETY: the cell left an array that is current now or was
-            // before, and no longer names the box; only the one whose CAS
-            // took the cell retires it (as `row_removed`).
+            // before (the arrays older than it were unpublished before this
+            // check, so every reader that can still reach them pinned before
+            // it), and no longer names the box; only the one whose CAS took
+            // the cell out retires it.
             _ => unsafe { self.retire_key(bits, guard) },
         }
     }

@@ -169,21 +169,8 @@ impl Table {
     /// current array or its migration's target.
     unsafe fn row_removed(&self, arr: &Array, idx: usize, bits: u64, cx: &Cx<'_>, guard: &Guard) {
         self.len.fetch_sub(1, Ordering::SeqCst);
-        match self.source_of(arr, guard) {
-            // A migration's target: its source may still name the box
-            // (moved), so the box goes with the source (`keys.rs`).
-            Some(Some(source)) => {
-                if let Some(free) = self.boxed {
-                    source.adopt(keys::untagged(bits), free);
-                }
-            }
-            // SAFETY: the row left an array that is current now or was
-            // before (the arrays older than it were unpublished before this
-            // check, so every reader that can still reach them pinned before
-            // it), and its cell no longer names the box; only the remover of
-            // a row retires its box.
-            _ => unsafe { self.retire_key(bits, guard) },
-        }
+        // SAFETY: the caller's contract.
+        unsafe { self.release_key(arr, bits, guard) };
         self.clean_after(arr, idx, guard);
         self.shrink_pending(cx, guard);
     }
