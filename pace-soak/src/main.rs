@@ -728,6 +728,15 @@ enum Fault {
 }
 
 impl Fault {
+    fn short(self) -> &'static str {
+        match self {
+            Fault::KillPrimary => "kill -9 primary",
+            Fault::StopPrimary => "SIGSTOP primary",
+            Fault::GracefulFailover => "SENTINEL FAILOVER",
+            Fault::KillApp => "kill -9 replica",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Fault::KillPrimary => "kill -9 the primary (restarted as a replica)",
@@ -775,6 +784,28 @@ impl Deployment {
 }
 
 // ---------------------------------------------------------------- the soak
+
+/// The worst excess over every window of sorted `(now_ns, tokens)` and a
+/// window `[t1, t2]` that reaches it: `bound::worst_excess_ns`'s pass with
+/// the window kept (the caller checks that the two agree).
+fn worst_window(sorted: &[(u64, u64)]) -> (i128, u64, u64) {
+    let t = INTERVAL_NS as i128;
+    let (mut best, mut best_start, mut before) = (i128::MIN, i128::MIN, 0i128);
+    let (mut start_at, mut window) = (0u64, (0u64, 0u64));
+    for &(now, n) in sorted {
+        if now as i128 - before * t > best_start {
+            best_start = now as i128 - before * t;
+            start_at = now;
+        }
+        before += n as i128;
+        let e = before * t - now as i128 + best_start;
+        if e > best {
+            best = e;
+            window = (start_at, now);
+        }
+    }
+    (best - CAPACITY as i128 * t, window.0, window.1)
+}
 
 async fn soak(run: Duration, seed: u64, every: (u64, u64)) -> bool {
     let root = std::env::temp_dir().join(format!("pace-soak-{}", std::process::id()));
@@ -1077,28 +1108,25 @@ async fn soak(run: Duration, seed: u64, every: (u64, u64)) -> bool {
             (ns as u64).div_ceil(INTERVAL_NS)
         }
     };
-    // Where the worst excess lies: the fault whose span, with the quiet
-    // stretches on either side of it, holds it (a window that meets one
-    // span lies there).
+    // Where the worst excess lies: its window, and the faults in it.
     let near = |list: &[(u64, u64)], excess: i128| -> String {
-        let primary: Vec<_> = faults.iter().filter(|f| f.0 != Fault::KillApp).collect();
-        for (i, f) in primary.iter().enumerate() {
-            let lo = if i == 0 { 0 } else { disturbed[i - 1].1 };
-            let hi = disturbed.get(i + 1).map_or(u64::MAX, |d| d.0);
-            let mut around: Vec<(u64, u64)> = list
-                .iter()
-                .copied()
-                .filter(|&(t, _)| lo < t && t < hi)
-                .collect();
-            if pace_models::bound::worst_excess_ns(&mut around, CAPACITY, INTERVAL_NS) >= excess {
-                return format!(
-                    "around the fault at {:.1} s, {}",
-                    (f.1 - start_ns) as f64 / 1e9,
-                    f.0.name()
-                );
+        let (e, t1, t2) = worst_window(list);
+        assert_eq!(e, excess, "the window search disagrees with pace-models");
+        let inside: Vec<String> = faults
+            .iter()
+            .filter(|f| f.1 <= t2 && f.2 >= t1.saturating_sub(1_000_000_000))
+            .map(|f| format!("{} at {:.1} s", f.0.short(), (f.1 - start_ns) as f64 / 1e9))
+            .collect();
+        format!(
+            "its window {:.1}..{:.1} s holds {}",
+            (t1 - start_ns) as f64 / 1e9,
+            (t2 - start_ns) as f64 / 1e9,
+            if inside.is_empty() {
+                "no fault".to_string()
+            } else {
+                inside.join(", ")
             }
-        }
-        "over several faults".to_string()
+        )
     };
     let (mut worst, mut worst_key, mut quiet_worst, mut quiet_key) =
         (i128::MIN, String::new(), i128::MIN, String::new());
@@ -1203,17 +1231,16 @@ async fn soak(run: Duration, seed: u64, every: (u64, u64)) -> bool {
                 start_ns + at * 1_000_000_000,
                 start_ns + (at + 4) * 1_000_000_000,
             );
-            let hit = faults
+            let hit: Vec<&str> = faults
                 .iter()
-                .any(|f| f.0 != Fault::KillApp && f.1 <= to && f.2 >= from);
-            format!(
-                "{b}/{CAPACITY} at {at} s{}",
-                if hit {
-                    " (a primary fault during it)"
-                } else {
-                    ""
-                }
-            )
+                .filter(|f| f.1 <= to && f.2 >= from)
+                .map(|f| f.0.short())
+                .collect();
+            if hit.is_empty() {
+                format!("{b}/{CAPACITY} at {at} s")
+            } else {
+                format!("{b}/{CAPACITY} at {at} s ({})", hit.join(", "))
+            }
         })
         .collect();
     println!(
