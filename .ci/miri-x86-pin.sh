@@ -17,11 +17,13 @@
 # The script copies the crossbeam-epoch that Cargo.lock names (every mode:
 # stock too, so that the modes build the same sources), patches the copy,
 # and runs HEAD's sources (a `git archive`, so the checkout and its
-# Cargo.lock are untouched) patched to that copy, with 30-miri.sh's flags;
+# Cargo.lock are untouched; with MIRI_PIN_SOURCE=worktree, the checkout's
+# tracked files as they are, as CI runs it) patched to that copy, with
+# 30-miri.sh's flags;
 # `sanitize` runs the copy's example with 4 rounds instead of 100 (a round is
 # 16 threads pinning, swapping and freeing). Each seed prints one line: `ok`,
-# or `REPORT` with Miri's first error line. The exit status is 1 when any
-# seed reported.
+# or `REPORT` with the start of Miri's report. The exit status is 1 when any
+# seed reported (or a half ran no test: a renamed test).
 set -euo pipefail
 usage="usage: miri-x86-pin.sh a|b|sanitize SEEDS [stock|x86|release]"
 half=${1:?$usage}
@@ -49,7 +51,11 @@ src=$work/$half
 mkdir -p "$src"
 rm -rf "$src/pace" "$src/crossbeam-epoch"
 mkdir "$src/pace"
-git -C "$root" archive HEAD | tar -x -C "$src/pace"
+if [ "${MIRI_PIN_SOURCE:-HEAD}" = worktree ]; then
+    (cd "$root" && git ls-files -z | tar --null --ignore-failed-read -T - -cf -) | tar -x -C "$src/pace"
+else
+    git -C "$root" archive HEAD | tar -x -C "$src/pace"
+fi
 manifest=$(cargo metadata --format-version 1 --manifest-path "$root/Cargo.toml" |
     python3 -c 'import json, sys
 m = json.load(sys.stdin)
@@ -98,12 +104,15 @@ for ((seed = first; seed < end; seed++)); do
     log=$(mktemp)
     status=0
     MIRIFLAGS="$flags -Zmiri-seed=$seed" run >"$log" 2>&1 || status=$?
-    if [ "$status" -eq 0 ]; then
+    if [ "$status" -eq 0 ] && { [ -z "$test" ] || grep -q "test $test ... ok" "$log"; }; then
         echo "$half $mode seed $seed: ok"
+    elif [ "$status" -eq 0 ]; then
+        reports=$((reports + 1))
+        echo "$half $mode seed $seed: ran no test $test (renamed?)"
     else
         reports=$((reports + 1))
         echo "$half $mode seed $seed: REPORT $(grep -m1 -E '^error' "$log" || tail -1 "$log")"
-        grep -m1 -A12 -E '^error: Undefined Behavior' "$log" | grep -E 'Data race|-->|is here|and \(2\)' | head -6 | sed 's/^/    /' || true
+        { grep -m1 -A24 -E '^error: Undefined Behavior' "$log" || tail -30 "$log"; } | sed 's/^/    /'
     fi
     rm -f "$log"
 done
