@@ -45,12 +45,12 @@ all)
 # crossbeam-epoch's pin as Miri builds it but for one ordering: the relaxed
 # store of the local epoch made `Release` (.ci/miri-x86-pin.sh's `release`
 # mode, on a patched copy of the crossbeam-epoch Cargo.lock names, in
-# target/miri-pin). With the stock pin some schedules draw a data-race report
-# between a thread's access to an array reached under a guard and the
-# deferred free of that array, a report of the same shape as those of
-# crossbeam-epoch's own `sanitize` example under Miri; DESIGN.md §9 gives
-# the runs, stock against patched, and the reading. Any report here fails
-# CI: with the pin's release in place, a report is the table's.
+# target/miri-pin). With the stock pin a schedule can draw a data-race
+# report between a thread's access to an array reached under a guard and
+# the deferred free of that array, of the shape crossbeam-epoch's own
+# `sanitize` example is reported to draw under Miri; DESIGN.md §9 gives the
+# runs, stock against patched, and the reading. Any report here fails CI:
+# with the pin's store made `Release`, a report is the table's.
 a | b)
     seed=$(printf '%s %s %s' "$(date -u +%F)" "$(git rev-parse HEAD 2>/dev/null || echo none)" "$part" |
         cksum | cut -d' ' -f1)
