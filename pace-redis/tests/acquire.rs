@@ -35,9 +35,10 @@ fn stored(admin: &mut redis::Connection, key: &str) -> Option<u64> {
     redis::cmd("GET").arg(key).query(admin).unwrap()
 }
 
-/// Whether `check` holds within 80 ms (checked every 2 ms).
+/// Whether `check` comes to hold (checked every 2 ms), within 10 s: a bound
+/// only a hang exceeds, never load.
 async fn eventually(mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_millis(80);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if check() {
             return true;
@@ -156,19 +157,20 @@ async fn a_turn_beyond_max_wait_or_capacity_is_refused_at_once_writing_nothing()
     let r = p.acquire("k", Duration::ZERO).await.unwrap();
     let before = stored(&mut admin, &key);
     assert_eq!(before, Some(r.tat_ns()));
-    // The turn is ~100 ms away: 60 ms of wait is not enough.
-    let t0 = Instant::now();
+    // The turn is ~100 ms away: 60 ms of wait is not enough. Refused at
+    // once: on the script's one answer (one round trip), without a wait
+    // and a second try.
+    let trips = p.stats().round_trips;
     assert!(
         matches!(p.acquire("k", Duration::from_millis(60)).await, Err(Error::Denied(d)) if !d.is_permanent()),
         "a turn beyond max_wait was admitted"
     );
-    assert!(t0.elapsed() < Duration::from_millis(50), "not at once");
-    let t0 = Instant::now();
+    assert_eq!(p.stats().round_trips, trips + 1, "not at once");
     let d = match p.acquire("k", Duration::from_millis(10)).await {
         Err(Error::Denied(d)) => d,
         other => panic!("{other:?}"),
     };
-    assert!(t0.elapsed() < Duration::from_millis(50), "not at once");
+    assert_eq!(p.stats().round_trips, trips + 2, "not at once");
     assert_eq!(d.reason(), DenyReason::Exhausted);
     assert_eq!(d.source(), Source::Server);
     // The whole wait: until the bucket holds the token again.

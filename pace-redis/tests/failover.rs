@@ -191,9 +191,16 @@ async fn readonly_after_a_failover_reconnects_to_the_new_primary() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // Each READONLY opens the circuit for 50 ms: in 300 ms, at most 7 (the
+    // Each READONLY opens the circuit for 50 ms: over the loop's span (300
+    // ms, more on a loaded machine: the bound grows with the span measured,
+    // so load cannot break it), at most one per 50 ms and one more (the
     // limiter's backoff, not the call rate of 200/s, paces them).
-    assert!((1..=7).contains(&readonly), "{readonly} READONLY answers");
+    let span = t0.elapsed();
+    let most = span.as_millis() as u64 / 50 + 1;
+    assert!(
+        (1..=most).contains(&readonly),
+        "{readonly} READONLY answers in {span:?}"
+    );
     let connects = p.stats().connects - connects_before;
     assert!(connects <= readonly + 1, "{connects} connections made");
     // The address moves to the new primary; the limiter follows.

@@ -1,5 +1,10 @@
 //! Redis down, slow, restarted, or without the script: typed errors, the
 //! chosen policy, reconnection, no panic, no call longer than the timeout.
+//!
+//! No assertion here measures speed: a loaded machine can stretch any call.
+//! The timeout is shown by its own event (a `Timeout` error from a server
+//! that answers nothing for far longer than the test waits), and every wait
+//! for "soon" has a bound that only a hang exceeds (`HANG`).
 
 mod common;
 
@@ -9,8 +14,9 @@ use pace::Rate;
 use pace_redis::{BackendError, ConnectError, Error, OnUnavailable, RedisPace, Source};
 
 const TIMEOUT: Duration = Duration::from_millis(200);
-/// Scheduling slack on a loaded 2-core machine beyond the timeout.
-const SLACK: Duration = Duration::from_millis(150);
+/// A bound only a hang exceeds, never load: a call or a reconnection that
+/// takes this long waits for something that does not come.
+const HANG: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -53,7 +59,9 @@ async fn hammer<F: std::future::Future<Output = ()>>(
             let mut calls = Vec::new();
             while start.elapsed() < run {
                 let t0 = Instant::now();
-                let r = client.reserve("k").await;
+                let r = tokio::time::timeout(HANG, client.reserve("k"))
+                    .await
+                    .expect("a call hung");
                 let kind = match r {
                     Ok(r) if r.source() == Source::Server => Kind::Server,
                     Ok(r) => {
@@ -86,14 +94,23 @@ async fn hammer<F: std::future::Future<Output = ()>>(
     out
 }
 
-fn check_no_hang(calls: &[Vec<Call>]) {
-    for c in calls.iter().flatten() {
-        assert!(
-            c.took <= TIMEOUT + SLACK,
-            "a call took {:?} (timeout {TIMEOUT:?}), {:?}",
-            c.took,
-            c.kind
-        );
+/// Calls `client` until the server decides (admits or denies), each call
+/// and the whole within `HANG`; every answer before it is a typed
+/// `Unavailable` (fail closed) or a local decision (fallback).
+async fn until_server(client: &RedisPace) {
+    let deadline = Instant::now() + HANG;
+    loop {
+        let r = tokio::time::timeout(HANG, client.reserve("k"))
+            .await
+            .expect("a call hung");
+        match r {
+            Ok(r) if r.source() == Source::Server => return,
+            Err(Error::Denied(d)) if d.source() == Source::Server => return,
+            Ok(_) | Err(Error::Denied(_)) | Err(Error::Unavailable(_)) => {}
+            Err(e) => panic!("unexpected {e}"),
+        }
+        assert!(Instant::now() < deadline, "never back on the server");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -137,7 +154,6 @@ async fn restart_fail_closed_refuses_while_down_then_reconnects() {
     })
     .await;
     let [t_down, t_dead, t_restart, t_up] = *down.lock().unwrap();
-    check_no_hang(&calls);
     for (i, c) in calls.iter().enumerate() {
         // Fail closed: nothing local, ever.
         assert_eq!(count(c, Kind::Local, Duration::ZERO, Duration::MAX), 0);
@@ -154,11 +170,11 @@ async fn restart_fail_closed_refuses_while_down_then_reconnects() {
             count(c, Kind::Unavailable, settled, t_restart) > 0,
             "client {i}"
         );
-        // Back up: admissions resume within a second.
-        assert!(
-            count(c, Kind::Server, t_up, t_up + Duration::from_secs(1)) > 0,
-            "client {i} did not reconnect"
-        );
+    }
+    // Back up: each client reconnects (within `HANG`, a bound only a hang
+    // exceeds) and is admitted or denied by the server again.
+    for c in &clients {
+        until_server(c).await;
     }
     // Both servers started without the script: it was loaded on each.
     let loads: u64 = clients.iter().map(|c| c.stats().script_loads).sum();
@@ -203,7 +219,6 @@ async fn restart_local_fallback_admits_at_rate_over_replicas() {
     })
     .await;
     let (t_down, t_up) = *down.lock().unwrap();
-    check_no_hang(&calls);
     for (i, c) in calls.iter().enumerate() {
         assert_eq!(
             count(c, Kind::Unavailable, Duration::ZERO, Duration::MAX),
@@ -214,12 +229,18 @@ async fn restart_local_fallback_admits_at_rate_over_replicas() {
             .filter(|x| x.kind == Kind::Local || x.kind == Kind::DeniedLocal)
             .collect();
         assert!(!local.is_empty(), "client {i} never fell back");
-        // Local decisions only while the server was away (and until the
-        // client has reconnected: one backoff, one timeout).
+        // Local decisions only while the server was away: none ends before
+        // the stop began, and none starts after the client's first server
+        // decision once the server was back (it has reconnected).
+        let back = c
+            .iter()
+            .find(|x| x.at >= t_up && matches!(x.kind, Kind::Server | Kind::DeniedServer))
+            .map_or(Duration::MAX, |x| x.at);
         for x in &local {
             assert!(
-                x.at + x.took >= t_down && x.at <= t_up + Duration::from_millis(500),
-                "client {i}: a local decision at {:?} (took {:?}); down {t_down:?}..{t_up:?}",
+                x.at + x.took >= t_down && x.at < back,
+                "client {i}: a local decision at {:?} (took {:?}); down {t_down:?}..{t_up:?}, \
+                 back on the server at {back:?}",
                 x.at,
                 x.took
             );
@@ -232,10 +253,11 @@ async fn restart_local_fallback_admits_at_rate_over_replicas() {
             admitted <= bound,
             "client {i}: {admitted} local admissions in {span:?}; local bound {bound}"
         );
-        assert!(
-            count(c, Kind::Server, t_up, t_up + Duration::from_secs(1)) > 0,
-            "client {i} did not go back to the server"
-        );
+    }
+    // Each client goes back to the server (within `HANG`, a bound only a
+    // hang exceeds).
+    for c in &clients {
+        until_server(c).await;
     }
     println!(
         "local fallback: down {:?}..{:?}; reconnected after {:?}; per client (local admitted, local denied): {:?}",
@@ -252,45 +274,63 @@ async fn restart_local_fallback_admits_at_rate_over_replicas() {
     );
 }
 
+/// A server that answers nothing (SIGSTOP: the kernel still accepts its
+/// connections) until the test resumes it at its end: each call ends with
+/// its own timeout's typed error, never by the server's answer. A call that
+/// waited for the server would wait until it is resumed, which comes after
+/// the call: it would outlast `HANG` and fail the test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_server_gives_timeouts_not_hangs() {
+async fn a_stopped_server_gives_timeouts_not_hangs() {
     let server = common::RedisServer::start();
     let client = limiter(&server.url(), OnUnavailable::FailClosed).await;
     let _ = client.reserve("k").await.unwrap();
-    // CLIENT PAUSE holds every client's commands for 1 s: a slow server.
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(1_000)
-        .arg("ALL")
-        .query(&mut server.admin())
-        .unwrap();
+    server.signal("STOP");
+    // Resumed on every exit (an assertion's too), so that the test's
+    // server never outlives it stopped.
+    struct Resume<'a>(&'a common::RedisServer);
+    impl Drop for Resume<'_> {
+        fn drop(&mut self) {
+            self.0.signal("CONT");
+        }
+    }
+    let resume = Resume(&server);
     let t0 = Instant::now();
-    let r = client.reserve("k").await;
+    let r = tokio::time::timeout(HANG, client.reserve("k"))
+        .await
+        .expect("a call waited for a stopped server");
     let took = t0.elapsed();
     assert!(
-        matches!(r, Err(Error::Unavailable(BackendError::Timeout(_)))),
+        matches!(r, Err(Error::Unavailable(BackendError::Timeout(t))) if t == TIMEOUT),
         "{r:?}"
     );
-    assert!(took >= TIMEOUT && took <= TIMEOUT + SLACK, "{took:?}");
+    // Never before the timeout (a lower bound: load only adds to it).
+    assert!(took >= TIMEOUT, "{took:?}");
     // Within the backoff: no round trip, an immediate typed error.
-    let t0 = Instant::now();
+    let trips = client.stats().round_trips;
     let r = client.reserve("k").await;
     assert!(
         matches!(r, Err(Error::Unavailable(BackendError::CircuitOpen))),
         "{r:?}"
     );
-    assert!(t0.elapsed() < Duration::from_millis(50));
-    // After the pause: decisions again.
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
-    let mut ok = false;
-    for _ in 0..20 {
-        if client.reserve("k").await.is_ok() {
-            ok = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(ok, "no decision after the pause ended");
+    assert_eq!(client.stats().round_trips, trips, "a round trip while open");
+    // Connecting to the stopped server is a typed error too, by the
+    // timeout, not a wait for the server.
+    let made = tokio::time::timeout(
+        HANG,
+        RedisPace::builder(Rate::per_second(10).unwrap())
+            .timeout(TIMEOUT)
+            .connect(&server.url()),
+    )
+    .await
+    .expect("a connect waited for a stopped server");
+    assert!(
+        matches!(made, Err(ConnectError::Redis(_))),
+        "{:?}",
+        made.err()
+    );
+    drop(resume);
+    // Resumed: decisions again (within `HANG`).
+    until_server(&client).await;
 }
 
 #[tokio::test]
@@ -324,17 +364,22 @@ async fn noscript_reloads_for_single_calls_and_pipelines() {
 }
 
 #[tokio::test]
-async fn connecting_to_a_dead_port_is_a_typed_error_within_the_timeout() {
+async fn connecting_to_a_dead_port_is_a_typed_error() {
     let mut server = common::RedisServer::start();
     let url = server.url();
     server.stop();
-    let t0 = Instant::now();
-    let r = RedisPace::builder(Rate::per_second(10).unwrap())
-        .timeout(TIMEOUT)
-        .connect(&url)
-        .await;
+    // Within `HANG`, a bound only a hang exceeds (a refused connection
+    // ends at once; a server that answers nothing ends by the timeout:
+    // `a_stopped_server_gives_timeouts_not_hangs`).
+    let r = tokio::time::timeout(
+        HANG,
+        RedisPace::builder(Rate::per_second(10).unwrap())
+            .timeout(TIMEOUT)
+            .connect(&url),
+    )
+    .await
+    .expect("connecting to a dead port hung");
     assert!(matches!(r, Err(ConnectError::Redis(_))), "{:?}", r.err());
-    assert!(t0.elapsed() <= TIMEOUT + SLACK, "{:?}", t0.elapsed());
 }
 
 #[tokio::test]

@@ -78,9 +78,22 @@ async fn each_refusal_says_when_to_retry_and_an_outage_is_logged_once() {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert!(tries >= 2, "{tries} tries");
-        assert!(zero <= 3, "{zero} refusals without a wait");
-        assert!(open > 20, "{open} answers of an open circuit");
+        // One try per backoff at most, every other call answered by the
+        // open circuit: counted against the span measured (1.2 s, more on
+        // a loaded machine, which only loosens the bound), not against the
+        // number of calls a loaded machine manages.
+        let span = start.elapsed();
+        let backoffs = (span.as_nanos() / BACKOFF.as_nanos()) as u64 + 1;
+        assert!(
+            (2..=backoffs).contains(&tries),
+            "{tries} tries in {span:?} ({backoffs} backoffs)"
+        );
+        // A refusal without a wait only when a backoff ended between the
+        // answer and the question: once per backoff ended in the span.
+        assert!(
+            zero < backoffs,
+            "{zero} refusals without a wait in {span:?}"
+        );
         let lines = take();
         let warnings: Vec<_> = lines
             .iter()

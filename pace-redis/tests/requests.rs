@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pace::Rate;
 use pace_redis::{
@@ -146,7 +146,6 @@ async fn a_flood_of_denials_is_answered_locally_until_the_retry_time() {
     for (p, key) in [(&cached, "c"), (&plain, "p")] {
         let _ = p.reserve(key).await.unwrap();
         let before = p.stats().round_trips;
-        let t0 = Instant::now();
         let mut denied = 0;
         let mut requests = 0;
         for _ in 0..FLOOD {
@@ -160,7 +159,6 @@ async fn a_flood_of_denials_is_answered_locally_until_the_retry_time() {
                 Err(e) => panic!("{e}"),
             }
         }
-        assert!(t0.elapsed() < Duration::from_millis(50) || denied < FLOOD);
         let trips = p.stats().round_trips - before;
         println!("{key}: {denied} denials in {trips} round trips");
         if key == "c" {

@@ -268,11 +268,12 @@ async fn queued_requests_go_through_in_arrival_order_and_the_rest_get_429_at_onc
     for t in tasks {
         let (r, done) = t.await.unwrap();
         statuses.push(r.status());
-        // Its turn was within the bound; 100 ms for the scheduler of a busy
-        // machine.
+        // Its turn was within the bound: the 200 says so (a turn beyond it
+        // is a 429 at once). The wall clock is no proof (a loaded machine
+        // stretches it); 10 s is a bound only a hang exceeds.
         assert!(
-            done - start < Duration::from_millis(280 + 100),
-            "within the bound: {:?}",
+            done - start < Duration::from_secs(10),
+            "a queued request hung: {:?}",
             done - start
         );
     }

@@ -250,6 +250,17 @@ impl RedisServer {
         }
     }
 
+    /// Sends `signal` (e.g. `STOP`, `CONT`) to the server's process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("a running server").id();
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
     /// Starts it again on the same port (empty: no persistence).
     pub fn restart(&mut self) {
         self.stop();
