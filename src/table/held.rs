@@ -57,6 +57,7 @@ pub(crate) fn dormant(field: u64) -> Option<u64> {
 /// The field of a dormant cell keeping `tat`, if it fits
 /// ([`DORMANT_MAX_TAT`]).
 #[inline]
+#[cfg_attr(pace_mutant = "no_dormancy", allow(dead_code))]
 pub(crate) fn dormant_field(tat: u64) -> Option<u64> {
     (tat <= DORMANT_MAX_TAT).then(|| DORMANT + tat)
 }
