@@ -35,7 +35,7 @@ pub(crate) struct Floors {
     /// Marks of keys whose rows a sweep removed lately, one per slot of a
     /// small direct-mapped array ([`Floors::remember`]): a new row of a key
     /// found here is a client coming back (`Table::returning`).
-    recent: Box<[AtomicU64]>,
+    recent: Box<[std::sync::atomic::AtomicU64]>,
 }
 
 /// Slots of [`Floors::recent`] (a power of two): 16 KiB.
@@ -52,7 +52,9 @@ impl Floors {
         Floors {
             stripes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
             mul: stripe_multiplier(),
-            recent: (0..RECENT).map(|_| AtomicU64::new(0)).collect(),
+            recent: (0..RECENT)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
         }
     }
 

@@ -37,7 +37,7 @@ use crossbeam_utils::{Backoff, CachePadded};
 use crate::bucket::{Limits, Refund};
 use crate::pace::Refunded;
 use crate::sync::epoch::{Atomic, Guard, Shared};
-use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
 use held::{Held, Resolution, Ticket, HELD};
 
 mod array;
@@ -457,16 +457,20 @@ enum Found<'g> {
 /// The counts behind [`Table::revived_lately`]: cells made dormant and
 /// dropped (monotonic, wrapping), and `(dormant, made, dropped)` at the
 /// start of the last pass and of the one before it.
+///
+/// These steer only policy (sizing, and whether passes put rows to sleep),
+/// never a decision, so they are plain `std` atomics even under loom, whose
+/// models then explore the protocol's own atomics only.
 struct Dormancy {
     /// Monotonic (wrapping) counts, in the order of [`Count`]'s indices.
-    counts: [AtomicUsize; COUNTS],
+    counts: [std::sync::atomic::AtomicUsize; COUNTS],
     /// The dormant cells and `counts` at the start of the last pass, and
     /// of the one before it.
-    last: [AtomicUsize; COUNTS + 1],
-    base: [AtomicUsize; COUNTS + 1],
+    last: [std::sync::atomic::AtomicUsize; COUNTS + 1],
+    base: [std::sync::atomic::AtomicUsize; COUNTS + 1],
     /// Set by models and tests: passes always put full rows to sleep
     /// (`Table::puts_to_sleep`).
-    forced: AtomicBool,
+    forced: std::sync::atomic::AtomicBool,
 }
 
 /// What [`Dormancy::counts`] counts.
@@ -489,10 +493,10 @@ const COUNTS: usize = 5;
 impl Dormancy {
     fn new() -> Dormancy {
         Dormancy {
-            counts: std::array::from_fn(|_| AtomicUsize::new(0)),
-            last: std::array::from_fn(|_| AtomicUsize::new(0)),
-            base: std::array::from_fn(|_| AtomicUsize::new(0)),
-            forced: AtomicBool::new(false),
+            counts: std::array::from_fn(|_| std::sync::atomic::AtomicUsize::new(0)),
+            last: std::array::from_fn(|_| std::sync::atomic::AtomicUsize::new(0)),
+            base: std::array::from_fn(|_| std::sync::atomic::AtomicUsize::new(0)),
+            forced: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -528,8 +532,9 @@ pub(crate) struct Table {
     dormancy: Dormancy,
     /// How long a dormant cell is kept after its bucket filled (ns): a
     /// pass or a copy drops one whose kept `tat` is at least this far
-    /// behind its reading (`Pace` sets it from its horizon).
-    retain: AtomicU64,
+    /// behind its reading (`Pace` sets it from its horizon). Policy only, as
+    /// [`Dormancy`]: a `std` atomic under loom too.
+    retain: std::sync::atomic::AtomicU64,
     min_cells: usize,
     floors: Floors,
     /// How rows hold their keys: `None` for a key's own bits, else the free
@@ -597,7 +602,7 @@ impl Table {
             len: CachePadded::new(AtomicUsize::new(0)),
             dormant: CachePadded::new(AtomicUsize::new(0)),
             dormancy: Dormancy::new(),
-            retain: AtomicU64::new(0),
+            retain: std::sync::atomic::AtomicU64::new(0),
             min_cells: n,
             floors: Floors::new(),
             boxed: kind.free,
