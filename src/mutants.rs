@@ -31,6 +31,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("decision_ignores_held", "table/held.rs", "a decision counts no held token"),
     ("deep_probe_any_row", "table/mod.rs", "a reserve past its key's eighth cell takes any live row for the key's"),
     ("no_dormancy", "table/sweep.rs", "passes remove every full row instead of making it dormant"),
+    ("no_quiet_rows", "table/mod.rs", "passes put every full row to sleep, however lately it filled"),
     ("revive_from_now", "table/held.rs", "a revival starts from the reviver's reading, not the tat its cell kept"),
     ("revive_unsealed", "table/mod.rs", "a revival does not check for a migration that drops dormant cells"),
     ("drop_panics_while_unwinding", "pace/mod.rs", "a key's panic in a Drop escapes it while the thread unwinds"),

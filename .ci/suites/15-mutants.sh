@@ -335,13 +335,14 @@ expect_caught shrink_below_sweep_floor churn "the table migrated under a steady 
 # (`revive_from_now`: a stale reading mints a token); a revival checks for
 # a migration that drops dormant cells (`revive_unsealed`: its row is copied
 # into a target with no room for it); passes put the full rows of returning
-# clients to sleep (`no_dormancy`: every key of a working set loses its cell
-# at each pass).
+# clients to sleep (`no_dormancy`: a String key's box is made again at each
+# visit); passes leave the rows of a returning working set that filled
+# lately live (`no_quiet_rows`: the working set lives in dormant cells).
 expect_caught revive_from_now dormant "unwrap_err" --release \
     a_stale_reading_cannot_revive_below_the_kept_tat
 expect_caught revive_unsealed dormant "a target has room for every copy" --release \
     revivals_during_a_shrink_go_to_the_target
-expect_caught no_dormancy churn "every key of the working set keeps its cell" --release \
+expect_caught no_quiet_rows churn "every key of the working set keeps its row, live" --release \
     cells::a_working_set_refilled_between_requests_stops_migrating \
     entries::a_working_set_refilled_between_requests_stops_migrating
 expect_caught no_dormancy dormant "round 0" --release \

@@ -251,6 +251,45 @@ fn main() {
                 }
             }
         }
+        "pace-returning" | "governor-returning" | "pace-returning-2s" | "governor-returning-2s"
+        | "pace-returning-20ms" | "governor-returning-20ms" => {
+            // Returning clients (benches/returning.rs's workloads, on fake
+            // clocks): `nkeys` clients asked in turn, two warm-up turns
+            // first. `-returning`: 1,000 per second, capacity 1, the clock
+            // advanced 150 ns per op (20,000 clients come back every 3 ms,
+            // three horizons); `-2s`: 10 per second, capacity 10, 100 µs
+            // per op (every 2 s, two horizons); `-20ms`: the same, 1 µs per
+            // op (every 20 ms: rows stay live, the live-row price).
+            let (per_s, cap, step) = if mode.ends_with("-2s") {
+                (10, 10, 100_000)
+            } else if mode.ends_with("-20ms") {
+                (10, 10, 1_000)
+            } else {
+                (1000, 1, 150)
+            };
+            let warm = 2 * nkeys;
+            if mode.starts_with("governor") {
+                let clock = governor::clock::FakeRelativeClock::default();
+                let q = governor::Quota::per_second(NonZeroU32::new(per_s).unwrap())
+                    .allow_burst(NonZeroU32::new(cap).unwrap());
+                let g = governor::RateLimiter::dashmap_with_clock(q, clock.clone());
+                for i in 0..warm + ops {
+                    clock.advance(Duration::from_nanos(step));
+                    black_box(g.check_key(&keys[(i % nkeys) as usize]).is_ok());
+                }
+            } else {
+                let clock = pace::ManualClock::new();
+                let p = Pace::builder(Rate::per_second(u64::from(per_s)).unwrap())
+                    .capacity(u64::from(cap))
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap();
+                for i in 0..warm + ops {
+                    clock.advance(Duration::from_nanos(step));
+                    black_box(p.reserve(&keys[(i % nkeys) as usize]).is_ok());
+                }
+            }
+        }
         "governor-churn" => {
             let q = governor::Quota::per_second(NonZeroU32::new(10).unwrap());
             let g = governor::RateLimiter::keyed(q);

@@ -259,6 +259,7 @@ impl<K, S, C> Builder<K, S, C> {
             hasher: self.hasher,
             clock: self.clock,
             horizon: AtomicU64::new(horizon),
+            sweep_span: AtomicU64::new(horizon),
             next_sweep: CachePadded::new(AtomicU64::new(horizon)),
             sweep_mark: AtomicUsize::new(0),
             epochs: Epochs::new(),

@@ -103,6 +103,11 @@ pub trait PaceInternals<K, S, C> {
     /// From now on, passes put every full row within its retention to sleep
     /// (dormant cells), whether or not the table's clients come back.
     fn force_dormancy(&self);
+    /// From now on, passes remove every full row, as if no client ever
+    /// came back (for models that predict `len` from the rows full at each
+    /// pass: left to itself, a table whose clients come back keeps quiet
+    /// full rows as rows).
+    fn force_removal(&self);
     /// The raw bucket word (`tat`, ns) of `key`'s row, if it has one.
     fn row_tat<Q>(&self, key: &Q) -> Option<u64>
     where
@@ -293,6 +298,10 @@ where
 
     fn force_dormancy(&self) {
         self.force_dormancy_inner()
+    }
+
+    fn force_removal(&self) {
+        self.rows.table.force_removal()
     }
 
     fn row_tat<Q>(&self, key: &Q) -> Option<u64>

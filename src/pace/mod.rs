@@ -118,6 +118,11 @@ pub struct Pace<K, S = RandomState, C = DefaultClock> {
     /// The time between time-driven sweep passes: the default quota's
     /// horizon (at least `MIN_HORIZON_NS`).
     horizon: AtomicU64,
+    /// How far ahead `next_sweep` was set when it was set last: the
+    /// horizon, or longer while passes leave quiet rows live
+    /// (`Table::pass_period`). A due time further ahead than this means the
+    /// clock stepped back.
+    sweep_span: AtomicU64,
     /// When the next time-driven sweep is due (ns on the clock).
     next_sweep: CachePadded<AtomicU64>,
     /// Rows at the start of the last pass, or left by it if fewer; a sweep
@@ -218,6 +223,8 @@ impl<K, S, C> Pace<K, S, C> {
     pub fn set_quota(&self, quota: Quota) {
         let horizon = quota.limits().tau().max(MIN_HORIZON_NS);
         self.horizon.store(horizon, Ordering::Relaxed);
+        // A pass due further ahead than the new horizon comes at once.
+        self.sweep_span.store(horizon, Ordering::Relaxed);
         self.rows.table.set_retain(retention(horizon));
         self.quota.store(quota, &self.pin());
     }
@@ -998,11 +1005,15 @@ where
     #[inline(always)]
     fn maybe_sweep(&self, now: u64, created: bool, guard: &Guard) {
         let due = self.next_sweep.load(Ordering::Relaxed);
-        // A due time more than a horizon ahead means the clock stepped back:
-        // treat it as due, so sweeps do not stall until the clock catches up.
-        let horizon = self.horizon.load(Ordering::Relaxed);
-        if now >= due || due - now > horizon {
-            let next = now.saturating_add(horizon);
+        // A due time further ahead than it was set means the clock stepped
+        // back: treat it as due, so sweeps do not stall until the clock
+        // catches up.
+        if now >= due || due - now > self.sweep_span.load(Ordering::Relaxed) {
+            // While clients come back, no row goes before it is quiet for
+            // the table's `quiet`: passes come no more often.
+            let span = (self.rows.table).pass_period(self.horizon.load(Ordering::Relaxed));
+            self.sweep_span.store(span, Ordering::Relaxed);
+            let next = now.saturating_add(span);
             if self
                 .next_sweep
                 .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)

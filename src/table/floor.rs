@@ -72,14 +72,17 @@ impl Floors {
     /// A sweep removed the row of the key of mark `mark`.
     #[inline]
     pub(crate) fn remember(&self, mark: u64) {
-        self.recent[slot_of(mark)].store(mark | 1, Ordering::Relaxed);
+        if let Some(slot) = sampled(mark) {
+            self.recent[slot].store(mark | 1, Ordering::Relaxed);
+        }
     }
 
     /// Whether the key of mark `mark`, making a row, had one removed lately
-    /// (or shares its slot and 31 more bits with such a key).
+    /// (or shares its slot and 31 more bits with such a key). Only one key
+    /// in [`SAMPLE`] is remembered: each return found stands for `SAMPLE`.
     #[inline]
     pub(crate) fn returned(&self, mark: u64) -> bool {
-        self.recent[slot_of(mark)].load(Ordering::Relaxed) == mark | 1
+        sampled(mark).is_some_and(|slot| self.recent[slot].load(Ordering::Relaxed) == mark | 1)
     }
 
     /// The stripe of a boxed key with this hash: the hash's top bits (the
@@ -149,13 +152,25 @@ impl Floors {
     }
 }
 
-/// The slot of [`Floors::recent`] of a mark: the top bits of the mark
-/// folded and multiplied again (a word key's mark is one multiply-shift
-/// product, whose top bits alone repeat for keys in arithmetic sequence).
+/// One key in this many is remembered ([`Floors::remember`]): the marks a
+/// working set of `n` clients leaves between two visits of one of them
+/// are `n / SAMPLE`, so the slots keep many of them across a return
+/// period of thousands of removals (a full array of removals between a
+/// client's visits would overwrite every mark).
+#[cfg(not(loom))]
+pub(crate) const SAMPLE: usize = 8;
+#[cfg(loom)]
+pub(crate) const SAMPLE: usize = 1;
+
+/// The slot of [`Floors::recent`] of a sampled mark ([`SAMPLE`]), `None`
+/// for a mark not sampled: the mark folded and multiplied again (a word
+/// key's mark is one multiply-shift product, whose top bits alone repeat
+/// for keys in arithmetic sequence), its top bits the slot, lower ones the
+/// sample.
 #[inline]
-fn slot_of(mark: u64) -> usize {
+fn sampled(mark: u64) -> Option<usize> {
     let m = (mark ^ (mark >> 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (m >> (64 - RECENT.trailing_zeros())) as usize
+    ((m >> 20) as usize % SAMPLE == 0).then(|| (m >> (64 - RECENT.trailing_zeros())) as usize)
 }
 
 /// A random odd multiplier for [`Floors::of_word`], from the standard

@@ -468,9 +468,10 @@ struct Dormancy {
     /// of the one before it.
     last: [std::sync::atomic::AtomicUsize; COUNTS + 1],
     base: [std::sync::atomic::AtomicUsize; COUNTS + 1],
-    /// Set by models and tests: passes always put full rows to sleep
-    /// (`Table::puts_to_sleep`).
-    forced: std::sync::atomic::AtomicBool,
+    /// Set by models and tests: [`FORCED_SLEEP`], passes always put full
+    /// rows to sleep; [`FORCED_REMOVAL`], never (`Table::puts_to_sleep`);
+    /// 0, the returns seen decide.
+    forced: std::sync::atomic::AtomicU8,
 }
 
 /// What [`Dormancy::counts`] counts.
@@ -486,9 +487,19 @@ enum Count {
     Removed = 3,
     /// New rows of keys a pass had removed lately (`Floors::returned`).
     Returns = 4,
+    /// New rows, of any key (a row about to be made; a return too).
+    Created = 5,
+    /// Full rows a pass left live: quiet for less than the table's
+    /// `quiet` while its clients come back.
+    Kept = 6,
 }
 
-const COUNTS: usize = 5;
+const COUNTS: usize = 7;
+
+/// [`Dormancy::forced`]: passes always put full rows to sleep.
+const FORCED_SLEEP: u8 = 1;
+/// [`Dormancy::forced`]: passes never put full rows to sleep.
+const FORCED_REMOVAL: u8 = 2;
 
 impl Dormancy {
     fn new() -> Dormancy {
@@ -496,7 +507,7 @@ impl Dormancy {
             counts: std::array::from_fn(|_| std::sync::atomic::AtomicUsize::new(0)),
             last: std::array::from_fn(|_| std::sync::atomic::AtomicUsize::new(0)),
             base: std::array::from_fn(|_| std::sync::atomic::AtomicUsize::new(0)),
-            forced: std::sync::atomic::AtomicBool::new(false),
+            forced: std::sync::atomic::AtomicU8::new(0),
         }
     }
 
@@ -535,6 +546,11 @@ pub(crate) struct Table {
     /// behind its reading (`Pace` sets it from its horizon). Policy only, as
     /// [`Dormancy`]: a `std` atomic under loom too.
     retain: std::sync::atomic::AtomicU64,
+    /// While the table's clients come back, how long a full row stays a
+    /// row before a pass puts it to sleep (ns; half the retention): a
+    /// client that comes back within it finds its row live. Policy only,
+    /// as `retain`.
+    quiet: std::sync::atomic::AtomicU64,
     min_cells: usize,
     floors: Floors,
     /// How rows hold their keys: `None` for a key's own bits, else the free
@@ -603,6 +619,7 @@ impl Table {
             dormant: CachePadded::new(AtomicUsize::new(0)),
             dormancy: Dormancy::new(),
             retain: std::sync::atomic::AtomicU64::new(0),
+            quiet: std::sync::atomic::AtomicU64::new(0),
             min_cells: n,
             floors: Floors::new(),
             boxed: kind.free,
@@ -744,9 +761,48 @@ impl Table {
         (self.dormant.load(Ordering::Relaxed) as isize).max(0) as usize
     }
 
-    /// Sets how long a dormant cell is kept after its bucket filled (ns).
+    /// Sets how long a dormant cell is kept after its bucket filled (ns),
+    /// and how long a full row stays a row while clients come back (half
+    /// of it: [`quiet`](Table::quiet)).
     pub(crate) fn set_retain(&self, ns: u64) {
         self.retain.store(ns, Ordering::Relaxed);
+        if self.dormancy.forced.load(Ordering::Relaxed) != FORCED_SLEEP {
+            self.quiet.store(ns / 2, Ordering::Relaxed);
+        }
+    }
+
+    /// While the table's clients come back, how long a full row stays a
+    /// row before a pass puts it to sleep (ns): a pass leaves a full row
+    /// live while `tat + quiet > now`, and time-driven passes come at most
+    /// once per twice `quiet` ([`pass_period`](Table::pass_period)). So a client
+    /// that comes back within it pays one CAS on a live row; one that comes
+    /// back later revives a dormant cell.
+    #[cfg(not(pace_mutant = "no_quiet_rows"))]
+    #[inline]
+    pub(super) fn quiet(&self) -> u64 {
+        self.quiet.load(Ordering::Relaxed)
+    }
+
+    /// Known-wrong variant `no_quiet_rows`: passes put every full row to
+    /// sleep, so a working set lives in dormant cells and each visit
+    /// revives one.
+    #[cfg(pace_mutant = "no_quiet_rows")]
+    pub(super) fn quiet(&self) -> u64 {
+        0
+    }
+
+    /// The time between time-driven passes for a limiter whose horizon is
+    /// `horizon`: the horizon, or, while passes put rows to sleep, at
+    /// least twice [`quiet`](Table::quiet) (the retention): a pass then
+    /// only puts to sleep the rows quiet for that long and drops the
+    /// dormant cells past their retention, and a pass over a working set's
+    /// live rows is a scan of the whole array that no row needs sooner.
+    pub(crate) fn pass_period(&self, horizon: u64) -> u64 {
+        if self.puts_to_sleep() {
+            horizon.max(self.quiet().saturating_mul(2))
+        } else {
+            horizon
+        }
     }
 
     /// Whether a dormant cell that kept `tat` is past its retention at
@@ -792,6 +848,12 @@ impl Table {
     /// A pass begins: the counts at the start of the previous one become
     /// the base of the `lately` counts.
     pub(super) fn mark_pass_start(&self) {
+        if std::env::var_os("PACE_DEBUG").is_some() {
+            let d = &self.dormancy;
+            eprintln!("pass: len {} dormant {} back {} revived {} returns {} made {} removed {} kept {} created {} returning {}",
+                self.len.load(Ordering::Relaxed), self.dormant_count(), self.back_lately(), self.revived_lately(),
+                d.lately(Count::Returns), d.lately(Count::Made), d.lately(Count::Removed), d.lately(Count::Kept), d.lately(Count::Created), self.returning());
+        }
         let d = &self.dormancy;
         for i in 0..=COUNTS {
             d.base[i].store(d.last[i].load(Ordering::Relaxed), Ordering::Relaxed);
@@ -822,13 +884,24 @@ impl Table {
     /// [`RETURNING_FEW`] (revived, or made anew by a key a pass had removed:
     /// `Floors::returned`). A flood of keys nobody names again comes back
     /// to none: its rows are removed as full rows always were.
+    ///
+    /// While passes leave quiet full rows live, a returning client's call
+    /// finds its row and shows nothing: the table stays returning while
+    /// passes kept full rows lately and new keys made at most one in
+    /// [`RETURNING_SHARE`] as many rows (a flood of new keys makes more,
+    /// and its rows double the count, which starts a pass that removes
+    /// them).
     pub(super) fn returning(&self) -> bool {
         let d = &self.dormancy;
         let back = self.back_lately();
         let gone = d
             .lately(Count::Made)
             .saturating_add(d.lately(Count::Removed));
-        back >= RETURNING_FEW || (back > 0 && back.saturating_mul(RETURNING_SHARE) >= gone)
+        let kept = d.lately(Count::Kept);
+        let fresh = d.lately(Count::Created).saturating_sub(d.lately(Count::Returns));
+        back >= RETURNING_FEW
+            || (back > 0 && back.saturating_mul(RETURNING_SHARE) >= gone)
+            || (kept > 0 && fresh.saturating_mul(RETURNING_SHARE) <= kept)
     }
 
     /// Whether passes put full rows to sleep: while the table's clients
@@ -837,13 +910,26 @@ impl Table {
     /// the returns seen).
     #[inline]
     pub(super) fn puts_to_sleep(&self) -> bool {
-        self.dormancy.forced.load(Ordering::Relaxed) || self.returning()
+        match self.dormancy.forced.load(Ordering::Relaxed) {
+            FORCED_SLEEP => true,
+            FORCED_REMOVAL => false,
+            _ => self.returning(),
+        }
     }
 
-    /// Passes always put full rows to sleep (for models and tests).
+    /// Passes put every full row to sleep, however lately it filled (for
+    /// models and tests: `quiet` becomes 0).
     #[cfg(any(test, feature = "__internals"))]
     pub(crate) fn force_dormancy(&self) {
-        self.dormancy.forced.store(true, Ordering::Relaxed);
+        self.dormancy.forced.store(FORCED_SLEEP, Ordering::Relaxed);
+        self.quiet.store(0, Ordering::Relaxed);
+    }
+
+    /// Passes remove every full row, as if no client ever came back (for
+    /// models that predict `len` from the rows full at each pass).
+    #[cfg(any(test, feature = "__internals"))]
+    pub(crate) fn force_removal(&self) {
+        self.dormancy.forced.store(FORCED_REMOVAL, Ordering::Relaxed);
     }
 
     /// A new row of the key whose hash is `hash` and whose bits are `bits`
@@ -851,11 +937,12 @@ impl Table {
     /// as a return if a pass removed the key's row lately.
     #[inline]
     pub(super) fn note_new_row(&self, hash: u64, bits: u64) {
+        self.dormancy.add(Count::Created, 1);
         if self
             .floors
             .returned(self.floors.mark(self.boxed.is_some(), hash, bits))
         {
-            self.dormancy.add(Count::Returns, 1);
+            self.dormancy.add(Count::Returns, floor::SAMPLE);
         }
     }
 

@@ -104,6 +104,10 @@ impl Table {
         // and keeps its dormant cells within their retention; any other
         // pass removes full rows and drops dormant cells.
         let asleep = pass && self.puts_to_sleep();
+        // ... and leaves live the full rows that filled within `quiet`: a
+        // client that comes back soon finds its row.
+        let quiet = if asleep { self.quiet() } else { 0 };
+        let mut kept = 0;
         let mut gone = Vec::new();
         for idx in start..end {
             let cell = &arr.cells[idx];
@@ -132,6 +136,10 @@ impl Table {
                     tat
                 };
                 if tat <= now {
+                    if tat.saturating_add(quiet) > now {
+                        kept += 1;
+                        continue;
+                    }
                     // SAFETY: `key` was read under `guard` from a live cell.
                     unsafe { self.raise_swept_floor(key, tat, hash_of, guard) };
                     if asleep && !self.stale(tat, now) {
@@ -170,6 +178,9 @@ impl Table {
         }
         if pass && removed > 0 {
             self.dormancy.add(super::Count::Removed, removed);
+        }
+        if kept > 0 {
+            self.dormancy.add(super::Count::Kept, kept);
         }
         if removed + dropped > 0 {
             self.len.fetch_sub(removed + dropped, Ordering::SeqCst);
