@@ -32,6 +32,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("deep_probe_any_row", "table/mod.rs", "a reserve past its key's eighth cell takes any live row for the key's"),
     ("no_dormancy", "table/sweep.rs", "passes remove every full row instead of making it dormant"),
     ("no_quiet_rows", "table/mod.rs", "passes put every full row to sleep, however lately it filled"),
+    ("quiet_rows_in_floods", "table/mod.rs", "while passes keep quiet rows, new keys never end the returning mode"),
     ("revive_from_now", "table/held.rs", "a revival starts from the reviver's reading, not the tat its cell kept"),
     ("revive_unsealed", "table/mod.rs", "a revival does not check for a migration that drops dormant cells"),
     ("drop_panics_while_unwinding", "pace/mod.rs", "a key's panic in a Drop escapes it while the thread unwinds"),

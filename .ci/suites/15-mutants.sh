@@ -337,7 +337,9 @@ expect_caught shrink_below_sweep_floor churn "the table migrated under a steady 
 # into a target with no room for it); passes put the full rows of returning
 # clients to sleep (`no_dormancy`: a String key's box is made again at each
 # visit); passes leave the rows of a returning working set that filled
-# lately live (`no_quiet_rows`: the working set lives in dormant cells).
+# lately live (`no_quiet_rows`: the working set lives in dormant cells), but
+# not while new keys outnumber the returns (`quiet_rows_in_floods`: a flood's
+# rows stay rows for the quiet time).
 expect_caught revive_from_now dormant "unwrap_err" --release \
     a_stale_reading_cannot_revive_below_the_kept_tat
 expect_caught revive_unsealed dormant "a target has room for every copy" --release \
@@ -345,6 +347,9 @@ expect_caught revive_unsealed dormant "a target has room for every copy" --relea
 expect_caught no_quiet_rows churn "every key of the working set keeps its row, live" --release \
     cells::a_working_set_refilled_between_requests_stops_migrating \
     entries::a_working_set_refilled_between_requests_stops_migrating
+expect_caught quiet_rows_in_floods churn "rows beside a flood" --release \
+    cells::a_flood_beside_returning_clients_keeps_few_of_its_rows \
+    entries::a_flood_beside_returning_clients_keeps_few_of_its_rows
 expect_caught no_dormancy dormant "round 0" --release \
     returning_string_keys_allocate_nothing
 

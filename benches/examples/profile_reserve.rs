@@ -251,8 +251,12 @@ fn main() {
                 }
             }
         }
-        "pace-returning" | "governor-returning" | "pace-returning-2s" | "governor-returning-2s"
-        | "pace-returning-20ms" | "governor-returning-20ms" => {
+        "pace-returning"
+        | "governor-returning"
+        | "pace-returning-2s"
+        | "governor-returning-2s"
+        | "pace-returning-20ms"
+        | "governor-returning-20ms" => {
             // Returning clients (benches/returning.rs's workloads, on fake
             // clocks): `nkeys` clients asked in turn, two warm-up turns
             // first. `-returning`: 1,000 per second, capacity 1, the clock

@@ -453,7 +453,7 @@ pub fn check(p: Params, ops: &[Op]) -> Result<(), String> {
     // one to sleep (the same to a caller; half the runs, by the interval's
     // parity). Left to itself, a table whose clients come back keeps its
     // quiet full rows as rows, which `len()` then counts.
-    if p.interval % 2 == 0 {
+    if p.interval.is_multiple_of(2) {
         pace.force_dormancy();
     } else {
         pace.force_removal();

@@ -274,7 +274,8 @@ impl Table {
 
     /// Freezes every cell of chunk `c` of `old` (the current array), places
     /// its rows in `new` and marks them moved, except rows whose bucket is
-    /// full at the call's reading: those it removes, as a sweep does (the
+    /// full at the call's reading (and, while passes leave quiet rows live,
+    /// not quiet: `Table::pass_mode`): those it removes, as a sweep does (the
     /// floor raised to the row's own `tat` first, the cell closed), so a
     /// migration copies only the rows still owing something. Returns the
     /// rows it copied and the rows it removed.
@@ -293,6 +294,10 @@ impl Table {
         // target cell is prefetched as it is found, so the chunk's (random)
         // target lines are fetched together rather than one after another.
         let mut rows = [(0usize, 0u64, 0u128, 0u64); CHUNK];
+        // While passes leave quiet full rows live (`Table::pass_mode`), a
+        // copy keeps them too: their clients come back.
+        let quiet = self.pass_mode();
+        let quiet_row = |last: u64, now: u64| quiet.is_some_and(|q| last.saturating_add(q) > now);
         let mut copies = 0;
         let mut removed = 0;
         let mut gone = Vec::new();
@@ -327,7 +332,7 @@ impl Table {
                 // SAFETY: `tat` is the field of a live cell this copier
                 // froze, read under `guard`.
                 let last = unsafe { full_from(tat, &self.form, guard) };
-                if last < HELD && last <= cx.now {
+                if last < HELD && last <= cx.now && !quiet_row(last, cx.now) {
                     // Full: removed here, not copied. The floor first, then
                     // the cell closed (Release): whoever finds the key gone
                     // reads a floor at least `last`.

@@ -496,6 +496,28 @@ enum Count {
 
 const COUNTS: usize = 7;
 
+/// The most times in a row an idle pass doubles the period of time-driven
+/// passes while quiet rows stay live (`Table::pass_period`): four times
+/// the retention.
+const IDLE_PASSES: u32 = 2;
+
+/// While passes leave quiet rows live, whether the new keys (`fresh`)
+/// made at most one in [`RETURNING_SHARE`] as many rows as passes kept
+/// (`Table::returning`).
+#[cfg(not(pace_mutant = "quiet_rows_in_floods"))]
+#[inline]
+fn few_fresh(fresh: usize, kept: usize) -> bool {
+    fresh.saturating_mul(RETURNING_SHARE) <= kept
+}
+
+/// Known-wrong variant `quiet_rows_in_floods`: while passes leave quiet
+/// rows live, the table counts its clients as coming back whatever new
+/// keys come.
+#[cfg(pace_mutant = "quiet_rows_in_floods")]
+fn few_fresh(_: usize, _: usize) -> bool {
+    true
+}
+
 /// [`Dormancy::forced`]: passes always put full rows to sleep.
 const FORCED_SLEEP: u8 = 1;
 /// [`Dormancy::forced`]: passes never put full rows to sleep.
@@ -551,6 +573,15 @@ pub(crate) struct Table {
     /// client that comes back within it finds its row live. Policy only,
     /// as `retain`.
     quiet: std::sync::atomic::AtomicU64,
+    /// What the running pass does with full rows, set as it begins
+    /// (`mark_pass_start`): 0, removes them; `quiet + 1`, leaves those that
+    /// filled within `quiet` live and puts the others to sleep. Policy
+    /// only, as `retain`.
+    pass_mode: std::sync::atomic::AtomicU64,
+    /// Passes in a row, up to the last one begun, that left quiet rows
+    /// live and put nothing to sleep, removed nothing and dropped nothing
+    /// ([`pass_period`](Table::pass_period)). Policy only, as `retain`.
+    idle_passes: std::sync::atomic::AtomicU32,
     min_cells: usize,
     floors: Floors,
     /// How rows hold their keys: `None` for a key's own bits, else the free
@@ -620,6 +651,8 @@ impl Table {
             dormancy: Dormancy::new(),
             retain: std::sync::atomic::AtomicU64::new(0),
             quiet: std::sync::atomic::AtomicU64::new(0),
+            pass_mode: std::sync::atomic::AtomicU64::new(0),
+            idle_passes: std::sync::atomic::AtomicU32::new(0),
             min_cells: n,
             floors: Floors::new(),
             boxed: kind.free,
@@ -755,6 +788,14 @@ impl Table {
         self.dormant_count()
     }
 
+    /// What the running pass does with full rows: `None`, removes them;
+    /// `Some(quiet)`, leaves those that filled within `quiet` live and puts
+    /// the others to sleep.
+    #[inline]
+    pub(super) fn pass_mode(&self) -> Option<u64> {
+        self.pass_mode.load(Ordering::Relaxed).checked_sub(1)
+    }
+
     /// Dormant cells (the count may lag a sweep's CASes by a chunk).
     #[inline]
     fn dormant_count(&self) -> usize {
@@ -797,9 +838,19 @@ impl Table {
     /// only puts to sleep the rows quiet for that long and drops the
     /// dormant cells past their retention, and a pass over a working set's
     /// live rows is a scan of the whole array that no row needs sooner.
+    ///
+    /// Each pass of that kind in a row that put nothing to sleep and
+    /// removed nothing doubles the period, up to [`IDLE_PASSES`] times: a
+    /// working set that all comes back is scanned once per four retentions
+    /// (a scan of the whole array, spread over calls as chunks), and a
+    /// client that leaves has its row put to sleep within that time, then
+    /// dropped after the retention.
     pub(crate) fn pass_period(&self, horizon: u64) -> u64 {
         if self.puts_to_sleep() {
-            horizon.max(self.quiet().saturating_mul(2))
+            let idle = self.idle_passes.load(Ordering::Relaxed).min(IDLE_PASSES);
+            horizon
+                .max(self.quiet().saturating_mul(2))
+                .saturating_mul(1 << idle)
         } else {
             horizon
         }
@@ -845,16 +896,33 @@ impl Table {
             .max(0) as usize
     }
 
-    /// A pass begins: the counts at the start of the previous one become
-    /// the base of the `lately` counts.
+    /// A pass begins: it decides what it does with full rows (`pass_mode`,
+    /// the same for all its chunks), and the counts at the start of the
+    /// previous one become the base of the `lately` counts.
     pub(super) fn mark_pass_start(&self) {
-        if std::env::var_os("PACE_DEBUG").is_some() {
-            let d = &self.dormancy;
-            eprintln!("pass: len {} dormant {} back {} revived {} returns {} made {} removed {} kept {} created {} returning {}",
-                self.len.load(Ordering::Relaxed), self.dormant_count(), self.back_lately(), self.revived_lately(),
-                d.lately(Count::Returns), d.lately(Count::Made), d.lately(Count::Removed), d.lately(Count::Kept), d.lately(Count::Created), self.returning());
-        }
         let d = &self.dormancy;
+        // Whether the pass that began last, if it left quiet rows live,
+        // changed nothing (read before `last` moves on).
+        let since = |c: Count| {
+            d.counts[c as usize]
+                .load(Ordering::Relaxed)
+                .wrapping_sub(d.last[c as usize + 1].load(Ordering::Relaxed))
+        };
+        let idle = self.pass_mode.load(Ordering::Relaxed) > 1
+            && since(Count::Made) == 0
+            && since(Count::Removed) == 0
+            && since(Count::Dropped) == 0;
+        if idle {
+            self.idle_passes.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.idle_passes.store(0, Ordering::Relaxed);
+        }
+        let mode = if self.puts_to_sleep() {
+            self.quiet().saturating_add(1)
+        } else {
+            0
+        };
+        self.pass_mode.store(mode, Ordering::Relaxed);
         for i in 0..=COUNTS {
             d.base[i].store(d.last[i].load(Ordering::Relaxed), Ordering::Relaxed);
         }
@@ -885,12 +953,14 @@ impl Table {
     /// `Floors::returned`). A flood of keys nobody names again comes back
     /// to none: its rows are removed as full rows always were.
     ///
-    /// While passes leave quiet full rows live, a returning client's call
-    /// finds its row and shows nothing: the table stays returning while
-    /// passes kept full rows lately and new keys made at most one in
-    /// [`RETURNING_SHARE`] as many rows (a flood of new keys makes more,
-    /// and its rows double the count, which starts a pass that removes
-    /// them).
+    /// Either way, new keys (rows made by keys not found among the marks)
+    /// must be at most [`RETURNING_SHARE`] times as many: a flood beside
+    /// returning clients makes more. While passes leave quiet full rows
+    /// live, a returning client's call finds its row and shows nothing: the
+    /// table stays returning while passes kept full rows lately and new
+    /// keys made at most one in [`RETURNING_SHARE`] as many rows (a flood
+    /// of new keys makes more, and its rows double the count, which starts
+    /// a pass that removes them).
     pub(super) fn returning(&self) -> bool {
         let d = &self.dormancy;
         let back = self.back_lately();
@@ -898,10 +968,13 @@ impl Table {
             .lately(Count::Made)
             .saturating_add(d.lately(Count::Removed));
         let kept = d.lately(Count::Kept);
-        let fresh = d.lately(Count::Created).saturating_sub(d.lately(Count::Returns));
-        back >= RETURNING_FEW
-            || (back > 0 && back.saturating_mul(RETURNING_SHARE) >= gone)
-            || (kept > 0 && fresh.saturating_mul(RETURNING_SHARE) <= kept)
+        let fresh = d
+            .lately(Count::Created)
+            .saturating_sub(d.lately(Count::Returns));
+        let came_back =
+            back >= RETURNING_FEW || (back > 0 && back.saturating_mul(RETURNING_SHARE) >= gone);
+        (came_back && fresh <= back.saturating_mul(RETURNING_SHARE))
+            || (kept > 0 && few_fresh(fresh, kept))
     }
 
     /// Whether passes put full rows to sleep: while the table's clients
@@ -929,7 +1002,9 @@ impl Table {
     /// models that predict `len` from the rows full at each pass).
     #[cfg(any(test, feature = "__internals"))]
     pub(crate) fn force_removal(&self) {
-        self.dormancy.forced.store(FORCED_REMOVAL, Ordering::Relaxed);
+        self.dormancy
+            .forced
+            .store(FORCED_REMOVAL, Ordering::Relaxed);
     }
 
     /// A new row of the key whose hash is `hash` and whose bits are `bits`

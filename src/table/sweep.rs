@@ -103,10 +103,11 @@ impl Table {
         // A pass of a table whose clients come back puts full rows to sleep
         // and keeps its dormant cells within their retention; any other
         // pass removes full rows and drops dormant cells.
-        let asleep = pass && self.puts_to_sleep();
-        // ... and leaves live the full rows that filled within `quiet`: a
+        // (Decided once for the whole pass, as it began: `pass_mode`.) It
+        // also leaves live the full rows that filled within `quiet`: a
         // client that comes back soon finds its row.
-        let quiet = if asleep { self.quiet() } else { 0 };
+        let mode = if pass { self.pass_mode() } else { None };
+        let (asleep, quiet) = (mode.is_some(), mode.unwrap_or(0));
         let mut kept = 0;
         let mut gone = Vec::new();
         for idx in start..end {
