@@ -83,7 +83,9 @@ pub(crate) fn retention(horizon: u64) -> u64 {
 /// in one atomic step; the caller [`refund`](Reservation::refund)s a
 /// reservation when the exchange did not happen. A full bucket is the same as
 /// no bucket, so rows that refilled are removed and memory follows the keys
-/// that exchanged within the last horizon, not the keys anyone named.
+/// that exchanged within the last horizon (while clients come back after
+/// their buckets refill, within a few: DESIGN.md §4), not the keys anyone
+/// named.
 ///
 /// The limit is per process: N replicas behind a balancer give a client up
 /// to N times the rate.
@@ -246,7 +248,10 @@ impl<K, S, C> Pace<K, S, C> {
         self.quota().horizon()
     }
 
-    /// Rows held now: keys whose bucket is not known to be full.
+    /// Rows held now: keys whose bucket is not known to be full, and,
+    /// while the limiter's clients come back after their buckets refill,
+    /// full rows kept for them within their quiet time, `max(2 horizons,
+    /// 500 ms)` after they filled (DESIGN.md §4, "Quiet rows").
     #[inline]
     pub fn len(&self) -> usize {
         self.rows.table.rows()
