@@ -17,8 +17,13 @@
 //! * [`gate`]: the gate as plain counters and handles, with a checker that
 //!   drives the real `Gate` in lockstep (`tests/gate_model.rs`, fuzz target
 //!   `gate_model`).
+//! * [`leases`]: the lease protocol of a shared limit as an event model of
+//!   one key, several replicas and a server, checked against [`bound`]
+//!   over every window (`pace-models/tests/leases.rs`), with its
+//!   known-wrong variants.
 #![warn(missing_docs)]
 
 pub mod bound;
 pub mod debt;
 pub mod gate;
+pub mod leases;
