@@ -1,6 +1,6 @@
 //! The lease protocol of a shared limit, as an exact integer event model
 //! (checked by `tests/leases.rs`): one key, several replicas, and a server
-//! that decides with its own clock by the rule of holds (DESIGN.md §10).
+//! that decides with its own clock by the rule of holds (DESIGN.md §11).
 //!
 //! * A **lease** is a server-side hold for `(replica, lease id)`. One call
 //!   takes or renews it: it settles the replica's cumulative kept tokens
