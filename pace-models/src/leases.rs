@@ -84,9 +84,14 @@ pub struct Params {
 }
 
 impl Params {
-    /// A history's shape from its seed; `failover` gives it a standby and
-    /// failovers.
+    /// A history's shape from its seed, with `ε_max` = 0.1%; `failover`
+    /// gives it a standby and failovers.
     pub fn random(seed: u64, failover: bool) -> Params {
+        Params::random_drift(seed, failover, 1_000)
+    }
+
+    /// The same with `ε_max` = `eps_ppm` parts per million.
+    pub fn random_drift(seed: u64, failover: bool, eps_ppm: u64) -> Params {
         let mut rng = StdRng::seed_from_u64(seed);
         let interval = rng.gen_range(1_000..=100_000u64);
         let capacity = *[1u64, 2, 3, 5, 10, 40, 200]
@@ -105,7 +110,7 @@ impl Params {
             replicas,
             lease,
             grace: [0, interval / 3, lease / 4][rng.gen_range(0..3)],
-            eps_ppm: 1_000,
+            eps_ppm,
             want,
             gap,
             delay: [interval / 10, interval, lease / 2][rng.gen_range(0..3)].max(1),
@@ -367,6 +372,19 @@ fn settle_expired(tat: i128, lease: &Lease, grace: i128, interval: i128) -> i128
 #[cfg(pace_mutant = "lease_expiry_refunds")]
 fn settle_expired(tat: i128, _lease: &Lease, _grace: i128, _interval: i128) -> i128 {
     tat
+}
+
+/// The local time a lease with `remaining` ns left on the server's clock
+/// may be used for: less the drift margin.
+#[cfg(not(pace_mutant = "lease_no_drift_margin"))]
+fn usable_for(remaining: i128, eps_ppm: i128) -> i128 {
+    remaining * (PPM - eps_ppm) / PPM
+}
+
+/// Known-wrong: all of it, on a clock that may run fast or slow.
+#[cfg(pace_mutant = "lease_no_drift_margin")]
+fn usable_for(remaining: i128, _eps_ppm: i128) -> i128 {
+    remaining
 }
 
 /// When a reply leaves the server: once the call's writes are on the
@@ -677,7 +695,7 @@ impl Sim {
                 rep.born = Some(born);
                 rep.first = false;
                 rep.granted = rep.granted.max(granted);
-                let margin = remaining * (PPM - self.p.eps_ppm as i128) / PPM;
+                let margin = usable_for(remaining, self.p.eps_ppm as i128);
                 let from = deadline_from(call.sent_local, rep.local(t));
                 rep.deadline = rep.deadline.max(from + margin);
             }
@@ -794,7 +812,11 @@ impl Sim {
 /// Runs the history of `seed`: the worst excess over every window of its
 /// kept admissions in ns (at most 0 when the bound holds) and what it did.
 pub fn run(seed: u64, failover: bool) -> (Params, i128, Stats) {
-    let p = Params::random(seed, failover);
+    run_params(seed, Params::random(seed, failover))
+}
+
+/// The same for a history of shape `p`.
+pub fn run_params(seed: u64, p: Params) -> (Params, i128, Stats) {
     let mut sim = Sim {
         rng: StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
         p: p.clone(),

@@ -4,7 +4,8 @@
 //! The rule: every exact model of the crate lives here, uses `pace` only
 //! from the outside (its public API and `pace::internals`), and is
 //! built only by what checks against it: the proptests in `tests/` (a
-//! dev-dependency of `pace`) and the fuzz targets in `fuzz/`. Nothing of it
+//! dev-dependency of `pace`), the fuzz targets in `fuzz/`, and its own
+//! `pace-models/tests/` (the lease protocol's model). Nothing of it
 //! is compiled into the `pace` library. (The loom models, which check
 //! interleavings rather than outcomes, live in `loom-tests/`.)
 //!
