@@ -508,6 +508,13 @@ for m in lease_keep_from_grant lease_deadline_from_reply lease_delta_reports lea
     expect_caught "$m" leases "exceeds the bound by" "-p pace-models" \
         lease_histories_never_exceed_the_bound failover_histories_never_exceed_the_bound
 done
+# ... and the server-side ones their own scenario at hand-picked readings:
+expect_caught lease_keep_from_grant leases "settled from before the report" "-p pace-models" \
+    a_reported_token_settles_from_the_reports_reading
+expect_caught lease_expiry_refunds leases "dropped as refunded" "-p pace-models" \
+    an_expired_lease_settles_as_kept_from_its_expiry
+expect_caught lease_delta_reports leases "a duplicated release applied twice" "-p pace-models" \
+    a_duplicated_report_applies_once
 expect_caught lease_reply_unreplicated leases "exceeds the bound by" "-p pace-models" \
     failover_histories_never_exceed_the_bound
 expect_caught lease_no_drift_margin leases "exceeds the bound by" "-p pace-models" \

@@ -204,13 +204,20 @@ struct Call {
     seq: u64,
 }
 
-#[derive(Clone, Debug)]
-enum Answer {
+/// A take/renew call's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The lease lives.
     Granted {
+        /// Tokens granted to the lease so far, this call's included.
         granted: u64,
+        /// Its expiry less the call's reading, ns.
         remaining: i128,
+        /// The server's reading when the lease's record was created.
         born: i128,
     },
+    /// No record of the lease (settled at its expiry) and the call is not
+    /// its first.
     Unknown,
 }
 
@@ -490,6 +497,73 @@ impl Server {
             remaining: lease.expiry - now,
             born: lease.born,
         }
+    }
+}
+
+/// The model's server alone, for scenarios written by hand (and for a
+/// port of the protocol to be checked against): one key's settled `tat`
+/// and its leases, deciding at the readings it is given.
+pub struct LeaseServer {
+    p: Params,
+    server: Server,
+    stats: Stats,
+}
+
+impl LeaseServer {
+    /// A key of `capacity` tokens, one per `interval` ns; leases of
+    /// `lease` ns, settled `grace` ns after their expiry; each call asks
+    /// for what it names.
+    pub fn new(interval: u64, capacity: u64, lease: u64, grace: u64) -> LeaseServer {
+        let mut p = Params::random(0, false);
+        (p.interval, p.capacity, p.lease, p.grace) = (interval, capacity, lease, grace);
+        LeaseServer {
+            p,
+            server: Server::default(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// A take/renew call of `replica`'s lease `lease_id` at the reading
+    /// `now`: `first` for the call that may create it, the replica's
+    /// cumulative `kept` and `released` counts, and `want` more tokens.
+    #[allow(clippy::too_many_arguments)]
+    pub fn call(
+        &mut self,
+        now: i128,
+        replica: usize,
+        lease_id: u64,
+        first: bool,
+        kept: u64,
+        released: u64,
+        want: u64,
+    ) -> Answer {
+        let call = Call {
+            replica,
+            lease_id,
+            first,
+            kept,
+            released,
+            want,
+            sent_local: 0,
+            seq: 0,
+        };
+        self.server.call(&self.p, now, &call, &mut self.stats)
+    }
+
+    /// A decision of `n` tokens at the reading `now` (a call no lease
+    /// serves).
+    pub fn direct(&mut self, now: i128, n: u64) -> bool {
+        self.server.direct(&self.p, now, n, &mut self.stats)
+    }
+
+    /// The key's settled `tat`, ns.
+    pub fn tat(&self) -> i128 {
+        self.server.tat
+    }
+
+    /// Tokens held by leases.
+    pub fn held(&self) -> u64 {
+        self.server.leases.values().map(Lease::held).sum()
     }
 }
 

@@ -4,7 +4,7 @@
 //! replicas with drifting clocks, a network that delays, duplicates and
 //! loses messages, replica kills, and failovers to a standby.
 
-use pace_models::leases::{run, run_params, Params, Stats};
+use pace_models::leases::{run, run_params, Answer, LeaseServer, Params, Stats};
 use proptest::prelude::*;
 
 fn check(seed: u64, failover: bool) -> Result<(), TestCaseError> {
@@ -41,6 +41,61 @@ proptest! {
         p.grace = 0;
         check_history(seed, run_params(seed, p))?;
     }
+}
+
+/// One scenario per server-side rule, at hand-picked readings (capacity 1,
+/// 100 ns a token): a token granted at 0 and let through at 90 is reported
+/// kept by a call read at 95. It settles from that reading (tat 195), so a
+/// decision at 100 is denied: admitted, two tokens would fall in [90, 100].
+#[test]
+fn a_reported_token_settles_from_the_reports_reading() {
+    let mut s = LeaseServer::new(100, 1, 1_000, 0);
+    let first = s.call(0, 0, 1, true, 0, 0, 1);
+    assert_eq!(
+        first,
+        Answer::Granted {
+            granted: 1,
+            remaining: 1_000,
+            born: 0
+        }
+    );
+    s.call(95, 0, 1, false, 1, 0, 0);
+    assert_eq!(
+        (s.tat(), s.held()),
+        (195, 0),
+        "a token let through at 90 settled from before the report"
+    );
+    assert!(!s.direct(100, 1));
+}
+
+/// A lease of 50 ns nobody renews (its token let through at 40) settles as
+/// kept from its expiry at the next call: a decision at 60 is denied.
+#[test]
+fn an_expired_lease_settles_as_kept_from_its_expiry() {
+    let mut s = LeaseServer::new(100, 1, 50, 0);
+    s.call(0, 0, 1, true, 0, 0, 1);
+    assert!(!s.direct(60, 1), "an expired lease was dropped as refunded");
+    assert_eq!((s.tat(), s.held()), (150, 0));
+    // Its record is gone: a later call for it is answered `Unknown`.
+    assert_eq!(s.call(70, 0, 1, false, 1, 0, 0), Answer::Unknown);
+}
+
+/// Capacity 4: a lease of 2 tokens (a lone lease's share: half the
+/// capacity) releases one; the call is delivered twice. The second
+/// delivery changes nothing: one token stays held (the replica may still
+/// use it), so a decision of 4 is denied.
+#[test]
+fn a_duplicated_report_applies_once() {
+    let mut s = LeaseServer::new(100, 4, 1_000, 0);
+    let grant = s.call(0, 0, 1, true, 0, 0, 4);
+    assert!(
+        matches!(grant, Answer::Granted { granted: 2, .. }),
+        "{grant:?}"
+    );
+    s.call(10, 0, 1, false, 0, 1, 0);
+    s.call(20, 0, 1, false, 0, 1, 0);
+    assert_eq!(s.held(), 1, "a duplicated release applied twice");
+    assert!(!s.direct(30, 4));
 }
 
 /// The sum of what `histories` did.
