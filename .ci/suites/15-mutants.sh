@@ -494,6 +494,38 @@ expect_caught redis_turn_beside_held holds "exceeds the bound by" "-p pace-redis
 expect_caught redis_retry_ignores_expiry holds "ignores the hold that expires" "-p pace-redis" \
     a_denials_retry_after_counts_the_holds_expiring_before_it holds_agree_with_the_integer_model
 
+# The lease protocol of a shared limit (pace-models/src/leases.rs, its
+# tests/leases.rs: 300 random histories each, several replicas with
+# drifting clocks, a network that delays, duplicates and loses calls,
+# kills, failovers to a standby, and clocks within 20%), against six
+# variants, each over the bound (about 5 s each; only pace-models rebuilds):
+#   lease_keep_from_grant:     reported kept tokens settle from the lease's
+#                              first grant's reading, before their use
+#   lease_deadline_from_reply: the replica counts its deadline from the
+#                              reply's arrival, not from the call's send
+#   lease_delta_reports:       reports are deltas, so a duplicated call
+#                              applies twice
+#   lease_expiry_refunds:      an expired lease is dropped as if refunded
+#   lease_reply_unreplicated:  a reply leaves before the standby has the
+#                              call's writes (no WAIT 1)
+#   lease_no_drift_margin:     the deadline counts the lease's whole
+#                              remaining time on a clock that may run slow
+for m in lease_keep_from_grant lease_deadline_from_reply lease_delta_reports lease_expiry_refunds; do
+    expect_caught "$m" leases "exceeds the bound by" "-p pace-models" \
+        lease_histories_never_exceed_the_bound failover_histories_never_exceed_the_bound
+done
+# ... and the server-side ones their own scenario at hand-picked readings:
+expect_caught lease_keep_from_grant leases "settled from before the report" "-p pace-models" \
+    a_reported_token_settles_from_the_reports_reading
+expect_caught lease_expiry_refunds leases "dropped as refunded" "-p pace-models" \
+    an_expired_lease_settles_as_kept_from_its_expiry
+expect_caught lease_delta_reports leases "a duplicated release applied twice" "-p pace-models" \
+    a_duplicated_report_applies_once
+expect_caught lease_reply_unreplicated leases "exceeds the bound by" "-p pace-models" \
+    failover_histories_never_exceed_the_bound
+expect_caught lease_no_drift_margin leases "exceeds the bound by" "-p pace-models" \
+    drifting_clock_histories_never_exceed_the_bound
+
 # Operations (the features cluster, sentinel, tls; the tests start their
 # own servers on loopback), against four variants, built once together
 # (each changes what one test sees only, and fails it with its own message):

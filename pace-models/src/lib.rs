@@ -4,7 +4,8 @@
 //! The rule: every exact model of the crate lives here, uses `pace` only
 //! from the outside (its public API and `pace::internals`), and is
 //! built only by what checks against it: the proptests in `tests/` (a
-//! dev-dependency of `pace`) and the fuzz targets in `fuzz/`. Nothing of it
+//! dev-dependency of `pace`), the fuzz targets in `fuzz/`, and its own
+//! `pace-models/tests/` (the lease protocol's model). Nothing of it
 //! is compiled into the `pace` library. (The loom models, which check
 //! interleavings rather than outcomes, live in `loom-tests/`.)
 //!
@@ -17,8 +18,13 @@
 //! * [`gate`]: the gate as plain counters and handles, with a checker that
 //!   drives the real `Gate` in lockstep (`tests/gate_model.rs`, fuzz target
 //!   `gate_model`).
+//! * [`leases`]: the lease protocol of a shared limit as an event model of
+//!   one key, several replicas and a server, checked against [`bound`]
+//!   over every window (`pace-models/tests/leases.rs`), with its
+//!   known-wrong variants.
 #![warn(missing_docs)]
 
 pub mod bound;
 pub mod debt;
 pub mod gate;
+pub mod leases;

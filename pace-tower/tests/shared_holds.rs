@@ -22,6 +22,13 @@
 //! * `a_quota_per_request_decides_a_shared_limit`: `Limit::quota` on a
 //!   `RedisPace` limit decides the request and its fields.
 //! * `a_queueing_limit_the_layer_may_refund_is_refused_at_build`.
+//! * `credentials_checked_before_the_shared_limit_keep_the_victim_whole`:
+//!   the README's order (a per-source limit, a credential-checking
+//!   middleware, a per-client `RedisPace` limit) on two replicas: during a
+//!   32-connection flood of wrong secrets naming the victim's client id,
+//!   the victim's 20 valid requests all pass, the shared limit decides
+//!   exactly those 20 (the flood never reaches it), and after it the
+//!   victim's bucket refills whole.
 //!
 //! Known-wrong variants these tests catch (`PACE_MUTANT=NAME cargo test -p
 //! pace-tower --all-features --test shared_holds`, as
@@ -203,9 +210,14 @@ mod redis {
     }
 
     async fn connect(url: &str, prefix: &str) -> Arc<RedisPace> {
+        connect_with(url, prefix, 10).await
+    }
+
+    /// 5/s with `capacity`.
+    async fn connect_with(url: &str, prefix: &str, capacity: u64) -> Arc<RedisPace> {
         Arc::new(
             RedisPace::builder(Rate::per_second(5).unwrap())
-                .capacity(10)
+                .capacity(capacity)
                 .timeout(Duration::from_secs(5))
                 .prefix(prefix)
                 .connect(url)
@@ -214,10 +226,43 @@ mod redis {
         )
     }
 
+    /// The secret of each registered client (the credential check).
+    fn secret_of(client: &str) -> Option<&'static str> {
+        match client {
+            "victim" => Some("victim-secret"),
+            "other" => Some("other-secret"),
+            _ => None,
+        }
+    }
+
+    /// The credential-checking middleware: `401` unless `x-client-secret`
+    /// is the secret of the claimed `x-client-id`, before any limit after
+    /// it is asked.
+    async fn check_credentials(
+        req: Request,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        // (In a block: a borrow of the request held across the `await`
+        // would make the future not `Send`.)
+        let valid = {
+            let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+            header("x-client-id")
+                .and_then(secret_of)
+                .is_some_and(|s| header("x-client-secret") == Some(s))
+        };
+        if !valid {
+            return axum::response::IntoResponse::into_response(StatusCode::UNAUTHORIZED);
+        }
+        next.run(req).await
+    }
+
     /// A replica's app, by kind: `401` (the shared limit refunded on 401),
     /// `allor` (the shared limit, then a local one per API key of one
     /// token an hour), `turns` (the shared limit queueing up to 2 s; the
-    /// handler answers the server's clock in `x-server-now`); `fields`:
+    /// handler answers the server's clock in `x-server-now`), `checked` (a
+    /// per-source limit on the `X-Forwarded-For` hop after loopback, the
+    /// credential check, then the shared limit per client id; `/stats`
+    /// answers the shared limiter's server decisions); `fields`:
     /// whether admitted responses carry the `RateLimit` fields.
     async fn replica_app(
         kind: &str,
@@ -264,6 +309,41 @@ mod redis {
                     )
                     .layer(layer)
             }
+            "checked" => {
+                // Per source: 20/s, capacity 40, in this process, never
+                // refunded.
+                let sources: Arc<Pace<pace::IpPrefix>> = Arc::new(
+                    Pace::builder(Rate::per_second(20).unwrap())
+                        .capacity(40)
+                        .build()
+                        .unwrap(),
+                );
+                let source = Limit::new(
+                    "source",
+                    sources,
+                    pace_tower::ForwardedIp::new(["127.0.0.0/8".parse().unwrap()]),
+                );
+                let per_source = PaceLayer::builder()
+                    .rate_limit_headers(fields)
+                    .limit(source)
+                    .build()
+                    .unwrap();
+                let per_client = PaceLayer::builder()
+                    .rate_limit_headers(fields)
+                    .limit(Limit::new("client", limiter.clone(), client_id()))
+                    .build()
+                    .unwrap();
+                Router::new()
+                    .route("/", get(handler))
+                    // Outermost last: source, then the check, then client.
+                    .layer(per_client)
+                    .layer(axum::middleware::from_fn(check_credentials))
+                    .layer(per_source)
+                    .merge(Router::new().route(
+                        "/stats",
+                        get(move || async move { limiter.stats().server_decisions.to_string() }),
+                    ))
+            }
             other => panic!("no replica kind {other}"),
         }
     }
@@ -288,7 +368,10 @@ mod redis {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let limiter = connect(&url, &prefix).await;
+            // The credential check's victim sends 20 requests: a bucket of
+            // 20 holds them all, however they bunch.
+            let capacity = if kind == "checked" { 20 } else { 10 };
+            let limiter = connect_with(&url, &prefix, capacity).await;
             let probe = connect(&url, "probe:").await;
             let addr = serve(replica_app(&kind, fields, limiter, probe).await).await;
             println!("REPLICA_PORT {}", addr.port());
@@ -488,6 +571,89 @@ mod redis {
                 headers.push(("x-api-key", &key));
             }
             let r = clients[i % n].get("/", &headers).await;
+            assert_eq!(
+                r.status(),
+                StatusCode::OK,
+                "the victim's request {i} after the flood"
+            );
+        }
+    }
+
+    /// The shared limiter's server decisions in each of `replicas`.
+    async fn decisions(replicas: &[SocketAddr]) -> u64 {
+        let mut sum = 0;
+        for &addr in replicas {
+            let r = Client::connect(addr).await.get("/stats", &[]).await;
+            sum += std::str::from_utf8(r.body())
+                .unwrap()
+                .parse::<u64>()
+                .unwrap();
+        }
+        sum
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn credentials_checked_before_the_shared_limit_keep_the_victim_whole() {
+        let server = Server::start();
+        let (procs, limiter) = {
+            let started: Vec<Replica> = tokio::task::block_in_place(|| {
+                (0..2)
+                    .map(|i| Replica::start("checked", &server, "checked:", i == 0))
+                    .collect()
+            });
+            (started, connect_with(&server.url(), "checked:", 20).await)
+        };
+        let replicas: Vec<SocketAddr> = procs.iter().map(|r| r.addr).collect();
+        assert_eq!(decisions(&replicas).await, 0);
+        let start = Instant::now();
+        let wrong: &'static [(&str, &str)] = &[
+            ("x-forwarded-for", "203.0.113.7"),
+            ("x-client-id", "victim"),
+            ("x-client-secret", "guess"),
+        ];
+        let attack = tokio::spawn({
+            let replicas = replicas.clone();
+            async move { flood(&replicas, wrong, start + FLOOD).await }
+        });
+        let valid: &[(&str, &str)] = &[
+            ("x-forwarded-for", "198.51.100.9"),
+            ("x-client-id", "victim"),
+            ("x-client-secret", "victim-secret"),
+        ];
+        // 20 valid requests, one every 150 ms, alternating replicas.
+        let mut clients = Vec::new();
+        for &addr in &replicas {
+            clients.push(Client::connect(addr).await);
+        }
+        let mut got = Vec::new();
+        for i in 0..20u32 {
+            tokio::time::sleep_until((start + Duration::from_millis(150) * (i + 1)).into()).await;
+            got.push(clients[i as usize % 2].get("/", valid).await.status());
+        }
+        let during = attack.is_finished();
+        let seen = attack.await.unwrap();
+        let through = got.iter().filter(|s| **s == StatusCode::OK).count();
+        eprintln!(
+            "wrong secrets before the per-client limit, two replicas: {seen:?}; the victim got \
+             {through} of 20 through (the last while the flood ran: {})",
+            !during
+        );
+        assert!(seen.unauthorized > 100, "the flood ran: {seen:?}");
+        assert_eq!(seen.ok + seen.other, 0, "{seen:?}");
+        assert_eq!(got, vec![StatusCode::OK; 20], "the victim during the flood");
+        // The flood never reached the shared limit: it decided the
+        // victim's 20 requests, nothing else.
+        assert_eq!(
+            decisions(&replicas).await,
+            20,
+            "the shared limit's decisions"
+        );
+        // Once it refilled, the bucket is whole: 20 in a row pass.
+        let wait = limiter.peek("victim").await.unwrap().reset_after();
+        tokio::time::sleep(wait.unwrap_or_default()).await;
+        assert_eq!(limiter.peek("victim").await.unwrap().remaining(), 20);
+        for i in 0..20 {
+            let r = clients[i % 2].get("/", valid).await;
             assert_eq!(
                 r.status(),
                 StatusCode::OK,
