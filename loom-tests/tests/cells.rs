@@ -300,6 +300,62 @@ fn revival_vs_take_over() {
     });
 }
 
+/// Keys 0..4 (grown from 4 cells to more, key k in cell k) are put to sleep
+/// by a pass at 2T, key 3's cell keeping 2T (two reserves at 0: its bucket
+/// full of debt until 2T), and the pass starts a shrink: nobody came back,
+/// so its target is sized for the rows alone and its copies drop dormant
+/// cells (the pass's own share drops the first chunk's, keys 0 and 1). Key
+/// 9's reserve at 2T copies the rest while key 3 comes back with a stale
+/// reading (0). Whether the revival finds its cell before the copy (it sees
+/// the migration, drops the cell and makes its row in the target from the
+/// floor) or after (the copier dropped it): denied, and the next reserve
+/// at 2T ends at 3T. The keys end as two rows, no dormant cell, in the
+/// smaller array. (No known-wrong variant fails it: `revive_from_now` never
+/// decides here, since every revival finds the migration, and
+/// `revive_unsealed` overflows only a target at its limit, which
+/// `tests/dormant.rs` builds.)
+#[test]
+fn stale_revival_vs_shrink() {
+    model(|| {
+        let t = Arc::new(CellsModel::new(4, T, 2));
+        t.put_to_sleep();
+        for k in 0..3 {
+            assert_eq!(t.reserve(k, 0), Some(T));
+        }
+        assert_eq!(t.reserve(3, 0), Some(T));
+        assert_eq!(t.reserve(3, 0), Some(2 * T));
+        // (A sweep at 0 removes nothing and finishes the growth.)
+        assert_eq!(t.sweep(0), 0);
+        let grown = t.cells();
+        assert!(grown > 4, "{grown} cells");
+        t.pass(2 * T);
+        assert_eq!((t.len(), t.dormant()), (0, 2), "keys 2 and 3 asleep");
+        let other = {
+            let t = t.clone();
+            thread::spawn(move || t.reserve(9, 2 * T))
+        };
+        // At the stale reading the bucket is still full of debt: denied.
+        let got = t.reserve(3, 0);
+        let other = other.join().unwrap();
+        // A sweep at 0 removes nothing and finishes the migration.
+        let swept = t.sweep(0);
+        let next = t.reserve(3, 2 * T);
+        let counts = (t.len(), t.dormant());
+        let keys = t.live_keys();
+        let shrunk = t.cells();
+        // (The table goes before the checks: a failed check unwinds with
+        // no loom object left to drop.)
+        drop(t);
+        assert_eq!(got, None, "from the kept tat");
+        assert_eq!(other, Some(3 * T));
+        assert_eq!(swept, 0);
+        assert_eq!(next, Some(3 * T), "from the kept tat");
+        assert_eq!(counts, (2, 0));
+        assert_eq!(keys, vec![3, 9]);
+        assert!(shrunk < grown, "{shrunk} cells: the shrink ran");
+    });
+}
+
 // Known-wrong variants: each runs the model that must catch it
 // (`.ci/suites/10-loom.sh` asserts that it fails with the model's message).
 
