@@ -1130,6 +1130,7 @@ mod reservation;
 mod tests;
 mod turn;
 
+use crate::rule::slot_of;
 pub use builder::Builder;
 #[cfg(feature = "foldhash")]
 pub use builder::FastHasher;
@@ -1137,6 +1138,5 @@ pub use builder::FastHasher;
 pub use internals::{PaceInternals, ReservationInternals};
 pub(crate) use reservation::Turned;
 pub use reservation::{Debit, Denied, DenyReason, Hold, Refunded, Reservation};
-use turn::slot_of;
 #[cfg(feature = "__internals")]
 pub(crate) use turn::{turn_sleeps, turn_sleeps_here};

@@ -26,6 +26,7 @@
 //! whose lot is gone does nothing ([`Resolution::Expired`]).
 
 use crate::bucket::{Decision, Limits, MAX_TIME};
+use crate::rule;
 use crate::sync::epoch::Guard;
 
 /// A `tat` field at or above this names a held row: a [`Held`] record's
@@ -193,7 +194,7 @@ impl Form {
             return None;
         }
         let cost = n * limits.interval();
-        decide_beside(tat, counted(cc * self.interval), limits, now, n).ok()?;
+        rule::decide_beside(tat, rule::counted(cc * self.interval), limits, now, n).ok()?;
         let tat = raised(tat, e, self);
         let base = self.epoch(tat);
         let ec = if cc == 0 {
@@ -237,9 +238,9 @@ impl Form {
         }
         let left = cc.checked_sub(self.count(ticket.cost)?)?;
         let tat = if keep {
-            settle(tat, ticket.at, ticket.cost)
+            rule::settle(tat, ticket.at, ticket.cost)
         } else {
-            refunded(tat, ticket.cost)
+            rule::refunded(tat, ticket.cost)
         };
         if left == 0 {
             return (tat > now).then_some(tat);
@@ -362,85 +363,8 @@ impl Lot {
     /// `(e + 2)·P`, so no later lot of the row opens in epoch `e` again.
     fn settle(&self, tat: u64, form: &Form) -> u64 {
         let end = (self.epoch() + 2).saturating_mul(form.limit) - 1;
-        settle(tat, end, self.cost)
+        rule::settle(tat, end, self.cost)
     }
-}
-
-/// A kept debit of `cost` decided at reading `at`, applied to `tat`. At
-/// the end of the time space it stays at `MAX_TIME`, where every decision
-/// is `TimeExhausted` (so a settled `tat` is never read as a record).
-#[cfg(not(pace_mutant = "settle_unclamped"))]
-#[inline(always)]
-fn settle(tat: u64, at: u64, cost: u64) -> u64 {
-    tat.max(at).saturating_add(cost).min(MAX_TIME)
-}
-
-/// Known-wrong variant `settle_unclamped`: a kept hold is added to the
-/// settled `tat` without the clamp at its own reading, so a hold kept
-/// after its bucket refilled is settled in the past.
-#[cfg(pace_mutant = "settle_unclamped")]
-fn settle(tat: u64, _at: u64, cost: u64) -> u64 {
-    (tat + cost).min(MAX_TIME)
-}
-
-/// Whether a debit of `n` tokens fits the bucket beside `held` ns of held
-/// tokens: `held + n·T ≤ C·T`. A plain decision that admits implies it; a
-/// turn (whose horizon is stretched by its wait) needs it, or no instant
-/// while the tokens are held is one where its debit fits (`n ≤ C` is
-/// checked before).
-#[cfg(not(pace_mutant = "turn_beside_too_many_held"))]
-#[inline]
-fn fits_beside(held: u64, limits: &Limits, n: u64) -> bool {
-    held == 0 || held <= (limits.capacity() - n) * limits.interval()
-}
-
-/// Known-wrong variant `turn_beside_too_many_held`: a turn is placed after
-/// held tokens that leave no room for it in the bucket.
-#[cfg(pace_mutant = "turn_beside_too_many_held")]
-#[inline]
-fn fits_beside(_held: u64, _limits: &Limits, _n: u64) -> bool {
-    true
-}
-
-/// The held tokens a decision counts, of `held`: all of them.
-#[cfg(not(pace_mutant = "decision_ignores_held"))]
-#[inline]
-fn counted(held: u64) -> u64 {
-    held
-}
-
-/// Known-wrong variant `decision_ignores_held`: a decision counts no held
-/// token.
-#[cfg(pace_mutant = "decision_ignores_held")]
-#[inline]
-fn counted(_held: u64) -> u64 {
-    0
-}
-
-/// The decision on `n` more tokens at `now` of a row settled at `tat` with
-/// `held` ns held ([`Held::decide`]).
-#[inline]
-fn decide_beside(tat: u64, held: u64, limits: &Limits, now: u64, n: u64) -> Result<u64, Decision> {
-    let base = tat.max(now).saturating_add(held);
-    match limits.reserve(base, now, n) {
-        Decision::Admit(t) if fits_beside(held, limits, n) => Ok(t - held),
-        d => Err(d),
-    }
-}
-
-/// The settled `tat` after a refund of `cost` held: unchanged (a refund
-/// only takes its tokens off their lot).
-#[cfg(not(pace_mutant = "refund_rewinds_tat"))]
-#[inline]
-fn refunded(tat: u64, _cost: u64) -> u64 {
-    tat
-}
-
-/// Known-wrong variant `refund_rewinds_tat`: a refund also takes its cost
-/// off the settled `tat`, returning tokens that other debits settled.
-#[cfg(pace_mutant = "refund_rewinds_tat")]
-fn refunded(tat: u64, cost: u64) -> u64 {
-    tat.saturating_sub(cost)
 }
 
 /// The epoch a fresh lot opens in at a reading of epoch `now_e`, beside the
@@ -556,12 +480,6 @@ impl Held {
         self.cur.cost + self.prev.cost
     }
 
-    /// The held tokens a decision counts.
-    #[inline]
-    fn held_in_decision(&self) -> u64 {
-        counted(self.held())
-    }
-
     pub(crate) fn is_plain(&self) -> bool {
         self.cur.is_empty() && self.prev.is_empty()
     }
@@ -667,38 +585,12 @@ impl Held {
         self
     }
 
-    /// The decision on `n` more tokens at `now`: admitted iff
-    /// `max(tat, now) + held + n·T ≤ now + τ` and `held + n·T ≤ C·T` (the
-    /// second follows from the first unless `limits` wait for a turn, whose
-    /// `τ` is stretched: a turn beside held tokens must be a decision of
-    /// the bucket at its slot, DESIGN.md §3). `Ok` carries the `tat` a debit
-    /// of them would settle at. A denial while tokens are held is
-    /// [`Decision::Held`], with the wait if they are kept.
+    /// The decision on `n` more tokens at `now` beside what this state
+    /// holds ([`rule::decide`]): `Ok` carries the `tat` a debit of them
+    /// would settle at.
     #[inline]
     pub(crate) fn decide(&self, limits: &Limits, now: u64, n: u64) -> Result<u64, Decision> {
-        let held = self.held_in_decision();
-        // A reading may be anything: saturate (past MAX_TIME every decision
-        // is `TimeExhausted`).
-        match decide_beside(self.tat, held, limits, now, n) {
-            Ok(t) => Ok(t),
-            Err(Decision::Admit(_) | Decision::Wait(_)) if held > 0 => {
-                Err(self.held_denial(limits, now, n))
-            }
-            Err(d) => Err(d),
-        }
-    }
-
-    /// A denial while tokens are held: the whole wait until `n` tokens
-    /// would fit the bucket (its own horizon `C·T`, not a turn's stretched
-    /// one) if every held token were kept at this reading. Refunded sooner,
-    /// the tokens come back sooner; still held then, they are still in the
-    /// way.
-    #[cold]
-    fn held_denial(&self, limits: &Limits, now: u64, n: u64) -> Decision {
-        let kept = self.tat.max(now).saturating_add(self.held());
-        let tau = limits.capacity() * limits.interval();
-        let end = kept.saturating_add(n * limits.interval());
-        Decision::Held(end.saturating_sub(now.saturating_add(tau)))
+        rule::decide(self.tat, self.held(), limits, now, n)
     }
 
     /// A plain debit of `n` tokens at `now`: the new state.
@@ -769,9 +661,9 @@ impl Held {
             *lot = Lot::EMPTY;
         }
         next.tat = if keep {
-            settle(next.tat, ticket.at, ticket.cost)
+            rule::settle(next.tat, ticket.at, ticket.cost)
         } else {
-            refunded(next.tat, ticket.cost)
+            rule::refunded(next.tat, ticket.cost)
         };
         Resolution::Done(next)
     }
