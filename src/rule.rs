@@ -48,7 +48,7 @@ macro_rules! variants {
 /// when an admission cannot be stored.
 ///
 /// Script: `gcra` (the fast branch and the general branch's decision).
-#[inline]
+#[inline(always)]
 pub(crate) fn gcra(limits: &Limits, tat: u64, now: u64, n: u64) -> Decision {
     if n > limits.capacity() {
         return Decision::Never;
@@ -175,7 +175,7 @@ variants! {
 /// leaves, `max(tat, now) + n·T`; `Err` the bucket's own answer.
 ///
 /// Script: `decide` (the test `nd + held > tau + wait`).
-#[inline]
+#[inline(always)]
 pub(crate) fn decide_beside(
     tat: u64,
     held: u64,

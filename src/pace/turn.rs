@@ -295,19 +295,16 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
         F: Fn() -> u64,
     {
-        let mut slot = 0;
-        let limits = quota.as_ref().map(Quota::limits_ref);
-        let r = self.reserve_slot::<Q, _, _, _, true, false>(
+        let req = call::Request {
             key,
             n,
-            limits,
-            (wait_ns, &mut slot),
+            quota: quota.as_ref().map(Quota::limits_ref),
             clock,
-            None,
-            (),
-            Self::reservation,
-        )?;
-        Ok((r, slot))
+        };
+        let turn = call::Turn { wait: wait_ns };
+        self.reserve_slot(req, turn, |p, key, debit, slot| {
+            (p.reservation(key, debit, ()), slot)
+        })
     }
 
     /// How long until the limiter's clock reaches `slot`, if it has not.
