@@ -18,7 +18,7 @@ use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
 use crate::table::held::Ticket;
 use crate::table::keys::{self, Bits, Boxed};
 use crate::table::quota::QuotaCell;
-use crate::table::words::{self, Borrowed, WordKey};
+use crate::table::words::{Borrowed, WordKey};
 use crate::table::{Admitted, Ask, Cx, Spent, Spot, Table, SWEEP_FLOOR};
 
 /// Runs `f` on each item, the work of a `Drop` (or of a way out) that calls
@@ -152,7 +152,7 @@ struct Rows<K> {
 #[cfg_attr(not(feature = "__internals"), allow(dead_code))]
 enum RowsPick {
     /// Their own bits when the hasher is one whose hash of an integer
-    /// cannot panic (`words::hasher_cannot_panic`), else boxed.
+    /// cannot panic (`builder::hasher_cannot_panic`), else boxed.
     ByType,
     /// Boxed (`Builder::boxed_keys`).
     Boxed,

@@ -35,7 +35,6 @@ use std::mem::size_of;
 use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::bucket::{Limits, Refund};
-use crate::pace::Refunded;
 use crate::sync::epoch::{Atomic, Guard, Shared};
 use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
 use held::{Held, Resolution, Ticket, HELD};
@@ -50,6 +49,7 @@ pub(crate) mod keys;
 mod migrate;
 pub(crate) mod quota;
 mod refund;
+pub(crate) use refund::Undone;
 mod sweep;
 pub(crate) mod words;
 
@@ -913,7 +913,7 @@ impl Table {
 
     /// The key hash of a row's key half `bits`: from its box, or, for a
     /// key's own bits, from `hash_of` (the caller's hasher, which cannot
-    /// panic for such tables: `words::hasher_cannot_panic`).
+    /// panic for such tables: the builder's `hasher_cannot_panic`).
     ///
     /// # Safety
     /// For a boxed table, `bits` was read under `guard` from a cell of this
