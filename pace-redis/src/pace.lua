@@ -516,13 +516,13 @@ elseif op == 'f' then
   if prev ~= '0' then
     ps, pn = split(prev)
   end
-  if later(ps, pn, now_s, now_n) then
-    tat_s, tat_n = ps, pn
-    put()
+  -- (a key with holds stays, at prev, as the core's held row does: the
+  -- reservation is undone, nothing removed)
+  tat_s, tat_n = ps, pn
+  put()
+  if tail ~= '' or later(ps, pn, now_s, now_n) then
     return {1, now_s, now_n}
   end
-  tat_s, tat_n = 0, 0
-  put()
   return {2, now_s, now_n}
 end
 

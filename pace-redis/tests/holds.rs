@@ -266,7 +266,8 @@ impl Model {
         if tat != mine {
             return Refunded::Superseded;
         }
-        if prev > now {
+        // A key with holds stays, at `prev` (the core's held row).
+        if prev > now || !live.is_empty() {
             self.put(prev, live, now);
             Refunded::Restored
         } else {
@@ -791,8 +792,10 @@ async fn holds_resolve_exactly_and_a_dropped_hold_is_kept() {
     let r = p.reserve("k").await.unwrap();
     assert_eq!(r.remaining(), Some(0));
     assert_eq!(a.refund().await.unwrap(), Refunded::Restored);
-    // The reserve found the settled part full (holds leave tat alone).
-    assert_eq!(p.refund(r).await.unwrap(), Refunded::Removed);
+    // The reserve found the settled part full (holds leave tat alone); its
+    // refund restores it, and the key, still holding c, stays (the core's
+    // held row answers the same).
+    assert_eq!(p.refund(r).await.unwrap(), Refunded::Restored);
     assert_eq!(p.peek("k").await.unwrap().remaining(), 2);
     // A dropped hold is kept by a spawned call: the key then holds no
     // hold, and still counts its token.
