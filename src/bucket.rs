@@ -15,7 +15,7 @@
 use crate::rule;
 
 /// The largest representable `tat`: about 73 years of nanoseconds. (The
-/// table reads `tat` fields above it as held rows' records, `held.rs`.)
+/// table reads `tat` fields above it as held rows' records, `held/`.)
 pub(crate) const MAX_TIME: u64 = (1 << 61) - 1;
 /// The largest refill time of an empty bucket (`capacity x interval`).
 pub(crate) const MAX_TAU: u64 = MAX_TIME / 2;
@@ -40,7 +40,7 @@ pub(crate) enum Decision {
     Never,
     /// Denied: the answer would leave the representable time space.
     TimeExhausted,
-    /// Denied while tokens of the row are held (`table/held.rs`): admitted
+    /// Denied while tokens of the row are held (`table/held/`): admitted
     /// after this many ns if the held tokens are kept.
     Held(u64),
 }

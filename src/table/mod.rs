@@ -17,7 +17,7 @@
 //! Live, tat <= now (full) --sweep / refund to full--> Tomb --clean--> empty
 //! ```
 //! A row is live only after its first debit, so a live row is never taken
-//! for full before it has been used. A held row (`held.rs`) is a live row
+//! for full before it has been used. A held row (`held/`) is a live row
 //! whose `tat` field names a record of its settled `tat` and held tokens;
 //! it is never full, so nothing removes it while anything is held. Removal raises the key's floor to the
 //! row's `tat` first (`floor.rs`): a later row of the key starts from it.
@@ -274,7 +274,7 @@ pub(crate) struct Admitted {
     /// A debit's settled `tat` before the call; a hold's cost.
     pub(crate) prev: u64,
     pub(crate) created: bool,
-    /// A hold's lot (`held.rs`); 0 for a debit. (A ticket packed into the
+    /// A hold's lot (`held/`); 0 for a debit. (A ticket packed into the
     /// debit's fields keeps a plain reservation as small as it was.)
     pub(crate) lot: u64,
     /// The tokens held beside a debit when it was decided, ns (a turn's
@@ -544,7 +544,7 @@ pub(crate) struct Table {
     #[cfg(feature = "__internals")]
     key_type: std::any::TypeId,
     /// How held rows are written: the hold limit, the rounding and the
-    /// inline form (`held.rs`).
+    /// inline form (`held/`).
     form: held::Form,
     /// Migrations started (for tests).
     migrations: AtomicUsize,

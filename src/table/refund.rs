@@ -212,7 +212,7 @@ impl Table {
         }
     }
 
-    /// Resolves a hold of `key` (`held.rs`): its tokens leave its lot, and
+    /// Resolves a hold of `key` (`held/`): its tokens leave its lot, and
     /// with `keep` are settled as a debit from the hold's reading. False
     /// when its lot is gone (it expired and counted as kept).
     #[cfg(any(test, feature = "__internals"))]
