@@ -18,8 +18,8 @@ pub(crate) enum ReserveReply {
     },
     /// `debt`: the settled debt before the call and what the key held,
     /// when the script answered them apart from the wait (a key with
-    /// holds, whose expiries the wait counts); otherwise the debt is `wait
-    /// + tau - cost`, nothing held.
+    /// holds: the wait is `held_wait`, the wait if they are kept);
+    /// otherwise the debt is `wait + tau - cost`, nothing held.
     Denied {
         wait: u64,
         debt: Option<(u64, u64)>,
