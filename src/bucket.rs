@@ -9,10 +9,9 @@
 //! equivalence. A state `tat <= now` is a *full* bucket, which is the same
 //! as no bucket at all; the value 0 is therefore the state of a fresh row.
 //!
-//! The decisions on a bucket are in [`crate::rule`]; the atomic layers
-//! publish their results with one CAS and add no arithmetic of their own.
-
-use crate::rule;
+//! The decisions on a bucket are in `crate::rule` (which also gives
+//! `Limits` its `reserve` and `refund`); the atomic layers publish their
+//! results with one CAS and add no arithmetic of their own.
 
 /// The largest representable `tat`: about 73 years of nanoseconds. (The
 /// table reads `tat` fields above it as held rows' records, `held/`.)
@@ -100,20 +99,6 @@ impl Limits {
     /// row that has not exchanged is full, hence removable.
     pub(crate) fn tau(&self) -> u64 {
         self.tau
-    }
-
-    /// Debit `n` tokens from the bucket `tat` at `now`, or say why not:
-    /// the GCRA test, [`rule::gcra`].
-    #[inline]
-    pub(crate) fn reserve(&self, tat: u64, now: u64, n: u64) -> Decision {
-        rule::gcra(self, tat, now, n)
-    }
-
-    /// Undoes a reservation whose debit moved the bucket from `prev` to
-    /// `own_tat`, onto a bucket now at `tat`: [`rule::refund`].
-    #[inline]
-    pub(crate) fn refund(&self, tat: u64, now: u64, n: u64, own_tat: u64, prev: u64) -> Refund {
-        rule::refund(self, tat, now, n, own_tat, prev)
     }
 
     /// Whole tokens available in bucket `tat` at `now`.

@@ -40,6 +40,23 @@ macro_rules! variants {
     };
 }
 
+impl Limits {
+    /// Debit `n` tokens from the bucket `tat` at `now`, or say why not:
+    /// the GCRA test, [`gcra`]. (Here, not in `bucket.rs`, so that the
+    /// bucket's shape imports no rule.)
+    #[inline]
+    pub(crate) fn reserve(&self, tat: u64, now: u64, n: u64) -> Decision {
+        gcra(self, tat, now, n)
+    }
+
+    /// Undoes a reservation whose debit moved the bucket from `prev` to
+    /// `own_tat`, onto a bucket now at `tat`: [`refund`].
+    #[inline]
+    pub(crate) fn refund(&self, tat: u64, now: u64, n: u64, own_tat: u64, prev: u64) -> Refund {
+        refund(self, tat, now, n, own_tat, prev)
+    }
+}
+
 /// The GCRA test: a debit of `n` tokens from a bucket settled at `tat`, at
 /// the reading `now`. Admitted iff the debt after it is at most `τ`
 /// (`max(tat, now) + n·T ≤ now + τ`); the new `tat` is
