@@ -133,64 +133,14 @@ pub const DEFAULT_HOLD_LIMIT: Duration = Duration::from_secs(10);
 /// script's `MAX_AHEAD_S`, 2 x 10^6 s).
 pub(crate) const MAX_AHEAD_NS: u64 = 2_000_000 * 1_000_000_000;
 
-/// The script's source for one configuration (with a known-wrong change
-/// under `cfg(pace_mutant)`): the constants, then the rule.
+/// The script's source for one configuration: the constants, then the
+/// rule (`src/pace.lua`, as the build script copied it: with a known-wrong
+/// variant's patch applied under `PACE_MUTANT`, build.rs).
 pub(crate) fn script_source(interval: u64, capacity: u64) -> String {
-    let src = format!(
+    format!(
         "local INTERVAL, CAP = {interval}, {capacity}\n{}",
-        include_str!("pace.lua")
-    );
-    #[cfg(pace_mutant = "redis_admit_one_more")]
-    let src = src.replace(
-        "if nd > tau + wait then",
-        "if nd > tau + interval + wait then",
-    );
-    #[cfg(pace_mutant = "redis_quota_ignored")]
-    let src = src.replace(
-        "interval, cap = tonumber(ARGV[3]), tonumber(ARGV[4])",
-        "interval, cap = INTERVAL, CAP",
-    );
-    #[cfg(pace_mutant = "redis_turn_beyond_wait")]
-    let src = src.replace("if nd > tau + wait then", "if nd > tau + 2 * wait then");
-    #[cfg(pace_mutant = "redis_refund_unchecked")]
-    let src = src
-        .replace("if cur ~= mine then", "if not cur then")
-        .replace("if fmt(tat_s, tat_n) ~= mine then", "if not cur then");
-    // Holds: a decision that ignores what is held.
-    #[cfg(pace_mutant = "redis_hold_ignored")]
-    let src = src.replace(
-        "if nd + held > tau + wait or held + c > tau then",
-        "if nd > tau + wait then",
-    );
-    // Holds: a release that also rewinds the settled tat by the hold's cost
-    // (when the rewound tat still lies ahead of now).
-    #[cfg(pace_mutant = "redis_release_rewinds")]
-    let src = src.replace(
-        "held = held - hc\n",
-        "held = held - hc\nif op == 'x' then local rs, rn = add(tat_s, tat_n, -hc) \
-         if later(rs, rn, now_s, now_n) then tat_s, tat_n = rs, rn end end\n",
-    );
-    // Holds: a keep settles without the clamp at its own reading
-    // (tat + cost even when tat lies before the decision).
-    #[cfg(pace_mutant = "redis_keep_unclamped")]
-    let src = src.replace("if later(ts, tn, tat_s, tat_n) then", "if false then");
-    // Turns beside holds: a turn is admitted beside more held tokens than
-    // the capacity leaves it (held + cost > tau), stored as any debit
-    // (tat = max(tat, now) + cost), so that a later refund of the holds
-    // lets another call through on the turn's own slot.
-    #[cfg(pace_mutant = "redis_turn_beside_held")]
-    let src = src.replace(" or held + c > tau then", " then");
-    // Holds: a denial's wait ignores the holds that expire before it (they
-    // settle as kept from their expiry, which can push the retry further).
-    #[cfg(pace_mutant = "redis_retry_ignores_expiry")]
-    let src = src.replace(
-        "if tail == '' then\n      return string.format('0 %d",
-        "if true then\n      return string.format('0 %d",
-    );
-    // Holds: an expired hold is dropped as if refunded, not settled as kept.
-    #[cfg(pace_mutant = "redis_expiry_refunds")]
-    let src = src.replace("tat_s, tat_n = add(tat_s, tat_n, c)\n", "");
-    src
+        include_str!(concat!(env!("OUT_DIR"), "/pace.lua"))
+    )
 }
 
 /// What a refund did: the core's [`pace::Refunded`], one outcome type for

@@ -177,7 +177,8 @@ async fn replicas_with_quotas_and_turns_keep_the_contract() {
                             assert!(r.wait() <= wait);
                             assert_eq!(
                                 r.wait().as_nanos() as u64,
-                                (r.tat_ns() - now).saturating_sub(tau)
+                                (r.tat_ns() - now).saturating_sub(tau),
+                                "the script's wait is not the slot of the call's own quota"
                             );
                             if turn {
                                 turns += 1;

@@ -4,7 +4,7 @@ use http::{HeaderMap, HeaderValue};
 use pace::Rate;
 
 use super::limits::{Limits, Meta, Src};
-use super::service::Shared;
+use super::shared::Shared;
 use crate::headers::{self, FieldWriter};
 
 /// The `RateLimit-Policy` value for `(name, capacity, rate)` items.

@@ -14,7 +14,7 @@ use tower_service::Service;
 use super::fields::Fields;
 use super::limits::Limits;
 use super::reject::Respond;
-use super::service::Shared;
+use super::shared::Shared;
 use super::ResponseHead;
 use crate::key::RequestHead;
 

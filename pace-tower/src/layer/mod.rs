@@ -19,6 +19,7 @@ mod future;
 mod limits;
 mod reject;
 mod service;
+mod shared;
 
 use std::fmt;
 use std::sync::atomic::AtomicBool;

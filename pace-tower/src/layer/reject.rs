@@ -9,7 +9,7 @@ use pace::DenyReason;
 
 use super::fields::FieldAcc;
 use super::limits::{Limits, Meta, Src, Stop};
-use super::service::Shared;
+use super::shared::Shared;
 #[cfg(doc)]
 use super::{MissingKey, PaceLayer, PaceLayerBuilder};
 use crate::grpc::{self, Pushback};

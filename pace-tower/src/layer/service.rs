@@ -4,15 +4,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use http::{HeaderValue, Request, Response, StatusCode};
-use pace::Rate;
+use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
 use super::fields::{policy_value, FieldAcc};
 use super::future::ResponseFuture;
-use super::limits::{Limits, Meta, Src};
+use super::limits::{Limits, Src};
 use super::reject::{DefaultRespond, ProblemDetails, Rejection, Respond, RespondFn};
+use super::shared::Shared;
 use super::{BuildError, Limit};
 #[cfg(doc)]
 use super::{MissingKey, MISSING_PEER_ADDR_BODY, UNAVAILABLE_BODY};
@@ -21,37 +21,6 @@ use crate::key::{KeyExtractor, RequestHead};
 use crate::limit::AsyncLimit;
 #[cfg(doc)]
 use crate::limit::Refusal;
-
-/// What every request of a layer reads: its limits, their names and
-/// counters, the `RateLimit-Policy` value it was built with, and how it
-/// answers.
-pub(super) struct Shared<L, H> {
-    pub(super) limits: L,
-    pub(super) metas: Vec<Meta>,
-    /// The `RateLimit-Policy` value under the quotas the layer was built
-    /// with, and those quotas' `(capacity, rate)` per limit.
-    pub(super) policy: Option<HeaderValue>,
-    pub(super) policy_terms: Vec<(u64, Rate)>,
-    pub(super) headers: bool,
-    /// Whether a limit refunds on the response: an admitted request then
-    /// keeps its reservations (and the layer) until the response, and its
-    /// fields are written after its refunds; otherwise they are written
-    /// when it is admitted and the response future holds only their
-    /// values.
-    pub(super) refunds: bool,
-    /// No refunds, and every limit decides at once with its own quota:
-    /// admitted requests go through [`LimitsImpl::light`] and keep
-    /// nothing.
-    light: bool,
-    /// Refunds on the response, and every limit decides at once with its
-    /// own quota: admitted through [`LimitsImpl::start_nested`].
-    nested: bool,
-    pub(super) permanent: StatusCode,
-    /// An exhausted limit is `UNAVAILABLE` to a gRPC call, not
-    /// `RESOURCE_EXHAUSTED`.
-    pub(super) grpc_limit_unavailable: bool,
-    pub(super) respond: H,
-}
 
 /// Builds a [`PaceLayer`].
 #[must_use = "a builder does nothing until build() is called"]
