@@ -507,7 +507,7 @@ mod redis {
         // During the flood the victim passes whenever the flood's checks in
         // flight leave a token (reported, not asserted: it depends on the
         // machine's load); afterwards it is whole.
-        whole(&replicas, &limiter, &server, "flood401:", &admitted, false).await;
+        whole(&replicas, &limiter, &server, &admitted, false).await;
     }
 
     /// The key's stored value: `None` for no key, `Some(value)` otherwise,
@@ -549,11 +549,10 @@ mod redis {
         replicas: &[SocketAddr],
         limiter: &RedisPace,
         server: &Server,
-        prefix: &str,
         admitted: &[Instant],
         keys: bool,
     ) {
-        let key = format!("{prefix}victim");
+        let key = limiter.redis_key("victim");
         let deadline = Instant::now() + HANG;
         loop {
             let v = tokio::task::block_in_place(|| stored(server, &key));
@@ -646,7 +645,7 @@ mod redis {
         // Every request of the flood was denied (by the local limit).
         assert_eq!(seen.too_many, FLOOD, "{seen:?}");
         assert_eq!(seen.ok + seen.unauthorized + seen.other, 0, "{seen:?}");
-        whole(&replicas, &limiter, &server, "allor:", &admitted, true).await;
+        whole(&replicas, &limiter, &server, &admitted, true).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
