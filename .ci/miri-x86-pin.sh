@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Runs one half of the Miri stress test (30-miri.sh a|b), or crossbeam-epoch's
-# own `sanitize` example, on given Miri schedule seeds, with crossbeam-epoch's
+# Runs one half of the Miri stress test (30-miri.sh a|b), crossbeam-epoch's
+# own `sanitize` example, or the pin's litmus (.ci/miri-pin-litmus.rs: a
+# reader and a writer on crossbeam-epoch alone), on given Miri schedule
+# seeds, with crossbeam-epoch's
 # pin as Miri builds it or changed, to tell a data-race report of the table
 # from one of the collector's pin (DESIGN.md §9).
 #
-#   bash .ci/miri-x86-pin.sh a|b|sanitize SEEDS [stock|x86|release]
+#   bash .ci/miri-x86-pin.sh a|b|sanitize|litmus SEEDS [stock|x86|release]
 #
 # SEEDS is one seed (`7`) or a range, its end excluded (`0..32`). Modes:
 #   stock    crossbeam-epoch as Cargo.lock names it: under Miri its pin is a
@@ -21,18 +23,19 @@
 # tracked files as they are, as CI runs it) patched to that copy, with
 # 30-miri.sh's flags;
 # `sanitize` runs the copy's example with 4 rounds instead of 100 (a round is
-# 16 threads pinning, swapping and freeing). Each seed prints one line: `ok`,
+# 16 threads pinning, swapping and freeing); `litmus` copies
+# .ci/miri-pin-litmus.rs into the copy's examples and runs it. Each seed prints one line: `ok`,
 # or `REPORT` with the start of Miri's report. The exit status is 1 when any
 # seed reported (or a half ran no test: a renamed test).
 set -euo pipefail
-usage="usage: miri-x86-pin.sh a|b|sanitize SEEDS [stock|x86|release]"
+usage="usage: miri-x86-pin.sh a|b|sanitize|litmus SEEDS [stock|x86|release]"
 half=${1:?$usage}
 seeds=${2:?$usage}
 mode=${3:-release}
 case "$half" in
 a) test=effective_exchanges_never_exceed_capacity_plus_rate_times_elapsed ;;
 b) test=effective_exchanges_fit_the_bound_with_other_seeds ;;
-sanitize) test= ;;
+sanitize | litmus) test= ;;
 *) echo "$usage" >&2; exit 2 ;;
 esac
 case "$mode" in
@@ -87,13 +90,18 @@ if n != 1:
     sys.exit("crossbeam-epoch's sanitize example not found as 0.9 writes it")
 open(example, "w").write(ex)
 PY
+cp "$root/.ci/miri-pin-litmus.rs" "$src/crossbeam-epoch/examples/pin_litmus.rs"
+printf '\n[[example]]\nname = "pin_litmus"\npath = "examples/pin_litmus.rs"\n' \
+    >>"$src/crossbeam-epoch/Cargo.toml"
 printf '\n[patch.crates-io]\ncrossbeam-epoch = { path = "%s" }\n' \
     "$src/crossbeam-epoch" >>"$src/pace/Cargo.toml"
 flags="-Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-ignore-leaks"
-if [ "$half" = sanitize ]; then
+if [ "$half" = sanitize ] || [ "$half" = litmus ]; then
     cd "$src/crossbeam-epoch"
+    example=$half
+    [ "$half" = sanitize ] || example=pin_litmus
     # The published crate's own lock file names its dev-dependencies.
-    run() { cargo +nightly miri run --example sanitize; }
+    run() { cargo +nightly miri run --example "$example"; }
 else
     cd "$src/pace"
     run() { cargo +nightly miri test -p pace --no-default-features --test stress -- --exact "$test"; }

@@ -46,11 +46,12 @@ all)
 # store of the local epoch made `Release` (.ci/miri-x86-pin.sh's `release`
 # mode, on a patched copy of the crossbeam-epoch Cargo.lock names, in
 # target/miri-pin). With the stock pin a schedule can draw a data-race
-# report between a thread's access to an array reached under a guard and
-# the deferred free of that array, of the shape crossbeam-epoch's own
-# `sanitize` example is reported to draw under Miri; DESIGN.md §9 gives the
-# runs, stock against patched, and the reading. Any report here fails CI:
-# with the pin's store made `Release`, a report is the table's.
+# report between a thread's access to memory reached under a guard and the
+# deferred free of that memory, from the pin alone: crossbeam-epoch with no
+# code of ours draws it (.ci/miri-pin-litmus.rs, `miri-x86-pin.sh litmus`),
+# and the same seed with the store made `Release` does not. DESIGN.md §9
+# gives the runs, stock against patched. Any report here fails CI: with the
+# pin's store made `Release`, a report is the table's.
 a | b)
     seed=$(printf '%s %s %s' "$(date -u +%F)" "$(git rev-parse HEAD 2>/dev/null || echo none)" "$part" |
         cksum | cut -d' ' -f1)

@@ -186,13 +186,24 @@ async fn a_flood_of_denials_is_answered_locally_until_the_retry_time() {
     let r = cached.reserve("c2").await.unwrap();
     assert_eq!(r.source(), Source::Server);
     // A request for fewer tokens than the cached denial goes to the server.
-    let p3 = limiter(&server.url(), rate, 3, true).await;
-    let _ = p3.reserve_n("m", 3).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    // The server's time is injected (60 ms after the drain: 1.2 tokens
+    // back at 20/s), so no stall can refill the second token first.
+    let p3 = RedisPace::builder(rate)
+        .capacity(3)
+        .timeout(Duration::from_secs(2))
+        .deny_cache(true)
+        .time_injection(true)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let t0 = 1_000_000_000_000;
+    let _ = p3.reserve_n_at("m", 3, t0).await.unwrap();
+    let later = t0 + 60_000_000;
     assert!(
-        matches!(p3.reserve_n("m", 2).await, Err(Error::Denied(d)) if d.source() == Source::Server)
+        matches!(p3.reserve_n_at("m", 2, later).await, Err(Error::Denied(d)) if d.source() == Source::Server)
     );
-    assert!(p3.reserve_n("m", 1).await.is_ok());
+    let r = p3.reserve_n_at("m", 1, later).await.unwrap();
+    assert_eq!(r.source(), Source::Server);
 }
 
 #[tokio::test]

@@ -8,10 +8,16 @@
 //!   on a `RedisPace` limit (5/s, capacity 10) holds it, so a flood of
 //!   wrong secrets naming a victim's client id on both replicas (32
 //!   connections; one replica with the `RateLimit` fields, one without)
-//!   leaves no trace: once its refunds landed, the victim's
-//!   bucket is whole (9 of its requests in a row pass). During the flood
-//!   the victim (2/s) passes whenever the flood's checks in flight leave a
-//!   token: reported, not asserted.
+//!   leaves no trace: once its holds are settled (the key stores no hold),
+//!   the victim's bucket holds every token its own requests left, by the
+//!   instants this process read their answers, and a burst of that many of
+//!   its requests passes. During the flood the victim passes whenever the
+//!   flood's checks in flight leave a token: reported, not asserted.
+//!
+//! No check leans on time: a flood is a count of requests (every one
+//! answered as expected), the victim's requests go between the flood's by
+//! its progress, and "once the refunds landed" is an event (the key stores
+//! no hold), waited for with a bound only a hang exceeds ([`HANG`]).
 //! * `a_shared_and_a_local_limit_all_or_nothing_under_a_flood`: the shared
 //!   limit first, a local one after it that denies the flood: the shared
 //!   limit is held, and each denial refunds it exactly.
@@ -203,8 +209,9 @@ mod redis {
     }
 
     /// One replica's connection to the shared limit: 5/s, capacity 10 (a
-    /// timeout long enough for a loaded machine: a flood answered 503 would
-    /// test nothing).
+    /// timeout, and a hold limit, only a hang exceeds: a flood answered 503,
+    /// or a hold settled as kept because its refund came late, would test
+    /// nothing).
     async fn shared(server: &Server, prefix: &str) -> Arc<RedisPace> {
         connect(&server.url(), prefix).await
     }
@@ -218,7 +225,8 @@ mod redis {
         Arc::new(
             RedisPace::builder(Rate::per_second(5).unwrap())
                 .capacity(capacity)
-                .timeout(Duration::from_secs(5))
+                .timeout(HANG)
+                .hold_limit(HANG)
                 .prefix(prefix)
                 .connect(url)
                 .await
@@ -456,21 +464,27 @@ mod redis {
         other: u64,
     }
 
-    /// 32 connections, spread over `replicas`, sending `headers` as fast
-    /// as they are answered until `end`.
+    /// Requests of a flood: 32 connections, [`PER_CONNECTION`] each.
+    const CONNECTIONS: u64 = 32;
+    const PER_CONNECTION: u64 = 40;
+    const FLOOD: u64 = CONNECTIONS * PER_CONNECTION;
+
+    /// A flood: 32 connections, spread over `replicas`, each sending
+    /// `headers` [`PER_CONNECTION`] times, one request after the answer to
+    /// the last; `answered` counts the answers as they come.
     async fn flood(
         replicas: &[SocketAddr],
         headers: &'static [(&'static str, &'static str)],
-        end: Instant,
+        answered: Arc<AtomicU64>,
     ) -> Seen {
         let counts: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
         let mut tasks = Vec::new();
-        for i in 0..32 {
-            let counts = counts.clone();
+        for i in 0..CONNECTIONS as usize {
+            let (counts, answered) = (counts.clone(), answered.clone());
             let addr = replicas[i % replicas.len()];
             tasks.push(tokio::spawn(async move {
                 let mut c = Client::connect(addr).await;
-                while Instant::now() < end {
+                for _ in 0..PER_CONNECTION {
                     let r = c.get("/", headers).await;
                     let slot = match r.status() {
                         StatusCode::OK => 0,
@@ -479,6 +493,7 @@ mod redis {
                         _ => 3,
                     };
                     counts[slot].fetch_add(1, Ordering::Relaxed);
+                    answered.fetch_add(1, Ordering::Relaxed);
                 }
             }));
         }
@@ -494,76 +509,166 @@ mod redis {
         }
     }
 
-    /// The victim: one valid request every 500 ms from `start` for 3 s,
-    /// alternating replicas; the statuses it got.
+    /// A bound only a hang exceeds, for every wait here (a loaded machine
+    /// makes the tests slower, never wrong).
+    const HANG: Duration = Duration::from_secs(120);
+
+    /// Waits until `answered` reaches `n` (or the flood ended: `done`).
+    async fn progress(answered: &AtomicU64, n: u64) {
+        let deadline = Instant::now() + HANG;
+        while answered.load(Ordering::Relaxed) < n {
+            assert!(Instant::now() < deadline, "the flood hung");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// The victim's requests during a flood: six, the i-th once the flood
+    /// has had i/7 of its answers, alternating replicas, each with
+    /// `headers(i)`. Returns their statuses and the instants at which the
+    /// admitted ones' answers were read.
     async fn victim(
         replicas: &[SocketAddr],
-        headers: &'static [(&'static str, &'static str)],
-        start: Instant,
-    ) -> Vec<StatusCode> {
+        headers: impl Fn(usize) -> Vec<(&'static str, String)>,
+        answered: &AtomicU64,
+    ) -> (Vec<StatusCode>, Vec<Instant>) {
         let mut out = Vec::new();
+        let mut admitted = Vec::new();
         let mut clients = Vec::new();
         for &addr in replicas {
             clients.push(Client::connect(addr).await);
         }
-        for i in 0..6u32 {
-            tokio::time::sleep_until((start + Duration::from_millis(250) * (2 * i + 1)).into())
-                .await;
+        for i in 0..6usize {
+            progress(answered, FLOOD * (i as u64 + 1) / 7).await;
             let n = clients.len();
-            let r = clients[i as usize % n].get("/", headers).await;
+            let h = headers(i);
+            let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let r = clients[i % n].get("/", &h).await;
+            if r.status() == StatusCode::OK {
+                admitted.push(Instant::now());
+            }
             if let Some(wait) = header(&r, "retry-after") {
                 eprintln!("the victim's 429 says Retry-After: {wait}");
             }
             out.push(r.status());
         }
-        out
+        (out, admitted)
     }
-
-    const FLOOD: Duration = Duration::from_millis(3_100);
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_401_flood_on_two_replicas_keeps_the_victim_whole() {
         let server = Server::start();
         let (procs, limiter) = replicas("401", &server, "flood401:").await;
         let replicas: Vec<SocketAddr> = procs.iter().map(|r| r.addr).collect();
-        let start = Instant::now();
         let wrong: &'static [(&str, &str)] = &[("x-client-id", "victim"), ("x-valid", "no")];
+        let answered = Arc::new(AtomicU64::new(0));
         let attack = tokio::spawn({
-            let replicas = replicas.clone();
-            async move { flood(&replicas, wrong, start + FLOOD).await }
+            let (replicas, answered) = (replicas.clone(), answered.clone());
+            async move { flood(&replicas, wrong, answered).await }
         });
-        let got = victim(&replicas, &[("x-client-id", "victim")], start).await;
-        let seen = attack.await.unwrap();
-        let through = got.iter().filter(|s| **s == StatusCode::OK).count();
+        let (got, admitted) = victim(
+            &replicas,
+            |_| vec![("x-client-id", "victim".to_string())],
+            &answered,
+        )
+        .await;
+        let seen = tokio::time::timeout(HANG, attack)
+            .await
+            .expect("the flood hung")
+            .unwrap();
         eprintln!(
-            "401 flood on two replicas: {seen:?}; the victim got {through} of {} through: {got:?}",
+            "401 flood on two replicas: {seen:?}; the victim got {} of {} through: {got:?}",
+            admitted.len(),
             got.len()
         );
-        assert!(seen.unauthorized > 100, "the flood ran: {seen:?}");
+        // Every request of the flood was answered: 401, or 429 while the
+        // flood's holds in flight took every token; none passed. The first
+        // ten holds found the bucket full (the victim's first request waits
+        // for a seventh of the flood): at least ten 401s.
+        assert_eq!(seen.unauthorized + seen.too_many, FLOOD, "{seen:?}");
         assert_eq!(seen.ok + seen.other, 0, "{seen:?}");
+        assert!(seen.unauthorized >= 10, "the flood ran: {seen:?}");
         // During the flood the victim passes whenever the flood's checks in
         // flight leave a token (reported, not asserted: it depends on the
         // machine's load); afterwards it is whole.
-        whole(&replicas, &limiter, false).await;
+        whole(&replicas, &limiter, &server, &admitted, false).await;
     }
 
-    /// Once the flood's refunds landed, the victim's bucket is whole but
-    /// for its own requests (at most its last token still refilling: 9 or
-    /// 10 of 10), and a burst of the victim's requests gets that many
-    /// through, from either replica.
+    /// The key's stored value: `None` for no key, `Some(value)` otherwise,
+    /// read with a plain `GET` (RESP over a fresh connection).
+    fn stored(server: &Server, key: &str) -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", server.1)).unwrap();
+        let cmd = format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len());
+        s.write_all(cmd.as_bytes()).unwrap();
+        let mut r = BufReader::new(s);
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let len: i64 = line
+            .strip_prefix('$')
+            .unwrap_or_else(|| panic!("GET {key}: {line:?}"))
+            .trim()
+            .parse()
+            .unwrap();
+        if len < 0 {
+            return None;
+        }
+        let mut value = vec![0u8; len as usize + 2];
+        r.read_exact(&mut value).unwrap();
+        value.truncate(len as usize);
+        Some(String::from_utf8(value).unwrap())
+    }
+
+    /// After a flood: once the victim's key stores no hold (a key with
+    /// holds stores `tat|held|...`, one without a decimal tat: pace-redis's
+    /// script), every refund and keep of the flood and of the victim has
+    /// landed. The victim's bucket then lacks at most what its own
+    /// admissions left: with `admitted` the instants at which this process
+    /// read their answers (each decided before it) and `t0` an instant
+    /// before the reading, the debt is at most `max_j((n - j) x T - (t0 -
+    /// r_j))`, so it holds at least `10 - ceil(that / T)` tokens (by the
+    /// server's clock, which runs at the rate of this process's). A burst
+    /// of that many of the victim's requests passes, from either replica.
     /// With `keys`, each request presents an API key of its own.
-    async fn whole(replicas: &[SocketAddr], limiter: &RedisPace, keys: bool) {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    async fn whole(
+        replicas: &[SocketAddr],
+        limiter: &RedisPace,
+        server: &Server,
+        admitted: &[Instant],
+        keys: bool,
+    ) {
+        let key = limiter.redis_key("victim");
+        let deadline = Instant::now() + HANG;
+        loop {
+            let v = tokio::task::block_in_place(|| stored(server, &key));
+            if v.as_deref().is_none_or(|v| !v.contains('|')) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the victim's holds never settled: {v:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let t0 = Instant::now();
         let left = limiter.peek("victim").await.unwrap().remaining();
+        const T: u128 = 200_000_000; // 5/s
+        let n = admitted.len() as u128;
+        let debt = admitted
+            .iter()
+            .enumerate()
+            .map(|(j, r)| ((n - j as u128) * T).saturating_sub((t0 - *r).as_nanos()))
+            .max()
+            .unwrap_or(0);
+        let expect = 10 - debt.div_ceil(T) as u64;
         assert!(
-            left >= 9,
-            "the flood left a trace on the victim: {left} of 10"
+            left >= expect,
+            "the flood left a trace on the victim: {left} of 10, where its own {n} \
+             admissions leave {expect}"
         );
         let mut clients = Vec::new();
         for &addr in replicas {
             clients.push(Client::connect(addr).await);
         }
-        for i in 0..9 {
+        for i in 0..expect as usize {
             let n = clients.len();
             let key = format!("after{i}");
             let mut headers = vec![("x-client-id", "victim")];
@@ -574,7 +679,7 @@ mod redis {
             assert_eq!(
                 r.status(),
                 StatusCode::OK,
-                "the victim's request {i} after the flood"
+                "the victim's request {i} after the flood (of {expect})"
             );
         }
     }
@@ -676,38 +781,37 @@ mod redis {
                 .await;
             assert_eq!(r.status(), StatusCode::OK);
         }
-        let start = Instant::now();
         let denied: &'static [(&str, &str)] = &[("x-client-id", "victim"), ("x-api-key", "spent")];
+        let answered = Arc::new(AtomicU64::new(0));
         let attack = tokio::spawn({
-            let replicas = replicas.clone();
-            async move { flood(&replicas, denied, start + FLOOD).await }
+            let (replicas, answered) = (replicas.clone(), answered.clone());
+            async move { flood(&replicas, denied, answered).await }
         });
         // The victim presents its own key: a new one for each request.
-        let mut got = Vec::new();
-        let mut clients = Vec::new();
-        for &addr in &replicas {
-            clients.push(Client::connect(addr).await);
-        }
-        const KEYS: [&str; 6] = ["k0", "k1", "k2", "k3", "k4", "k5"];
-        for (i, key) in KEYS.iter().enumerate() {
-            tokio::time::sleep_until(
-                (start + Duration::from_millis(250) * (2 * i as u32 + 1)).into(),
-            )
-            .await;
-            let r = clients[i % 2]
-                .get("/", &[("x-client-id", "victim"), ("x-api-key", key)])
-                .await;
-            got.push(r.status());
-        }
-        let seen = attack.await.unwrap();
-        let through = got.iter().filter(|s| **s == StatusCode::OK).count();
+        let (got, admitted) = victim(
+            &replicas,
+            |i| {
+                vec![
+                    ("x-client-id", "victim".to_string()),
+                    ("x-api-key", format!("k{i}")),
+                ]
+            },
+            &answered,
+        )
+        .await;
+        let seen = tokio::time::timeout(HANG, attack)
+            .await
+            .expect("the flood hung")
+            .unwrap();
         eprintln!(
-            "denied by the local limit on two replicas: {seen:?}; the victim got {through} of 6: \
-             {got:?}"
+            "denied by the local limit on two replicas: {seen:?}; the victim got {} of 6: \
+             {got:?}",
+            admitted.len()
         );
-        assert!(seen.too_many > 100, "the flood ran: {seen:?}");
+        // Every request of the flood was denied (by the local limit).
+        assert_eq!(seen.too_many, FLOOD, "{seen:?}");
         assert_eq!(seen.ok + seen.unauthorized + seen.other, 0, "{seen:?}");
-        whole(&replicas, &limiter, true).await;
+        whole(&replicas, &limiter, &server, &admitted, true).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
