@@ -2,15 +2,21 @@
 //! (README: "Overlapping refunds"): a reserve's refund restores the key only
 //! if nothing was debited since, so cycles that overlap lose tokens until
 //! the bucket refills; a hold's refund is exact, so the same flood with
-//! `hold` → check → `Hold::refund` leaves the key full. 1 token per 10 s,
-//! capacity 3; N tasks on one limiter loop reserve (or hold) → 50 µs of
-//! checking (a spin) → refund on one key for 300 ms; then the key's tokens
-//! are read on the server.
+//! `hold` → check → `Hold::refund` leaves the key full. 1 token per hour
+//! (no token comes back during a run), capacity 3; N tasks on one limiter
+//! loop reserve (or hold) → 50 µs of checking (a spin) → refund on one key
+//! until they made 200 cycles between them, or, with reserves and more than
+//! one task, until a refund was superseded (an overlap: it returned
+//! nothing), with a bound only a hang exceeds; then the key's tokens are
+//! read on the server. (No run leans on time: a run ends on counts and
+//! events, however slowly the machine runs it.)
 //!
 //! `cargo test -p pace-redis --test flood -- --nocapture` prints the table.
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pace::Rate;
@@ -18,22 +24,44 @@ use pace_redis::{Error, RedisPace, Refunded};
 
 const CAPACITY: u64 = 3;
 const RUNS: usize = 5;
+/// Cycles of a run that ends on its count.
+const CYCLES: u64 = 200;
+/// A bound only a hang exceeds.
+const HANG: Duration = Duration::from_secs(120);
 
 async fn flood(url: &str, tasks: usize, run: usize, holds: bool) -> (u64, u64) {
-    let p = RedisPace::builder(Rate::new(1, Duration::from_secs(10)).unwrap())
+    let p = RedisPace::builder(Rate::new(1, Duration::from_secs(3600)).unwrap())
         .capacity(CAPACITY)
         .prefix(format!("flood{tasks}-{run}-{holds}:"))
-        .timeout(Duration::from_secs(2))
+        .timeout(HANG)
         .connect(url)
         .await
         .unwrap();
-    let end = Instant::now() + Duration::from_millis(300);
+    // Cycles made and refunds superseded, by all the tasks.
+    let made = Arc::new(AtomicU64::new(0));
+    let superseded = Arc::new(AtomicU64::new(0));
+    // Until 200 cycles, or, where refunds can be superseded (reserves,
+    // overlapping tasks), until one was.
+    let until_overlap = !holds && tasks > 1;
+    let done = {
+        let (made, superseded) = (made.clone(), superseded.clone());
+        move || {
+            if until_overlap {
+                superseded.load(Ordering::Relaxed) > 0
+            } else {
+                made.load(Ordering::Relaxed) >= CYCLES
+            }
+        }
+    };
+    let deadline = Instant::now() + HANG;
     let mut handles = Vec::new();
     for _ in 0..tasks {
-        let p = p.clone();
+        let (p, made, superseded, done) =
+            (p.clone(), made.clone(), superseded.clone(), done.clone());
         handles.push(tokio::spawn(async move {
             let mut cycles = 0u64;
-            while Instant::now() < end {
+            while !done() {
+                assert!(Instant::now() < deadline, "the flood hung");
                 if holds {
                     match p.hold("victim").await {
                         Ok(h) => {
@@ -43,6 +71,7 @@ async fn flood(url: &str, tasks: usize, run: usize, holds: bool) -> (u64, u64) {
                             }
                             assert_eq!(h.refund().await.unwrap(), Refunded::Restored);
                             cycles += 1;
+                            made.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(Error::Denied(_)) => tokio::task::yield_now().await,
                         Err(e) => panic!("{e}"),
@@ -55,8 +84,11 @@ async fn flood(url: &str, tasks: usize, run: usize, holds: bool) -> (u64, u64) {
                         while t.elapsed() < Duration::from_micros(50) {
                             std::hint::spin_loop();
                         }
-                        p.refund(r).await.unwrap();
+                        if p.refund(r).await.unwrap() == Refunded::Superseded {
+                            superseded.fetch_add(1, Ordering::Relaxed);
+                        }
                         cycles += 1;
+                        made.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(Error::Denied(_)) => tokio::task::yield_now().await,
                     Err(e) => panic!("{e}"),
