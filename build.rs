@@ -15,7 +15,7 @@ include!("src/mutants.rs");
 fn main() {
     println!("cargo::rerun-if-env-changed=PACE_MUTANT");
     // `PACE_HOLD_RECORD=1` writes every held row to a record, never inline
-    // (`src/table/held.rs`, `Form`): the suites run the hold tests and
+    // (`src/table/held/inline.rs`, `Form`): the suites run the hold tests and
     // models both ways, so both forms stay proven.
     println!("cargo::rerun-if-env-changed=PACE_HOLD_RECORD");
     println!("cargo::rustc-check-cfg=cfg(pace_hold_record)");

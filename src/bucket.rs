@@ -9,11 +9,13 @@
 //! equivalence. A state `tat <= now` is a *full* bucket, which is the same
 //! as no bucket at all; the value 0 is therefore the state of a fresh row.
 //!
-//! The atomic layers publish the results of these functions with one CAS; they
-//! add no arithmetic of their own.
+//! The decisions on a bucket are in [`crate::rule`]; the atomic layers
+//! publish their results with one CAS and add no arithmetic of their own.
+
+use crate::rule;
 
 /// The largest representable `tat`: about 73 years of nanoseconds. (The
-/// table reads `tat` fields above it as held rows' records, `held.rs`.)
+/// table reads `tat` fields above it as held rows' records, `held/`.)
 pub(crate) const MAX_TIME: u64 = (1 << 61) - 1;
 /// The largest refill time of an empty bucket (`capacity x interval`).
 pub(crate) const MAX_TAU: u64 = MAX_TIME / 2;
@@ -38,7 +40,7 @@ pub(crate) enum Decision {
     Never,
     /// Denied: the answer would leave the representable time space.
     TimeExhausted,
-    /// Denied while tokens of the row are held (`table/held.rs`): admitted
+    /// Denied while tokens of the row are held (`table/held/`): admitted
     /// after this many ns if the held tokens are kept.
     Held(u64),
 }
@@ -100,102 +102,18 @@ impl Limits {
         self.tau
     }
 
-    /// Debit `n` tokens from the bucket `tat` at `now`, or say why not.
-    ///
-    /// Admits iff the debt after the debit is at most `capacity * interval`.
-    /// The new `tat` is `max(tat, now) + n * interval`: it never moves
-    /// backwards, whatever `now` says.
+    /// Debit `n` tokens from the bucket `tat` at `now`, or say why not:
+    /// the GCRA test, [`rule::gcra`].
     #[inline]
     pub(crate) fn reserve(&self, tat: u64, now: u64, n: u64) -> Decision {
-        if n > self.capacity {
-            return Decision::Never;
-        }
-        let base = tat.max(now);
-        // n <= capacity, so n * interval <= tau <= MAX_TAU: no overflow;
-        // `base` comes from the clock and may be anything.
-        let cost = n * self.interval;
-        let new = match base.checked_add(cost) {
-            Some(t) if t <= MAX_TIME => t,
-            _ => return self.reserve_past_time(base, now, cost),
-        };
-        // Admit iff new - now <= tau; compare without underflow.
-        let limit = now.saturating_add(self.tau);
-        if new <= limit {
-            Decision::Admit(new)
-        } else {
-            Decision::Wait(new - limit)
-        }
-    }
-
-    /// A debit of `cost` from `base` that would end past the time space:
-    /// a denial with its wait when it does not fit the bucket anyway (a
-    /// long interval's debt can reach past `MAX_TIME` at any reading), and
-    /// `TimeExhausted` only when it would be admitted but its end cannot be
-    /// stored, which takes a reading past `MAX_TIME − τ` (at least
-    /// `MAX_TIME − MAX_TAU`, about 36 years of nanoseconds).
-    #[cold]
-    fn reserve_past_time(&self, base: u64, now: u64, cost: u64) -> Decision {
-        let new = u128::from(base) + u128::from(cost);
-        let limit = u128::from(now) + u128::from(self.tau);
-        if new > limit {
-            Decision::Wait(u64::try_from(new - limit).unwrap_or(u64::MAX))
-        } else {
-            Decision::TimeExhausted
-        }
+        rule::gcra(self, tat, now, n)
     }
 
     /// Undoes a reservation whose debit moved the bucket from `prev` to
-    /// `own_tat`, onto a bucket now at `tat`.
-    ///
-    /// The rule: a refund restores `prev` if the bucket still ends where its
-    /// reservation left it (`tat == own_tat`: nothing was debited from the key
-    /// since), and returns nothing otherwise. Restoring `prev` is exactly the
-    /// state in which the reservation never happened, so it cannot mint a
-    /// token whatever the refund's clock says; a refund of a reservation that
-    /// others have stacked on, or that arrives after a later debit, could only
-    /// return tokens that those later debits rely on, so it returns none.
-    /// When `prev` is not later than `now` the restored bucket is full: the
-    /// row may be removed (a late refund, after the debit drained, finds the
-    /// bucket full either way).
+    /// `own_tat`, onto a bucket now at `tat`: [`rule::refund`].
     #[inline]
     pub(crate) fn refund(&self, tat: u64, now: u64, n: u64, own_tat: u64, prev: u64) -> Refund {
-        self.refund_rule(tat, now, n, own_tat, prev)
-    }
-
-    /// The refund rule: restore `prev` if the bucket still ends at `own_tat`.
-    #[cfg(not(pace_mutant = "refund_undrained"))]
-    #[inline]
-    fn refund_rule(&self, tat: u64, now: u64, _n: u64, own_tat: u64, prev: u64) -> Refund {
-        if tat != own_tat {
-            Refund::Unchanged
-        } else if prev <= now {
-            Refund::Full
-        } else {
-            Refund::Set(prev)
-        }
-    }
-
-    /// Known-wrong refund for mutation tests: subtracts the undrained part of
-    /// the reservation, `min(n x interval, own_tat - now)`, from whatever the
-    /// bucket holds now, so out-of-order and stale refunds mint tokens.
-    #[cfg(pace_mutant = "refund_undrained")]
-    fn refund_rule(&self, tat: u64, now: u64, n: u64, own_tat: u64, _prev: u64) -> Refund {
-        if tat <= now {
-            return Refund::Unchanged;
-        }
-        let back = n
-            .min(self.capacity)
-            .saturating_mul(self.interval)
-            .min(own_tat.saturating_sub(now));
-        if back == 0 {
-            return Refund::Unchanged;
-        }
-        let new = tat - back.min(tat);
-        if new <= now {
-            Refund::Full
-        } else {
-            Refund::Set(new)
-        }
+        rule::refund(self, tat, now, n, own_tat, prev)
     }
 
     /// Whole tokens available in bucket `tat` at `now`.

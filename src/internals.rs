@@ -171,6 +171,7 @@ impl CellsModel {
         let cx = &crate::table::Cx::new(&|k| k, now);
         self.table
             .refund(&self.limits, key, &Bits(key), spent, cx, &guard)
+            .into()
     }
 
     /// Removes the rows full at `now`; how many.

@@ -293,6 +293,7 @@ pub mod internals;
 mod pace;
 mod prefix;
 mod rate;
+mod rule;
 mod sync;
 #[allow(unsafe_code)]
 mod table;

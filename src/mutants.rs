@@ -2,7 +2,8 @@
 // that builds it (`PACE_MUTANT=name`, see build.rs), where its pair of
 // functions lives, and what the wrong one does. Each is a pair of functions
 // of one signature, the right one under `cfg(not(pace_mutant = "name"))`
-// and the wrong one beside it under `cfg(pace_mutant = "name")`; no
+// and the wrong one beside it under `cfg(pace_mutant = "name")` (in
+// src/rule.rs written side by side with its `variants!` macro); no
 // protocol function branches on a mutant.
 //
 // This list is the registry: build.rs includes this file and declares
@@ -28,7 +29,7 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("copy_drops_without_floor", "table/migrate.rs", "a copier removes a full row without raising its floor"),
     ("copy_removes_held", "table/migrate.rs", "a copier judges a held row by its settled tat alone"),
     ("copy_unfrozen", "table/migrate.rs", "a live row is copied without freezing its cell"),
-    ("decision_ignores_held", "table/held.rs", "a decision counts no held token"),
+    ("decision_ignores_held", "rule.rs", "a decision counts no held token"),
     ("deep_probe_any_row", "table/mod.rs", "a reserve past its key's eighth cell takes any live row for the key's"),
     ("no_dormancy", "table/sweep.rs", "passes remove every full row instead of making it dormant"),
     ("no_quiet_rows", "table/mod.rs", "passes put every full row to sleep, however lately it filled"),
@@ -43,11 +44,11 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("gate_no_wake_on_rollback", "gate/state.rs", "a slot rolled back for lack of bytes wakes nobody"),
     ("gate_shrink_keeps_excess", "gate/permit.rs", "a shrunk permit's excess bytes never return"),
     ("gate_unchecked_bytes", "gate/state.rs", "bytes are checked against a stale reading, then added blindly"),
-    ("holds_never_expire", "table/held.rs", "no held lot ever expires"),
+    ("holds_never_expire", "table/held/mod.rs", "no held lot ever expires"),
     ("huge_pages_ignored", "table/cell.rs", "no slot array asks for huge pages, however large"),
     ("spot_written_blind", "table/refund.rs", "a resolution in its hold's pin is stored over the cell, not CASed from the hold's value"),
     ("std_hash_for_bits", "pace/mod.rs", "copies and sweeps hash a cell's key with std's hasher, callers with SipHash under the limiter's key"),
-    ("inline_offset_wraps", "table/held.rs", "an inline lot's epoch offset is written modulo 4, unchecked"),
+    ("inline_offset_wraps", "table/held/inline.rs", "an inline lot's epoch offset is written modulo 4, unchecked"),
     ("inline_any_hasher", "table/words.rs", "any hasher is trusted with keys held as their own bits"),
     ("ip_prefix_untagged", "prefix.rs", "IPv6 prefixes' words lack the family bit"),
     ("journal_no_lock", "gate/journal.rs", "a journal takes no file lock"),
@@ -66,20 +67,20 @@ pub const MUTANTS: &[(&str, &str, &str)] = &[
     ("refund_gives_up_on_frozen", "table/refund.rs", "a refund that finds its row frozen by a copier gives up"),
     ("refund_ignores_origin", "pace/refund.rs", "a debit is refunded to any limiter and key"),
     ("refund_keeps_floor", "table/floor.rs", "a refund that fills a row removes it without raising its floor"),
-    ("refund_rewinds_tat", "table/held.rs", "a hold's refund also takes its cost off the settled tat"),
-    ("refund_undrained", "bucket.rs", "a refund subtracts its undrained part from whatever the bucket holds"),
-    ("resolve_ignores_row", "table/held.rs", "a hold's resolution acts on another key's row with a lot of its epoch"),
-    ("settle_unclamped", "table/held.rs", "a kept hold settles without the clamp at its own reading"),
+    ("refund_rewinds_tat", "rule.rs", "a hold's refund also takes its cost off the settled tat"),
+    ("refund_undrained", "rule.rs", "a refund subtracts its undrained part from whatever the bucket holds"),
+    ("resolve_ignores_row", "table/held/mod.rs", "a hold's resolution acts on another key's row with a lot of its epoch"),
+    ("settle_unclamped", "rule.rs", "a kept hold settles without the clamp at its own reading"),
     ("shrink_below_sweep_floor", "table/mod.rs", "a shrink is sized for the rows a pass left, not the rows before the next"),
     ("shrink_to_half", "table/migrate.rs", "a shrink's target gives rows half of it, not a quarter"),
-    ("stale_lot_opens_in_the_past", "table/held.rs", "a fresh lot opened by a stale reading starts in the past and settles the previous lot early"),
+    ("stale_lot_opens_in_the_past", "table/held/lot.rs", "a fresh lot opened by a stale reading starts in the past and settles the previous lot early"),
     ("sweep_at_default_cadence", "pace/mod.rs", "passes keep the default quota's cadence"),
     ("sweep_cursor_stuck", "table/sweep.rs", "a pass restarts only from exactly SWEEP_IDLE"),
     ("sweep_floor_by_hash", "table/sweep.rs", "a sweep raises the floor of a word key's hash, not its bits' stripe"),
     ("sweep_keeps_floor", "table/sweep.rs", "a swept row's floor is not raised"),
     ("sweep_removes_held", "table/sweep.rs", "a held row is judged by its settled tat alone"),
-    ("turn_before_its_slot", "pace/turn.rs", "a turn is let through when decided, before its slot"),
-    ("turn_beside_too_many_held", "table/held.rs", "a turn is placed after held tokens that leave it no room in the bucket"),
-    ("turn_slot_ignores_held", "pace/turn.rs", "a turn's slot comes from the settled tat, ahead of the held tokens"),
+    ("turn_before_its_slot", "rule.rs", "a turn is let through when decided, before its slot"),
+    ("turn_beside_too_many_held", "rule.rs", "a turn is placed after held tokens that leave it no room in the bucket"),
+    ("turn_slot_ignores_held", "rule.rs", "a turn's slot comes from the settled tat, ahead of the held tokens"),
     ("verify_off", "table/insert.rs", "every claim is kept unchecked"),
 ];

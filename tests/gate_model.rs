@@ -60,7 +60,7 @@ proptest! {
 /// `RUSTFLAGS='--cfg pace_mutant="gate_shrink_keeps_excess"'` makes
 /// `gate_matches_sequential_model` fail (DESIGN.md, section 10).
 #[test]
-fn fixed_run_matches_model() {
+fn a_saturating_run_and_a_body_cap_over_budget_follow_the_model() {
     use pace::gate::ConfigError;
     use pace_models::gate::expected_config;
     assert_eq!(

@@ -113,12 +113,12 @@ fn misdirected_to_another_key_entries() {
 }
 
 #[test]
-fn each_refund_outcome_cells() {
+fn a_refund_undoes_only_the_newest_debit_cells() {
     each_outcome(7u64);
 }
 
 #[test]
-fn each_refund_outcome_entries() {
+fn a_refund_undoes_only_the_newest_debit_entries() {
     each_outcome(String::from("client-7"));
 }
 

@@ -180,12 +180,12 @@ pub(crate) fn script_source(interval: u64, capacity: u64) -> String {
     // lets another call through on the turn's own slot.
     #[cfg(pace_mutant = "redis_turn_beside_held")]
     let src = src.replace(" or held + c > tau then", " then");
-    // Holds: a denial's wait ignores the holds that expire before it (they
-    // settle as kept from their expiry, which can push the retry further).
-    #[cfg(pace_mutant = "redis_retry_ignores_expiry")]
+    // Holds: a denial's wait leaves the held tokens out (the wait of the
+    // settled debt alone, not the wait if they are kept: `held_wait`).
+    #[cfg(pace_mutant = "redis_held_wait_ignores_held")]
     let src = src.replace(
-        "if tail == '' then\n      return string.format('0 %d",
-        "if true then\n      return string.format('0 %d",
+        "return string.format('6 %d %d %d %d %d', nd + held - tau,",
+        "return string.format('6 %d %d %d %d %d', nd - tau,",
     );
     // Holds: an expired hold is dropped as if refunded, not settled as kept.
     #[cfg(pace_mutant = "redis_expiry_refunds")]

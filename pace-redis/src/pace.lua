@@ -1,6 +1,23 @@
 -- pace's bucket rule (GCRA on one `tat` per key), decided and written in one
 -- atomic script call.
 --
+-- A port of the core's rule (src/rule.rs): each step that computes a rule
+-- is tagged `-- rule: <fn>` with the Rust function it ports, and each of
+-- those functions names this script. tests/equivalence.rs and
+-- tests/holds.rs check that the two agree; DESIGN.md ("Where each rule
+-- lives") states where they differ by design (an unresolved hold expires
+-- on its own, here, where the core settles it with its lot).
+--   gcra          a debit of n: admitted iff debt + n x interval <= tau
+--                 (+ a turn's wait); the whole wait otherwise
+--   decide_beside the same beside what is held: debt + held + cost
+--   fits_beside   a debit fits beside what is held: held + cost <= tau
+--   held_wait     a denial's wait while tokens are held: the wait if every
+--                 held token were kept now, debt + held + cost - tau
+--   slot_of       a turn's wait until its slot: debt + held + cost - tau
+--   settle        a kept hold: tat = max(tat, its reading) + cost
+--   refunded      a released hold: tat unchanged, held - cost
+--   refund        a reserve's refund: prev iff tat is still its own
+--
 -- The client prepends `local INTERVAL, CAP = <interval ns>, <capacity>`: one
 -- script per configuration, so that a call carries only what changes.
 --
@@ -48,7 +65,8 @@
 --          the script used, so it derives the rest in u64: the debt after
 --          is d + n * interval, now = tat - d - n * interval, prev =
 --          tat - n * interval when d > 0 (0: a full bucket), a turn's wait
---          d + n * interval - tau when positive.
+--          d + n * interval - tau when positive, which the script
+--          answers itself (below).
 --          Otherwise decimal integers separated by spaces, ending with the
 --          time of the decision as (seconds, nanoseconds):
 --          '0 wait_ns s ns' denied, wait_ns = d + n * interval - tau (the
@@ -62,14 +80,17 @@
 --          is gone (expired: the bucket is full already).
 -- peek:    {tat, s, ns, held}, tat '0' for no key (the client computes the
 --          debt).
+-- A turn admitted after a wait answers '5 wait d held tat': wait the time
+-- from the decision to its slot (d + held + n x interval - tau > 0), held
+-- what the key holds (0 without holds).
 -- A reserve on a key with holds answers an admission as '4 d held tat'
 -- (held > 0: the sum of the costs still held, which the decision counted as
 -- debt: d + held + n x interval <= tau + wait; a turn also needs held + n
 -- x interval <= tau). A denial on a key with holds answers '6 wait d held
--- s ns': wait is the time until a call of n tokens that does not wait
--- would pass if nothing else touched the key,
--- the holds expiring meanwhile settled as kept from their expiry (at least
--- d + held + n x interval - tau).
+-- s ns': wait is the wait if every held token were kept now, d + held + n
+-- x interval - tau (the core's `DenyReason::Held`): refunded sooner, the
+-- tokens come back sooner; expiring meanwhile, they settle from their
+-- expiry and push the retry further.
 -- hold:    '1 d held s ns' admitted (d the debt before, held the sum after,
 --          this hold included); otherwise as a reserve ('0 wait s ns' or
 --          '6 wait d held s ns', '2 0 s ns', '3 0 s ns').
@@ -171,6 +192,7 @@ if fast then
   if n < 1 then
     return redis.error_reply('pace: n must be at least 1')
   end
+  -- rule: gcra
   local nd = d + n * interval
   if nd > tau + wait then
     return string.format('0 %d %d %d', nd - tau, now_s, now_n)
@@ -212,6 +234,10 @@ if fast then
     end
     redis.call('SET', key, v, 'PXAT', string.format('%d', at_ms))
   end
+  if nd > tau then
+    -- rule: slot_of (a turn's wait: it fits only after the reading)
+    return string.format('5 %d %d 0 %s', nd - tau, d, v)
+  end
   if d == 0 then
     return v
   end
@@ -235,6 +261,7 @@ if op == 'p' or op == 'f' then
     if op == 'p' then
       return {cur, now_s, now_n}
     end
+    -- rule: refund
     local prev = ARGV[2]
     local mine = ARGV[3]
     if cur ~= mine then
@@ -344,6 +371,8 @@ if cur then
         min_s, min_n = es, en
         break
       end
+      -- rule: settle (from its expiry: the core settles a lot from its
+      -- end, DESIGN.md "Where each rule lives")
       local c = tonumber(cs)
       if later(es, en, tat_s, tat_n) then
         tat_s, tat_n = es, en
@@ -405,58 +434,26 @@ if op == 'r' or op == 'h' then
   local tau = cap * interval
   local c = n * interval
   local nd = d + c
-  -- The decision counts what is held: max(tat, now) + held + c <= now + tau
-  -- (+ wait for a turn). A turn must also fit beside what is held, held + c
-  -- <= tau: it goes through at its slot while those tokens may still be
-  -- held, and held tokens do not drain (the core's rule, DESIGN.md "Turns
-  -- beside holds"); a call that does not wait meets it anyway.
+  -- rule: decide_beside (max(tat, now) + held + c <= now + tau, + wait for
+  -- a turn) and fits_beside (held + c <= tau: a turn goes through at its
+  -- slot while those tokens may still be held, and held tokens do not
+  -- drain; a call that does not wait meets it anyway)
   if nd + held > tau + wait or held + c > tau then
     if tail == '' then
       return string.format('0 %d %d %d', nd + held - tau, now_s, now_n)
     end
-    -- The wait until this call would pass if nothing else touched the key:
-    -- the live holds that expire meanwhile settle as kept from their expiry
-    -- (tat = max(tat, expiry) + cost), which can push it further. Between
-    -- two expiries the state is fixed: (ts, h) from `from` on; the call
-    -- passes there at max(from, ts + h + c - tau) when h + c <= tau and
-    -- that comes before the next expiry. The last state holds nothing.
-    local ts, tn, h = tat_s, tat_n, held
-    local fs, fn = now_s, now_n
-    local pos = 1
-    while true do
-      local cs, e, nxt = string.match(tail, '^|%x+,(%d+),%d+,(%d+)()', pos)
-      local es, en
-      if cs then
-        es, en = split(e)
-      end
-      if h + c <= tau then
-        local as, an = add(ts, tn, h + c - tau)
-        if later(fs, fn, as, an) then
-          as, an = fs, fn
-        end
-        if not cs or later(es, en, as, an) then
-          return string.format('6 %d %d %d %d %d', (as - now_s) * E9 + (an - now_n), d, held,
-            now_s, now_n)
-        end
-      end
-      if not cs then
-        return redis.error_reply('pace: the key holds something other than a tat')
-      end
-      if later(es, en, ts, tn) then
-        ts, tn = es, en
-      end
-      ts, tn = add(ts, tn, tonumber(cs))
-      h = h - tonumber(cs)
-      fs, fn = es, en
-      pos = nxt
-    end
+    -- rule: held_wait (the wait if every held token were kept now)
+    return string.format('6 %d %d %d %d %d', nd + held - tau, d, held, now_s, now_n)
   end
   if op == 'r' then
-    -- (a turn's slot: now + max(0, nd + held - tau), at or before the
-    -- settled tat since held + c <= tau: a decision of the bucket there)
     tat_s, tat_n = add(now_s, now_n, nd)
     put()
     local v = fmt(tat_s, tat_n)
+    if nd + held > tau then
+      -- rule: slot_of (now + nd + held - tau, at or before the settled tat
+      -- since held + c <= tau: a decision of the bucket there)
+      return string.format('5 %d %d %d %s', nd + held - tau, d, held, v)
+    end
     if held > 0 then
       return string.format('4 %d %d %s', d, held, v)
     end
@@ -506,7 +503,7 @@ elseif op == 'p' then
   end
   return {fmt(tat_s, tat_n), now_s, now_n, held}
 elseif op == 'f' then
-  -- A reserve's refund: back to prev if the settled tat is still its own.
+  -- rule: refund (back to prev if the settled tat is still its own)
   if not cur then
     return {3, now_s, now_n}
   end
@@ -519,13 +516,13 @@ elseif op == 'f' then
   if prev ~= '0' then
     ps, pn = split(prev)
   end
-  if later(ps, pn, now_s, now_n) then
-    tat_s, tat_n = ps, pn
-    put()
+  -- (a key with holds stays, at prev, as the core's held row does: the
+  -- reservation is undone, nothing removed)
+  tat_s, tat_n = ps, pn
+  put()
+  if tail ~= '' or later(ps, pn, now_s, now_n) then
     return {1, now_s, now_n}
   end
-  tat_s, tat_n = 0, 0
-  put()
   return {2, now_s, now_n}
 end
 
@@ -553,8 +550,9 @@ if tail ~= '' then
   end
 end
 held = held - hc
+-- rule: refunded (a release: the settled tat unchanged)
 if op == 'k' then
-  -- Settled from its own reading.
+  -- rule: settle (from its own reading)
   local ts, tn = split(td)
   if later(ts, tn, tat_s, tat_n) then
     tat_s, tat_n = ts, tn

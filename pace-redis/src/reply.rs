@@ -12,6 +12,9 @@ pub(crate) enum ReserveReply {
         tat: u64,
         now: u64,
         held: u64,
+        /// A turn's wait from the decision to its slot, as the script
+        /// answered it (`rule: slot_of`); 0 when the debit fit at once.
+        wait: u64,
     },
     /// `debt`: the settled debt before the call and what the key held,
     /// when the script answered them apart from the wait (a key with
@@ -106,25 +109,29 @@ pub(crate) fn parse_reserve(
     let time = |i: usize| reply_time(v, &fields[..count], i);
     // An admission: the stored tat, and the debt before unless it was 0;
     // the debit itself is n x interval.
-    let admitted = |debt: u64, tat: u64, held: u64| -> Result<ReserveReply, BackendError> {
-        let cost = n.checked_mul(interval).ok_or_else(|| bad(v))?;
-        let now = tat
-            .checked_sub(cost)
-            .and_then(|t| t.checked_sub(debt))
-            .ok_or_else(|| bad(v))?;
-        let prev = if debt == 0 { 0 } else { tat - cost };
-        Ok(ReserveReply::Admitted {
-            prev,
-            tat,
-            now,
-            held,
-        })
-    };
+    let admitted =
+        |debt: u64, tat: u64, held: u64, wait: u64| -> Result<ReserveReply, BackendError> {
+            let cost = n.checked_mul(interval).ok_or_else(|| bad(v))?;
+            let now = tat
+                .checked_sub(cost)
+                .and_then(|t| t.checked_sub(debt))
+                .ok_or_else(|| bad(v))?;
+            let prev = if debt == 0 { 0 } else { tat - cost };
+            Ok(ReserveReply::Admitted {
+                prev,
+                tat,
+                now,
+                held,
+                wait,
+            })
+        };
     match (count, fields[0]) {
-        (1, tat) => admitted(0, tat, 0),
-        (3, 1) if fields[1] > 0 => admitted(fields[1], fields[2], 0),
+        (1, tat) => admitted(0, tat, 0, 0),
+        (3, 1) if fields[1] > 0 => admitted(fields[1], fields[2], 0, 0),
         // A key with holds: the debt before (may be 0) and what is held.
-        (4, 4) if fields[2] > 0 => admitted(fields[1], fields[3], fields[2]),
+        (4, 4) if fields[2] > 0 => admitted(fields[1], fields[3], fields[2], 0),
+        // A turn after a wait: its wait, the debt before, what is held.
+        (5, 5) if fields[1] > 0 => admitted(fields[2], fields[4], fields[3], fields[1]),
         (_, 0) => Ok(ReserveReply::Denied {
             wait: fields[1],
             debt: None,

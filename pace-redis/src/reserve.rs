@@ -513,6 +513,7 @@ impl RedisPace {
                 tat,
                 now,
                 held,
+                wait,
             } => {
                 bump(&inner.counters.shard().server_decisions, 1);
                 // The key's holds count as debt.
@@ -527,7 +528,7 @@ impl RedisPace {
                     source: Source::Server,
                     local: None,
                     remaining: Some(limits.tokens_at_debt(debt)),
-                    wait: debt.saturating_sub(limits.tau()),
+                    wait,
                     held,
                 }))
             }

@@ -183,37 +183,6 @@ impl Model {
         )
     }
 
-    /// Whether a call of `c` ns of tokens passes at `t` if nothing else
-    /// touches the key from now on (the holds expiring by then settled).
-    fn passes_at(&self, c: u64, t: u64) -> bool {
-        let (tat, live, _) = self.view(t);
-        let held: u64 = live.iter().map(|h| h.cost).sum();
-        tat.max(t) + held + c <= t + self.tau()
-    }
-
-    /// The wait from `now` until a call of `c` ns of tokens passes if
-    /// nothing else touches the key: the first of the times where the
-    /// key's state changes (now, each hold's expiry) or where a state
-    /// lets it pass (its tat + held + c - tau) at which it passes.
-    fn retry(&self, c: u64, now: u64) -> u64 {
-        let mut at = vec![now];
-        if let Some(s) = &self.stored {
-            at.extend(s.holds.iter().map(|h| h.expiry).filter(|&e| e > now));
-        }
-        let mut candidates = at.clone();
-        for &t in &at {
-            let (tat, live, _) = self.view(t);
-            let held: u64 = live.iter().map(|h| h.cost).sum();
-            candidates.push((tat + held + c).saturating_sub(self.tau()).max(t));
-        }
-        candidates.sort_unstable();
-        let t = candidates
-            .into_iter()
-            .find(|&t| self.passes_at(c, t))
-            .expect("a call of at most the capacity passes once every hold settled");
-        t - now
-    }
-
     /// A reserve (`hold` None; a turn when `wait` > 0) or a hold (model
     /// id, hold limit): Ok((prev, tat, debt after counting what is held,
     /// a turn's wait until its slot)) or Err((reason, wait, debt before
@@ -242,7 +211,9 @@ impl Model {
             } else {
                 DenyReason::Exhausted
             };
-            return Err((reason, self.retry(c, now), d + held));
+            // The wait if every held token were kept now (the core's
+            // `DenyReason::Held`); without holds, the bucket's own wait.
+            return Err((reason, d + held + c - self.tau(), d + held));
         }
         let slot = (d + c + held).saturating_sub(self.tau());
         match hold {
@@ -295,7 +266,8 @@ impl Model {
         if tat != mine {
             return Refunded::Superseded;
         }
-        if prev > now {
+        // A key with holds stays, at `prev` (the core's held row).
+        if prev > now || !live.is_empty() {
             self.put(prev, live, now);
             Refunded::Restored
         } else {
@@ -820,8 +792,10 @@ async fn holds_resolve_exactly_and_a_dropped_hold_is_kept() {
     let r = p.reserve("k").await.unwrap();
     assert_eq!(r.remaining(), Some(0));
     assert_eq!(a.refund().await.unwrap(), Refunded::Restored);
-    // The reserve found the settled part full (holds leave tat alone).
-    assert_eq!(p.refund(r).await.unwrap(), Refunded::Removed);
+    // The reserve found the settled part full (holds leave tat alone); its
+    // refund restores it, and the key, still holding c, stays (the core's
+    // held row answers the same).
+    assert_eq!(p.refund(r).await.unwrap(), Refunded::Restored);
     assert_eq!(p.peek("k").await.unwrap().remaining(), 2);
     // A dropped hold is kept by a spawned call: the key then holds no
     // hold, and still counts its token.
@@ -912,15 +886,14 @@ async fn a_turn_is_admitted_only_where_it_fits_beside_held_tokens() {
         through <= 2,
         "{through} tokens at one instant, capacity 2: a reserve landed on the turn's slot"
     );
-    // Denied while held, the wait being the first time a call of 1 passes
-    // if nothing else touched the key: the hold expires at T + 10 s and
-    // settles as kept from there (T + 10.2 s), one token back 100 ms
-    // before that.
+    // Denied while held, the wait being the wait if the held tokens are
+    // kept now (the core's `DenyReason::Held`): 2 tokens settled from T,
+    // one back at T + 100 ms.
     let Err(Error::Denied(d)) = turn else {
         panic!("a turn admitted beside 2 held tokens at capacity 2");
     };
     assert_eq!(d.reason(), DenyReason::Held);
-    assert_eq!(d.retry_after(), Duration::from_millis(10_100));
+    assert_eq!(d.retry_after(), Duration::from_millis(100));
 
     // Within the capacity a turn waits beside held tokens: 1 held and 1
     // reserved at T, a turn of 1 gets slot T + 100 ms and settles as a
@@ -958,12 +931,14 @@ async fn a_turn_is_admitted_only_where_it_fits_beside_held_tokens() {
     assert_eq!(turn.wait(), Duration::ZERO);
 }
 
-/// A denial's `retry_after` counts the holds that expire before it: they
-/// settle as kept from their expiry (1 per minute, capacity 1, a hold at T
-/// with the default 10 s hold limit: the retry passes at T + 70 s, not T +
-/// 60 s).
+/// A denial's `retry_after` while tokens are held is the wait if they are
+/// kept (the core's `DenyReason::Held`), and nothing passes before it while
+/// they stay unresolved: 1 per minute, capacity 1, a hold at T with the
+/// default 10 s hold limit: the retry is 60 s; the hold, never resolved,
+/// expires at T + 10 s and settles as kept from its expiry, so the key
+/// passes at T + 70 s.
 #[tokio::test]
-async fn a_denials_retry_after_counts_the_holds_expiring_before_it() {
+async fn a_held_denials_retry_after_is_the_wait_if_the_holds_are_kept() {
     let server = common::RedisServer::start();
     let p = injected(
         &server,
@@ -979,20 +954,24 @@ async fn a_denials_retry_after_counts_the_holds_expiring_before_it() {
     let Err(Error::Denied(d)) = p.reserve_n_at("k", 1, t).await else {
         panic!("admitted beside a full hold");
     };
+    assert_eq!(d.reason(), DenyReason::Held);
     assert_eq!(
         d.retry_after(),
-        Duration::from_secs(70),
-        "the retry_after ignores the hold that expires before it"
+        Duration::from_secs(60),
+        "the retry_after leaves the held tokens out"
     );
     // The debt as the denial saw it: the held token (60 s).
     assert_eq!(d.reset_after(), Some(Duration::from_secs(60)));
     assert_eq!(d.remaining(), Some(0));
-    // A hold is denied the same way.
+    // A hold is denied the same way, a second later: kept at that reading,
+    // the held token ends a minute after it.
     let Err(Error::Denied(dh)) = p.hold_n_at("k", 1, None, t + s).await else {
         panic!("a hold admitted beside a full hold");
     };
-    assert_eq!(dh.retry_after(), Duration::from_secs(69));
-    // The retry at the advertised time passes, not a nanosecond before.
+    assert_eq!(dh.retry_after(), Duration::from_secs(60));
+    // Nothing passes before the stated wait (the bound), and the expired
+    // hold, settled from its expiry, holds the key until T + 70 s.
+    assert!(p.reserve_n_at("k", 1, t + 60 * s - 1).await.is_err());
     assert!(p.reserve_n_at("k", 1, t + 70 * s - 1).await.is_err());
     assert!(p.reserve_n_at("k", 1, t + 70 * s).await.is_ok());
     std::mem::forget(h);

@@ -18,8 +18,8 @@ use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
 use crate::table::held::Ticket;
 use crate::table::keys::{self, Bits, Boxed};
 use crate::table::quota::QuotaCell;
-use crate::table::words::{self, Borrowed, WordKey};
-use crate::table::{Ask, Cx, Spent, Spot, SpotSink, Table, SWEEP_FLOOR};
+use crate::table::words::{Borrowed, WordKey};
+use crate::table::{Admitted, Ask, Cx, Spent, Spot, Table, SWEEP_FLOOR};
 
 /// Runs `f` on each item, the work of a `Drop` (or of a way out) that calls
 /// keys' `Hash` or `Eq`: each runs whatever an earlier one did, a panic of
@@ -159,7 +159,7 @@ struct Rows<K> {
 #[cfg_attr(not(feature = "__internals"), allow(dead_code))]
 enum RowsPick {
     /// Their own bits when the hasher is one whose hash of an integer
-    /// cannot panic (`words::hasher_cannot_panic`), else boxed.
+    /// cannot panic (`builder::hasher_cannot_panic`), else boxed.
     ByType,
     /// Boxed (`Builder::boxed_keys`).
     Boxed,
@@ -443,16 +443,13 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reserve_slot::<Q, _, _, _, false, false>(
+        let req = call::Request {
             key,
-            check_cost(n),
-            None,
-            (0, &mut 0),
-            || self.clock.now_ns(),
-            None,
-            (),
-            |_, _, _| (),
-        )
+            n: check_cost(n),
+            quota: None,
+            clock: || self.clock.now_ns(),
+        };
+        self.reserve_slot(req, call::Debit, |_, _, _, ()| ())
     }
 
     /// Debits `n` tokens at once, or none. `n == 0` is always admitted and
@@ -631,16 +628,17 @@ where
     {
         let guard = self.pin();
         let spot = std::cell::Cell::new(Spot::NONE);
-        let debit = self.reserve_slot::<Q, _, _, _, false, true>(
+        let req = call::Request {
             key,
             n,
-            None,
-            (0, &mut 0),
+            quota: None,
             clock,
-            Some(&guard),
-            &spot,
-            |_, _, debit| debit,
-        )?;
+        };
+        let kind = call::HoldPinned {
+            guard: &guard,
+            spot: &spot,
+        };
+        let debit = self.reserve_slot(req, kind, |_, _, debit, ()| debit)?;
         let out = decide(&debit);
         if debit.n > 0 {
             // Settled from the hold's reading, as `Hold::keep` does.
@@ -687,34 +685,31 @@ where
         self.reservation_of::<Q, _, false>(key, n, limits, || now)
     }
 
-    /// The reserve: `limits` is the call's quota, `None` for the default.
-    /// With `TURN` it admits a debit that fits the bucket up to `wait_ns`
-    /// after `now` and writes to `slot` the instant its debit fits the
-    /// bucket (`tat − τ`, or earlier when it fits at once), `turn` being
-    /// `(wait_ns, slot)`; a plain reserve (`TURN` false) does neither, and
-    /// the compiler drops both.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    fn reserve_slot<'a, Q, F, R, W, const TURN: bool, const HOLD: bool>(
+    /// The reserve of `req`, as a call of `kind` ([`call`]): a plain debit,
+    /// a hold, or a turn, which admits a debit that fits the bucket up to its
+    /// wait after the reading and learns its slot (the instant its debit
+    /// fits the bucket beside what is held, [`rule::slot_of`](crate::rule)).
+    /// `finish` makes the answer of the debit and the slot.
+    #[inline(always)]
+    fn reserve_slot<'a, Q, F, R, Kd: call::Kind>(
         &'a self,
-        key: &'a Q,
-        n: u64,
-        limits: Option<&Limits>,
-        turn: (u64, &mut u64),
-        clock: F,
-        pinned: Option<&Guard>,
-        spot: W,
-        finish: impl FnOnce(&'a Self, &'a Q, Debit) -> R,
+        req: call::Request<'a, '_, Q, F>,
+        kind: Kd,
+        finish: impl FnOnce(&'a Self, &'a Q, Debit, Kd::Slot) -> R,
     ) -> Result<R, Denied>
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
         F: Fn() -> u64,
-        W: SpotSink,
     {
-        let (wait_ns, slot) = turn;
+        let call::Request {
+            key,
+            n,
+            quota,
+            clock,
+        } = req;
         if n == 0 {
-            return Ok(finish(self, key, Debit::none(self.id)));
+            return Ok(finish(self, key, Debit::none(self.id), kind.slot(0, 0, 0)));
         }
         let hash = self.hash_key(key);
         // The key's cell is fetched while the epoch is pinned and the clock
@@ -723,64 +718,62 @@ where
         let now = clock();
         let reread: &dyn Fn() -> u64 = &clock;
         let own;
-        let guard = match pinned {
+        let guard = match kind.pinned() {
             Some(g) => g,
             None => {
                 own = self.pin();
                 &own
             }
         };
-        let call_quota = limits.is_some();
-        let limits = self.call_limits(limits, guard);
+        let call_quota = quota.is_some();
+        let limits = self.call_limits(quota, guard);
         if n > limits.capacity() {
             return Err(Denied::from_decision(Decision::Never));
         }
         let tau = limits.tau();
         let waiting;
-        let limits = if TURN {
-            waiting = limits.waiting(wait_ns);
-            &waiting
-        } else {
-            limits
+        let limits = match kind.wait() {
+            Some(wait) => {
+                waiting = limits.waiting(wait);
+                &waiting
+            }
+            None => limits,
         };
         let hash_of = |b| self.hash_of(b);
+        let spot = kind.spot();
         let result = with_probe!(self.rows, key, hash, guard, |p| {
-            self.rows.table.reserve::<_, HOLD, W>(
-                Ask { limits, n, now },
-                hash,
-                p,
-                reread,
-                &hash_of,
-                guard,
-                spot,
-            )
-        })
-        .map(|a| (a.tat, a.prev, a.created, a.lot, a.held));
-        let created = matches!(result, Ok((_, _, true, _, _)));
+            let ask = Ask { limits, n, now };
+            if Kd::HOLD {
+                let t = &self.rows.table;
+                t.reserve::<_, true, _>(ask, hash, p, reread, &hash_of, guard, spot)
+            } else {
+                let t = &self.rows.table;
+                t.reserve::<_, false, _>(ask, hash, p, reread, &hash_of, guard, spot)
+            }
+        });
+        let created = matches!(result, Ok(Admitted { created: true, .. }));
         if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
             self.sooner_sweep(now, tau);
         }
         self.maybe_sweep(now, created, guard);
         match result {
-            Ok((tat, prev, _, lot, held)) => {
-                if TURN {
-                    *slot = slot_of(tat, held, tau, wait_ns);
-                }
+            Ok(a) => {
+                let slot = kind.slot(a.tat, a.held, tau);
                 let debit = Debit {
                     n,
-                    tat,
-                    prev,
+                    tat: a.tat,
+                    prev: a.prev,
                     hash,
                     limiter: self.id,
-                    lot,
+                    lot: a.lot,
                     // A hold's row (`Admitted::held`); unused by a debit.
-                    row: held,
+                    row: a.held,
                 };
-                Ok(finish(self, key, debit))
+                Ok(finish(self, key, debit, slot))
             }
-            // The wait beyond `wait_ns`, plus `wait_ns`: the whole wait.
-            Err(Decision::Wait(ns)) if TURN => Err(Denied::from_decision(Decision::Wait(
-                ns.saturating_add(wait_ns),
+            // The wait beyond the turn's, plus the turn's: the whole wait.
+            Err(Decision::Wait(ns)) => Err(Denied::from_decision(Decision::Wait(
+                ns.saturating_add(kind.wait().unwrap_or(0)),
             ))),
             Err(d) => Err(Denied::from_decision(d)),
         }
@@ -802,16 +795,17 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
         F: Fn() -> u64,
     {
-        self.reserve_slot::<Q, _, _, _, false, HOLD>(
+        let req = call::Request {
             key,
             n,
-            limits,
-            (0, &mut 0),
+            quota: limits,
             clock,
-            None,
-            (),
-            Self::reservation,
-        )
+        };
+        if HOLD {
+            self.reserve_slot(req, call::Hold, Self::reservation)
+        } else {
+            self.reserve_slot(req, call::Debit, Self::reservation)
+        }
     }
 
     /// The reservation of `debit` on `key`.
@@ -820,6 +814,7 @@ where
         &'a self,
         key: &'a Q,
         debit: Debit,
+        (): (),
     ) -> Reservation<'a, K, Q, S, C> {
         Reservation {
             pace: self,
@@ -1136,6 +1131,7 @@ fn check_cost(_n: u64) -> u64 {
 }
 
 mod builder;
+mod call;
 #[cfg(feature = "__internals")]
 mod internals;
 mod refund;
@@ -1153,6 +1149,5 @@ pub use builder::FastHasher;
 pub use internals::{PaceInternals, ReservationInternals};
 pub(crate) use reservation::Turned;
 pub use reservation::{Debit, Denied, DenyReason, Hold, Refunded, Reservation};
-use turn::slot_of;
 #[cfg(feature = "__internals")]
 pub(crate) use turn::{turn_sleeps, turn_sleeps_here};

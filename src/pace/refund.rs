@@ -1,6 +1,7 @@
 //! Refunds and the resolution of holds.
 
 use super::*;
+use crate::table::Undone;
 
 impl<K, S, C> Pace<K, S, C>
 where
@@ -215,9 +216,23 @@ where
             tat: debit.tat,
             prev: debit.prev,
         };
-        with_probe!(self.rows, key, hash, &guard, |p| self
+        let undone = with_probe!(self.rows, key, hash, &guard, |p| self
             .rows
             .table
-            .refund(limits, hash, p, spent, cx, &guard))
+            .refund(limits, hash, p, spent, cx, &guard));
+        Refunded::from(undone)
+    }
+}
+
+impl From<Undone> for Refunded {
+    /// The table's outcome of a plain refund, as the limiter answers it.
+    #[inline]
+    fn from(undone: Undone) -> Refunded {
+        match undone {
+            Undone::Restored => Refunded::Restored,
+            Undone::Removed => Refunded::Removed,
+            Undone::Superseded => Refunded::Superseded,
+            Undone::Refilled => Refunded::Refilled,
+        }
     }
 }

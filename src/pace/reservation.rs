@@ -149,7 +149,7 @@ pub struct Debit {
     pub(super) hash: u64,
     /// The identity of the limiter that made it (`Pace::id`).
     pub(super) limiter: u64,
-    /// A hold's lot (`held.rs`), 0 for a debit. A hold's `tat` is its
+    /// A hold's lot (`held/`), 0 for a debit. A hold's `tat` is its
     /// reading and its `prev` its cost: the ticket it resolves with.
     pub(super) lot: u64,
     /// A hold's row: the key half of its cell, which a resolution finds

@@ -2,38 +2,6 @@
 
 use super::*;
 
-/// When a debit settled at `tat` beside `held` ns of held tokens fits a
-/// bucket of horizon `tau`: the instant a turn is let through
-/// (`Pace::acquire`). Held tokens count as debited at every decision, so
-/// the turn's slot lies behind them: `tat + held − τ` (DESIGN.md §3,
-/// "Turns beside holds").
-#[cfg(not(any(
-    pace_mutant = "turn_before_its_slot",
-    pace_mutant = "turn_slot_ignores_held"
-)))]
-#[inline]
-pub(super) fn slot_of(tat: u64, held: u64, tau: u64, _wait: u64) -> u64 {
-    tat.saturating_add(held).saturating_sub(tau)
-}
-
-/// Known-wrong variant for mutation tests: a turn is let through as soon as
-/// it was decided, up to its whole wait before its debit fits.
-#[cfg(pace_mutant = "turn_before_its_slot")]
-#[inline]
-pub(super) fn slot_of(tat: u64, held: u64, tau: u64, wait: u64) -> u64 {
-    tat.saturating_add(held)
-        .saturating_sub(tau)
-        .saturating_sub(wait)
-}
-
-/// Known-wrong variant `turn_slot_ignores_held`: a turn's slot comes from
-/// the settled `tat` alone, ahead of the held tokens its decision counted.
-#[cfg(pace_mutant = "turn_slot_ignores_held")]
-#[inline]
-pub(super) fn slot_of(tat: u64, _held: u64, tau: u64, _wait: u64) -> u64 {
-    tat.saturating_sub(tau)
-}
-
 /// A turn being waited for (`Pace::acquire`): refunded if dropped before
 /// the turn comes.
 #[cfg(feature = "timer")]
@@ -327,19 +295,16 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
         F: Fn() -> u64,
     {
-        let mut slot = 0;
-        let limits = quota.as_ref().map(Quota::limits_ref);
-        let r = self.reserve_slot::<Q, _, _, _, true, false>(
+        let req = call::Request {
             key,
             n,
-            limits,
-            (wait_ns, &mut slot),
+            quota: quota.as_ref().map(Quota::limits_ref),
             clock,
-            None,
-            (),
-            Self::reservation,
-        )?;
-        Ok((r, slot))
+        };
+        let turn = call::Turn { wait: wait_ns };
+        self.reserve_slot(req, turn, |p, key, debit, slot| {
+            (p.reservation(key, debit, ()), slot)
+        })
     }
 
     /// How long until the limiter's clock reaches `slot`, if it has not.

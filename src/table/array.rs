@@ -101,7 +101,7 @@ impl Array {
             // is owned by this list alone, which `&mut self` holds.
             let node = unsafe { Box::from_raw(p) };
             // SAFETY: an orphan left every array a reader can reach once
-            // this array is gone (`keys.rs`, `held.rs`), and is freed once:
+            // this array is gone (`keys.rs`, `held/`), and is freed once:
             // here, by the free function of its kind.
             unsafe { (node.free)(node.bits) };
             p = node.next;
@@ -141,7 +141,7 @@ pub(super) unsafe fn retire_array(guard: &Guard, arr: Shared<'_, Array>) {
     // SAFETY: the caller's contract; the closure rebuilds the `Box` (made by
     // `Owned::new`) once, after every guard that could see `arr` is gone.
     // The array owns no key box or record but its orphans (rows own theirs,
-    // `keys.rs`, `held.rs`), freed with it.
+    // `keys.rs`, `held/`), freed with it.
     unsafe {
         guard.defer_unchecked(move || {
             let mut owned = Box::from_raw(ptr as *mut Array);

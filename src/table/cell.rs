@@ -6,7 +6,7 @@
 /// The largest `tat` field a live cell holds: a `tat` (at most
 /// `bucket::MAX_TIME`, below `2^61`), a held row's record address (in
 /// `[2^61, 2^62)`) or a held row's inline state (from `2^62` up to here;
-/// `held.rs`). The row states that are not live take the words above it.
+/// `held/`). The row states that are not live take the words above it.
 pub(crate) const FIELD_MAX: u64 = (1 << 63) - 6;
 #[cfg(not(loom))]
 use crate::sync::Ordering;

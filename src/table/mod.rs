@@ -17,7 +17,7 @@
 //! Live, tat <= now (full) --sweep / refund to full--> Tomb --clean--> empty
 //! ```
 //! A row is live only after its first debit, so a live row is never taken
-//! for full before it has been used. A held row (`held.rs`) is a live row
+//! for full before it has been used. A held row (`held/`) is a live row
 //! whose `tat` field names a record of its settled `tat` and held tokens;
 //! it is never full, so nothing removes it while anything is held. Removal raises the key's floor to the
 //! row's `tat` first (`floor.rs`): a later row of the key starts from it.
@@ -35,7 +35,6 @@ use std::mem::size_of;
 use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::bucket::{Limits, Refund};
-use crate::pace::Refunded;
 use crate::sync::epoch::{Atomic, Guard, Shared};
 use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
 use held::{Held, Resolution, Ticket, HELD};
@@ -50,6 +49,7 @@ pub(crate) mod keys;
 mod migrate;
 pub(crate) mod quota;
 mod refund;
+pub(crate) use refund::Undone;
 mod sweep;
 pub(crate) mod words;
 
@@ -274,7 +274,7 @@ pub(crate) struct Admitted {
     /// A debit's settled `tat` before the call; a hold's cost.
     pub(crate) prev: u64,
     pub(crate) created: bool,
-    /// A hold's lot (`held.rs`); 0 for a debit. (A ticket packed into the
+    /// A hold's lot (`held/`); 0 for a debit. (A ticket packed into the
     /// debit's fields keeps a plain reservation as small as it was.)
     pub(crate) lot: u64,
     /// The tokens held beside a debit when it was decided, ns (a turn's
@@ -591,7 +591,7 @@ pub(crate) struct Table {
     #[cfg(feature = "__internals")]
     key_type: std::any::TypeId,
     /// How held rows are written: the hold limit, the rounding and the
-    /// inline form (`held.rs`).
+    /// inline form (`held/`).
     form: held::Form,
     /// Migrations started (for tests).
     migrations: AtomicUsize,
@@ -1075,7 +1075,7 @@ impl Table {
 
     /// The key hash of a row's key half `bits`: from its box, or, for a
     /// key's own bits, from `hash_of` (the caller's hasher, which cannot
-    /// panic for such tables: `words::hasher_cannot_panic`).
+    /// panic for such tables: the builder's `hasher_cannot_panic`).
     ///
     /// # Safety
     /// For a boxed table, `bits` was read under `guard` from a cell of this

@@ -3,6 +3,21 @@
 
 use super::*;
 
+/// What a refund did to its row (the limiter answers it as
+/// [`Refunded`](crate::Refunded), whose variants of the same names mean
+/// the same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Undone {
+    /// Back to the debit's `prev`.
+    Restored,
+    /// Back to a full bucket: the row was removed.
+    Removed,
+    /// Debited since: nothing returned.
+    Superseded,
+    /// No row (full already): nothing to return.
+    Refilled,
+}
+
 impl Table {
     /// Undoes `spent`, a reservation that moved `key`'s row from its `prev`
     /// to its `tat`, if the row still ends at that `tat`. A refund that makes the bucket
@@ -17,7 +32,7 @@ impl Table {
         spent: Spent,
         cx: &Cx<'_>,
         guard: &Guard,
-    ) -> Refunded {
+    ) -> Undone {
         let r = self.refund_row(limits, hash, key, spent, cx, guard);
         if !cx.copied.get() {
             self.help(cx, guard);
@@ -34,7 +49,7 @@ impl Table {
         spent: Spent,
         cx: &Cx<'_>,
         guard: &Guard,
-    ) -> Refunded {
+    ) -> Undone {
         let backoff = Backoff::new();
         'find: loop {
             let Found::Row {
@@ -45,13 +60,13 @@ impl Table {
                 mut tat,
             } = self.find(hash, key, false, guard)
             else {
-                return Refunded::Refilled;
+                return Undone::Refilled;
             };
             loop {
                 if held::dormant(tat).is_some() {
                     // Not a row: the key's bucket refilled and a pass put
                     // it to sleep, as if it had been removed.
-                    return Refunded::Refilled;
+                    return Undone::Refilled;
                 }
                 let row = Seen {
                     arr,
@@ -86,7 +101,7 @@ impl Table {
     #[inline(always)]
     fn refund_held(&self, row: Seen<'_>, was: Held, spent: Spent, guard: &Guard) -> Step {
         if was.tat != spent.tat {
-            return Step::Done(Refunded::Superseded);
+            return Step::Done(Undone::Superseded);
         }
         let Seen {
             arr, idx, v, bits, ..
@@ -101,7 +116,7 @@ impl Table {
             },
             guard,
         ) {
-            Ok(()) => Step::Done(Refunded::Restored),
+            Ok(()) => Step::Done(Undone::Restored),
             Err(actual) => Step::after_lost_cas(actual, bits, true),
         }
     }
@@ -131,7 +146,7 @@ impl Table {
             prev,
         } = spent;
         let (next, full) = match limits.refund(tat, cx.now, n, own_tat, prev) {
-            Refund::Unchanged => return Step::Done(Refunded::Superseded),
+            Refund::Unchanged => return Step::Done(Undone::Superseded),
             Refund::Set(t) => (CellState::Live { key: bits, tat: t }.encode(), false),
             // Neither current nor the current array's target: an old
             // array, whose cells are frozen (the CAS fails and the
@@ -153,9 +168,9 @@ impl Table {
             Ok(_) if full => {
                 // SAFETY: our CAS made the row's cell a tombstone.
                 unsafe { self.row_removed(arr, idx, bits, cx, guard) };
-                Step::Done(Refunded::Removed)
+                Step::Done(Undone::Removed)
             }
-            Ok(_) => Step::Done(Refunded::Restored),
+            Ok(_) => Step::Done(Undone::Restored),
             Err(actual) => Step::after_lost_cas(actual, bits, refund_follows_copies()),
         }
     }
@@ -197,7 +212,7 @@ impl Table {
         }
     }
 
-    /// Resolves a hold of `key` (`held.rs`): its tokens leave its lot, and
+    /// Resolves a hold of `key` (`held/`): its tokens leave its lot, and
     /// with `keep` are settled as a debit from the hold's reading. False
     /// when its lot is gone (it expired and counted as kept).
     #[cfg(any(test, feature = "__internals"))]
@@ -396,7 +411,7 @@ struct Seen<'g> {
 /// What a refund does after one attempt on its row.
 enum Step {
     /// The answer.
-    Done(Refunded),
+    Done(Undone),
     /// The row changed and is still the key's, live: try again on `actual`.
     Retry { actual: u128, tat: u64 },
     /// The row was frozen by a copier: find it again (in the target).
@@ -413,7 +428,7 @@ impl Step {
             CellState::Live { key: k, tat } if k == bits => Step::Retry { actual, tat },
             CellState::FrozenLive { .. } | CellState::Moved { .. } if follow => Step::Find,
             // Removed (full) or reused since: nothing to return.
-            _ => Step::Done(Refunded::Refilled),
+            _ => Step::Done(Undone::Refilled),
         }
     }
 }

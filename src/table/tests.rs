@@ -8,9 +8,9 @@ use std::hash::{BuildHasher, RandomState};
 use proptest::prelude::*;
 
 use super::keys::{self, Bits, Boxed};
+use super::Undone;
 use super::{Admitted, Ask, Cx, Spent, Table};
 use crate::bucket::{Decision, Limits};
-use crate::pace::Refunded;
 use crate::sync::epoch::{self, Guard};
 
 /// A table of `u64` keys, held as their own bits or boxed, behind one set
@@ -63,7 +63,7 @@ impl T {
         spent: Spent,
         now: u64,
         g: &Guard,
-    ) -> Refunded {
+    ) -> Undone {
         let (hash, cx) = (hash_of(k), &Cx::new(hash_of, now));
         if self.boxed {
             let p = Boxed::<u64, u64>::new(&k, hash, g);
@@ -377,7 +377,7 @@ fn churn_keeps_the_table_at_its_size() {
                     0,
                     &g,
                 );
-                assert_eq!(r, Refunded::Removed);
+                assert_eq!(r, Undone::Removed);
             }
             assert!(cells.len() <= 2);
         }
@@ -499,7 +499,7 @@ fn a_refund_to_full_raises_the_floor() {
             15,
             &g,
         );
-        assert_eq!(r, Refunded::Removed);
+        assert_eq!(r, Undone::Removed);
         assert_eq!(t.len(), 0);
         // A reserve that read the clock at 5 (before the refund): the first
         // debit still holds the only token until 10.

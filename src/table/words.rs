@@ -9,34 +9,6 @@ use std::net::Ipv4Addr;
 
 use crate::IpPrefix;
 
-/// Whether every hasher of type `S` hashes an integer without panicking:
-/// std's `RandomState` and `BuildHasherDefault<DefaultHasher>` (SipHash)
-/// and, with the `foldhash` feature, the crate's `FastHasher`. A cell that
-/// holds a key's own bits keeps no hash, so a migration's copier and a
-/// sweep hash the keys of the cells they hold; a hasher that panicked there
-/// would leave a chunk frozen (its keys' callers, and every insert once the
-/// target fills, would wait for good) or a sweep's removals uncounted. A
-/// limiter with any other hasher boxes its keys with their hash
-/// (`keys.rs`), so its hasher runs only before anything changes.
-#[cfg(not(pace_mutant = "inline_any_hasher"))]
-pub(crate) fn hasher_cannot_panic<S: ?Sized>() -> bool {
-    let id = typeid::of::<S>();
-    #[cfg(feature = "foldhash")]
-    if id == TypeId::of::<crate::pace::FastHasher>() {
-        return true;
-    }
-    id == TypeId::of::<std::collections::hash_map::RandomState>()
-        || id
-            == TypeId::of::<std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>>(
-            )
-}
-
-/// Known-wrong variant `inline_any_hasher`: every hasher is trusted.
-#[cfg(pace_mutant = "inline_any_hasher")]
-pub(crate) fn hasher_cannot_panic<S: ?Sized>() -> bool {
-    true
-}
-
 /// A word-sized key type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {

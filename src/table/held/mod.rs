@@ -26,7 +26,16 @@
 //! whose lot is gone does nothing ([`Resolution::Expired`]).
 
 use crate::bucket::{Decision, Limits, MAX_TIME};
+use crate::rule;
 use crate::sync::epoch::Guard;
+
+mod inline;
+mod lot;
+mod record;
+
+pub(crate) use inline::Form;
+use lot::{opening, raised, Lot};
+pub(crate) use record::{address, free, free_at};
 
 /// A `tat` field at or above this names a held row: a [`Held`] record's
 /// address plus `HELD` below [`INLINE`], the row's state itself from there.
@@ -62,427 +71,8 @@ pub(crate) fn dormant_field(tat: u64) -> Option<u64> {
     (tat <= DORMANT_MAX_TAT).then(|| DORMANT + tat)
 }
 
-/// The largest inline payload: the words above `INLINE + MAX_PAYLOAD` are
-/// the row states that are not live (`cell.rs`).
-const MAX_PAYLOAD: u64 = super::cell::FIELD_MAX - INLINE;
-
 /// Lot identity of an empty lot.
 const NONE: u64 = 0;
-
-/// Bits of the inline form's settled `tat`: a settled `tat` at or past
-/// `2^56` ns (about 2.3 years of the limiter's clock) is kept in a record.
-const S_BITS: u32 = 56;
-
-/// Bits of one inline lot's count.
-const COUNT_BITS: u32 = 2;
-
-/// The largest payload the form writes (a settled `tat` of `2^56 − 2`, the
-/// largest it keeps inline, every other bit set) is below the row states.
-const _: () = assert!(
-    (((1u64 << S_BITS) - 2) << (2 + 2 * COUNT_BITS)) | ((1 << (2 + 2 * COUNT_BITS)) - 1)
-        <= MAX_PAYLOAD
-);
-
-/// How a table writes its held rows: the hold limit and the inline form
-/// (DESIGN.md §3, "Held rows inline").
-///
-/// The inline payload is `[S: 56 bits][cur offset: 2][cur count: 2][prev
-/// count: 2]`: the settled `tat` `S` exactly, the current lot's epoch as
-/// `⌊S/P⌋ − 2 + offset`, the previous lot's as the one before it, and each
-/// lot's cost as `count · T` for the interval `T` the table was built with.
-/// A state that does not fit (`S ≥ 2^56`, an offset outside `0..=3`, a
-/// previous lot not right before the current one, a count above 3, a cost
-/// that is not a whole number of `T`: a quota of another interval) is
-/// written to a record instead; so is every held row of a table built with
-/// `--cfg pace_hold_record` (the build switch the suites use to keep both
-/// forms proven).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Form {
-    /// The hold limit `P` (ns, at least 1).
-    pub(crate) limit: u64,
-    /// `⌊(2^64 − 1)/P⌋`: [`epoch`](Form::epoch) multiplies by it instead of
-    /// dividing.
-    recip: u64,
-    /// The interval `T` counts are in (at least 1).
-    interval: u64,
-}
-
-impl Form {
-    /// The form of a table of interval `interval` and hold limit `limit`
-    /// (ns).
-    pub(crate) fn new(interval: u64, limit: u64) -> Form {
-        let limit = limit.max(1);
-        Form {
-            limit,
-            recip: u64::MAX / limit,
-            interval: interval.max(1),
-        }
-    }
-
-    /// The epoch of a reading: `⌊t/P⌋`, by a multiplication. With
-    /// `m = ⌊(2^64 − 1)/P⌋ ≥ (2^64 − P)/P`, `q = ⌊t·m / 2^64⌋` is above
-    /// `t/P − 2` and at most `t/P`: the quotient or one less, which one
-    /// remainder check settles.
-    #[inline]
-    pub(crate) fn epoch(&self, t: u64) -> u64 {
-        let q = ((u128::from(t) * u128::from(self.recip)) >> 64) as u64;
-        q + u64::from(t - q * self.limit >= self.limit)
-    }
-
-    /// A lot's count: its cost in whole intervals, if it is 1, 2 or 3 of
-    /// them.
-    #[inline]
-    fn count(&self, cost: u64) -> Option<u64> {
-        let t = self.interval;
-        if cost == t {
-            Some(1)
-        } else if cost == 2 * t {
-            Some(2)
-        } else if cost == 3 * t {
-            Some(3)
-        } else {
-            None
-        }
-    }
-
-    /// The inline field of `s`, if it fits.
-    #[cfg(not(pace_hold_record))]
-    #[inline]
-    fn encode(&self, s: &Held) -> Option<u64> {
-        if s.tat >= (1 << S_BITS) - 1 {
-            return None;
-        }
-        let count = |l: &Lot| self.count(l.cost);
-        let (oc, cc) = if s.cur.is_empty() {
-            (0, 0)
-        } else {
-            (offset(s.cur.epoch(), self.epoch(s.tat))?, count(&s.cur)?)
-        };
-        let cp = if s.prev.is_empty() {
-            0
-        } else if !s.cur.is_empty() && s.prev.id + 1 == s.cur.id {
-            count(&s.prev)?
-        } else {
-            return None;
-        };
-        let c = COUNT_BITS;
-        let payload = (s.tat << (2 + 2 * c)) | (oc << (2 * c)) | (cc << c) | cp;
-        debug_assert!(payload <= MAX_PAYLOAD);
-        Some(INLINE | payload)
-    }
-
-    /// A hold of `n` tokens at `now` (of epoch `e`) on a row whose `tat`
-    /// field is `field`, worked on the word itself: the new field and the
-    /// ticket, exactly what [`Held::of`], [`Held::at_epoch`],
-    /// [`Held::hold_at_epoch`] and [`Held::publish`] give (the test
-    /// `word_paths_agree_with_the_states` compares them), for the common
-    /// case only: a plain row, or an inline one without a previous lot whose
-    /// current lot is of `e` or later, admitted, and inline after. `None`
-    /// for everything else, which the state path decides.
-    #[inline(always)]
-    pub(crate) fn hold_word(
-        &self,
-        field: u64,
-        limits: &Limits,
-        now: u64,
-        e: u64,
-        n: u64,
-    ) -> Option<(u64, Ticket)> {
-        let (tat, cc, ec) = self.word_parts(field)?;
-        if cc != 0 && e > ec {
-            return None;
-        }
-        let cost = n * limits.interval();
-        decide_beside(tat, counted(cc * self.interval), limits, now, n).ok()?;
-        let tat = raised(tat, e, self);
-        let base = self.epoch(tat);
-        let ec = if cc == 0 {
-            opening(e, &Lot::EMPTY, base)
-        } else {
-            ec
-        };
-        let count = cc + self.count(cost)?;
-        let field = self.word(tat, base, ec, count)?;
-        let ticket = Ticket {
-            lot: ec + 1,
-            cost,
-            at: now,
-            row: 0,
-        };
-        Some((field, ticket))
-    }
-
-    /// A resolution of `ticket` at `now` on a row whose `tat` field is
-    /// `field`, worked on the word itself, as [`hold_word`](Form::hold_word)
-    /// is: the new field, or `None` where the state path decides (its lot
-    /// is not the current one of an inline row without a previous lot, the
-    /// reading's epoch is past it, or the row would be left plain and full,
-    /// which the table removes).
-    #[inline(always)]
-    pub(crate) fn resolve_word(
-        &self,
-        field: u64,
-        ticket: Ticket,
-        keep: bool,
-        now: u64,
-    ) -> Option<u64> {
-        if field < INLINE {
-            return None;
-        }
-        let (tat, cc, ec) = self.word_parts(field)?;
-        // `⌊now/P⌋ > ec`, without the division: the state path would turn
-        // the lot previous (or settle it).
-        if cc == 0 || ticket.lot != ec + 1 || now >= (ec + 1).saturating_mul(self.limit) {
-            return None;
-        }
-        let left = cc.checked_sub(self.count(ticket.cost)?)?;
-        let tat = if keep {
-            settle(tat, ticket.at, ticket.cost)
-        } else {
-            refunded(tat, ticket.cost)
-        };
-        if left == 0 {
-            return (tat > now).then_some(tat);
-        }
-        self.word(tat, self.epoch(tat), ec, left)
-    }
-
-    /// The settled `tat`, current count and current epoch of a plain or
-    /// inline field without a previous lot (`None` otherwise).
-    #[inline(always)]
-    fn word_parts(&self, field: u64) -> Option<(u64, u64, u64)> {
-        if field < HELD {
-            return Some((field, 0, 0));
-        }
-        if cfg!(pace_hold_record) || field < INLINE {
-            return None;
-        }
-        let x = field - INLINE;
-        let c = COUNT_BITS;
-        let mask = (1u64 << c) - 1;
-        if x & mask != 0 {
-            return None;
-        }
-        let tat = x >> (2 + 2 * c);
-        let ec = (self.epoch(tat) + ((x >> (2 * c)) & 3)).wrapping_sub(2);
-        Some((tat, (x >> c) & mask, ec))
-    }
-
-    /// The inline field of a row settled at `tat` (of epoch `base`) with one
-    /// lot, of epoch `e` and `count` tokens (positive), if it fits.
-    #[inline(always)]
-    fn word(&self, tat: u64, base: u64, e: u64, count: u64) -> Option<u64> {
-        if cfg!(pace_hold_record) || tat >= (1 << S_BITS) - 1 || count >= 1 << COUNT_BITS {
-            return None;
-        }
-        let oc = offset(e, base)?;
-        let c = COUNT_BITS;
-        Some(INLINE | (tat << (2 + 2 * c)) | (oc << (2 * c)) | (count << c))
-    }
-
-    /// The build switch `pace_hold_record`: nothing is inline.
-    #[cfg(pace_hold_record)]
-    #[inline]
-    fn encode(&self, _: &Held) -> Option<u64> {
-        None
-    }
-
-    /// The state an inline field holds.
-    #[inline]
-    fn decode(&self, field: u64) -> Held {
-        let x = field - INLINE;
-        let c = COUNT_BITS;
-        let mask = (1u64 << c) - 1;
-        let tat = x >> (2 + 2 * c);
-        let cc = (x >> c) & mask;
-        let cp = x & mask;
-        // The current lot's identity (its epoch plus one).
-        let id = (self.epoch(tat) + ((x >> (2 * c)) & 3)).saturating_sub(1);
-        let lot = |id: u64, count: u64| {
-            if count == 0 {
-                Lot::EMPTY
-            } else {
-                Lot {
-                    id,
-                    cost: count * self.interval,
-                }
-            }
-        };
-        Held {
-            tat,
-            cur: lot(id, cc),
-            prev: lot(id.saturating_sub(1), cp),
-        }
-    }
-}
-
-/// The inline offset of a lot of epoch `e` on a row whose settled `tat` is in
-/// epoch `base`: `e − base + 2`, if it is in `0..=3`.
-#[cfg(not(pace_mutant = "inline_offset_wraps"))]
-#[inline]
-fn offset(e: u64, base: u64) -> Option<u64> {
-    (e + 2).checked_sub(base).filter(|o| *o <= 3)
-}
-
-/// Known-wrong variant `inline_offset_wraps`: a lot too far from its row's
-/// settled `tat` is written with its offset wrapped (modulo 4), so it comes
-/// back as another epoch's lot.
-#[cfg(pace_mutant = "inline_offset_wraps")]
-#[inline]
-fn offset(e: u64, base: u64) -> Option<u64> {
-    Some((e + 2).wrapping_sub(base) & 3)
-}
-
-/// A lot of holds: `cost` ns of tokens held by the unresolved holds that
-/// joined it. Its identity is its epoch plus one: lots open in epochs of
-/// the hold limit, and no two lots of a row ever share one (DESIGN.md §3).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub(crate) struct Lot {
-    /// Its epoch plus one (`NONE` when empty).
-    pub(crate) id: u64,
-    /// Σ n·T of its unresolved holds (positive unless empty).
-    pub(crate) cost: u64,
-}
-
-impl Lot {
-    pub(crate) const EMPTY: Lot = Lot { id: NONE, cost: 0 };
-
-    fn is_empty(&self) -> bool {
-        self.id == NONE
-    }
-
-    /// Its epoch (of a lot that is not empty).
-    fn epoch(&self) -> u64 {
-        self.id - 1
-    }
-
-    /// Settles this expired lot into `tat` as kept: as a debit at the last
-    /// instant of its lifetime, `(e + 2)·P − 1`, which no reading of a hold
-    /// that joined it passes. The settled `tat` is then at least
-    /// `(e + 2)·P`, so no later lot of the row opens in epoch `e` again.
-    fn settle(&self, tat: u64, form: &Form) -> u64 {
-        let end = (self.epoch() + 2).saturating_mul(form.limit) - 1;
-        settle(tat, end, self.cost)
-    }
-}
-
-/// A kept debit of `cost` decided at reading `at`, applied to `tat`. At
-/// the end of the time space it stays at `MAX_TIME`, where every decision
-/// is `TimeExhausted` (so a settled `tat` is never read as a record).
-#[cfg(not(pace_mutant = "settle_unclamped"))]
-#[inline(always)]
-fn settle(tat: u64, at: u64, cost: u64) -> u64 {
-    tat.max(at).saturating_add(cost).min(MAX_TIME)
-}
-
-/// Known-wrong variant `settle_unclamped`: a kept hold is added to the
-/// settled `tat` without the clamp at its own reading, so a hold kept
-/// after its bucket refilled is settled in the past.
-#[cfg(pace_mutant = "settle_unclamped")]
-fn settle(tat: u64, _at: u64, cost: u64) -> u64 {
-    (tat + cost).min(MAX_TIME)
-}
-
-/// Whether a debit of `n` tokens fits the bucket beside `held` ns of held
-/// tokens: `held + n·T ≤ C·T`. A plain decision that admits implies it; a
-/// turn (whose horizon is stretched by its wait) needs it, or no instant
-/// while the tokens are held is one where its debit fits (`n ≤ C` is
-/// checked before).
-#[cfg(not(pace_mutant = "turn_beside_too_many_held"))]
-#[inline]
-fn fits_beside(held: u64, limits: &Limits, n: u64) -> bool {
-    held == 0 || held <= (limits.capacity() - n) * limits.interval()
-}
-
-/// Known-wrong variant `turn_beside_too_many_held`: a turn is placed after
-/// held tokens that leave no room for it in the bucket.
-#[cfg(pace_mutant = "turn_beside_too_many_held")]
-#[inline]
-fn fits_beside(_held: u64, _limits: &Limits, _n: u64) -> bool {
-    true
-}
-
-/// The held tokens a decision counts, of `held`: all of them.
-#[cfg(not(pace_mutant = "decision_ignores_held"))]
-#[inline]
-fn counted(held: u64) -> u64 {
-    held
-}
-
-/// Known-wrong variant `decision_ignores_held`: a decision counts no held
-/// token.
-#[cfg(pace_mutant = "decision_ignores_held")]
-#[inline]
-fn counted(_held: u64) -> u64 {
-    0
-}
-
-/// The decision on `n` more tokens at `now` of a row settled at `tat` with
-/// `held` ns held ([`Held::decide`]).
-#[inline]
-fn decide_beside(tat: u64, held: u64, limits: &Limits, now: u64, n: u64) -> Result<u64, Decision> {
-    let base = tat.max(now).saturating_add(held);
-    match limits.reserve(base, now, n) {
-        Decision::Admit(t) if fits_beside(held, limits, n) => Ok(t - held),
-        d => Err(d),
-    }
-}
-
-/// The settled `tat` after a refund of `cost` held: unchanged (a refund
-/// only takes its tokens off their lot).
-#[cfg(not(pace_mutant = "refund_rewinds_tat"))]
-#[inline]
-fn refunded(tat: u64, _cost: u64) -> u64 {
-    tat
-}
-
-/// Known-wrong variant `refund_rewinds_tat`: a refund also takes its cost
-/// off the settled `tat`, returning tokens that other debits settled.
-#[cfg(pace_mutant = "refund_rewinds_tat")]
-fn refunded(tat: u64, cost: u64) -> u64 {
-    tat.saturating_sub(cost)
-}
-
-/// The epoch a fresh lot opens in at a reading of epoch `now_e`, beside the
-/// previous lot `prev`, on a row settled at `tat` (of epoch `base`): the
-/// reading's epoch, but never before the one after `prev`'s, and never
-/// before `⌊tat/P⌋ − 1`.
-/// The second keeps the lots of a row in order: the fresh lot turns
-/// previous, settling `prev`, only in an epoch after its own, so never
-/// before `prev` expires by itself (a reading pre-empted since an older
-/// epoch would otherwise open a lot in the past, whose turn would settle
-/// `prev` early: a hold of `prev` resolved within the limit of its reading
-/// would find its lot gone). The third keeps identities unique: an expired
-/// lot of epoch `e` settled the row at or past `(e + 2)·P`, and nothing
-/// lowers a settled `tat` below a settlement, so the fresh lot's epoch is
-/// past `e`.
-#[cfg(not(pace_mutant = "stale_lot_opens_in_the_past"))]
-#[inline(always)]
-fn opening(now_e: u64, prev: &Lot, base: u64) -> u64 {
-    let after = if prev.is_empty() { 0 } else { prev.epoch() + 1 };
-    now_e.max(after).max(base.saturating_sub(1))
-}
-
-/// Known-wrong variant `stale_lot_opens_in_the_past`: a fresh lot opens in
-/// its reading's epoch, however stale, and its turn settles the previous
-/// lot early.
-#[cfg(pace_mutant = "stale_lot_opens_in_the_past")]
-#[inline(always)]
-fn opening(now_e: u64, _prev: &Lot, base: u64) -> u64 {
-    now_e.max(base.saturating_sub(1))
-}
-
-/// The settled `tat` a hold at a reading of epoch `now_e` leaves: raised to
-/// the start of the epoch before, `(now_e − 1)·P`, where it is behind. Only
-/// a reading older than that (at least a hold limit older than the hold's)
-/// decides differently on the raised `tat`, and only with fewer tokens; the
-/// raise keeps a held row's lots within the inline form's offsets of
-/// `⌊S/P⌋`, however long its key was idle.
-#[inline]
-fn raised(tat: u64, now_e: u64, form: &Form) -> u64 {
-    tat.max(now_e.saturating_sub(1).saturating_mul(form.limit))
-        .min(MAX_TIME)
-}
 
 /// What a hold took: its lot, its cost and its reading. A resolution
 /// carries it back to the row.
@@ -556,12 +146,6 @@ impl Held {
         self.cur.cost + self.prev.cost
     }
 
-    /// The held tokens a decision counts.
-    #[inline]
-    fn held_in_decision(&self) -> u64 {
-        counted(self.held())
-    }
-
     pub(crate) fn is_plain(&self) -> bool {
         self.cur.is_empty() && self.prev.is_empty()
     }
@@ -603,19 +187,7 @@ impl Held {
         if let Some(field) = form.encode(&self) {
             return field;
         }
-        self.publish_record()
-    }
-
-    /// A record of this state (the form's fallback).
-    #[cold]
-    #[inline(never)]
-    fn publish_record(self) -> u64 {
-        let addr = Box::into_raw(pool::take(self)).expose_provenance() as u64;
-        debug_assert!(
-            addr < DORMANT - HELD,
-            "a record's address fits below the dormant fields"
-        );
-        HELD + addr
+        record::publish(self)
     }
 
     /// The state at reading `now`: lots two epochs behind the reading's are
@@ -667,38 +239,12 @@ impl Held {
         self
     }
 
-    /// The decision on `n` more tokens at `now`: admitted iff
-    /// `max(tat, now) + held + n·T ≤ now + τ` and `held + n·T ≤ C·T` (the
-    /// second follows from the first unless `limits` wait for a turn, whose
-    /// `τ` is stretched: a turn beside held tokens must be a decision of
-    /// the bucket at its slot, DESIGN.md §3). `Ok` carries the `tat` a debit
-    /// of them would settle at. A denial while tokens are held is
-    /// [`Decision::Held`], with the wait if they are kept.
+    /// The decision on `n` more tokens at `now` beside what this state
+    /// holds ([`rule::decide`]): `Ok` carries the `tat` a debit of them
+    /// would settle at.
     #[inline]
     pub(crate) fn decide(&self, limits: &Limits, now: u64, n: u64) -> Result<u64, Decision> {
-        let held = self.held_in_decision();
-        // A reading may be anything: saturate (past MAX_TIME every decision
-        // is `TimeExhausted`).
-        match decide_beside(self.tat, held, limits, now, n) {
-            Ok(t) => Ok(t),
-            Err(Decision::Admit(_) | Decision::Wait(_)) if held > 0 => {
-                Err(self.held_denial(limits, now, n))
-            }
-            Err(d) => Err(d),
-        }
-    }
-
-    /// A denial while tokens are held: the whole wait until `n` tokens
-    /// would fit the bucket (its own horizon `C·T`, not a turn's stretched
-    /// one) if every held token were kept at this reading. Refunded sooner,
-    /// the tokens come back sooner; still held then, they are still in the
-    /// way.
-    #[cold]
-    fn held_denial(&self, limits: &Limits, now: u64, n: u64) -> Decision {
-        let kept = self.tat.max(now).saturating_add(self.held());
-        let tau = limits.capacity() * limits.interval();
-        let end = kept.saturating_add(n * limits.interval());
-        Decision::Held(end.saturating_sub(now.saturating_add(tau)))
+        rule::decide(self.tat, self.held(), limits, now, n)
     }
 
     /// A plain debit of `n` tokens at `now`: the new state.
@@ -769,9 +315,9 @@ impl Held {
             *lot = Lot::EMPTY;
         }
         next.tat = if keep {
-            settle(next.tat, ticket.at, ticket.cost)
+            rule::settle(next.tat, ticket.at, ticket.cost)
         } else {
-            refunded(next.tat, ticket.cost)
+            rule::refunded(next.tat, ticket.cost)
         };
         Resolution::Done(next)
     }
@@ -787,110 +333,9 @@ impl Held {
     }
 }
 
-/// Frees the record named by the `tat` field `field`, if it names one.
-///
-/// # Safety
-/// `field` came from [`Held::publish`], and the record is in no cell a
-/// reader can reach (never published, or replaced and past every guard
-/// that could read it), freed once.
-pub(crate) unsafe fn free(field: u64) {
-    if let Some(addr) = address(field) {
-        // SAFETY: the caller's contract.
-        unsafe { free_at(addr) };
-    }
-}
-
-/// The address of the record a `tat` field names, if it names one: what a
-/// retirement keeps (a plain address, which a conservative leak checker
-/// scanning the collector's garbage recognises).
-pub(crate) fn address(field: u64) -> Option<u64> {
-    (HELD..DORMANT).contains(&field).then(|| field - HELD)
-}
-
-/// Frees the record at `addr` ([`address`] of a published field).
-///
-/// # Safety
-/// As for [`free`].
-pub(crate) unsafe fn free_at(addr: u64) {
-    let p = std::ptr::with_exposed_provenance_mut::<Held>(addr as usize);
-    // SAFETY: the caller's contract; `publish` made it with `Box::into_raw`.
-    pool::give(unsafe { Box::from_raw(p) });
-}
-
-/// Records a thread keeps for its next holds, so that a hold whose record
-/// is freed by the time the next one comes allocates nothing: a freed
-/// record goes to the pool of the thread that frees it (the one whose pin
-/// runs the epoch's deferred frees), up to [`pool::KEPT`] of them, and
-/// [`publish`](Held::publish) takes one from its thread's pool before it
-/// allocates. A pooled record is reused only after it was freed, that is
-/// after every guard that could read it; that is when the allocator could
-/// hand its memory out again too. Records in a pool are freed when their
-/// thread exits. (Under loom every record comes from the allocator.)
-#[cfg(not(loom))]
-mod pool {
-    use super::Held;
-    use std::cell::RefCell;
-
-    /// Records kept per thread (40 bytes each): more than the collector
-    /// frees in one batch, so that a steady stream of holds never runs dry.
-    pub(super) const KEPT: usize = 128;
-    const _: () = assert!(std::mem::size_of::<Held>() == 40);
-
-    std::thread_local! {
-        // The boxes are the records: their addresses are what rows name.
-        #[allow(clippy::vec_box)]
-        static FREE: RefCell<Vec<Box<Held>>> = const { RefCell::new(Vec::new()) };
-    }
-
-    /// A box holding `h`: a pooled one if the thread has one.
-    #[inline]
-    pub(super) fn take(h: Held) -> Box<Held> {
-        let pooled = FREE
-            .try_with(|f| f.try_borrow_mut().ok().and_then(|mut f| f.pop()))
-            .ok()
-            .flatten();
-        match pooled {
-            Some(mut b) => {
-                *b = h;
-                b
-            }
-            None => Box::new(h),
-        }
-    }
-
-    /// Pools `b`, or frees it when the pool is full (or the thread's
-    /// storage is gone: a deferred free run while the thread exits).
-    #[inline]
-    pub(super) fn give(b: Box<Held>) {
-        let mut b = Some(b);
-        let _ = FREE.try_with(|f| {
-            if let Ok(mut f) = f.try_borrow_mut() {
-                if f.len() < KEPT {
-                    if f.capacity() == 0 {
-                        f.reserve_exact(KEPT);
-                    }
-                    f.extend(b.take());
-                }
-            }
-        });
-    }
-}
-
-#[cfg(loom)]
-mod pool {
-    use super::Held;
-
-    pub(super) fn take(h: Held) -> Box<Held> {
-        Box::new(h)
-    }
-
-    pub(super) fn give(b: Box<Held>) {
-        drop(b);
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::inline::S_BITS;
     use super::*;
 
     const T: u64 = 10;
