@@ -460,12 +460,25 @@ impl RedisPace {
         call: Call,
         now: Option<u64>,
     ) -> Result<Reservation, Error> {
+        if self.inner.leases.is_some() && now.is_none() && !call.own && call.n >= 1 {
+            // A lease decides the configuration's quota locally, or the
+            // call goes on as without leases.
+            let full = self.checked_key(key)?;
+            if call.n <= call.limits.capacity {
+                if let Ok(r) = self.leased(full, call.n) {
+                    return Ok(r);
+                }
+            }
+        }
         let sent_at = Instant::now();
         match self.prepare(key, call, sent_at) {
             Prepared::Done(r) => r,
             Prepared::Send { key, call } => {
                 let cmd = self.reserve_cmd(&key, call, now);
                 let reply = self.eval(&cmd).await;
+                if self.inner.leases.is_some() && now.is_none() && !call.own {
+                    self.heat(&key);
+                }
                 self.finish_reserve(key, call, sent_at, reply)
             }
         }
@@ -530,6 +543,7 @@ impl RedisPace {
                     remaining: Some(limits.tokens_at_debt(debt)),
                     wait,
                     held,
+                    lease: None,
                 }))
             }
             ReserveReply::Denied { wait, debt, now } => {
@@ -597,6 +611,9 @@ impl RedisPace {
 
     async fn refund_inner(&self, r: Reservation, now: Option<u64>) -> Result<Refunded, Error> {
         let inner = &*self.inner;
+        if r.source == Source::Lease {
+            return Ok(self.lease_refund(&r));
+        }
         if let (Some(debit), Some(local)) = (r.local, &inner.fallback) {
             let local_key = r.key.strip_prefix(inner.prefix.as_str()).unwrap_or(&r.key);
             return Ok(local.refund(local_key, debit));

@@ -1,0 +1,632 @@
+//! Leases (DESIGN.md §11): a hot key's tokens granted to this replica by
+//! the script's lease call (`pace.lua`, "Leases"), spent locally with one
+//! CAS on a counter word until a deadline on the local clock.
+//!
+//! The counter word of a key packs `(generation, pool, fresh)`:
+//! `pool` the granted tokens not yet reserved, `fresh` the tokens reserved
+//! since the last report. A report (each take/renew call) moves `fresh`
+//! into the cumulative kept count and starts a new generation, so that:
+//!
+//! * a reserve reads its clock **after** loading the word (the deadline it
+//!   checks covers every token the word holds: a renewal publishes its
+//!   deadline before its tokens; a new lease starts a new generation
+//!   before its deadline);
+//! * a new lease (after the old one was settled at its expiry) starts from
+//!   a new generation with nothing fresh: no kept count of an old lease is
+//!   reported for a new one;
+//! * a refund returns its tokens to the pool only in the generation that
+//!   reserved them (unreported); a reported token stays kept.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::stats::bump;
+use crate::{BackendError, RedisPace, Refunded, Reservation, Source, MAX_TAU_NS};
+
+/// [`Builder::leases`](crate::Builder::leases)'s settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// The lease time `L`: a grant is good for this long on the server's
+    /// clock from the call that made it. Default 100 ms.
+    pub lease: Duration,
+    /// The grace `γ` after a lease's expiry before the server settles it as
+    /// kept (from `expiry + γ`). Default 10 ms.
+    pub grace: Duration,
+    /// `ε_max`, parts per million: the local clock's rate is within it of
+    /// the server's. The replica uses a grant for `(1 − ε_max)` of its
+    /// remaining time. Default 1 000 (0.1%).
+    pub eps_ppm: u32,
+    /// Tokens asked for in one call; the server grants at most a share
+    /// (half the capacity alone, `capacity / (2 (others + 1))` beside
+    /// others holding tokens). Default a quarter of the capacity, at
+    /// least 1.
+    pub want: Option<u64>,
+    /// A key is hot, and leased, after this many server decisions within
+    /// one lease time. Default 8.
+    pub hot_after: u32,
+    /// Replicas (standbys) that must hold a grant's writes before it is
+    /// used: a `WAIT n` is sent after each granting call, and a grant WAIT
+    /// reports fewer acknowledgements for is not used (its tokens stay
+    /// held on the server until a later call's grant is acknowledged, or
+    /// expire). 0 (default): no standby.
+    pub wait_replicas: u32,
+    /// Keys leased at once at most; beyond, keys keep one round trip per
+    /// decision. Default 1 024.
+    pub max_keys: usize,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            lease: Duration::from_millis(100),
+            grace: Duration::from_millis(10),
+            eps_ppm: 1_000,
+            want: None,
+            hot_after: 8,
+            wait_replicas: 0,
+            max_keys: 1_024,
+        }
+    }
+}
+
+/// Pool and fresh counts are 24 bits each; the generation 16.
+const COUNT_BITS: u32 = 24;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+/// The largest grant a replica can hold: the pool's field.
+pub(crate) const MAX_LEASED: u64 = COUNT_MASK;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Word {
+    pub(crate) generation: u64,
+    pub(crate) pool: u64,
+    pub(crate) fresh: u64,
+}
+
+impl Word {
+    pub(crate) fn unpack(w: u64) -> Word {
+        Word {
+            generation: w >> (2 * COUNT_BITS),
+            pool: (w >> COUNT_BITS) & COUNT_MASK,
+            fresh: w & COUNT_MASK,
+        }
+    }
+
+    pub(crate) fn pack(self) -> u64 {
+        ((self.generation & 0xffff) << (2 * COUNT_BITS))
+            | ((self.pool & COUNT_MASK) << COUNT_BITS)
+            | (self.fresh & COUNT_MASK)
+    }
+}
+
+/// The lock-free part of a key's lease: the counter word and the deadline.
+#[derive(Default)]
+pub(crate) struct Counter {
+    pub(crate) word: AtomicU64,
+    /// Local ns (since the limiter's origin) before which the pool may be
+    /// spent.
+    pub(crate) deadline: AtomicU64,
+}
+
+impl Counter {
+    /// Takes `n` tokens from the pool if the clock (`now`, read after the
+    /// word) is before the deadline: the generation they count in.
+    pub(crate) fn take(&self, n: u64, now: impl Fn() -> u64) -> Option<(u64, u64)> {
+        let mut w = self.word.load(Ordering::Acquire);
+        loop {
+            let cur = Word::unpack(w);
+            let at = now();
+            if at >= self.deadline.load(Ordering::Acquire) || cur.pool < n {
+                return None;
+            }
+            let next = Word {
+                pool: cur.pool - n,
+                fresh: cur.fresh + n,
+                ..cur
+            };
+            match self.word.compare_exchange_weak(
+                w,
+                next.pack(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some((cur.generation, at)),
+                Err(seen) => w = seen,
+            }
+        }
+    }
+
+    /// Returns `n` tokens taken in `generation` to the pool, if no report
+    /// counted them since.
+    pub(crate) fn give_back(&self, generation: u64, n: u64) -> bool {
+        let mut w = self.word.load(Ordering::Acquire);
+        loop {
+            let cur = Word::unpack(w);
+            if cur.generation != generation || cur.fresh < n {
+                return false;
+            }
+            let next = Word {
+                pool: cur.pool + n,
+                fresh: cur.fresh - n,
+                ..cur
+            };
+            match self.word.compare_exchange_weak(
+                w,
+                next.pack(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(seen) => w = seen,
+            }
+        }
+    }
+
+    /// A report: a new generation; the tokens fresh until now.
+    pub(crate) fn report(&self) -> u64 {
+        let mut w = self.word.load(Ordering::Acquire);
+        loop {
+            let cur = Word::unpack(w);
+            let next = Word {
+                generation: (cur.generation + 1) & 0xffff,
+                fresh: 0,
+                ..cur
+            };
+            match self.word.compare_exchange_weak(
+                w,
+                next.pack(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return cur.fresh,
+                Err(seen) => w = seen,
+            }
+        }
+    }
+
+    /// A grant of `n` more tokens usable before `deadline`: the deadline
+    /// first, then the tokens.
+    pub(crate) fn grant(&self, n: u64, deadline: u64) {
+        self.deadline.fetch_max(deadline, Ordering::AcqRel);
+        let mut w = self.word.load(Ordering::Acquire);
+        loop {
+            let cur = Word::unpack(w);
+            let next = Word {
+                pool: (cur.pool + n).min(COUNT_MASK),
+                ..cur
+            };
+            match self.word.compare_exchange_weak(
+                w,
+                next.pack(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(seen) => w = seen,
+            }
+        }
+    }
+
+    /// The lease is gone (settled at its expiry): a new generation with
+    /// nothing in it, then no deadline. What the pool had (stranded).
+    pub(crate) fn strand(&self) -> u64 {
+        let old = self.word.swap(0, Ordering::AcqRel);
+        let cur = Word::unpack(old);
+        self.word.store(
+            Word {
+                generation: (cur.generation + 1) & 0xffff,
+                pool: 0,
+                fresh: 0,
+            }
+            .pack(),
+            Ordering::Release,
+        );
+        self.deadline.store(0, Ordering::Release);
+        cur.pool
+    }
+}
+
+/// What only the renewing task touches (one at a time: `renewing`).
+#[derive(Default)]
+struct Books {
+    /// This replica's lease number on the key: a new one after a strand.
+    number: u32,
+    first: bool,
+    born: Option<u64>,
+    granted: u64,
+    kept: u64,
+    released: u64,
+}
+
+pub(crate) struct Slot {
+    pub(crate) counter: Counter,
+    renewing: AtomicBool,
+    books: Mutex<Books>,
+}
+
+/// A limiter's leases.
+pub(crate) struct Leases {
+    pub(crate) lease_ns: u64,
+    pub(crate) grace_ns: u64,
+    pub(crate) eps_ppm: u64,
+    pub(crate) want: u64,
+    pub(crate) hot_after: u32,
+    pub(crate) wait_replicas: u32,
+    pub(crate) max_keys: usize,
+    /// This replica's id (random per limiter), 16 hexadecimal digits.
+    pub(crate) replica: String,
+    pub(crate) slots: RwLock<HashMap<String, Arc<Slot>>>,
+    /// Server decisions per key in the current lease time: (start, count).
+    heat: Mutex<HashMap<String, (u64, u32)>>,
+}
+
+impl Leases {
+    /// The settings of `config` for a bucket of `capacity` tokens, checked.
+    pub(crate) fn new(config: LeaseConfig, capacity: u64) -> Option<Leases> {
+        let lease_ns = u64::try_from(config.lease.as_nanos()).ok()?;
+        let grace_ns = u64::try_from(config.grace.as_nanos()).ok()?;
+        if lease_ns == 0
+            || lease_ns.checked_add(grace_ns)? > MAX_TAU_NS
+            || config.eps_ppm >= 1_000_000
+            || config.hot_after == 0
+            || config.max_keys == 0
+        {
+            return None;
+        }
+        let want = config
+            .want
+            .unwrap_or(capacity / 4)
+            .clamp(1, capacity.min(MAX_LEASED));
+        let mut h = RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
+        h.write_u32(std::process::id());
+        Some(Leases {
+            lease_ns,
+            grace_ns,
+            eps_ppm: u64::from(config.eps_ppm),
+            want,
+            hot_after: config.hot_after,
+            wait_replicas: config.wait_replicas,
+            max_keys: config.max_keys,
+            replica: format!("{:016x}", h.finish()),
+            slots: RwLock::new(HashMap::new()),
+            heat: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The local time a grant with `remaining` ns left may be used for.
+    fn usable_for(&self, remaining: u64) -> u64 {
+        let r = u128::from(remaining);
+        let used = r * u128::from(1_000_000 - self.eps_ppm) / 1_000_000;
+        u64::try_from(used).unwrap_or(u64::MAX)
+    }
+}
+
+/// A lease call's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseAnswer {
+    /// The lease lives.
+    Granted {
+        /// Tokens granted to the lease so far, this call's included.
+        granted: u64,
+        /// Its expiry less the call's reading, ns.
+        remaining: u64,
+        /// The server's reading when the lease's record was created, ns.
+        born: u64,
+        /// The call's reading, ns.
+        now: u64,
+    },
+    /// No record of the lease and the call was not its first.
+    Unknown,
+    /// The stored `tat` lies too far ahead of the server's clock.
+    ClockBack,
+}
+
+fn parse_lease(v: &Value) -> Result<LeaseAnswer, BackendError> {
+    let bad = || BackendError::BadReply(format!("{v:?}"));
+    if let Value::ServerError(_) = v {
+        return Err(match v.clone().extract_error() {
+            Err(e) => BackendError::Redis(e),
+            Ok(_) => bad(),
+        });
+    }
+    let Value::BulkString(text) = v else {
+        return Err(bad());
+    };
+    let text = std::str::from_utf8(text).map_err(|_| bad())?;
+    let f: Vec<u64> = text
+        .split(' ')
+        .map(|p| p.parse::<u64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    let time = |s: u64, ns: u64| {
+        (ns < 1_000_000_000)
+            .then(|| s.checked_mul(1_000_000_000)?.checked_add(ns))
+            .flatten()
+            .ok_or_else(bad)
+    };
+    match f.as_slice() {
+        [8, granted, remaining, born, s, ns] => Ok(LeaseAnswer::Granted {
+            granted: *granted,
+            remaining: *remaining,
+            born: *born,
+            now: time(*s, *ns)?,
+        }),
+        [7, 0, s, ns] => time(*s, *ns).map(|_| LeaseAnswer::Unknown),
+        [3, 0, s, ns] => time(*s, *ns).map(|_| LeaseAnswer::ClockBack),
+        _ => Err(bad()),
+    }
+}
+
+impl RedisPace {
+    /// The lease's local clock: ns since the limiter's origin.
+    fn lease_clock(&self) -> u64 {
+        u64::try_from(self.inner.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A reserve of `n` tokens of `key` (its Redis key) from its lease, if
+    /// it has one that can decide it.
+    pub(crate) fn leased(&self, key: String, n: u64) -> Result<Reservation, String> {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return Err(key);
+        };
+        let (decided, low) = {
+            let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
+            let Some(slot) = slots.get(&key) else {
+                drop(slots);
+                return Err(key);
+            };
+            let decided = slot.counter.take(n, || self.lease_clock());
+            let low = match decided {
+                Some((_, at)) => {
+                    let w = Word::unpack(slot.counter.word.load(Ordering::Relaxed));
+                    w.pool < leases.want.div_ceil(2)
+                        || slot.counter.deadline.load(Ordering::Relaxed)
+                            < at.saturating_add(leases.lease_ns / 4)
+                }
+                None => true,
+            };
+            (decided, low)
+        };
+        if low {
+            self.spawn_renewal(&key);
+        }
+        let Some((generation, at)) = decided else {
+            return Err(key);
+        };
+        bump(&self.inner.counters.shard().leased_decisions, 1);
+        Ok(Reservation {
+            key,
+            n,
+            prev: 0,
+            tat: 0,
+            server_now_ns: None,
+            source: Source::Lease,
+            local: None,
+            remaining: None,
+            wait: 0,
+            held: 0,
+            lease: Some((generation, self.inner.origin + Duration::from_nanos(at))),
+        })
+    }
+
+    /// A leased reservation's refund: back to the pool while unreported.
+    pub(crate) fn lease_refund(&self, r: &Reservation) -> Refunded {
+        let (Some(leases), Some((generation, _))) = (&self.inner.leases, r.lease) else {
+            return Refunded::Nothing;
+        };
+        let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
+        match slots.get(&r.key) {
+            Some(slot) if slot.counter.give_back(generation, r.n) => Refunded::Restored,
+            _ => Refunded::Superseded,
+        }
+    }
+
+    /// Counts a server decision of the configuration's quota on `key`;
+    /// a key with `hot_after` of them within a lease time gets a lease.
+    pub(crate) fn heat(&self, key: &str) {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return;
+        };
+        let now = self.lease_clock();
+        let hot = {
+            let mut heat = leases.heat.lock().unwrap_or_else(|p| p.into_inner());
+            if heat.len() >= 4 * leases.max_keys && !heat.contains_key(key) {
+                heat.clear();
+            }
+            let e = heat.entry(key.to_owned()).or_insert((now, 0));
+            if now.saturating_sub(e.0) > leases.lease_ns {
+                *e = (now, 0);
+            }
+            e.1 += 1;
+            e.1 >= leases.hot_after
+        };
+        if !hot {
+            return;
+        }
+        {
+            let mut slots = leases.slots.write().unwrap_or_else(|p| p.into_inner());
+            if !slots.contains_key(key) {
+                if slots.len() >= leases.max_keys {
+                    return;
+                }
+                slots.insert(
+                    key.to_owned(),
+                    Arc::new(Slot {
+                        counter: Counter::default(),
+                        renewing: AtomicBool::new(false),
+                        books: Mutex::new(Books {
+                            first: true,
+                            ..Books::default()
+                        }),
+                    }),
+                );
+            }
+        }
+        self.spawn_renewal(key);
+    }
+
+    fn spawn_renewal(&self, key: &str) {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return;
+        };
+        let slot = {
+            let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
+            match slots.get(key) {
+                Some(s) => Arc::clone(s),
+                None => return,
+            }
+        };
+        if slot.renewing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            slot.renewing.store(false, Ordering::Release);
+            return;
+        };
+        let limiter = self.clone();
+        let key = key.to_owned();
+        runtime.spawn(async move {
+            limiter.renew(&key, &slot).await;
+            slot.renewing.store(false, Ordering::Release);
+        });
+    }
+
+    /// One take/renew call for `slot` (the caller holds `renewing`).
+    async fn renew(&self, key: &str, slot: &Slot) {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return;
+        };
+        let counters = &self.inner.counters;
+        let fresh = slot.counter.report();
+        let (lid, first, kept, released) = {
+            let mut b = slot.books.lock().unwrap_or_else(|p| p.into_inner());
+            b.kept += fresh;
+            (
+                format!("{}{:08x}", leases.replica, b.number),
+                b.first,
+                b.kept,
+                b.released,
+            )
+        };
+        let sent = self.lease_clock();
+        let mut cmd = self.script_cmd(key);
+        cmd.arg("l")
+            .arg(&lid)
+            .arg(if first { "1" } else { "0" })
+            .arg(kept)
+            .arg(released)
+            .arg(leases.want)
+            .arg(leases.lease_ns)
+            .arg(leases.grace_ns);
+        let answer = self.eval(&cmd).await.and_then(|v| parse_lease(&v));
+        match answer {
+            Ok(LeaseAnswer::Granted {
+                granted,
+                remaining,
+                born,
+                ..
+            }) => {
+                {
+                    let b = slot.books.lock().unwrap_or_else(|p| p.into_inner());
+                    if b.born.is_some_and(|was| was != born) {
+                        drop(b);
+                        self.strand(slot);
+                        return;
+                    }
+                }
+                if leases.wait_replicas > 0 {
+                    let mut wait = redis::cmd("WAIT");
+                    let ms = u64::try_from(self.inner.timeout.as_millis())
+                        .unwrap_or(u64::MAX)
+                        .max(1);
+                    wait.arg(leases.wait_replicas).arg(ms);
+                    match self.eval(&wait).await {
+                        Ok(Value::Int(acked)) if acked >= i64::from(leases.wait_replicas) => {}
+                        _ => return, // not on the standby: not used
+                    }
+                }
+                let new = {
+                    let mut b = slot.books.lock().unwrap_or_else(|p| p.into_inner());
+                    b.born = Some(born);
+                    b.first = false;
+                    let new = granted.saturating_sub(b.granted);
+                    b.granted = b.granted.max(granted);
+                    new
+                };
+                let deadline = sent.saturating_add(leases.usable_for(remaining));
+                slot.counter.grant(new, deadline);
+                bump(&counters.shard().lease_grants, new);
+            }
+            Ok(LeaseAnswer::Unknown) => self.strand(slot),
+            Ok(LeaseAnswer::ClockBack) | Err(_) => {}
+        }
+    }
+
+    /// The lease was settled at its expiry: what the pool had is stranded;
+    /// the next call starts a new lease.
+    fn strand(&self, slot: &Slot) {
+        let stranded = slot.counter.strand();
+        let mut b = slot.books.lock().unwrap_or_else(|p| p.into_inner());
+        *b = Books {
+            number: b.number.wrapping_add(1),
+            first: true,
+            ..Books::default()
+        };
+        let shard = self.inner.counters.shard();
+        bump(&shard.lease_expiries, 1);
+        bump(&shard.lease_stranded, stranded);
+    }
+
+    /// One lease call as the script makes it, at `now_ns` (tests; needs
+    /// [`Builder::time_injection`](crate::Builder::time_injection)): lease
+    /// `lid` (24 hexadecimal digits), the replica's cumulative `kept` and
+    /// `released` tokens, `want` more, for `lease_ns` plus `grace_ns`.
+    ///
+    /// # Errors
+    /// [`crate::Error::TimeInjectionDisabled`], [`crate::Error::InvalidKey`],
+    /// [`crate::Error::Unavailable`].
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub async fn lease_call_at(
+        &self,
+        key: &str,
+        lid: &str,
+        first: bool,
+        kept: u64,
+        released: u64,
+        want: u64,
+        lease_ns: u64,
+        grace_ns: u64,
+        now_ns: u64,
+    ) -> Result<LeaseAnswer, crate::Error> {
+        if !self.inner.time_injection {
+            return Err(crate::Error::TimeInjectionDisabled);
+        }
+        let full = self.checked_key(key)?;
+        let mut cmd = self.script_cmd(&full);
+        cmd.arg("l")
+            .arg(lid)
+            .arg(if first { "1" } else { "0" })
+            .arg(kept)
+            .arg(released)
+            .arg(want)
+            .arg(lease_ns)
+            .arg(grace_ns)
+            .arg(now_ns);
+        self.eval(&cmd)
+            .await
+            .and_then(|v| parse_lease(&v))
+            .map_err(crate::Error::Unavailable)
+    }
+}
