@@ -472,6 +472,15 @@ done
 # run, the bound over 300 random histories in some; its own test always.
 expect_caught redis_release_rewinds holds "panicked" "-p pace-redis" \
     holds_agree_with_the_integer_model a_refund_leaves_the_settled_debt
+# Leases (tests/lease_equivalence.rs): the script's lease call against the
+# lease model's server (pace_models::leases::LeaseServer), ~10 s per build:
+#   redis_lease_keep_from_grant: reported kept tokens settle from the lease's
+#                                first grant's reading, not the call's
+#   redis_lease_delta_reports:   a report applied as a delta (a retry twice)
+for m in redis_lease_keep_from_grant redis_lease_delta_reports; do
+    expect_caught "$m" lease_equivalence "assertion .left == right. failed" "-p pace-redis" \
+        the_lease_call_agrees_with_the_model
+done
 # An expiry is reached only by histories that wait out the hold limit: the
 # model catches it in every run, the bound over random histories in some.
 expect_caught redis_expiry_refunds holds "panicked" "-p pace-redis" \

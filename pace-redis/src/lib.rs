@@ -192,6 +192,18 @@ pub(crate) fn script_source(interval: u64, capacity: u64) -> String {
     // Holds: an expired hold is dropped as if refunded, not settled as kept.
     #[cfg(pace_mutant = "redis_expiry_refunds")]
     let src = src.replace("tat_s, tat_n = add(tat_s, tat_n, c)\n", "");
+    // Leases: reported kept tokens settle from the lease's first grant's
+    // reading (before they were used), not the call's own.
+    #[cfg(pace_mutant = "redis_lease_keep_from_grant")]
+    let src = src.replace(
+        "    if later(now_s, now_n, tat_s, tat_n) then\n      tat_s, tat_n = now_s, now_n\n",
+        "    local gs, gn = split(born)\n    if later(gs, gn, tat_s, tat_n) then\n      tat_s, tat_n = gs, gn\n",
+    );
+    // Leases: a report applied as a delta (a retried call applies twice).
+    #[cfg(pace_mutant = "redis_lease_delta_reports")]
+    let src = src
+        .replace("math.max(rk - lk, 0)", "rk")
+        .replace("math.max(rr - lr, 0)", "rr");
     src
 }
 
