@@ -45,7 +45,7 @@ names=$(grep -oE '^ +\("[a-z_0-9]+"' src/mutants.rs | grep -oE '[a-z_0-9]+')
 [ "$(wc -w <<<"$names")" -gt 30 ] || { echo "registry not read: $names"; exit 1; }
 suites=$(grep -hvE '^\s*#' .ci/suites/10-loom.sh .ci/suites/15-mutants.sh)
 for m in $names; do
-    if ! grep -rqF "pace_mutant = \"$m\"" src; then
+    if ! grep -rqF "pace_mutant = \"$m\"" src pace-redis/src/lease_counter.rs; then
         echo "the registry lists $m, which no source file has"
         exit 1
     fi

@@ -463,8 +463,7 @@ impl Builder {
         let leases = match self.leases {
             None => None,
             Some(config) => Some(
-                Leases::new(config, capacity)
-                    .ok_or(ConnectError::Config(ConfigError::Leases))?,
+                Leases::new(config, capacity).ok_or(ConnectError::Config(ConfigError::Leases))?,
             ),
         };
         Ok(Checked {

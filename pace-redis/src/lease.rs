@@ -2,30 +2,18 @@
 //! the script's lease call (`pace.lua`, "Leases"), spent locally with one
 //! CAS on a counter word until a deadline on the local clock.
 //!
-//! The counter word of a key packs `(generation, pool, fresh)`:
-//! `pool` the granted tokens not yet reserved, `fresh` the tokens reserved
-//! since the last report. A report (each take/renew call) moves `fresh`
-//! into the cumulative kept count and starts a new generation, so that:
-//!
-//! * a reserve reads its clock **after** loading the word (the deadline it
-//!   checks covers every token the word holds: a renewal publishes its
-//!   deadline before its tokens; a new lease starts a new generation
-//!   before its deadline);
-//! * a new lease (after the old one was settled at its expiry) starts from
-//!   a new generation with nothing fresh: no kept count of an old lease is
-//!   reported for a new one;
-//! * a refund returns its tokens to the pool only in the generation that
-//!   reserved them (unreported); a reported token stays kept.
+//! The counter's protocol is in `lease_counter.rs`.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use redis::Value;
 
+use crate::lease_counter::{Counter, Word, MAX_LEASED};
 use crate::stats::bump;
 use crate::{BackendError, RedisPace, Refunded, Reservation, Source, MAX_TAU_NS};
 
@@ -72,162 +60,6 @@ impl Default for LeaseConfig {
             wait_replicas: 0,
             max_keys: 1_024,
         }
-    }
-}
-
-/// Pool and fresh counts are 24 bits each; the generation 16.
-const COUNT_BITS: u32 = 24;
-const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
-/// The largest grant a replica can hold: the pool's field.
-pub(crate) const MAX_LEASED: u64 = COUNT_MASK;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Word {
-    pub(crate) generation: u64,
-    pub(crate) pool: u64,
-    pub(crate) fresh: u64,
-}
-
-impl Word {
-    pub(crate) fn unpack(w: u64) -> Word {
-        Word {
-            generation: w >> (2 * COUNT_BITS),
-            pool: (w >> COUNT_BITS) & COUNT_MASK,
-            fresh: w & COUNT_MASK,
-        }
-    }
-
-    pub(crate) fn pack(self) -> u64 {
-        ((self.generation & 0xffff) << (2 * COUNT_BITS))
-            | ((self.pool & COUNT_MASK) << COUNT_BITS)
-            | (self.fresh & COUNT_MASK)
-    }
-}
-
-/// The lock-free part of a key's lease: the counter word and the deadline.
-#[derive(Default)]
-pub(crate) struct Counter {
-    pub(crate) word: AtomicU64,
-    /// Local ns (since the limiter's origin) before which the pool may be
-    /// spent.
-    pub(crate) deadline: AtomicU64,
-}
-
-impl Counter {
-    /// Takes `n` tokens from the pool if the clock (`now`, read after the
-    /// word) is before the deadline: the generation they count in.
-    pub(crate) fn take(&self, n: u64, now: impl Fn() -> u64) -> Option<(u64, u64)> {
-        let mut w = self.word.load(Ordering::Acquire);
-        loop {
-            let cur = Word::unpack(w);
-            let at = now();
-            if at >= self.deadline.load(Ordering::Acquire) || cur.pool < n {
-                return None;
-            }
-            let next = Word {
-                pool: cur.pool - n,
-                fresh: cur.fresh + n,
-                ..cur
-            };
-            match self.word.compare_exchange_weak(
-                w,
-                next.pack(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Some((cur.generation, at)),
-                Err(seen) => w = seen,
-            }
-        }
-    }
-
-    /// Returns `n` tokens taken in `generation` to the pool, if no report
-    /// counted them since.
-    pub(crate) fn give_back(&self, generation: u64, n: u64) -> bool {
-        let mut w = self.word.load(Ordering::Acquire);
-        loop {
-            let cur = Word::unpack(w);
-            if cur.generation != generation || cur.fresh < n {
-                return false;
-            }
-            let next = Word {
-                pool: cur.pool + n,
-                fresh: cur.fresh - n,
-                ..cur
-            };
-            match self.word.compare_exchange_weak(
-                w,
-                next.pack(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return true,
-                Err(seen) => w = seen,
-            }
-        }
-    }
-
-    /// A report: a new generation; the tokens fresh until now.
-    pub(crate) fn report(&self) -> u64 {
-        let mut w = self.word.load(Ordering::Acquire);
-        loop {
-            let cur = Word::unpack(w);
-            let next = Word {
-                generation: (cur.generation + 1) & 0xffff,
-                fresh: 0,
-                ..cur
-            };
-            match self.word.compare_exchange_weak(
-                w,
-                next.pack(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return cur.fresh,
-                Err(seen) => w = seen,
-            }
-        }
-    }
-
-    /// A grant of `n` more tokens usable before `deadline`: the deadline
-    /// first, then the tokens.
-    pub(crate) fn grant(&self, n: u64, deadline: u64) {
-        self.deadline.fetch_max(deadline, Ordering::AcqRel);
-        let mut w = self.word.load(Ordering::Acquire);
-        loop {
-            let cur = Word::unpack(w);
-            let next = Word {
-                pool: (cur.pool + n).min(COUNT_MASK),
-                ..cur
-            };
-            match self.word.compare_exchange_weak(
-                w,
-                next.pack(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(seen) => w = seen,
-            }
-        }
-    }
-
-    /// The lease is gone (settled at its expiry): a new generation with
-    /// nothing in it, then no deadline. What the pool had (stranded).
-    pub(crate) fn strand(&self) -> u64 {
-        let old = self.word.swap(0, Ordering::AcqRel);
-        let cur = Word::unpack(old);
-        self.word.store(
-            Word {
-                generation: (cur.generation + 1) & 0xffff,
-                pool: 0,
-                fresh: 0,
-            }
-            .pack(),
-            Ordering::Release,
-        );
-        self.deadline.store(0, Ordering::Release);
-        cur.pool
     }
 }
 

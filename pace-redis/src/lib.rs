@@ -99,6 +99,7 @@ mod conn;
 mod error;
 mod hold;
 mod lease;
+mod lease_counter;
 mod reply;
 mod reservation;
 mod reserve;

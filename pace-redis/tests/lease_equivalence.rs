@@ -126,15 +126,8 @@ async fn the_lease_call_agrees_with_the_model() {
                 rep.last = Some((first, kept, released));
                 let want = 1 + g.below(capacity);
                 let lid = format!("{:016x}{:08x}", r + 1, rep.number);
-                let expected = model.call(
-                    i128::from(now),
-                    r,
-                    rep.number,
-                    first,
-                    kept,
-                    released,
-                    want,
-                );
+                let expected =
+                    model.call(i128::from(now), r, rep.number, first, kept, released, want);
                 let got = limiter
                     .lease_call_at("k", &lid, first, kept, released, want, lease, grace, at)
                     .await

@@ -1,0 +1,277 @@
+//! Leases on real redis-server processes: several limiters (standing for
+//! replicas) with leases, tasks reserving on one hot key, refunds, calls
+//! the lease cannot decide (a quota of their own), and a replica process
+//! killed (`kill -9`) while it holds a lease. Every kept admission is
+//! recorded at its true instant — the server's reading for a decision of
+//! the server, the local reading its lease's deadline was checked against
+//! for a leased one (both on the machine's real-time clock, which the
+//! server's `TIME` reads) — and checked over every window against the
+//! bound (`pace_models::bound`, exact integers).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use pace::{Quota, Rate, Refunded};
+use pace_redis::{Error, LeaseConfig, RedisPace, Reservation, Source};
+
+const INTERVAL_RATE: u64 = 2_000; // per second: 500 us a token
+const CAP: u64 = 20;
+
+/// A pair of readings of the monotonic and the real-time clocks, to place
+/// a local `Instant` on the real-time clock (ns since the Unix epoch).
+#[derive(Clone, Copy)]
+struct Clocks {
+    at: Instant,
+    real: u64,
+}
+
+impl Clocks {
+    fn now() -> Clocks {
+        let a = Instant::now();
+        let real = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let b = Instant::now();
+        Clocks {
+            at: a + (b - a) / 2,
+            real,
+        }
+    }
+
+    fn real(&self, at: Instant) -> u64 {
+        match at.checked_duration_since(self.at) {
+            Some(d) => self.real + d.as_nanos() as u64,
+            None => self.real - (self.at - at).as_nanos() as u64,
+        }
+    }
+}
+
+fn config() -> LeaseConfig {
+    LeaseConfig {
+        lease: Duration::from_millis(20),
+        grace: Duration::from_millis(5),
+        hot_after: 2,
+        want: Some(5),
+        ..LeaseConfig::default()
+    }
+}
+
+async fn limiter(url: &str) -> RedisPace {
+    RedisPace::builder(Rate::per_second(INTERVAL_RATE).unwrap())
+        .capacity(CAP)
+        .timeout(Duration::from_secs(5))
+        .leases(config())
+        .connect(url)
+        .await
+        .unwrap()
+}
+
+/// The instant a kept reservation was let through.
+fn instant(r: &Reservation, clocks: &Clocks) -> u64 {
+    match r.source() {
+        Source::Server => r.server_now_ns().unwrap(),
+        Source::Lease => clocks.real(r.leased_at().unwrap()),
+        s => panic!("source {s:?}"),
+    }
+}
+
+/// One task's reserves on `key`: `calls` of them; every fifth admission
+/// refunded at once; every seventh call under a quota of its own (equal
+/// to the configuration's, so that one bound covers all), which a lease
+/// does not decide. Kept admissions as (instant, tokens).
+async fn hammer(p: RedisPace, key: &'static str, calls: u64, seed: u64) -> (Vec<(u64, u64)>, u64) {
+    let clocks = Clocks::now();
+    let own = Quota::new(Rate::per_second(INTERVAL_RATE).unwrap(), CAP).unwrap();
+    let mut kept = Vec::new();
+    let mut restored = 0;
+    for i in 0..calls {
+        let n = 1 + (i + seed) % 2;
+        let r = if (i + seed) % 7 == 0 {
+            p.reserve_n_with(key, n, own).await
+        } else {
+            p.reserve_n(key, n).await
+        };
+        match r {
+            Ok(r) => {
+                let at = instant(&r, &clocks);
+                if (i + seed) % 5 == 0 {
+                    match p.refund(r).await.unwrap() {
+                        Refunded::Restored | Refunded::Removed => restored += 1,
+                        _ => kept.push((at, n)),
+                    }
+                } else {
+                    kept.push((at, n));
+                }
+            }
+            Err(Error::Denied(_)) => tokio::task::yield_now().await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    (kept, restored)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_replicas_never_exceed_the_bound() {
+    let server = common::RedisServer::start();
+    let url = server.url();
+    let mut limiters = Vec::new();
+    for _ in 0..3 {
+        limiters.push(limiter(&url).await);
+    }
+    let mut tasks = Vec::new();
+    for (c, l) in limiters.iter().enumerate() {
+        for t in 0..3u64 {
+            tasks.push(tokio::spawn(hammer(
+                l.clone(),
+                "hot",
+                4_000,
+                c as u64 * 3 + t,
+            )));
+        }
+    }
+    let mut kept = Vec::new();
+    let mut restored = 0;
+    for t in tasks {
+        let (k, r) = t.await.unwrap();
+        kept.extend(k);
+        restored += r;
+    }
+    let stats: Vec<_> = limiters.iter().map(RedisPace::stats).collect();
+    let leased: u64 = stats.iter().map(|s| s.leased_decisions).sum();
+    let server_decisions: u64 = stats.iter().map(|s| s.server_decisions).sum();
+    let grants: u64 = stats.iter().map(|s| s.lease_grants).sum();
+    let interval = limiters[0].interval_ns();
+    let excess = pace_models::bound::worst_excess_ns(&mut kept, CAP, interval);
+    let tokens: u64 = kept.iter().map(|k| k.1).sum();
+    println!(
+        "{} kept admissions ({tokens} tokens), {leased} leased decisions, {server_decisions} \
+         server decisions, {grants} tokens granted, {restored} refunds restored; worst \
+         excess {excess} ns",
+        kept.len()
+    );
+    assert!(
+        excess <= 0,
+        "the kept admissions exceed the bound by {excess} ns"
+    );
+    // Not vacuous: leases decided, the server decided, refunds restored.
+    assert!(leased > 1_000, "{leased} leased decisions");
+    assert!(server_decisions > 100);
+    assert!(restored > 100);
+}
+
+/// The replica process of `a_killed_replica_strands_its_grant_never_excess`
+/// (run by it with `PACE_LEASE_CHILD` set): spends its lease on the hot
+/// key, printing each kept admission as `K instant tokens`, then `READY`
+/// once it has made 200 leased decisions and holds unspent tokens, and
+/// goes on until killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+#[ignore = "run as a child process"]
+async fn lease_child() {
+    let Ok(url) = std::env::var("PACE_LEASE_CHILD") else {
+        return;
+    };
+    let p = limiter(&url).await;
+    let clocks = Clocks::now();
+    let mut ready = false;
+    loop {
+        match p.reserve("hot").await {
+            Ok(r) => {
+                println!("K {} 1", instant(&r, &clocks));
+                let s = p.stats();
+                if !ready && s.leased_decisions >= 200 && s.lease_grants > s.leased_decisions {
+                    println!("READY");
+                    ready = true;
+                }
+            }
+            Err(Error::Denied(_)) => tokio::time::sleep(Duration::from_micros(200)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_strands_its_grant_never_excess() {
+    let server = common::RedisServer::start();
+    let url = server.url();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "lease_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("PACE_LEASE_CHILD", &url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut kept = Vec::new();
+    // The other replica runs beside it all along.
+    let other = limiter(&url).await;
+    let beside = tokio::spawn(hammer(other.clone(), "hot", 1_500, 1));
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut kept = Vec::new();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if line == "READY" {
+                return (kept, lines);
+            }
+            let mut f = line.split(' ');
+            if f.next() == Some("K") {
+                let at: u64 = f.next().unwrap().parse().unwrap();
+                let n: u64 = f.next().unwrap().parse().unwrap();
+                kept.push((at, n));
+            }
+        }
+        panic!("the child ended before READY");
+    });
+    let (child_kept, mut lines) = reader.await.unwrap();
+    kept.extend(child_kept);
+    // kill -9 while it holds a lease.
+    let status = Command::new("kill")
+        .args(["-KILL", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    child.wait().unwrap();
+    // Whatever it printed before dying.
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let mut f = line.split(' ');
+        if f.next() == Some("K") {
+            if let (Some(at), Some(n)) = (f.next(), f.next()) {
+                if let (Ok(at), Ok(n)) = (at.parse(), n.parse()) {
+                    kept.push((at, n));
+                }
+            }
+        }
+    }
+    let (k, _) = beside.await.unwrap();
+    kept.extend(k);
+    // After the kill, the survivor goes on (the stranded tokens settle at
+    // the dead lease's expiry plus its grace).
+    let (k, _) = hammer(other.clone(), "hot", 1_500, 2).await;
+    let after = k.len();
+    kept.extend(k);
+    let interval = other.interval_ns();
+    let excess = pace_models::bound::worst_excess_ns(&mut kept, CAP, interval);
+    let s = other.stats();
+    println!(
+        "{} kept admissions, {after} after the kill; survivor: {} leased, {} granted; worst \
+         excess {excess} ns",
+        kept.len(),
+        s.leased_decisions,
+        s.lease_grants
+    );
+    assert!(
+        excess <= 0,
+        "the kept admissions exceed the bound by {excess} ns"
+    );
+    assert!(after > 100, "the survivor admitted {after} after the kill");
+}
