@@ -90,7 +90,7 @@ async fn hammer(p: RedisPace, key: &'static str, calls: u64, seed: u64) -> (Vec<
     let mut restored = 0;
     for i in 0..calls {
         let n = 1 + (i + seed) % 2;
-        let r = if (i + seed) % 7 == 0 {
+        let r = if (i + seed).is_multiple_of(7) {
             p.reserve_n_with(key, n, own).await
         } else {
             p.reserve_n(key, n).await
@@ -98,7 +98,7 @@ async fn hammer(p: RedisPace, key: &'static str, calls: u64, seed: u64) -> (Vec<
         match r {
             Ok(r) => {
                 let at = instant(&r, &clocks);
-                if (i + seed) % 5 == 0 {
+                if (i + seed).is_multiple_of(5) {
                     match p.refund(r).await.unwrap() {
                         Refunded::Restored | Refunded::Removed => restored += 1,
                         _ => kept.push((at, n)),
