@@ -463,7 +463,8 @@ impl Builder {
         let leases = match self.leases {
             None => None,
             Some(config) => Some(
-                Leases::new(config, capacity).ok_or(ConnectError::Config(ConfigError::Leases))?,
+                Leases::new(config, capacity, self.timeout)
+                    .ok_or(ConnectError::Config(ConfigError::Leases))?,
             ),
         };
         Ok(Checked {

@@ -42,8 +42,9 @@ pub enum ConfigError {
         ns: u64,
     },
     /// [`Builder::leases`]: a zero lease time, a lease time plus grace
-    /// above [`MAX_TAU_NS`], `eps_ppm` of 10^6 or more, or a zero
-    /// `hot_after` or `max_keys`.
+    /// above [`MAX_TAU_NS`], `eps_ppm` of 10^6 or more, a zero `hot_after`
+    /// or `max_keys`, or with `wait_replicas`, a zero `wait_timeout` or one
+    /// above the limiter's timeout.
     Leases,
 }
 
@@ -66,7 +67,7 @@ impl fmt::Display for ConfigError {
             ),
             ConfigError::Leases => f.write_str(
                 "leases: a zero lease time or hot_after or max_keys, lease + grace above 2^50 ns, \
-                 or eps_ppm of 10^6 or more",
+                 eps_ppm of 10^6 or more, or a wait_timeout of zero or above the timeout",
             ),
             ConfigError::HoldLimit { ns } => write!(
                 f,

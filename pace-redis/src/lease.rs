@@ -7,7 +7,7 @@
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -42,8 +42,14 @@ pub struct LeaseConfig {
     /// used: a `WAIT n` is sent after each granting call, and a grant WAIT
     /// reports fewer acknowledgements for is not used (its tokens stay
     /// held on the server until a later call's grant is acknowledged, or
-    /// expire). 0 (default): no standby.
+    /// expire).
+    /// 0 (default): no standby.
     pub wait_replicas: u32,
+    /// How long a `WAIT` may block (it holds the shared connection: every
+    /// call behind it waits too). A grant not acknowledged within it is
+    /// not used, and the key asks for no lease for one lease time.
+    /// Default 10 ms; at most the limiter's timeout.
+    pub wait_timeout: Duration,
     /// Keys leased at once at most; beyond, keys keep one round trip per
     /// decision. Default 1 024.
     pub max_keys: usize,
@@ -58,6 +64,7 @@ impl Default for LeaseConfig {
             want: None,
             hot_after: 8,
             wait_replicas: 0,
+            wait_timeout: Duration::from_millis(10),
             max_keys: 1_024,
         }
     }
@@ -78,6 +85,9 @@ struct Books {
 pub(crate) struct Slot {
     pub(crate) counter: Counter,
     renewing: AtomicBool,
+    /// Local ns before which no renewal starts (after a grant no standby
+    /// acknowledged).
+    quiet_until: AtomicU64,
     books: Mutex<Books>,
 }
 
@@ -89,6 +99,7 @@ pub(crate) struct Leases {
     pub(crate) want: u64,
     pub(crate) hot_after: u32,
     pub(crate) wait_replicas: u32,
+    pub(crate) wait_ms: u64,
     pub(crate) max_keys: usize,
     /// This replica's id (random per limiter), 16 hexadecimal digits.
     pub(crate) replica: String,
@@ -99,7 +110,7 @@ pub(crate) struct Leases {
 
 impl Leases {
     /// The settings of `config` for a bucket of `capacity` tokens, checked.
-    pub(crate) fn new(config: LeaseConfig, capacity: u64) -> Option<Leases> {
+    pub(crate) fn new(config: LeaseConfig, capacity: u64, timeout: Duration) -> Option<Leases> {
         let lease_ns = u64::try_from(config.lease.as_nanos()).ok()?;
         let grace_ns = u64::try_from(config.grace.as_nanos()).ok()?;
         if lease_ns == 0
@@ -107,6 +118,8 @@ impl Leases {
             || config.eps_ppm >= 1_000_000
             || config.hot_after == 0
             || config.max_keys == 0
+            || (config.wait_replicas > 0
+                && (config.wait_timeout.is_zero() || config.wait_timeout > timeout))
         {
             return None;
         }
@@ -129,6 +142,9 @@ impl Leases {
             want,
             hot_after: config.hot_after,
             wait_replicas: config.wait_replicas,
+            wait_ms: u64::try_from(config.wait_timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
             max_keys: config.max_keys,
             replica: format!("{:016x}", h.finish()),
             slots: RwLock::new(HashMap::new()),
@@ -297,6 +313,7 @@ impl RedisPace {
                     Arc::new(Slot {
                         counter: Counter::default(),
                         renewing: AtomicBool::new(false),
+                        quiet_until: AtomicU64::new(0),
                         books: Mutex::new(Books {
                             first: true,
                             ..Books::default()
@@ -319,7 +336,9 @@ impl RedisPace {
                 None => return,
             }
         };
-        if slot.renewing.swap(true, Ordering::AcqRel) {
+        if slot.quiet_until.load(Ordering::Relaxed) > self.lease_clock()
+            || slot.renewing.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -379,13 +398,18 @@ impl RedisPace {
                 }
                 if leases.wait_replicas > 0 {
                     let mut wait = redis::cmd("WAIT");
-                    let ms = u64::try_from(self.inner.timeout.as_millis())
-                        .unwrap_or(u64::MAX)
-                        .max(1);
-                    wait.arg(leases.wait_replicas).arg(ms);
+                    wait.arg(leases.wait_replicas).arg(leases.wait_ms);
                     match self.eval(&wait).await {
                         Ok(Value::Int(acked)) if acked >= i64::from(leases.wait_replicas) => {}
-                        _ => return, // not on the standby: not used
+                        _ => {
+                            // Not on the standbys: not used, and no lease
+                            // asked for during one lease time.
+                            slot.quiet_until.store(
+                                self.lease_clock().saturating_add(leases.lease_ns),
+                                Ordering::Relaxed,
+                            );
+                            return;
+                        }
                     }
                 }
                 let new = {

@@ -275,3 +275,80 @@ async fn a_killed_replica_strands_its_grant_never_excess() {
     );
     assert!(after > 100, "the survivor admitted {after} after the kill");
 }
+
+/// Reserves on `key` until one is decided by a lease, at most `calls`.
+async fn until_leased(p: &RedisPace, key: &str, calls: u64) -> bool {
+    for _ in 0..calls {
+        match p.reserve(key).await {
+            Ok(r) if r.source() == Source::Lease => return true,
+            Ok(_) | Err(Error::Denied(_)) => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    false
+}
+
+fn standby_config() -> LeaseConfig {
+    LeaseConfig {
+        wait_replicas: 1,
+        ..config()
+    }
+}
+
+/// With a standby required (`wait_replicas: 1`) and one replicating, a
+/// grant is used once `WAIT 1` returns, and the standby holds the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_is_used_once_the_standby_has_it() {
+    let primary = common::RedisServer::start();
+    let standby = common::RedisServer::start();
+    standby.replicate(&primary);
+    let p = RedisPace::builder(Rate::per_second(100_000).unwrap())
+        .capacity(1_000)
+        .timeout(Duration::from_secs(5))
+        .leases(standby_config())
+        .connect(&primary.url())
+        .await
+        .unwrap();
+    assert!(until_leased(&p, "k", 10_000).await, "no leased decision");
+    let s = p.stats();
+    assert!(s.lease_grants > 0 && s.leased_decisions > 0, "{s:?}");
+    // The lease (a hold of 48 hexadecimal digits of id) is on the standby.
+    let on_standby: Option<String> = redis::cmd("GET")
+        .arg(p.redis_key("k"))
+        .query(&mut standby.admin())
+        .unwrap();
+    let v = on_standby.expect("the key on the standby");
+    assert!(v.contains('|'), "no lease on the standby: {v}");
+}
+
+/// With a standby required and none replicating, `WAIT 1` reports no
+/// acknowledgement: no grant is used, every decision is the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_no_standby_acknowledged_is_never_used() {
+    let server = common::RedisServer::start();
+    let p = RedisPace::builder(Rate::per_second(100_000).unwrap())
+        .capacity(1_000)
+        .timeout(Duration::from_secs(5))
+        .leases(standby_config())
+        .connect(&server.url())
+        .await
+        .unwrap();
+    // Enough calls for several renewals (one a lease time at most after a
+    // grant not acknowledged), each waiting out its WAIT (10 ms).
+    for _ in 0..2_000 {
+        match p.reserve("k").await {
+            Ok(r) => assert_eq!(r.source(), Source::Server),
+            Err(Error::Denied(_)) => {}
+            Err(e) => panic!("{e}"),
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    let s = p.stats();
+    assert_eq!(s.leased_decisions, 0, "{s:?}");
+    assert_eq!(s.lease_grants, 0, "{s:?}");
+    // Not vacuous: lease calls and their WAITs were sent (beyond the 2,000
+    // decisions and the script load).
+    assert!(s.round_trips >= 2_001 + 4, "{s:?}");
+}
