@@ -145,3 +145,23 @@ fn a_reported_token_is_never_refunded_to_the_pool() {
 fn mutant_lease_refund_reported() {
     refund_model();
 }
+
+/// A release (the pool drained, nothing fresh left) racing a reserve: the
+/// reserve's token is reported kept, or it took none; a released token is
+/// never taken, and none is lost.
+#[test]
+fn a_released_token_is_never_taken() {
+    loom::model(|| {
+        let c = Arc::new(counter(0, 2, 10));
+        let releaser = {
+            let c = Arc::clone(&c);
+            thread::spawn(move || c.drain())
+        };
+        let took = c.take(1, || 5).is_some();
+        let (kept, released) = releaser.join().unwrap();
+        let w = Word::unpack(c.word.load(Ordering::SeqCst));
+        assert_eq!(kept + w.fresh, u64::from(took), "kept {kept} + {}", w.fresh);
+        assert_eq!(kept + w.fresh + released + w.pool, 2, "tokens lost");
+        assert_eq!(released + w.pool + u64::from(took), 2);
+    });
+}

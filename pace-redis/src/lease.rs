@@ -348,21 +348,59 @@ impl RedisPace {
         let limiter = self.clone();
         let key = key.to_owned();
         runtime.spawn(async move {
-            limiter.renew(&key, &slot).await;
+            limiter.renew(&key, &slot, false).await;
             slot.renewing.store(false, Ordering::Release);
+            limiter.watch(&key, &slot).await;
         });
     }
 
+    /// After a renewal: every half lease time, a pool nobody touched since
+    /// the last look is released (reported, with nothing more asked for);
+    /// a change of generation (another renewal, which watches in turn) or
+    /// an empty pool ends the watch.
+    async fn watch(&self, key: &str, slot: &Slot) {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return;
+        };
+        let mut seen = slot.counter.word.load(Ordering::Acquire);
+        loop {
+            tokio::time::sleep(Duration::from_nanos(leases.lease_ns / 2)).await;
+            let now = slot.counter.word.load(Ordering::Acquire);
+            let w = Word::unpack(now);
+            if w.pool == 0 || w.generation != Word::unpack(seen).generation {
+                return;
+            }
+            if now != seen {
+                seen = now;
+                continue;
+            }
+            if slot.renewing.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            self.renew(key, slot, true).await;
+            slot.renewing.store(false, Ordering::Release);
+            return;
+        }
+    }
+
     /// One take/renew call for `slot` (the caller holds `renewing`).
-    async fn renew(&self, key: &str, slot: &Slot) {
+    /// With `release`, the pool is given back and nothing more asked for.
+    async fn renew(&self, key: &str, slot: &Slot, release: bool) {
         let Some(leases) = self.inner.leases.as_ref() else {
             return;
         };
         let counters = &self.inner.counters;
-        let fresh = slot.counter.report();
+        let (fresh, unused) = if release {
+            slot.counter.drain()
+        } else {
+            (slot.counter.report(), 0)
+        };
+        bump(&counters.shard().lease_releases, unused);
+        let want = if release { 0 } else { leases.want };
         let (lid, first, kept, released) = {
             let mut b = slot.books.lock().unwrap_or_else(|p| p.into_inner());
             b.kept += fresh;
+            b.released += unused;
             (
                 format!("{}{:08x}", leases.replica, b.number),
                 b.first,
@@ -377,7 +415,7 @@ impl RedisPace {
             .arg(if first { "1" } else { "0" })
             .arg(kept)
             .arg(released)
-            .arg(leases.want)
+            .arg(want)
             .arg(leases.lease_ns)
             .arg(leases.grace_ns);
         let answer = self.eval(&cmd).await.and_then(|v| parse_lease(&v));

@@ -156,6 +156,29 @@ impl Counter {
         }
     }
 
+    /// A release: a new generation with nothing in it; the tokens fresh
+    /// until now (kept) and the pool's (released, never to be taken).
+    pub(crate) fn drain(&self) -> (u64, u64) {
+        let mut w = self.word.load(Ordering::Acquire);
+        loop {
+            let cur = Word::unpack(w);
+            let next = Word {
+                generation: (cur.generation + 1) & 0xffff,
+                pool: 0,
+                fresh: 0,
+            };
+            match self.word.compare_exchange_weak(
+                w,
+                next.pack(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return (cur.fresh, cur.pool),
+                Err(seen) => w = seen,
+            }
+        }
+    }
+
     /// A grant of `n` more tokens usable before `deadline`: the deadline
     /// first, then the tokens.
     pub(crate) fn grant(&self, n: u64, deadline: u64) {

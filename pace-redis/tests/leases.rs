@@ -352,3 +352,58 @@ async fn a_grant_no_standby_acknowledged_is_never_used() {
     // decisions and the script load).
     assert!(s.round_trips >= 2_001 + 4, "{s:?}");
 }
+
+/// A key that goes quiet has its lease released: within about half a
+/// lease time of the last leased decision the replica reports its pool as
+/// released, and the server's record of the lease holds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_key_releases_its_lease() {
+    let server = common::RedisServer::start();
+    let p = RedisPace::builder(Rate::per_second(100_000).unwrap())
+        .capacity(1_000)
+        .timeout(Duration::from_secs(5))
+        .leases(LeaseConfig {
+            want: Some(100),
+            // Long enough that the lease cannot expire before the release.
+            lease: Duration::from_secs(2),
+            ..config()
+        })
+        .connect(&server.url())
+        .await
+        .unwrap();
+    assert!(until_leased(&p, "q", 10_000).await, "no leased decision");
+    let mut used = 1;
+    for _ in 0..20 {
+        if let Ok(r) = p.reserve("q").await {
+            if r.source() == Source::Lease {
+                used += 1;
+            }
+        }
+    }
+    // The release: the server's record of the lease comes to hold nothing
+    // (its cost field); an event, waited for with a bound only a hang
+    // exceeds.
+    let lease_cost = || {
+        let v: String = redis::cmd("GET")
+            .arg(p.redis_key("q"))
+            .query(&mut server.admin())
+            .unwrap();
+        let entry = v
+            .split('|')
+            .find(|e| e.split(',').next().is_some_and(|id| id.len() == 48))
+            .unwrap_or_else(|| panic!("no lease in {v}"))
+            .to_owned();
+        entry.split(',').nth(1).unwrap().to_owned()
+    };
+    let mut waited = 0;
+    while lease_cost() != "0" {
+        assert!(waited < 30_000, "no release after 30 s: {:?}", p.stats());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += 10;
+    }
+    let s = p.stats();
+    assert_eq!(s.leased_decisions, used, "{s:?}");
+    // Every granted token was used (kept) or released.
+    assert!(s.lease_releases > 0, "{s:?}");
+    assert_eq!(s.lease_releases + used, s.lease_grants, "{s:?}");
+}
