@@ -9,7 +9,8 @@
 //! * `no_kept_count_crosses_to_a_new_lease`: a strand leaves nothing fresh
 //!   for the new lease's report (`lease_fresh_across_leases`);
 //! * `a_reported_token_is_never_refunded_to_the_pool`: a refund after a
-//!   report leaves its token kept (`lease_refund_reported`).
+//!   report leaves its token kept (`lease_refund_reported`);
+//! * `a_released_token_is_never_taken`: a release racing a reserve.
 //!
 //! Run: RUSTFLAGS="--cfg loom --cfg crossbeam_loom" CARGO_TARGET_DIR=target/loom \
 //!      cargo test -p loom-tests --release --test lease_counter

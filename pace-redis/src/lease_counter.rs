@@ -15,8 +15,11 @@
 //! * a refund returns its tokens to the pool only in the generation that
 //!   reserved them (unreported): a reported token stays kept.
 //!
+//! A release drains the pool in a new generation: a released token is
+//! never taken.
+//!
 //! `loom-tests/tests/lease_counter.rs` includes this file and checks the
-//! three under loom, with a known-wrong variant of each
+//! four under loom, with a known-wrong variant of each of the first three
 //! (`.ci/suites/10-loom.sh`).
 
 #[cfg(loom)]
