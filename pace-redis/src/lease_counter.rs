@@ -74,144 +74,116 @@ impl Default for Counter {
 }
 
 impl Counter {
-    /// Takes `n` tokens from the pool if the clock (`now`, read after the
-    /// word) is before the deadline: the generation they count in.
-    pub(crate) fn take(&self, n: u64, now: impl Fn() -> u64) -> Option<(u64, u64)> {
-        // Known-wrong: the clock read before the word.
-        #[cfg(pace_mutant = "lease_clock_before_word")]
-        let early = now();
+    /// One CAS from each loaded word to `f`'s change of it (`None`: none,
+    /// and nothing written): the word it changed.
+    fn change(&self, mut f: impl FnMut(Word) -> Option<Word>) -> Option<Word> {
         let mut w = self.word.load(Ordering::Acquire);
         loop {
             let cur = Word::unpack(w);
-            #[cfg(not(pace_mutant = "lease_clock_before_word"))]
-            let at = now();
-            #[cfg(pace_mutant = "lease_clock_before_word")]
-            let at = early;
-            if at >= self.deadline.load(Ordering::Acquire) || cur.pool < n {
-                return None;
-            }
-            let next = Word {
-                pool: cur.pool - n,
-                fresh: cur.fresh + n,
-                ..cur
-            };
+            let next = f(cur)?;
             match self.word.compare_exchange_weak(
                 w,
                 next.pack(),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Some((cur.generation, at)),
+                Ok(_) => return Some(cur),
                 Err(seen) => w = seen,
             }
         }
+    }
+
+    /// Takes `n` tokens from the pool if the clock (`now`, read after the
+    /// word) is before the deadline: the generation they count in and the
+    /// reading.
+    pub(crate) fn take(&self, n: u64, now: impl Fn() -> u64) -> Option<(u64, u64)> {
+        // Known-wrong: the clock read before the word.
+        #[cfg(pace_mutant = "lease_clock_before_word")]
+        let early = now();
+        let mut at = 0;
+        let cur = self.change(|cur| {
+            #[cfg(not(pace_mutant = "lease_clock_before_word"))]
+            {
+                at = now();
+            }
+            #[cfg(pace_mutant = "lease_clock_before_word")]
+            {
+                at = early;
+            }
+            if at >= self.deadline.load(Ordering::Acquire) || cur.pool < n {
+                return None;
+            }
+            Some(Word {
+                pool: cur.pool - n,
+                fresh: cur.fresh + n,
+                ..cur
+            })
+        })?;
+        Some((cur.generation, at))
     }
 
     /// Returns `n` tokens taken in `generation` to the pool, if no report
     /// counted them since.
     pub(crate) fn give_back(&self, generation: u64, n: u64) -> bool {
-        let mut w = self.word.load(Ordering::Acquire);
-        loop {
-            let cur = Word::unpack(w);
+        self.change(|cur| {
             #[cfg(not(pace_mutant = "lease_refund_reported"))]
             if cur.generation != generation || cur.fresh < n {
-                return false;
+                return None;
             }
             // Known-wrong: back to the pool even once reported.
             #[cfg(pace_mutant = "lease_refund_reported")]
             let _ = generation;
-            let next = Word {
+            Some(Word {
                 pool: cur.pool + n,
                 fresh: cur.fresh.saturating_sub(n),
                 ..cur
-            };
-            match self.word.compare_exchange_weak(
-                w,
-                next.pack(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return true,
-                Err(seen) => w = seen,
-            }
-        }
+            })
+        })
+        .is_some()
     }
 
     /// A report: a new generation; the tokens fresh until now.
     pub(crate) fn report(&self) -> u64 {
-        let mut w = self.word.load(Ordering::Acquire);
-        loop {
-            let cur = Word::unpack(w);
-            let next = Word {
+        self.change(|cur| {
+            Some(Word {
                 generation: (cur.generation + 1) & 0xffff,
                 fresh: 0,
                 ..cur
-            };
-            match self.word.compare_exchange_weak(
-                w,
-                next.pack(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return cur.fresh,
-                Err(seen) => w = seen,
-            }
-        }
+            })
+        })
+        .map_or(0, |cur| cur.fresh)
     }
 
     /// A release: a new generation with nothing in it; the tokens fresh
     /// until now (kept) and the pool's (released, never to be taken).
     pub(crate) fn drain(&self) -> (u64, u64) {
-        let mut w = self.word.load(Ordering::Acquire);
-        loop {
-            let cur = Word::unpack(w);
-            let next = Word {
+        self.change(|cur| {
+            Some(Word {
                 generation: (cur.generation + 1) & 0xffff,
                 pool: 0,
                 fresh: 0,
-            };
-            match self.word.compare_exchange_weak(
-                w,
-                next.pack(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return (cur.fresh, cur.pool),
-                Err(seen) => w = seen,
-            }
-        }
+            })
+        })
+        .map_or((0, 0), |cur| (cur.fresh, cur.pool))
     }
 
     /// A grant of `n` more tokens usable before `deadline`: the deadline
     /// first, then the tokens.
     pub(crate) fn grant(&self, n: u64, deadline: u64) {
         self.deadline.fetch_max(deadline, Ordering::AcqRel);
-        let mut w = self.word.load(Ordering::Acquire);
-        loop {
-            let cur = Word::unpack(w);
-            let next = Word {
+        self.change(|cur| {
+            Some(Word {
                 pool: (cur.pool + n).min(COUNT_MASK),
                 ..cur
-            };
-            match self.word.compare_exchange_weak(
-                w,
-                next.pack(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(seen) => w = seen,
-            }
-        }
+            })
+        });
     }
 
     /// The lease is gone (settled at its expiry): a new generation with
     /// nothing in it, then no deadline. What the pool had (stranded).
     pub(crate) fn strand(&self) -> u64 {
-        let mut w = self.word.load(Ordering::Acquire);
-        loop {
-            let cur = Word::unpack(w);
-            let next = Word {
+        let cur = self.change(|cur| {
+            Some(Word {
                 generation: (cur.generation + 1) & 0xffff,
                 pool: 0,
                 #[cfg(not(pace_mutant = "lease_fresh_across_leases"))]
@@ -220,19 +192,9 @@ impl Counter {
                 // reported for the new one.
                 #[cfg(pace_mutant = "lease_fresh_across_leases")]
                 fresh: cur.fresh,
-            };
-            match self.word.compare_exchange_weak(
-                w,
-                next.pack(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    self.deadline.store(0, Ordering::Release);
-                    return cur.pool;
-                }
-                Err(seen) => w = seen,
-            }
-        }
+            })
+        });
+        self.deadline.store(0, Ordering::Release);
+        cur.map_or(0, |cur| cur.pool)
     }
 }
