@@ -1,7 +1,7 @@
 //! Leases on real redis-server processes: several limiters (standing for
 //! replicas) with leases, tasks reserving on one hot key, refunds, calls
-//! the lease cannot decide (a quota of their own), and a replica process
-//! killed (`kill -9`) while it holds a lease. Every kept admission is
+//! the lease cannot decide (a quota of their own, holds, turns), and a
+//! replica process killed (`kill -9`) while it holds a lease. Every kept admission is
 //! recorded at its true instant — the server's reading for a decision of
 //! the server, the local reading its lease's deadline was checked against
 //! for a leased one (both on the machine's real-time clock, which the
@@ -81,8 +81,10 @@ fn instant(r: &Reservation, clocks: &Clocks) -> u64 {
 
 /// One task's reserves on `key`: `calls` of them; every fifth admission
 /// refunded at once; every seventh call under a quota of its own (equal
-/// to the configuration's, so that one bound covers all), which a lease
-/// does not decide. Kept admissions as (instant, tokens).
+/// to the configuration's, so that one bound covers all), every eleventh a
+/// hold (kept or refunded in turn), every 31st a turn (`acquire`, up to
+/// 1 ms of wait, let through at its slot): none of those a lease
+/// decides. Kept admissions as (instant, tokens).
 async fn hammer(p: RedisPace, key: &'static str, calls: u64, seed: u64) -> (Vec<(u64, u64)>, u64) {
     let clocks = Clocks::now();
     let own = Quota::new(Rate::per_second(INTERVAL_RATE).unwrap(), CAP).unwrap();
@@ -90,6 +92,36 @@ async fn hammer(p: RedisPace, key: &'static str, calls: u64, seed: u64) -> (Vec<
     let mut restored = 0;
     for i in 0..calls {
         let n = 1 + (i + seed) % 2;
+        if (i + seed).is_multiple_of(11) {
+            match p.hold_n(key, n).await {
+                Ok(h) => {
+                    let at = h.server_now_ns().unwrap();
+                    if (i / 11).is_multiple_of(2) {
+                        // Kept: settled from its own reading.
+                        assert!(h.keep().await.unwrap());
+                        kept.push((at, n));
+                    } else {
+                        assert_eq!(h.refund().await.unwrap(), Refunded::Restored);
+                        restored += 1;
+                    }
+                }
+                Err(Error::Denied(_)) => tokio::task::yield_now().await,
+                Err(e) => panic!("{e}"),
+            }
+            continue;
+        }
+        if (i + seed).is_multiple_of(31) {
+            match p.acquire_n(key, n, Duration::from_millis(1)).await {
+                Ok(r) => {
+                    assert_eq!(r.source(), Source::Server);
+                    let slot = r.server_now_ns().unwrap() + r.wait().as_nanos() as u64;
+                    kept.push((slot, n));
+                }
+                Err(Error::Denied(_)) => tokio::task::yield_now().await,
+                Err(e) => panic!("{e}"),
+            }
+            continue;
+        }
         let r = if (i + seed).is_multiple_of(7) {
             p.reserve_n_with(key, n, own).await
         } else {
