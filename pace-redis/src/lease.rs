@@ -270,12 +270,22 @@ impl RedisPace {
 
     /// A leased reservation's refund: back to the pool while unreported.
     pub(crate) fn lease_refund(&self, r: &Reservation) -> Refunded {
-        let (Some(leases), Some((generation, _))) = (&self.inner.leases, r.lease) else {
+        match r.lease {
+            Some((generation, _)) => self.lease_give_back(&r.key, generation, r.n),
+            None => Refunded::Nothing,
+        }
+    }
+
+    /// `n` leased tokens of `key` taken in `generation` back to the pool
+    /// (`Restored`) while no report counted them; else they stay kept
+    /// (`Superseded`).
+    pub(crate) fn lease_give_back(&self, key: &str, generation: u64, n: u64) -> Refunded {
+        let Some(leases) = &self.inner.leases else {
             return Refunded::Nothing;
         };
         let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
-        match slots.get(&r.key) {
-            Some(slot) if slot.counter.give_back(generation, r.n) => Refunded::Restored,
+        match slots.get(key) {
+            Some(slot) if slot.counter.give_back(generation, n) => Refunded::Restored,
             _ => Refunded::Superseded,
         }
     }
