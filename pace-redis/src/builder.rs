@@ -134,15 +134,17 @@ impl Builder {
     /// Leases on hot keys (DESIGN.md §11; off by default): a key with
     /// [`LeaseConfig::hot_after`] server decisions within a lease time gets
     /// a lease, a server-side hold of up to a share of its tokens for this
-    /// limiter, renewed in the background; a [`RedisPace::reserve`] or
-    /// [`RedisPace::reserve_n`] of the configuration's quota on it is then
-    /// decided locally (one CAS, [`Source::Lease`]) while the lease has
-    /// tokens and its deadline has not passed, and its refund too while no
-    /// renewal has reported it. Every other call (a quota of its own, a
-    /// turn, a hold, an injected time) goes to the server as without
-    /// leases; the server counts the leased tokens as held. The bound holds
-    /// over every window; the costs are tokens stranded by a replica that
-    /// stops (until the lease's expiry plus its grace) and a share cap.
+    /// limiter, renewed in the background; a [`RedisPace::reserve`],
+    /// [`RedisPace::reserve_n`], [`RedisPace::hold`] or
+    /// [`RedisPace::hold_n`] on it is then decided locally (one CAS,
+    /// [`Source::Lease`]) while the lease has tokens and its deadline has
+    /// not passed, and its refund too while no renewal has reported it (a
+    /// leased hold is kept as taken). Every other call (a quota of its
+    /// own, a turn, an injected time) goes to the server as without leases;
+    /// the server counts the leased tokens as held. The bound holds over
+    /// every window; the costs are tokens stranded by a replica that dies
+    /// (until the lease's expiry plus its grace), a quiet key's tokens
+    /// (about half a lease time, then released) and a share cap.
     /// Keyless `WAIT` (`wait_replicas`) is not routed in a Cluster: use
     /// standbys with a single primary or Sentinel.
     pub fn leases(mut self, config: LeaseConfig) -> Self {
