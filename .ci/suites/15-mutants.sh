@@ -481,6 +481,10 @@ for m in redis_lease_keep_from_grant redis_lease_delta_reports; do
     expect_caught "$m" lease_equivalence "assertion .left == right. failed" "-p pace-redis" \
         the_lease_call_agrees_with_the_model
 done
+# redis_lease_wait_ignored: a grant is used whatever WAIT answered (no
+# standby acknowledged it); tests/leases.rs, a few seconds.
+expect_caught redis_lease_wait_ignored leases "panicked" "-p pace-redis" \
+    a_grant_no_standby_acknowledged_is_never_used
 # An expiry is reached only by histories that wait out the hold limit: the
 # model catches it in every run, the bound over random histories in some.
 expect_caught redis_expiry_refunds holds "panicked" "-p pace-redis" \
