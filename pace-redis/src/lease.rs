@@ -450,8 +450,7 @@ impl RedisPace {
                     let answer = self.eval(&wait).await;
                     // Known-wrong: a grant used whatever WAIT answered.
                     #[cfg(pace_mutant = "redis_lease_wait_ignored")]
-                    let answer: Result<Value, BackendError> =
-                        Ok(Value::Int(i64::from(leases.wait_replicas)));
+                    let answer = answer.map(|_| Value::Int(i64::from(leases.wait_replicas)));
                     match answer {
                         Ok(Value::Int(acked)) if acked >= i64::from(leases.wait_replicas) => {}
                         _ => {
