@@ -496,7 +496,7 @@ impl RedisPace {
         bump(&shard.lease_stranded, stranded);
     }
 
-    /// One lease call as the script makes it, at `now_ns` (tests; needs
+    /// One lease call as the limiter makes it, at `now_ns` (tests; needs
     /// [`Builder::time_injection`](crate::Builder::time_injection)): lease
     /// `lid` (24 hexadecimal digits), the replica's cumulative `kept` and
     /// `released` tokens, `want` more, for `lease_ns` plus `grace_ns`.
@@ -504,7 +504,6 @@ impl RedisPace {
     /// # Errors
     /// [`crate::Error::TimeInjectionDisabled`], [`crate::Error::InvalidKey`],
     /// [`crate::Error::Unavailable`].
-    #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     pub async fn lease_call_at(
         &self,

@@ -328,7 +328,10 @@ impl RedisPace {
     /// Returns a reservation: if nothing was debited from its key since, the
     /// key goes back to its state before the debit (a full bucket: no key);
     /// otherwise nothing is returned. A refund therefore never makes a bucket
-    /// fuller than it would be had the reservation not happened.
+    /// fuller than it would be had the reservation not happened. A
+    /// reservation of a lease ([`Source::Lease`]) goes back to the lease's
+    /// pool (`Restored`, no round trip) while no renewal has reported it
+    /// kept; after that it stays kept (`Superseded`).
     ///
     /// # Errors
     /// [`Error::Unavailable`] when Redis gives no answer (whatever the policy:
