@@ -88,6 +88,9 @@ pub(crate) struct Slot {
     /// Local ns before which no renewal starts (after a grant no standby
     /// acknowledged).
     quiet_until: AtomicU64,
+    /// Released for quiet: no renewal until the key is hot again (the slot
+    /// stays, with its lease number and generations).
+    cold: AtomicBool,
     books: Mutex<Books>,
 }
 
@@ -314,7 +317,9 @@ impl RedisPace {
         }
         {
             let mut slots = leases.slots.write().unwrap_or_else(|p| p.into_inner());
-            if !slots.contains_key(key) {
+            if let Some(slot) = slots.get(key) {
+                slot.cold.store(false, Ordering::Release);
+            } else {
                 if slots.len() >= leases.max_keys {
                     return;
                 }
@@ -324,6 +329,7 @@ impl RedisPace {
                         counter: Counter::default(),
                         renewing: AtomicBool::new(false),
                         quiet_until: AtomicU64::new(0),
+                        cold: AtomicBool::new(false),
                         books: Mutex::new(Books {
                             first: true,
                             ..Books::default()
@@ -346,7 +352,8 @@ impl RedisPace {
                 None => return,
             }
         };
-        if slot.quiet_until.load(Ordering::Relaxed) > self.lease_clock()
+        if slot.cold.load(Ordering::Acquire)
+            || slot.quiet_until.load(Ordering::Relaxed) > self.lease_clock()
             || slot.renewing.swap(true, Ordering::AcqRel)
         {
             return;
@@ -365,7 +372,8 @@ impl RedisPace {
     }
 
     /// After a renewal: every half lease time, a pool nobody touched since
-    /// the last look is released (reported, with nothing more asked for);
+    /// the last look is released (reported, with nothing more asked for)
+    /// and the key is cold (a lease again once hot again);
     /// a change of generation (another renewal, which watches in turn) or
     /// an empty pool ends the watch.
     async fn watch(&self, key: &str, slot: &Slot) {
@@ -388,6 +396,13 @@ impl RedisPace {
                 return;
             }
             self.renew(key, slot, true).await;
+            // Cold again: a lease once hot again.
+            slot.cold.store(true, Ordering::Release);
+            leases
+                .heat
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(key);
             slot.renewing.store(false, Ordering::Release);
             return;
         }

@@ -405,7 +405,8 @@ async fn a_grant_no_standby_acknowledged_is_never_used() {
 
 /// A key that goes quiet has its lease released: within about half a
 /// lease time of the last leased decision the replica reports its pool as
-/// released, and the server's record of the lease holds nothing.
+/// released, and the server's record of the lease holds nothing; the key
+/// is then cold until hot again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_key_releases_its_lease() {
     let server = common::RedisServer::start();
@@ -456,4 +457,12 @@ async fn a_quiet_key_releases_its_lease() {
     // Every granted token was used (kept) or released.
     assert!(s.lease_releases > 0, "{s:?}");
     assert_eq!(s.lease_releases + used, s.lease_grants, "{s:?}");
+    // The key is cold again: the server decides until it is hot again,
+    // then a lease (the same lease's record, renewed) decides.
+    assert_eq!(p.reserve("q").await.unwrap().source(), Source::Server);
+    assert!(
+        until_leased(&p, "q", 10_000).await,
+        "no lease once hot again"
+    );
+    assert!(p.stats().lease_grants > s.lease_grants);
 }
