@@ -170,9 +170,7 @@ pub(crate) const SAMPLE: usize = 1;
 #[inline]
 fn sampled(mark: u64) -> Option<usize> {
     let m = (mark ^ (mark >> 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    ((m >> 20) as usize)
-        .is_multiple_of(SAMPLE)
-        .then(|| (m >> (64 - RECENT.trailing_zeros())) as usize)
+    ((m >> 20) as usize).is_multiple_of(SAMPLE).then(|| (m >> (64 - RECENT.trailing_zeros())) as usize)
 }
 
 /// A random odd multiplier for [`Floors::of_word`], from the standard
