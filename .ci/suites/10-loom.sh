@@ -180,3 +180,11 @@ holds_mutants=(
     "spot_written_blind=the debit and what was kept remain"
 )
 expect_caught holds "${holds_mutants[@]}"
+# A lease's local counter (pace-redis/src/lease_counter.rs, included by
+# loom-tests/tests/lease_counter.rs; the models take well under a second).
+lease_mutants=(
+    "lease_clock_before_word=before its grant"
+    "lease_fresh_across_leases=lease 2 reported a token of lease 1"
+    "lease_refund_reported=the token is kept"
+)
+expect_caught lease_counter "${lease_mutants[@]}"

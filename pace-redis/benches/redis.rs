@@ -17,6 +17,14 @@
 //! and those of pace-redis's script called directly ("raw", no limiter
 //! around it) over the plain script's.
 //!
+//! Then a hot key from several replica processes (`PACE_REDIS_BENCH_PROCS`,
+//! default 4, each this binary run again as a child, with 8 tasks on one
+//! thread): decisions per second of pace-redis without and with leases
+//! (`Builder::leases`), alternating per round, round trips per decision as
+//! the library counts them (`Stats::round_trips`), and the median of a
+//! leased decision (`Source::Lease`, timed around the call).
+//! `PACE_REDIS_BENCH_ONLY=hot` runs only that part.
+//!
 //! `PACE_REDIS_BENCH_CLIENT=CONTENDER:CALLS` (`pace`, `plain` or `raw`)
 //! instead makes CALLS decisions of that contender from one task on one
 //! thread and exits: `server_cost.sh client` counts the instructions.
@@ -28,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use pace::Rate;
-use pace_redis::{Error, RedisPace};
+use pace_redis::{Error, LeaseConfig, RedisPace, Source};
 use redis::aio::ConnectionManager;
 use redis::Script;
 
@@ -208,6 +216,15 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return; // `cargo test --benches` runs bench targets without `--bench`
     }
+    if let Ok(spec) = std::env::var("PACE_REDIS_BENCH_HOT") {
+        // A replica process of the hot-key part: one thread.
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(hot_child(&spec));
+        return;
+    }
     // The client-cost mode runs on one thread: a deterministic count of
     // instructions (no idle worker spinning); the bench on two workers.
     let client = std::env::var("PACE_REDIS_BENCH_CLIENT").ok();
@@ -283,11 +300,15 @@ async fn bench(client_mode: Option<String>) {
         return;
     }
 
+    let rounds: usize = env_or("PACE_REDIS_BENCH_ROUNDS", 3);
+    if std::env::var("PACE_REDIS_BENCH_ONLY").is_ok_and(|v| v == "hot") {
+        hot(&url, secs, rounds);
+        return;
+    }
     let mut admin = redis::Client::open(url.as_str())
         .unwrap()
         .get_connection()
         .unwrap();
-    let rounds: usize = env_or("PACE_REDIS_BENCH_ROUNDS", 3);
     let slices: usize = env_or("PACE_REDIS_BENCH_SLICES", 40).max(1);
     let slice = secs / slices as f64;
     println!(
@@ -402,6 +423,168 @@ async fn bench(client_mode: Option<String>) {
             admitted,
             s.round_trips,
             s.round_trips as f64 / decisions as f64
+        );
+    }
+    hot(&url, secs, rounds);
+}
+
+/// The hot key's limit: 20,000,000 per second, capacity 200,000 (10 ms):
+/// above what the replicas ask, so that every decision is an admission and
+/// the figure is the cost of one.
+fn hot_limiter(leases: bool) -> pace_redis::Builder {
+    let b = RedisPace::builder(Rate::per_second(20_000_000).unwrap())
+        .capacity(200_000)
+        .timeout(Duration::from_secs(5));
+    if leases {
+        b.leases(LeaseConfig::default())
+    } else {
+        b
+    }
+}
+
+/// A replica process: `url|leases|secs|start` (start: Unix ms at which to
+/// begin); 8 tasks reserve on the key `hot` for `secs`; prints `HOT
+/// decisions admitted round_trips leased median_leased_ns`.
+async fn hot_child(spec: &str) {
+    let f: Vec<&str> = spec.split('|').collect();
+    let (url, leases, secs, start) = (f[0], f[1] == "1", f[2], f[3]);
+    let secs: f64 = secs.parse().unwrap();
+    let start: u64 = start.parse().unwrap();
+    let p = hot_limiter(leases).connect(url).await.unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(start.saturating_sub(now_ms))).await;
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        let p = p.clone();
+        handles.push(tokio::spawn(async move {
+            let mut h = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).unwrap();
+            let (mut decisions, mut admitted) = (0u64, 0u64);
+            while Instant::now() < end {
+                for _ in 0..64 {
+                    let s = Instant::now();
+                    let r = p.reserve("hot").await;
+                    let d = s.elapsed();
+                    decisions += 1;
+                    match r {
+                        Ok(r) => {
+                            admitted += 1;
+                            if r.source() == Source::Lease {
+                                h.record(d.as_nanos().max(1) as u64).unwrap();
+                            }
+                        }
+                        Err(Error::Denied(_)) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                // Let the other tasks (and a renewal) run.
+                tokio::task::yield_now().await;
+            }
+            (decisions, admitted, h)
+        }));
+    }
+    let mut all = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).unwrap();
+    let (mut decisions, mut admitted) = (0u64, 0u64);
+    for h in handles {
+        let (d, a, h) = h.await.unwrap();
+        decisions += d;
+        admitted += a;
+        all.add(h).unwrap();
+    }
+    let s = p.stats();
+    println!(
+        "HOT {decisions} {admitted} {} {} {}",
+        s.round_trips,
+        s.leased_decisions,
+        all.value_at_quantile(0.5)
+    );
+}
+
+/// The hot-key part: `PACE_REDIS_BENCH_PROCS` processes, without and with
+/// leases, `rounds` rounds of `secs` each, the order alternating.
+fn hot(url: &str, secs: f64, rounds: usize) {
+    let procs: usize = env_or("PACE_REDIS_BENCH_PROCS", 4);
+    println!(
+        "== a hot key from {procs} processes x 8 tasks (limit 20,000,000/s, capacity 200,000: \
+         all admitted), {secs} s per contender and round"
+    );
+    println!(
+        "{:<18} {:>5} {:>12} {:>12} {:>13} {:>9} {:>16}",
+        "limiter",
+        "round",
+        "decisions/s",
+        "round trips",
+        "trips/decision",
+        "leased",
+        "leased p50 ns"
+    );
+    let exe = std::env::current_exe().unwrap();
+    for round in 0..rounds {
+        let mut rates = [0.0f64; 2];
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for leases in order {
+            let start = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64
+                + 1_000;
+            let children: Vec<_> = (0..procs)
+                .map(|_| {
+                    Command::new(&exe)
+                        .arg("--bench")
+                        .env(
+                            "PACE_REDIS_BENCH_HOT",
+                            format!("{url}|{leases}|{secs}|{start}"),
+                        )
+                        .stdout(Stdio::piped())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect();
+            let (mut decisions, mut trips, mut leased) = (0u64, 0u64, 0u64);
+            let mut medians = Vec::new();
+            for c in children {
+                let out = c.wait_with_output().unwrap();
+                let text = String::from_utf8_lossy(&out.stdout);
+                let line = text
+                    .lines()
+                    .find(|l| l.starts_with("HOT "))
+                    .expect("HOT line");
+                let f: Vec<u64> = line[4..].split(' ').map(|x| x.parse().unwrap()).collect();
+                decisions += f[0];
+                trips += f[2];
+                leased += f[3];
+                medians.push(f[4]);
+            }
+            rates[leases] = decisions as f64 / secs;
+            medians.sort_unstable();
+            println!(
+                "{:<18} {:>5} {:>12.0} {:>12} {:>13.5} {:>9} {:>16}",
+                if leases == 1 {
+                    "pace-redis, leases"
+                } else {
+                    "pace-redis"
+                },
+                round + 1,
+                rates[leases],
+                trips,
+                trips as f64 / decisions.max(1) as f64,
+                leased,
+                if leases == 1 {
+                    format!("{}..{}", medians[0], medians[medians.len() - 1])
+                } else {
+                    "-".to_owned()
+                }
+            );
+        }
+        println!(
+            "{:<18} {:>5} {:>12.2}x",
+            "ratio",
+            round + 1,
+            rates[1] / rates[0]
         );
     }
 }

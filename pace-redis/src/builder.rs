@@ -11,12 +11,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script, Value};
 
 use crate::conn::{Circuit, Conn, Connector, Link};
+use crate::lease::{LeaseConfig, Leases};
 use crate::stats::Counters;
 use crate::{
     script_source, ConfigError, ConnectError, Inner, RedisPace, DEFAULT_HOLD_LIMIT, MAX_TAU_NS,
 };
 #[cfg(doc)]
-use crate::{Error, Hold, Refunded};
+use crate::{Error, Hold, Refunded, Source};
 
 /// What happens when Redis cannot answer in time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +64,7 @@ pub struct Builder {
     time_injection: bool,
     eviction: EvictionCheck,
     hold_limit: Duration,
+    leases: Option<LeaseConfig>,
     #[cfg(feature = "tls")]
     tls: Tls,
 }
@@ -126,6 +128,27 @@ impl Builder {
     /// (tests only: keys then get no expiry).
     pub fn time_injection(mut self, on: bool) -> Self {
         self.time_injection = on;
+        self
+    }
+
+    /// Leases on hot keys (DESIGN.md §11; off by default): a key with
+    /// [`LeaseConfig::hot_after`] server decisions within a lease time gets
+    /// a lease, a server-side hold of up to a share of its tokens for this
+    /// limiter, renewed in the background; a [`RedisPace::reserve`],
+    /// [`RedisPace::reserve_n`], [`RedisPace::hold`] or
+    /// [`RedisPace::hold_n`] on it is then decided locally (one CAS,
+    /// [`Source::Lease`]) while the lease has tokens and its deadline has
+    /// not passed, and its refund too while no renewal has reported it (a
+    /// leased hold is kept as taken). Every other call (a quota of its
+    /// own, a turn, an injected time) goes to the server as without leases;
+    /// the server counts the leased tokens as held. The bound holds over
+    /// every window; the costs are tokens stranded by a replica that dies
+    /// (until the lease's expiry plus its grace), a quiet key's tokens
+    /// (about half a lease time, then released) and a share cap.
+    /// Keyless `WAIT` (`wait_replicas`) is not routed in a Cluster: use
+    /// standbys with a single primary or Sentinel.
+    pub fn leases(mut self, config: LeaseConfig) -> Self {
+        self.leases = Some(config);
         self
     }
 
@@ -439,10 +462,18 @@ impl Builder {
         if self.prefix.len() >= self.max_key_bytes {
             return Err(ConnectError::Config(ConfigError::PrefixTooLong));
         }
+        let leases = match self.leases {
+            None => None,
+            Some(config) => Some(
+                Leases::new(config, capacity, self.timeout)
+                    .ok_or(ConnectError::Config(ConfigError::Leases))?,
+            ),
+        };
         Ok(Checked {
             capacity,
             interval,
             hold_limit,
+            leases,
         })
     }
 
@@ -519,6 +550,7 @@ impl Builder {
             capacity,
             interval,
             hold_limit,
+            leases,
         } = checked;
         #[cfg(feature = "cluster")]
         let cluster = matches!(how, Connector::Cluster(_));
@@ -551,6 +583,7 @@ impl Builder {
                 time_injection: self.time_injection,
                 hold_limit,
                 origin: Instant::now(),
+                leases,
                 counters: Counters::default(),
             }),
         }
@@ -562,6 +595,7 @@ struct Checked {
     capacity: u64,
     interval: u64,
     hold_limit: u64,
+    leases: Option<Leases>,
 }
 
 /// Whether `policy` can evict keys that have an expiry.
@@ -715,6 +749,7 @@ impl RedisPace {
             time_injection: false,
             eviction: EvictionCheck::Warn,
             hold_limit: DEFAULT_HOLD_LIMIT,
+            leases: None,
             #[cfg(feature = "tls")]
             tls: Tls::default(),
         }

@@ -151,6 +151,7 @@ impl RedisPace {
                 remaining: None,
                 wait: 0,
                 held: 0,
+                lease: None,
             }));
         }
         if n > call.limits.capacity {
@@ -292,6 +293,7 @@ impl RedisPace {
                 remaining,
                 wait: 0,
                 held: 0,
+                lease: None,
             }),
             Err(d) => Err(Error::Denied(Denied {
                 reason: d.reason(),

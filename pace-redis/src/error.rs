@@ -41,6 +41,11 @@ pub enum ConfigError {
         /// The configured limit (ns, saturated).
         ns: u64,
     },
+    /// [`Builder::leases`]: a zero lease time, a lease time plus grace
+    /// above [`MAX_TAU_NS`], `eps_ppm` of 10^6 or more, a zero `hot_after`
+    /// or `max_keys`, or with `wait_replicas`, a zero `wait_timeout` or one
+    /// above the limiter's timeout.
+    Leases,
 }
 
 impl fmt::Display for ConfigError {
@@ -59,6 +64,10 @@ impl fmt::Display for ConfigError {
                 f,
                 "the server's maxmemory-policy {policy} can evict the limiter's keys \
                  (a lost key hands out a full bucket); use noeviction"
+            ),
+            ConfigError::Leases => f.write_str(
+                "leases: a zero lease time or hot_after or max_keys, lease + grace above 2^50 ns, \
+                 eps_ppm of 10^6 or more, or a wait_timeout of zero or above the timeout",
             ),
             ConfigError::HoldLimit { ns } => write!(
                 f,

@@ -36,6 +36,8 @@ pub struct Hold {
     local: Option<pace::Debit>,
     remaining: Option<u64>,
     reset_ns: Option<u64>,
+    /// A lease's hold: the local instant of its decision.
+    leased_at: Option<Instant>,
 }
 
 impl fmt::Debug for Hold {
@@ -53,6 +55,12 @@ impl fmt::Debug for Hold {
 }
 
 impl Hold {
+    /// For a hold of a lease ([`Source::Lease`]): the local instant of the
+    /// decision, the reading its lease's deadline was checked against.
+    pub fn leased_at(&self) -> Option<Instant> {
+        self.leased_at
+    }
+
     /// Tokens held.
     pub fn tokens(&self) -> u64 {
         self.n
@@ -152,6 +160,10 @@ impl Hold {
                 })
             }
             Source::Local => Ok(limiter.resolve_local(&key, self.local.take(), keep)),
+            // A lease's hold (`id`: the counter's generation that took
+            // it): kept as taken, or back to the pool while unreported.
+            Source::Lease if keep => Ok(Refunded::Restored),
+            Source::Lease => Ok(limiter.lease_give_back(&key, self.id, self.n)),
             _ => Ok(Refunded::Nothing),
         }
     }
@@ -261,6 +273,36 @@ impl RedisPace {
     }
 
     async fn hold_inner(&self, key: &str, call: Call, now: Option<u64>) -> Result<Hold, Error> {
+        if self.inner.leases.is_some()
+            && now.is_none()
+            && call.quota.is_none()
+            && call.wait == 0
+            && call.n >= 1
+        {
+            // A lease's tokens hold locally, as a leased reserve: kept as
+            // taken, refunded to the pool while unreported.
+            let full = self.checked_key(key)?;
+            if call.n <= call.limits.capacity {
+                if let Ok(r) = self.leased(full, call.n) {
+                    let Some((generation, at)) = r.lease else {
+                        return Err(Error::Unavailable(BackendError::NotConnected));
+                    };
+                    return Ok(Hold {
+                        limiter: Some(self.clone()),
+                        key: r.key.clone(),
+                        id: generation,
+                        n: r.n,
+                        server_now_ns: None,
+                        expires_ns: None,
+                        source: Source::Lease,
+                        local: None,
+                        remaining: None,
+                        reset_ns: None,
+                        leased_at: Some(at),
+                    });
+                }
+            }
+        }
         let sent_at = Instant::now();
         let (key, call) = match self.prepare(key, call, sent_at) {
             Prepared::Done(r) => return r.map(|r| self.hold_of(r)),
@@ -332,6 +374,7 @@ impl RedisPace {
                     local: None,
                     remaining: Some(limits.tokens_at_debt(debt)),
                     reset_ns: Some(debt),
+                    leased_at: None,
                 })
             }
             HoldReply::Denied { wait, debt, now } => {
@@ -403,6 +446,7 @@ impl RedisPace {
             local,
             remaining,
             reset_ns: None,
+            leased_at: None,
         }
     }
 

@@ -98,6 +98,8 @@ mod call;
 mod conn;
 mod error;
 mod hold;
+mod lease;
+mod lease_counter;
 mod reply;
 mod reservation;
 mod reserve;
@@ -114,6 +116,7 @@ use redis::Script;
 pub use builder::{Builder, EvictionCheck, OnUnavailable};
 pub use error::{BackendError, ConfigError, ConnectError, Error, KeyError};
 pub use hold::Hold;
+pub use lease::{LeaseAnswer, LeaseConfig};
 pub use reservation::{Denied, Peek, Reservation, Source};
 pub use stats::Stats;
 
@@ -181,6 +184,8 @@ pub(crate) struct Inner {
     /// [`Builder::hold_limit`], ns.
     pub(crate) hold_limit: u64,
     pub(crate) origin: Instant,
+    /// [`Builder::leases`]: `None` without.
+    pub(crate) leases: Option<lease::Leases>,
     pub(crate) counters: Counters,
 }
 
@@ -252,6 +257,11 @@ impl RedisPace {
             unavailable: c.sum(|s| &s.unavailable),
             connects: c.sum(|s| &s.connects),
             outages: c.sum(|s| &s.outages),
+            leased_decisions: c.sum(|s| &s.leased_decisions),
+            lease_grants: c.sum(|s| &s.lease_grants),
+            lease_releases: c.sum(|s| &s.lease_releases),
+            lease_expiries: c.sum(|s| &s.lease_expiries),
+            lease_stranded: c.sum(|s| &s.lease_stranded),
         }
     }
 }

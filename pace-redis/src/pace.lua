@@ -143,6 +143,9 @@ elseif op == 'h' then
 elseif op == 'k' or op == 'x' then
   hid = ARGV[2]
   inj = ARGV[3]
+elseif op == 'l' then
+  -- a lease's take/renew (the section "Leases" at the end)
+  inj = ARGV[9]
 else
   n = tonumber(op) or 1
   interval, cap, wait = INTERVAL, CAP, 0
@@ -524,6 +527,111 @@ elseif op == 'f' then
     return {1, now_s, now_n}
   end
   return {2, now_s, now_n}
+end
+
+-- Leases (DESIGN.md §11): a port of `pace_models::leases`'s server
+-- (`Server::call`, `settle_expired`); tests/lease_equivalence.rs checks
+-- the two agree on the same calls at the same readings.
+-- lease:   ARGV = {'l', lid, first, kept, released, want, lease, grace} or
+--          {..., now}: takes or renews lease lid (24 hexadecimal digits:
+--          the replica's id and its lease number) with the replica's
+--          cumulative kept and released counts (tokens), asking for want
+--          more tokens of the configuration's quota; lease and grace in ns.
+--          A lease is a hold of the configuration's interval per held
+--          token, stored as '|<lid><kept><released>,cost,born,expiry'
+--          (kept and released: 12 hexadecimal digits each; 48 in all, so
+--          never a client's hold id) whose expiry is the lease's plus the
+--          grace: an expired lease settles as kept from there, as any hold.
+-- replies: '8 granted remaining born s ns' (granted: the lease's tokens so
+--          far; remaining: its expiry less the reading, ns; born: the
+--          reading that created its record); '7 0 s ns' no record and
+--          first is '0' (the lease settled at its expiry); '3 0 s ns' as a
+--          reserve's.
+if op == 'l' then
+  local lid = ARGV[2]
+  if #lid ~= 24 or not string.match(lid, '^%x+$') then
+    return redis.error_reply('pace: a lease id is 24 hexadecimal digits')
+  end
+  local first = ARGV[3] == '1'
+  local rk, rr, want = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+  local lease, grace = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local ds = tat_s - now_s
+  if ds > MAX_AHEAD_S then
+    return string.format('3 0 %d %d', now_s, now_n)
+  end
+  -- The lease's record, taken out of the tail (it goes back at its new
+  -- expiry).
+  local lk, lr, lh, born = 0, 0, 0, nil
+  local at = string.find(tail, '|' .. lid, 1, true)
+  if at then
+    local ks, rs, cs, bs, nxt =
+      string.match(tail, '^|%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x%x(%x%x%x%x%x%x%x%x%x%x%x%x)(%x%x%x%x%x%x%x%x%x%x%x%x),(%d+),(%d+),%d+()', at)
+    if not ks then
+      return redis.error_reply('pace: the key holds something other than a tat')
+    end
+    lk, lr, lh, born = tonumber(ks, 16), tonumber(rs, 16), tonumber(cs) / INTERVAL, bs
+    tail = string.sub(tail, 1, at - 1) .. string.sub(tail, nxt)
+  elseif not first then
+    if changed then
+      put()
+    end
+    return string.format('7 0 %d %d', now_s, now_n)
+  else
+    born = fmt(now_s, now_n)
+  end
+  -- The report, beyond what the lease applied (a retried call applies
+  -- once): kept tokens settle as kept at this reading, released ones go.
+  local dk = math.min(math.max(rk - lk, 0), lh)
+  local dr = math.min(math.max(rr - lr, 0), lh - dk)
+  if dk > 0 then
+    -- rule: settle (Server::call: from the call's own reading)
+    if later(now_s, now_n, tat_s, tat_n) then
+      tat_s, tat_n = now_s, now_n
+    end
+    tat_s, tat_n = add(tat_s, tat_n, dk * INTERVAL)
+    lk = lk + dk
+  end
+  lr = lr + dr
+  lh = lh - dk - dr
+  held = held - (dk + dr) * INTERVAL
+  -- The grant: up to the room left and a share, at most twice an equal
+  -- one while other leases hold tokens.
+  local others = 0
+  for id, cs in string.gmatch(tail, '|(%x+),(%d+),') do
+    if #id == 48 and cs ~= '0' then
+      others = others + 1
+    end
+  end
+  local d = 0
+  if later(tat_s, tat_n, now_s, now_n) then
+    d = (tat_s - now_s) * E9 + (tat_n - now_n)
+  end
+  local room = math.floor(math.max(CAP * INTERVAL - d - held, 0) / INTERVAL)
+  local share = math.max(math.floor(CAP / (2 * (others + 1))), 1)
+  local g = math.min(want, room, share)
+  lh = lh + g
+  held = held + g * INTERVAL
+  -- Back in the tail at its expiry (plus the grace), in order of expiry.
+  local es, en = add(now_s, now_n, lease + grace)
+  local entry = '|' .. lid .. string.format('%012x%012x', lk, lr) .. ','
+    .. string.format('%d', lh * INTERVAL) .. ',' .. born .. ',' .. fmt(es, en)
+  local pos = 1
+  while true do
+    local e, nxt = string.match(tail, '^|%x+,%d+,%d+,(%d+)()', pos)
+    if not e then
+      break
+    end
+    local ps, pn = split(e)
+    if later(ps, pn, es, en) then
+      break
+    end
+    pos = nxt
+  end
+  tail = string.sub(tail, 1, pos - 1) .. entry .. string.sub(tail, pos)
+  min_s, min_n = split(string.match(tail, '^|%x+,%d+,%d+,(%d+)'))
+  max_s, max_n = split(string.match(tail, '(%d+)$'))
+  put()
+  return string.format('8 %d %d %s %d %d', lk + lr + lh, lease, born, now_s, now_n)
 end
 
 -- keep ('k') or release ('x') of hold hid.

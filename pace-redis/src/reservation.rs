@@ -19,6 +19,9 @@ pub enum Source {
     Local,
     /// The request itself (`n == 0`, or `n` above the capacity): no round trip.
     Request,
+    /// A lease's tokens, spent locally (no round trip;
+    /// [`Builder::leases`](crate::Builder::leases)).
+    Lease,
 }
 
 /// A denied request. Nothing was debited.
@@ -127,6 +130,9 @@ pub struct Reservation {
     /// What the key held in holds at the decision (ns of tokens), counted
     /// as debt.
     pub(crate) held: u64,
+    /// A leased reservation: the counter's generation that took it and the
+    /// local instant of the decision.
+    pub(crate) lease: Option<(u64, std::time::Instant)>,
 }
 
 impl Reservation {
@@ -161,6 +167,12 @@ impl Reservation {
     /// interval`, zero when the debit fit at once). Zero for a reserve.
     pub fn wait(&self) -> Duration {
         Duration::from_nanos(self.wait)
+    }
+    /// For a reservation of a lease ([`Source::Lease`]): the local
+    /// instant of the decision, the reading its lease's deadline was
+    /// checked against.
+    pub fn leased_at(&self) -> Option<std::time::Instant> {
+        self.lease.map(|(_, at)| at)
     }
     /// The time until the bucket is full again if nothing else touches it
     /// (`tat - now` on the server's clock, plus what the key holds in

@@ -328,7 +328,10 @@ impl RedisPace {
     /// Returns a reservation: if nothing was debited from its key since, the
     /// key goes back to its state before the debit (a full bucket: no key);
     /// otherwise nothing is returned. A refund therefore never makes a bucket
-    /// fuller than it would be had the reservation not happened.
+    /// fuller than it would be had the reservation not happened. A
+    /// reservation of a lease ([`Source::Lease`]) goes back to the lease's
+    /// pool (`Restored`, no round trip) while no renewal has reported it
+    /// kept; after that it stays kept (`Superseded`).
     ///
     /// # Errors
     /// [`Error::Unavailable`] when Redis gives no answer (whatever the policy:
@@ -460,12 +463,25 @@ impl RedisPace {
         call: Call,
         now: Option<u64>,
     ) -> Result<Reservation, Error> {
+        if self.inner.leases.is_some() && now.is_none() && !call.own && call.n >= 1 {
+            // A lease decides the configuration's quota locally, or the
+            // call goes on as without leases.
+            let full = self.checked_key(key)?;
+            if call.n <= call.limits.capacity {
+                if let Ok(r) = self.leased(full, call.n) {
+                    return Ok(r);
+                }
+            }
+        }
         let sent_at = Instant::now();
         match self.prepare(key, call, sent_at) {
             Prepared::Done(r) => r,
             Prepared::Send { key, call } => {
                 let cmd = self.reserve_cmd(&key, call, now);
                 let reply = self.eval(&cmd).await;
+                if self.inner.leases.is_some() && now.is_none() && !call.own {
+                    self.heat(&key);
+                }
                 self.finish_reserve(key, call, sent_at, reply)
             }
         }
@@ -530,6 +546,7 @@ impl RedisPace {
                     remaining: Some(limits.tokens_at_debt(debt)),
                     wait,
                     held,
+                    lease: None,
                 }))
             }
             ReserveReply::Denied { wait, debt, now } => {
@@ -597,6 +614,9 @@ impl RedisPace {
 
     async fn refund_inner(&self, r: Reservation, now: Option<u64>) -> Result<Refunded, Error> {
         let inner = &*self.inner;
+        if r.source == Source::Lease {
+            return Ok(self.lease_refund(&r));
+        }
         if let (Some(debit), Some(local)) = (r.local, &inner.fallback) {
             let local_key = r.key.strip_prefix(inner.prefix.as_str()).unwrap_or(&r.key);
             return Ok(local.refund(local_key, debit));

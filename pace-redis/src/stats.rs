@@ -30,6 +30,20 @@ pub struct Stats {
     /// one warning in the log (target `pace_redis`), whatever the calls it
     /// refused.
     pub outages: u64,
+    /// Reserves decided from a lease's local counter (no round trip;
+    /// [`Builder::leases`](crate::Builder::leases)).
+    pub leased_decisions: u64,
+    /// Tokens granted to this limiter's leases (used once granted and,
+    /// with standbys, acknowledged by them).
+    pub lease_grants: u64,
+    /// Tokens this limiter's leases released back to the server unused.
+    pub lease_releases: u64,
+    /// Leases found settled at their expiry (answered `Unknown` by the
+    /// server, or re-created under their id): each starts a new lease.
+    pub lease_expiries: u64,
+    /// Tokens such leases held unspent locally: unavailable to every
+    /// replica until their expiry plus the grace (never excess).
+    pub lease_stranded: u64,
 }
 
 /// The counters of [`Stats`], in one shard per thread (up to
@@ -54,6 +68,11 @@ pub(crate) struct Shard {
     pub(crate) unavailable: AtomicU64,
     pub(crate) connects: AtomicU64,
     pub(crate) outages: AtomicU64,
+    pub(crate) leased_decisions: AtomicU64,
+    pub(crate) lease_grants: AtomicU64,
+    pub(crate) lease_releases: AtomicU64,
+    pub(crate) lease_expiries: AtomicU64,
+    pub(crate) lease_stranded: AtomicU64,
 }
 
 impl Counters {

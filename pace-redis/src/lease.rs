@@ -1,0 +1,554 @@
+//! Leases (DESIGN.md §11): a hot key's tokens granted to this replica by
+//! the script's lease call (`pace.lua`, "Leases"), spent locally with one
+//! CAS on a counter word until a deadline on the local clock.
+//!
+//! The counter's protocol is in `lease_counter.rs`.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::lease_counter::{Counter, Word, MAX_LEASED};
+use crate::stats::bump;
+use crate::{BackendError, RedisPace, Refunded, Reservation, Source, MAX_TAU_NS};
+
+/// [`Builder::leases`](crate::Builder::leases)'s settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// The lease time `L`: a grant is good for this long on the server's
+    /// clock from the call that made it. Default 100 ms.
+    pub lease: Duration,
+    /// The grace `γ` after a lease's expiry before the server settles it as
+    /// kept (from `expiry + γ`). Default 10 ms.
+    pub grace: Duration,
+    /// `ε_max`, parts per million: the local clock's rate is within it of
+    /// the server's. The replica uses a grant for `(1 − ε_max)` of its
+    /// remaining time. Default 1 000 (0.1%).
+    pub eps_ppm: u32,
+    /// Tokens asked for in one call; the server grants at most a share
+    /// (half the capacity alone, `capacity / (2 (others + 1))` beside
+    /// others holding tokens). Default a quarter of the capacity, at
+    /// least 1.
+    pub want: Option<u64>,
+    /// A key is hot, and leased, after this many server decisions within
+    /// one lease time. Default 8.
+    pub hot_after: u32,
+    /// Replicas (standbys) that must hold a grant's writes before it is
+    /// used: a `WAIT n` is sent after each granting call, and a grant WAIT
+    /// reports fewer acknowledgements for is not used (its tokens stay
+    /// held on the server until a later call's grant is acknowledged, or
+    /// expire).
+    /// 0 (default): no standby.
+    pub wait_replicas: u32,
+    /// How long a `WAIT` may block (it holds the shared connection: every
+    /// call behind it waits too). A grant not acknowledged within it is
+    /// not used, and the key asks for no lease for one lease time.
+    /// Default 10 ms; at most the limiter's timeout.
+    pub wait_timeout: Duration,
+    /// Keys leased at once at most; beyond, keys keep one round trip per
+    /// decision. Default 1 024.
+    pub max_keys: usize,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            lease: Duration::from_millis(100),
+            grace: Duration::from_millis(10),
+            eps_ppm: 1_000,
+            want: None,
+            hot_after: 8,
+            wait_replicas: 0,
+            wait_timeout: Duration::from_millis(10),
+            max_keys: 1_024,
+        }
+    }
+}
+
+/// What only the renewing task touches (one at a time: `renewing`).
+#[derive(Default)]
+struct Books {
+    /// This replica's lease number on the key: a new one after a strand.
+    number: u32,
+    first: bool,
+    born: Option<u64>,
+    granted: u64,
+    kept: u64,
+    released: u64,
+}
+
+pub(crate) struct Slot {
+    pub(crate) counter: Counter,
+    renewing: AtomicBool,
+    /// Local ns before which no renewal starts (after a grant no standby
+    /// acknowledged).
+    quiet_until: AtomicU64,
+    /// Released for quiet: no renewal until the key is hot again (the slot
+    /// stays, with its lease number and generations).
+    cold: AtomicBool,
+    books: Mutex<Books>,
+}
+
+/// A limiter's leases.
+pub(crate) struct Leases {
+    pub(crate) lease_ns: u64,
+    pub(crate) grace_ns: u64,
+    pub(crate) eps_ppm: u64,
+    pub(crate) want: u64,
+    pub(crate) hot_after: u32,
+    pub(crate) wait_replicas: u32,
+    pub(crate) wait_ms: u64,
+    pub(crate) max_keys: usize,
+    /// This replica's id (random per limiter), 16 hexadecimal digits.
+    pub(crate) replica: String,
+    pub(crate) slots: RwLock<HashMap<String, Arc<Slot>>>,
+    /// Server decisions per key in the current lease time: (start, count).
+    heat: Mutex<HashMap<String, (u64, u32)>>,
+}
+
+impl Leases {
+    /// The settings of `config` for a bucket of `capacity` tokens, checked.
+    pub(crate) fn new(config: LeaseConfig, capacity: u64, timeout: Duration) -> Option<Leases> {
+        let lease_ns = u64::try_from(config.lease.as_nanos()).ok()?;
+        let grace_ns = u64::try_from(config.grace.as_nanos()).ok()?;
+        if lease_ns == 0
+            || lease_ns.checked_add(grace_ns)? > MAX_TAU_NS
+            || config.eps_ppm >= 1_000_000
+            || config.hot_after == 0
+            || config.max_keys == 0
+            || (config.wait_replicas > 0
+                && (config.wait_timeout.is_zero() || config.wait_timeout > timeout))
+        {
+            return None;
+        }
+        let want = config
+            .want
+            .unwrap_or(capacity / 4)
+            .clamp(1, capacity.min(MAX_LEASED));
+        let mut h = RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
+        h.write_u32(std::process::id());
+        Some(Leases {
+            lease_ns,
+            grace_ns,
+            eps_ppm: u64::from(config.eps_ppm),
+            want,
+            hot_after: config.hot_after,
+            wait_replicas: config.wait_replicas,
+            wait_ms: u64::try_from(config.wait_timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+            max_keys: config.max_keys,
+            replica: format!("{:016x}", h.finish()),
+            slots: RwLock::new(HashMap::new()),
+            heat: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The local time a grant with `remaining` ns left may be used for.
+    fn usable_for(&self, remaining: u64) -> u64 {
+        let r = u128::from(remaining);
+        let used = r * u128::from(1_000_000 - self.eps_ppm) / 1_000_000;
+        u64::try_from(used).unwrap_or(u64::MAX)
+    }
+}
+
+/// A lease call's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseAnswer {
+    /// The lease lives.
+    Granted {
+        /// Tokens granted to the lease so far, this call's included.
+        granted: u64,
+        /// Its expiry less the call's reading, ns.
+        remaining: u64,
+        /// The server's reading when the lease's record was created, ns.
+        born: u64,
+        /// The call's reading, ns.
+        now: u64,
+    },
+    /// No record of the lease and the call was not its first.
+    Unknown,
+    /// The stored `tat` lies too far ahead of the server's clock.
+    ClockBack,
+}
+
+fn parse_lease(v: &Value) -> Result<LeaseAnswer, BackendError> {
+    let bad = || BackendError::BadReply(format!("{v:?}"));
+    if let Value::ServerError(_) = v {
+        return Err(match v.clone().extract_error() {
+            Err(e) => BackendError::Redis(e),
+            Ok(_) => bad(),
+        });
+    }
+    let Value::BulkString(text) = v else {
+        return Err(bad());
+    };
+    let text = std::str::from_utf8(text).map_err(|_| bad())?;
+    let f: Vec<u64> = text
+        .split(' ')
+        .map(|p| p.parse::<u64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    let time = |s: u64, ns: u64| {
+        (ns < 1_000_000_000)
+            .then(|| s.checked_mul(1_000_000_000)?.checked_add(ns))
+            .flatten()
+            .ok_or_else(bad)
+    };
+    match f.as_slice() {
+        [8, granted, remaining, born, s, ns] => Ok(LeaseAnswer::Granted {
+            granted: *granted,
+            remaining: *remaining,
+            born: *born,
+            now: time(*s, *ns)?,
+        }),
+        [7, 0, s, ns] => time(*s, *ns).map(|_| LeaseAnswer::Unknown),
+        [3, 0, s, ns] => time(*s, *ns).map(|_| LeaseAnswer::ClockBack),
+        _ => Err(bad()),
+    }
+}
+
+impl RedisPace {
+    /// The lease's local clock: ns since the limiter's origin.
+    fn lease_clock(&self) -> u64 {
+        u64::try_from(self.inner.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A reserve of `n` tokens of `key` (its Redis key) from its lease, if
+    /// it has one that can decide it.
+    pub(crate) fn leased(&self, key: String, n: u64) -> Result<Reservation, String> {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return Err(key);
+        };
+        let (decided, low) = {
+            let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
+            let Some(slot) = slots.get(&key) else {
+                drop(slots);
+                return Err(key);
+            };
+            let decided = slot.counter.take(n, || self.lease_clock());
+            let low = match decided {
+                Some((_, at)) => {
+                    let w = Word::unpack(slot.counter.word.load(Ordering::Relaxed));
+                    w.pool < leases.want.div_ceil(2)
+                        || slot.counter.deadline.load(Ordering::Relaxed)
+                            < at.saturating_add(leases.lease_ns / 4)
+                }
+                None => true,
+            };
+            (decided, low)
+        };
+        if low {
+            self.spawn_renewal(&key);
+        }
+        let Some((generation, at)) = decided else {
+            return Err(key);
+        };
+        bump(&self.inner.counters.shard().leased_decisions, 1);
+        Ok(Reservation {
+            key,
+            n,
+            prev: 0,
+            tat: 0,
+            server_now_ns: None,
+            source: Source::Lease,
+            local: None,
+            remaining: None,
+            wait: 0,
+            held: 0,
+            lease: Some((generation, self.inner.origin + Duration::from_nanos(at))),
+        })
+    }
+
+    /// A leased reservation's refund: back to the pool while unreported.
+    pub(crate) fn lease_refund(&self, r: &Reservation) -> Refunded {
+        match r.lease {
+            Some((generation, _)) => self.lease_give_back(&r.key, generation, r.n),
+            None => Refunded::Nothing,
+        }
+    }
+
+    /// `n` leased tokens of `key` taken in `generation` back to the pool
+    /// (`Restored`) while no report counted them; else they stay kept
+    /// (`Superseded`).
+    pub(crate) fn lease_give_back(&self, key: &str, generation: u64, n: u64) -> Refunded {
+        let Some(leases) = &self.inner.leases else {
+            return Refunded::Nothing;
+        };
+        let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
+        match slots.get(key) {
+            Some(slot) if slot.counter.give_back(generation, n) => Refunded::Restored,
+            _ => Refunded::Superseded,
+        }
+    }
+
+    /// Counts a server decision of the configuration's quota on `key`;
+    /// a key with `hot_after` of them within a lease time gets a lease.
+    pub(crate) fn heat(&self, key: &str) {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return;
+        };
+        let now = self.lease_clock();
+        let hot = {
+            let mut heat = leases.heat.lock().unwrap_or_else(|p| p.into_inner());
+            if heat.len() >= 4 * leases.max_keys && !heat.contains_key(key) {
+                heat.clear();
+            }
+            let e = heat.entry(key.to_owned()).or_insert((now, 0));
+            if now.saturating_sub(e.0) > leases.lease_ns {
+                *e = (now, 0);
+            }
+            e.1 += 1;
+            e.1 >= leases.hot_after
+        };
+        if !hot {
+            return;
+        }
+        {
+            let mut slots = leases.slots.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = slots.get(key) {
+                slot.cold.store(false, Ordering::Release);
+            } else {
+                if slots.len() >= leases.max_keys {
+                    return;
+                }
+                slots.insert(
+                    key.to_owned(),
+                    Arc::new(Slot {
+                        counter: Counter::default(),
+                        renewing: AtomicBool::new(false),
+                        quiet_until: AtomicU64::new(0),
+                        cold: AtomicBool::new(false),
+                        books: Mutex::new(Books {
+                            first: true,
+                            ..Books::default()
+                        }),
+                    }),
+                );
+            }
+        }
+        self.spawn_renewal(key);
+    }
+
+    fn spawn_renewal(&self, key: &str) {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return;
+        };
+        let slot = {
+            let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
+            match slots.get(key) {
+                Some(s) => Arc::clone(s),
+                None => return,
+            }
+        };
+        if slot.cold.load(Ordering::Acquire)
+            || slot.quiet_until.load(Ordering::Relaxed) > self.lease_clock()
+            || slot.renewing.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            slot.renewing.store(false, Ordering::Release);
+            return;
+        };
+        let limiter = self.clone();
+        let key = key.to_owned();
+        runtime.spawn(async move {
+            limiter.renew(&key, &slot, false).await;
+            slot.renewing.store(false, Ordering::Release);
+            limiter.watch(&key, &slot).await;
+        });
+    }
+
+    /// After a renewal: every half lease time, a pool nobody touched since
+    /// the last look is released (reported, with nothing more asked for)
+    /// and the key is cold (a lease again once hot again);
+    /// a change of generation (another renewal, which watches in turn) or
+    /// an empty pool ends the watch.
+    async fn watch(&self, key: &str, slot: &Slot) {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return;
+        };
+        let mut seen = slot.counter.word.load(Ordering::Acquire);
+        loop {
+            tokio::time::sleep(Duration::from_nanos(leases.lease_ns / 2)).await;
+            let now = slot.counter.word.load(Ordering::Acquire);
+            let w = Word::unpack(now);
+            if w.pool == 0 || w.generation != Word::unpack(seen).generation {
+                return;
+            }
+            if now != seen {
+                seen = now;
+                continue;
+            }
+            if slot.renewing.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            self.renew(key, slot, true).await;
+            // Cold again: a lease once hot again.
+            slot.cold.store(true, Ordering::Release);
+            leases
+                .heat
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(key);
+            slot.renewing.store(false, Ordering::Release);
+            return;
+        }
+    }
+
+    /// One take/renew call for `slot` (the caller holds `renewing`).
+    /// With `release`, the pool is given back and nothing more asked for.
+    async fn renew(&self, key: &str, slot: &Slot, release: bool) {
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return;
+        };
+        let counters = &self.inner.counters;
+        let (fresh, unused) = if release {
+            slot.counter.drain()
+        } else {
+            (slot.counter.report(), 0)
+        };
+        bump(&counters.shard().lease_releases, unused);
+        let want = if release { 0 } else { leases.want };
+        let (lid, first, kept, released) = {
+            let mut b = slot.books.lock().unwrap_or_else(|p| p.into_inner());
+            b.kept += fresh;
+            b.released += unused;
+            (
+                format!("{}{:08x}", leases.replica, b.number),
+                b.first,
+                b.kept,
+                b.released,
+            )
+        };
+        let sent = self.lease_clock();
+        let mut cmd = self.script_cmd(key);
+        cmd.arg("l")
+            .arg(&lid)
+            .arg(if first { "1" } else { "0" })
+            .arg(kept)
+            .arg(released)
+            .arg(want)
+            .arg(leases.lease_ns)
+            .arg(leases.grace_ns);
+        let answer = self.eval(&cmd).await.and_then(|v| parse_lease(&v));
+        match answer {
+            Ok(LeaseAnswer::Granted {
+                granted,
+                remaining,
+                born,
+                ..
+            }) => {
+                {
+                    let b = slot.books.lock().unwrap_or_else(|p| p.into_inner());
+                    if b.born.is_some_and(|was| was != born) {
+                        drop(b);
+                        self.strand(slot);
+                        return;
+                    }
+                }
+                if leases.wait_replicas > 0 {
+                    let mut wait = redis::cmd("WAIT");
+                    wait.arg(leases.wait_replicas).arg(leases.wait_ms);
+                    let answer = self.eval(&wait).await;
+                    // Known-wrong: a grant used whatever WAIT answered.
+                    #[cfg(pace_mutant = "redis_lease_wait_ignored")]
+                    let answer = answer.map(|_| Value::Int(i64::from(leases.wait_replicas)));
+                    match answer {
+                        Ok(Value::Int(acked)) if acked >= i64::from(leases.wait_replicas) => {}
+                        _ => {
+                            // Not on the standbys: not used, and no lease
+                            // asked for during one lease time.
+                            slot.quiet_until.store(
+                                self.lease_clock().saturating_add(leases.lease_ns),
+                                Ordering::Relaxed,
+                            );
+                            return;
+                        }
+                    }
+                }
+                let new = {
+                    let mut b = slot.books.lock().unwrap_or_else(|p| p.into_inner());
+                    b.born = Some(born);
+                    b.first = false;
+                    let new = granted.saturating_sub(b.granted);
+                    b.granted = b.granted.max(granted);
+                    new
+                };
+                let deadline = sent.saturating_add(leases.usable_for(remaining));
+                slot.counter.grant(new, deadline);
+                bump(&counters.shard().lease_grants, new);
+            }
+            Ok(LeaseAnswer::Unknown) => self.strand(slot),
+            Ok(LeaseAnswer::ClockBack) | Err(_) => {}
+        }
+    }
+
+    /// The lease was settled at its expiry: what the pool had is stranded;
+    /// the next call starts a new lease.
+    fn strand(&self, slot: &Slot) {
+        let stranded = slot.counter.strand();
+        let mut b = slot.books.lock().unwrap_or_else(|p| p.into_inner());
+        *b = Books {
+            number: b.number.wrapping_add(1),
+            first: true,
+            ..Books::default()
+        };
+        let shard = self.inner.counters.shard();
+        bump(&shard.lease_expiries, 1);
+        bump(&shard.lease_stranded, stranded);
+    }
+
+    /// One lease call as the limiter makes it, at `now_ns` (tests; needs
+    /// [`Builder::time_injection`](crate::Builder::time_injection)): lease
+    /// `lid` (24 hexadecimal digits), the replica's cumulative `kept` and
+    /// `released` tokens, `want` more, for `lease_ns` plus `grace_ns`.
+    ///
+    /// # Errors
+    /// [`crate::Error::TimeInjectionDisabled`], [`crate::Error::InvalidKey`],
+    /// [`crate::Error::Unavailable`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn lease_call_at(
+        &self,
+        key: &str,
+        lid: &str,
+        first: bool,
+        kept: u64,
+        released: u64,
+        want: u64,
+        lease_ns: u64,
+        grace_ns: u64,
+        now_ns: u64,
+    ) -> Result<LeaseAnswer, crate::Error> {
+        if !self.inner.time_injection {
+            return Err(crate::Error::TimeInjectionDisabled);
+        }
+        let full = self.checked_key(key)?;
+        let mut cmd = self.script_cmd(&full);
+        cmd.arg("l")
+            .arg(lid)
+            .arg(if first { "1" } else { "0" })
+            .arg(kept)
+            .arg(released)
+            .arg(want)
+            .arg(lease_ns)
+            .arg(grace_ns)
+            .arg(now_ns);
+        self.eval(&cmd)
+            .await
+            .and_then(|v| parse_lease(&v))
+            .map_err(crate::Error::Unavailable)
+    }
+}
