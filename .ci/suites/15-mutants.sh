@@ -570,7 +570,7 @@ expect_caught lease_no_drift_margin leases "exceeds the bound by" "-p pace-model
 ops=redis_warn_every_trip,redis_cluster_one_circuit,redis_sentinel_unfollowed,redis_refusal_is_outage
 expect_caught "$ops" outage "one warning per outage" "-p pace-redis --all-features" \
     each_refusal_says_when_to_retry_and_an_outage_is_logged_once
-expect_caught "$ops" cluster "server decisions (< 95%)" "-p pace-redis --all-features" \
+expect_caught "$ops" cluster "circuit opened with no failure of its own" "-p pace-redis --all-features" \
     one_primary_down_leaves_the_others_deciding
 expect_caught "$ops" sentinel "over the bound" "-p pace-redis --all-features" \
     a_graceful_failover_does_not_split_the_limit

@@ -185,8 +185,10 @@ async fn three_hundred_keys_on_a_three_primary_cluster() {
 /// One primary of a 3-primary cluster (a replica each, node timeout 1 s)
 /// dies while keys on every primary are called: its keys get no decision
 /// until its replica takes over, and the keys of the two healthy primaries
-/// keep their server decisions (a circuit per node: the dead node's
-/// timeouts open its own circuit only).
+/// keep being decided by the server: a circuit per node, so a healthy
+/// node's circuit opens only after a failure of its own (a call of one of
+/// its keys that timed out, which a loaded machine may cause). No check
+/// counts on speed: the window only bounds how long the calls go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_primary_down_leaves_the_others_deciding() {
     let mut cluster = common::Cluster::start_with(1, &["--cluster-node-timeout", "1000"]);
@@ -230,9 +232,9 @@ async fn one_primary_down_leaves_the_others_deciding() {
         .filter(|&i| on[i] == victim)
         .map(|i| keys[i].clone())
         .collect();
-    let healthy: Vec<String> = (0..keys.len())
+    let healthy: Vec<(String, usize)> = (0..keys.len())
         .filter(|&i| on[i] != victim)
-        .map(|i| keys[i].clone())
+        .map(|i| (keys[i].clone(), on[i]))
         .collect();
     assert!(dead.len() > 5 && healthy.len() > 20, "{on:?}");
 
@@ -257,12 +259,24 @@ async fn one_primary_down_leaves_the_others_deciding() {
     });
     let (mut server, mut other) = (0u64, 0u64);
     let mut errors = std::collections::BTreeMap::new();
+    // The healthy primaries whose keys had a call time out so far.
+    let mut timed_out = std::collections::HashSet::new();
     while start.elapsed() < window {
-        for k in &healthy {
+        for (k, node) in &healthy {
             match p.reserve(k).await {
                 Ok(r) if r.source() == Source::Server => server += 1,
                 Ok(r) => panic!("{k}: {:?}", r.source()),
                 Err(e) => {
+                    match &e {
+                        Error::Unavailable(BackendError::Timeout(_)) => {
+                            timed_out.insert(*node);
+                        }
+                        Error::Unavailable(BackendError::CircuitOpen) => assert!(
+                            timed_out.contains(node),
+                            "{k}: primary {node}'s circuit opened with no failure of its own"
+                        ),
+                        e => panic!("{k}: {e}"),
+                    }
                     other += 1;
                     *errors.entry(format!("{e}")).or_insert(0u64) += 1;
                 }
@@ -278,8 +292,5 @@ async fn one_primary_down_leaves_the_others_deciding() {
         100.0 * server as f64 / total as f64
     );
     assert!(dead_failed > 0, "the dead primary's keys never failed");
-    assert!(
-        server * 100 >= total * 95,
-        "healthy primaries kept {server} of {total} server decisions (< 95%): {errors:?}"
-    );
+    assert!(server > 0, "no healthy call was decided: {errors:?}");
 }
