@@ -389,6 +389,24 @@ if cur then
   end
 end
 
+-- Where an entry expiring at (es, en) goes in `tail`, which is in order of
+-- expiry: after every entry expiring no later (the end if none is later).
+-- A hold's entry and a lease's both go there.
+local function expiry_pos(es, en)
+  local pos = 1
+  while true do
+    local e, nxt = string.match(tail, '^|%x+,%d+,%d+,(%d+)()', pos)
+    if not e then
+      return pos
+    end
+    local ps, pn = split(e)
+    if later(ps, pn, es, en) then
+      return pos
+    end
+    pos = nxt
+  end
+end
+
 -- Writes the state: no key for a full bucket without holds; the key
 -- expires when settling every hold from its expiry would leave it full.
 local function put()
@@ -483,15 +501,7 @@ if op == 'r' or op == 'h' then
   else
     -- Expiring before the last (a clock that stepped back, or a shorter
     -- hold limit): in order of expiry, after those expiring no later.
-    local pos = 1
-    while true do
-      local e, nxt = string.match(tail, '^|%x+,%d+,%d+,(%d+)()', pos)
-      local ps, pn = split(e)
-      if later(ps, pn, es, en) then
-        break
-      end
-      pos = nxt
-    end
+    local pos = expiry_pos(es, en)
     tail = string.sub(tail, 1, pos - 1) .. entry .. string.sub(tail, pos)
     if pos == 1 then
       min_s, min_n = es, en
@@ -615,18 +625,7 @@ if op == 'l' then
   local es, en = add(now_s, now_n, lease + grace)
   local entry = '|' .. lid .. string.format('%012x%012x', lk, lr) .. ','
     .. string.format('%d', lh * INTERVAL) .. ',' .. born .. ',' .. fmt(es, en)
-  local pos = 1
-  while true do
-    local e, nxt = string.match(tail, '^|%x+,%d+,%d+,(%d+)()', pos)
-    if not e then
-      break
-    end
-    local ps, pn = split(e)
-    if later(ps, pn, es, en) then
-      break
-    end
-    pos = nxt
-  end
+  local pos = expiry_pos(es, en)
   tail = string.sub(tail, 1, pos - 1) .. entry .. string.sub(tail, pos)
   min_s, min_n = split(string.match(tail, '^|%x+,%d+,%d+,(%d+)'))
   max_s, max_n = split(string.match(tail, '(%d+)$'))

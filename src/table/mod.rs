@@ -540,10 +540,20 @@ impl Dormancy {
 
     /// How much `c` grew since the pass before the last began.
     fn lately(&self, c: Count) -> usize {
+        self.grown(c, &self.base)
+    }
+
+    /// How much `c` grew since the last pass began.
+    fn since_last(&self, c: Count) -> usize {
+        self.grown(c, &self.last)
+    }
+
+    /// How much `c` grew since the snapshot `at` (`base` or `last`).
+    fn grown(&self, c: Count, at: &[std::sync::atomic::AtomicUsize; COUNTS + 1]) -> usize {
         let i = c as usize;
         self.counts[i]
             .load(Ordering::Relaxed)
-            .wrapping_sub(self.base[i + 1].load(Ordering::Relaxed))
+            .wrapping_sub(at[i + 1].load(Ordering::Relaxed))
     }
 }
 
@@ -903,15 +913,10 @@ impl Table {
         let d = &self.dormancy;
         // Whether the pass that began last, if it left quiet rows live,
         // changed nothing (read before `last` moves on).
-        let since = |c: Count| {
-            d.counts[c as usize]
-                .load(Ordering::Relaxed)
-                .wrapping_sub(d.last[c as usize + 1].load(Ordering::Relaxed))
-        };
         let idle = self.pass_mode.load(Ordering::Relaxed) > 1
-            && since(Count::Made) == 0
-            && since(Count::Removed) == 0
-            && since(Count::Dropped) == 0;
+            && d.since_last(Count::Made) == 0
+            && d.since_last(Count::Removed) == 0
+            && d.since_last(Count::Dropped) == 0;
         if idle {
             self.idle_passes.fetch_add(1, Ordering::Relaxed);
         } else {
