@@ -17,6 +17,10 @@
 //!   `String` keys are `client-000000000042`; a call borrows the key as
 //!   `&str` (pace) or clones it (governor's `check_key` takes `&K`, so it
 //!   borrows too: the keys are built once).
+//! * `u64-live`, `string-live`: the same clients and clocks with one token a
+//!   second and a burst of 1,000,000: a client back every few ms finds its
+//!   bucket below full, its row live, and is admitted (the live-row price on
+//!   real clocks, beside which the returning clients are judged).
 //! * `fake-2s`: `u64` keys, 10 per second, capacity 10, pace's `ManualClock`
 //!   and governor's `FakeRelativeClock` advanced 100 µs per call: each client
 //!   comes back every 2 s (two horizons), its bucket full.
@@ -167,12 +171,32 @@ fn range(v: &[f64]) -> (f64, f64) {
     (min, max)
 }
 
-fn real_u64(n_rounds: u64, calls: u64) {
-    let rate = Rate::per_second(1000).unwrap();
-    let p: Pace<u64> = Pace::builder(rate).capacity(1).build().unwrap();
+/// The real-clock limits: `(name, per second, capacity)`.
+type Limit = (&'static str, u32, u32);
+
+/// Returning clients: a token back within 1 ms, each client back every few
+/// ms with its bucket full again.
+const RETURNING: (u32, u32) = (1000, 1);
+/// Live rows: one token a second and a burst of 1,000,000, so a client back
+/// every few ms finds its bucket below full (its row live) and is admitted.
+const LIVE: (u32, u32) = (1, 1_000_000);
+
+fn limits(per_s: u32, cap: u32) -> (Pace<u64>, DefaultKeyed<u64>) {
+    let p = Pace::builder(Rate::per_second(u64::from(per_s)).unwrap())
+        .capacity(u64::from(cap))
+        .build()
+        .unwrap();
     let g = RateLimiter::keyed(
-        Quota::per_second(NonZeroU32::new(1000).unwrap()).allow_burst(NonZeroU32::MIN),
+        Quota::per_second(NonZeroU32::new(per_s).unwrap())
+            .allow_burst(NonZeroU32::new(cap).unwrap()),
     );
+    (p, g)
+}
+
+type DefaultKeyed<K> = governor::DefaultKeyedRateLimiter<K>;
+
+fn real_u64((name, per_s, cap): Limit, n_rounds: u64, calls: u64) {
+    let (p, g) = limits(per_s, cap);
     let keys: Vec<u64> = (0..CLIENTS as u64)
         .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
         .collect();
@@ -201,7 +225,7 @@ fn real_u64(n_rounds: u64, calls: u64) {
         }
         (t.elapsed(), ok)
     });
-    warm_then_rounds("u64-1ms", n_rounds, calls, pace_run, gov_run);
+    warm_then_rounds(name, n_rounds, calls, pace_run, gov_run);
 }
 
 fn warm_then_rounds(name: &str, n: u64, calls: u64, mut p: Run<'_>, mut g: Run<'_>) {
@@ -210,11 +234,14 @@ fn warm_then_rounds(name: &str, n: u64, calls: u64, mut p: Run<'_>, mut g: Run<'
     rounds(name, n, calls, p, g);
 }
 
-fn real_string(n_rounds: u64, calls: u64, allocs: bool) {
-    let rate = Rate::per_second(1000).unwrap();
-    let p: Pace<String> = Pace::builder(rate).capacity(1).build().unwrap();
-    let g = RateLimiter::keyed(
-        Quota::per_second(NonZeroU32::new(1000).unwrap()).allow_burst(NonZeroU32::MIN),
+fn real_string((name, per_s, cap): Limit, n_rounds: u64, calls: u64, allocs: bool) {
+    let p: Pace<String> = Pace::builder(Rate::per_second(u64::from(per_s)).unwrap())
+        .capacity(u64::from(cap))
+        .build()
+        .unwrap();
+    let g: DefaultKeyed<String> = RateLimiter::keyed(
+        Quota::per_second(NonZeroU32::new(per_s).unwrap())
+            .allow_burst(NonZeroU32::new(cap).unwrap()),
     );
     let keys = names(CLIENTS);
     let keys2 = names(CLIENTS);
@@ -242,7 +269,7 @@ fn real_string(n_rounds: u64, calls: u64, allocs: bool) {
         }
         (t.elapsed(), ok)
     });
-    warm_then_rounds("string-1ms", n_rounds, calls, pace_run, gov_run);
+    warm_then_rounds(name, n_rounds, calls, pace_run, gov_run);
     if allocs {
         // One more turn of the clients, counted: allocations per call.
         let calls = CLIENTS as u64 * 10;
@@ -254,7 +281,7 @@ fn real_string(n_rounds: u64, calls: u64, allocs: bool) {
         }
         let n = ALLOCS.load(Ordering::Relaxed) - before;
         println!(
-            "\nallocations string-1ms: pace {n} in {calls} calls ({:.3} per call), rows {}",
+            "\nallocations {name}: pace {n} in {calls} calls ({:.3} per call), rows {}",
             n as f64 / calls as f64,
             p.len()
         );
@@ -362,11 +389,19 @@ fn main() {
                 .map(|l| l.to_owned()))
             .unwrap_or_default()
     );
+    let (r, c) = RETURNING;
     if want("u64-1ms") {
-        real_u64(n, calls);
+        real_u64(("u64-1ms", r, c), n, calls);
     }
     if want("string-1ms") {
-        real_string(n, calls, allocs);
+        real_string(("string-1ms", r, c), n, calls, allocs);
+    }
+    let (r, c) = LIVE;
+    if want("u64-live") {
+        real_u64(("u64-live", r, c), n, calls);
+    }
+    if want("string-live") {
+        real_string(("string-live", r, c), n, calls, false);
     }
     if want("fake-2s") {
         fake("fake-2s", 100_000, n, calls);

@@ -152,7 +152,7 @@ impl Future for Admit {
 
 /// Removes `id` from the queue and its waker; true when it was first in line
 /// and others wait (they must be notified once the lock is dropped).
-fn leave(w: &mut super::queue::Waiters, id: u64) -> bool {
+fn leave(w: &mut super::waiters::Waiters, id: u64) -> bool {
     let was_head = w.queue.front() == Some(&id);
     w.queue.retain(|&x| x != id);
     w.wakers.retain(|(x, _)| *x != id);
@@ -162,14 +162,14 @@ fn leave(w: &mut super::queue::Waiters, id: u64) -> bool {
 /// A dropped `Admit` leaves the queue: [`leave`], whose answer says whether
 /// the next in line must be woken (it was first and others wait).
 #[cfg(not(pace_mutant = "gate_async_drop_keeps_turn"))]
-fn leave_on_drop(w: &mut super::queue::Waiters, id: u64) -> bool {
+fn leave_on_drop(w: &mut super::waiters::Waiters, id: u64) -> bool {
     leave(w, id)
 }
 
 /// Known-wrong variant `gate_async_drop_keeps_turn`: a dropped first waiter
 /// wakes nobody, so the next in line sleeps on.
 #[cfg(pace_mutant = "gate_async_drop_keeps_turn")]
-fn leave_on_drop(w: &mut super::queue::Waiters, id: u64) -> bool {
+fn leave_on_drop(w: &mut super::waiters::Waiters, id: u64) -> bool {
     leave(w, id);
     false
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
-use super::queue::Waiters;
 use super::state::{Counters, Held, Inner};
+use super::waiters::Waiters;
 use super::{ConfigError, Gate, Resource};
 use crate::sync::{AtomicU64, AtomicUsize, Condvar, Mutex};
 

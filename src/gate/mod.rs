@@ -44,6 +44,7 @@ pub mod journal;
 mod permit;
 mod queue;
 mod state;
+mod waiters;
 
 pub use self::admit_async::Admit;
 pub use self::body::Body;

@@ -2,7 +2,6 @@
 //! mutex and condition variable ([`Gate::admit`]), and the [`Cancel`]
 //! token that calls a wait off.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, PoisonError};
 use std::time::Instant;
@@ -10,28 +9,6 @@ use std::time::Instant;
 use super::state::{wakeup_fence, Inner};
 use super::{AdmitError, Gate, Resource, Ticket};
 use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering};
-
-pub(super) struct Waiters {
-    /// FIFO of waiting callers' ids; only the front one tries to reserve.
-    pub(super) queue: VecDeque<u64>,
-    pub(super) next_id: u64,
-    /// Wakers of the asynchronous waiters ([`Gate::admit_async`]) in
-    /// `queue`, by id. Only the first in line is ever woken: a waiter becomes
-    /// first only when the one before it leaves, and every leaving first
-    /// waiter notifies the queue.
-    pub(super) wakers: Vec<(u64, std::task::Waker)>,
-}
-
-impl Waiters {
-    /// The waker of the first in line, if it waits asynchronously.
-    pub(super) fn head_waker(&self) -> Option<std::task::Waker> {
-        let head = *self.queue.front()?;
-        self.wakers
-            .iter()
-            .find(|(id, _)| *id == head)
-            .map(|(_, w)| w.clone())
-    }
-}
 
 /// Calls off [`Gate::admit_cancellable`] waits from another thread (a
 /// client that disconnected, a shutdown): [`Cancel::cancel`]. Clones share
@@ -266,24 +243,6 @@ impl Gate {
                 Ok((guard, _)) => guard,
                 Err(poisoned) => poisoned.into_inner().0,
             };
-        }
-    }
-}
-
-impl Inner {
-    pub(super) fn lock(&self) -> MutexGuard<'_, Waiters> {
-        self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Wakes the queue: every blocking waiter (they re-check their place)
-    /// and the first in line if it waits asynchronously. Taking the lock
-    /// orders the notification after a waiter that checked and went to
-    /// sleep (or registered its waker).
-    pub(super) fn notify_queue(&self) {
-        let waker = self.lock().head_waker();
-        self.cv.notify_all();
-        if let Some(w) = waker {
-            w.wake();
         }
     }
 }

@@ -2,11 +2,13 @@
 //! counters, reserved by CAS loops that check their bounds
 //! ([`Gate::try_admit`]), and released by permits.
 
+use std::sync::PoisonError;
+
 use crossbeam_utils::{Backoff, CachePadded};
 
-use super::queue::Waiters;
+use super::waiters::Waiters;
 use super::{AdmitError, Gate, Resource, Ticket};
-use crate::sync::{cas_retry, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
+use crate::sync::{cas_retry, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
 pub(super) struct Held {
     pub(super) slots: AtomicUsize,
@@ -233,3 +235,21 @@ pub(super) fn wakeup_fence() {
 /// release and a new waiter can each miss the other's write.
 #[cfg(pace_mutant = "gate_no_fence")]
 pub(super) fn wakeup_fence() {}
+
+impl Inner {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Waiters> {
+        self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes the queue: every blocking waiter (they re-check their place)
+    /// and the first in line if it waits asynchronously. Taking the lock
+    /// orders the notification after a waiter that checked and went to
+    /// sleep (or registered its waker).
+    pub(super) fn notify_queue(&self) {
+        let waker = self.lock().head_waker();
+        self.cv.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
