@@ -135,7 +135,7 @@ impl CellsModel {
                 (),
             )
             .ok()
-            .map(|a| a.tat)
+            .map(|a| a.end())
     }
 
     /// Debits `n` tokens of `key` (whose hash is `hash`; `hash_of` gives
@@ -161,7 +161,7 @@ impl CellsModel {
                 (),
             )
             .ok()
-            .map(|a| a.tat)
+            .map(|a| a.end())
     }
 
     /// Refunds one token of `key` that moved it from `prev` to `tat`.

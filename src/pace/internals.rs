@@ -358,6 +358,9 @@ where
     }
 
     fn debit_prev_ns(&self) -> u64 {
-        self.debit.prev
+        match self.debit.taken {
+            crate::table::Taken::Debit { prev, .. } => prev,
+            crate::table::Taken::Hold(t) => t.cost,
+        }
     }
 }

@@ -19,7 +19,7 @@ use crate::table::held::Ticket;
 use crate::table::keys::{self, Bits, Boxed};
 use crate::table::quota::QuotaCell;
 use crate::table::words::{Borrowed, WordKey};
-use crate::table::{Admitted, Ask, Cx, Spent, Spot, Table, SWEEP_FLOOR};
+use crate::table::{Admitted, Ask, Cx, Spent, Spot, Table, Taken, SWEEP_FLOOR};
 
 /// Runs `f` on each item, the work of a `Drop` (or of a way out) that calls
 /// keys' `Hash` or `Eq`: each runs whatever an earlier one did, a panic of
@@ -642,7 +642,7 @@ where
         let out = decide(&debit);
         if debit.n > 0 {
             // Settled from the hold's reading, as `Hold::keep` does.
-            let at = debit.tat;
+            let at = debit.end();
             self.resolve_pinned(key, debit, out.is_ok(), at, spot.get(), &guard);
         }
         Ok(out)
@@ -758,16 +758,16 @@ where
         self.maybe_sweep(now, created, guard);
         match result {
             Ok(a) => {
-                let slot = kind.slot(a.tat, a.held, tau);
+                let end = match a.taken {
+                    Taken::Debit { tat, .. } => tat,
+                    Taken::Hold(t) => t.at,
+                };
+                let slot = kind.slot(end, a.beside, tau);
                 let debit = Debit {
                     n,
-                    tat: a.tat,
-                    prev: a.prev,
+                    taken: a.taken,
                     hash,
                     limiter: self.id,
-                    lot: a.lot,
-                    // A hold's row (`Admitted::held`); unused by a debit.
-                    row: a.held,
                 };
                 Ok(finish(self, key, debit, slot))
             }

@@ -211,10 +211,13 @@ where
         let limits = &self.quota.load(&guard).limits();
         let hash_of = |b| self.hash_of(b);
         let cx = &Cx::new(&hash_of, now);
+        let Taken::Debit { tat, prev } = debit.taken else {
+            unreachable!("a hold's debit was resolved above")
+        };
         let spent = Spent {
             n: debit.n,
-            tat: debit.tat,
-            prev: debit.prev,
+            tat,
+            prev,
         };
         let undone = with_probe!(self.rows, key, hash, &guard, |p| self
             .rows

@@ -140,21 +140,15 @@ pub struct Reservation<'a, K, Q: ?Sized, S = RandomState, C = DefaultClock> {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Debit {
     pub(super) n: u64,
-    /// Where the debit ends on the bucket's timeline.
-    pub(super) tat: u64,
-    /// The bucket's `tat` before the debit: what a refund restores.
-    pub(super) prev: u64,
+    /// What was taken: a debit's move of the bucket's settled `tat` (what
+    /// a refund compares and restores), or a hold's ticket (what it
+    /// resolves with).
+    pub(super) taken: Taken,
     /// The key's hash, so a refund does not hash again, and so a refund to
     /// another key is recognised.
     pub(super) hash: u64,
     /// The identity of the limiter that made it (`Pace::id`).
     pub(super) limiter: u64,
-    /// A hold's lot (`held/`), 0 for a debit. A hold's `tat` is its
-    /// reading and its `prev` its cost: the ticket it resolves with.
-    pub(super) lot: u64,
-    /// A hold's row: the key half of its cell, which a resolution finds
-    /// again (a lot's name, its epoch, may be another key's too).
-    pub(super) row: u64,
 }
 
 /// What a refund returned.
@@ -197,12 +191,18 @@ impl Debit {
     pub(super) fn none(limiter: u64) -> Debit {
         Debit {
             n: 0,
-            tat: 0,
-            prev: 0,
+            taken: Taken::Debit { tat: 0, prev: 0 },
             hash: 0,
             limiter,
-            lot: 0,
-            row: 0,
+        }
+    }
+
+    /// Where the debit ends on the bucket's timeline; a hold's reading.
+    #[inline(always)]
+    pub(super) fn end(&self) -> u64 {
+        match self.taken {
+            Taken::Debit { tat, .. } => tat,
+            Taken::Hold(t) => t.at,
         }
     }
 
@@ -213,13 +213,16 @@ impl Debit {
 
     /// A hold's ticket.
     pub(super) fn ticket(&self) -> Option<Ticket> {
-        Ticket::unpack(self.lot, self.prev, self.tat, self.row)
+        match self.taken {
+            Taken::Hold(t) => Some(t),
+            Taken::Debit { .. } => None,
+        }
     }
 
     /// True when this is a hold's debit ([`Hold::detach`]): its tokens are
     /// held until [`Pace::keep`] or [`Pace::refund`] resolves it.
     pub fn is_hold(&self) -> bool {
-        self.lot != 0
+        matches!(self.taken, Taken::Hold(_))
     }
 }
 
@@ -283,7 +286,7 @@ where
     /// counted as kept.
     pub fn keep(mut self) -> bool {
         let r = self.inner.take().expect("a hold is resolved once");
-        let at = r.debit.tat;
+        let at = r.debit.end();
         r.pace.resolve_hashed(r.key, r.debit, true, at)
     }
 
@@ -295,7 +298,7 @@ where
         if r.debit.n == 0 {
             return Refunded::Nothing;
         }
-        let at = r.debit.tat;
+        let at = r.debit.end();
         if r.pace.resolve_hashed(r.key, r.debit, false, at) {
             Refunded::Restored
         } else {
@@ -340,7 +343,7 @@ where
         // kept). A hold kept, refunded or detached has nothing left here.
         if let Some(r) = self.inner.take() {
             each_in_drop(Some(r), |r| {
-                let at = r.debit.tat;
+                let at = r.debit.end();
                 r.pace.resolve_hashed(r.key, r.debit, true, at);
             });
         }
@@ -351,7 +354,7 @@ impl<K, Q: ?Sized, S, C> fmt::Debug for Reservation<'_, K, Q, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reservation")
             .field("tokens", &self.debit.n)
-            .field("tat_ns", &self.debit.tat)
+            .field("tat_ns", &self.debit.end())
             .finish()
     }
 }
@@ -371,7 +374,7 @@ where
     /// Where this debit ends on the bucket's timeline (ns; for models).
     #[cfg(feature = "__internals")]
     pub(crate) fn debit_end_ns_inner(&self) -> u64 {
-        self.debit.tat
+        self.debit.end()
     }
 
     /// Undoes this reservation if nothing has been debited from its key

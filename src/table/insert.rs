@@ -377,14 +377,8 @@ impl Table {
         match made {
             Ok((field, tat, ticket)) => {
                 let admitted = match ticket {
-                    Some(t) => Admitted::of_hold(t, true, mine),
-                    None => Admitted {
-                        tat,
-                        prev: floor,
-                        created: true,
-                        lot: 0,
-                        held: 0,
-                    },
+                    Some(t) => Admitted::hold(t.on_row(mine), true),
+                    None => Admitted::debit(tat, floor, true, 0),
                 };
                 let claimed = CellState::Claimed { key: mine }.encode();
                 let live = CellState::Live {
@@ -627,15 +621,7 @@ impl Table {
                     }
                     .encode();
                     match write_debit(&arr.cells[idx], v, next) {
-                        Ok(_) => {
-                            return Some(Ok(Admitted {
-                                tat: new,
-                                prev: tat,
-                                created: false,
-                                lot: 0,
-                                held: 0,
-                            }))
-                        }
+                        Ok(_) => return Some(Ok(Admitted::debit(new, tat, false, 0))),
                         Err(actual) => match cell::live_tat(actual, bits) {
                             Some(t) if t < HELD => {
                                 v = actual;
@@ -687,13 +673,7 @@ impl Table {
             self.leave_revival();
             return None;
         }
-        Some(Ok(Admitted {
-            tat: new,
-            prev: from,
-            created: true,
-            lot: 0,
-            held: 0,
-        }))
+        Some(Ok(Admitted::debit(new, from, true, 0)))
     }
 
     /// A hold on the row in cell `idx` of `arr` (value `v`, key half `bits`,
@@ -721,7 +701,7 @@ impl Table {
             at: &arr.cells[idx] as *const Cell as usize,
             field,
         });
-        Some(Ok(Admitted::of_hold(ticket, false, bits)))
+        Some(Ok(Admitted::hold(ticket.on_row(bits), false)))
     }
 
     /// [`debit`](Table::debit) of a held row, or a hold: each try reads the
@@ -765,14 +745,8 @@ impl Table {
             match self.replace_row(arr, idx, v, next, guard) {
                 Ok(()) => {
                     return Some(Ok(match ticket {
-                        Some(t) => Admitted::of_hold(t, revival, bits),
-                        None => Admitted {
-                            tat: next.tat,
-                            prev: was.tat,
-                            created: revival,
-                            lot: 0,
-                            held: was.held(),
-                        },
+                        Some(t) => Admitted::hold(t.on_row(bits), revival),
+                        None => Admitted::debit(next.tat, was.tat, revival, was.held()),
                     }));
                 }
                 Err(actual) => match cell::live_tat(actual, bits) {

@@ -266,21 +266,26 @@ pub(crate) struct Spent {
     pub(crate) prev: u64,
 }
 
+/// What an admitted reserve took from its key's row: each field means one
+/// thing whatever the kind of call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// A debit (a reserve, a turn) that moved the row's settled `tat` from
+    /// `prev` to `tat`: what its refund compares and restores.
+    Debit { tat: u64, prev: u64 },
+    /// A hold: its tokens held in a lot until the ticket resolves them.
+    Hold(Ticket),
+}
+
 /// What a reserve did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Admitted {
-    /// A debit's settled `tat` after the call; a hold's reading.
-    pub(crate) tat: u64,
-    /// A debit's settled `tat` before the call; a hold's cost.
-    pub(crate) prev: u64,
+    pub(crate) taken: Taken,
+    /// The call made the key's row (an insert or a revival).
     pub(crate) created: bool,
-    /// A hold's lot (`held/`); 0 for a debit. (A ticket packed into the
-    /// debit's fields keeps a plain reservation as small as it was.)
-    pub(crate) lot: u64,
-    /// The tokens held beside a debit when it was decided, ns (a turn's
-    /// slot lies behind them; 0 for a plain row); a hold's row
-    /// ([`Ticket::row`]).
-    pub(crate) held: u64,
+    /// The tokens held beside a debit when it was decided, ns: a turn's
+    /// slot lies behind them. 0 for a plain row and for a hold.
+    pub(crate) beside: u64,
 }
 
 /// The cell a hold worked on its row's word left its row in, and the
@@ -318,20 +323,41 @@ impl SpotSink for &std::cell::Cell<Spot> {
 }
 
 impl Admitted {
+    /// A debit of a row that moved its settled `tat` from `prev` to `tat`,
+    /// decided beside `beside` ns of held tokens.
+    fn debit(tat: u64, prev: u64, created: bool, beside: u64) -> Admitted {
+        Admitted {
+            taken: Taken::Debit { tat, prev },
+            created,
+            beside,
+        }
+    }
+
+    /// A hold's admission: its ticket.
+    fn hold(t: Ticket, created: bool) -> Admitted {
+        Admitted {
+            taken: Taken::Hold(t),
+            created,
+            beside: 0,
+        }
+    }
+
     /// A hold's ticket (for the table's models).
     #[cfg(feature = "__internals")]
     pub(crate) fn ticket(&self) -> Option<Ticket> {
-        Ticket::unpack(self.lot, self.prev, self.tat, self.held)
+        match self.taken {
+            Taken::Hold(t) => Some(t),
+            Taken::Debit { .. } => None,
+        }
     }
 
-    /// A hold's admission on the row whose cell's key half is `row`.
-    fn of_hold(t: Ticket, created: bool, row: u64) -> Admitted {
-        Admitted {
-            tat: t.at,
-            prev: t.cost,
-            created,
-            lot: t.lot,
-            held: row,
+    /// A debit's settled `tat` after the call; a hold's reading (for the
+    /// table's models and tests).
+    #[cfg(any(test, feature = "__internals"))]
+    pub(crate) fn end(&self) -> u64 {
+        match self.taken {
+            Taken::Debit { tat, .. } => tat,
+            Taken::Hold(t) => t.at,
         }
     }
 }

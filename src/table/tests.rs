@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 use super::keys::{self, Bits, Boxed};
 use super::Undone;
-use super::{Admitted, Ask, Cx, Spent, Table};
+use super::{Admitted, Ask, Cx, Spent, Table, Taken};
 use crate::bucket::{Decision, Limits};
 use crate::sync::epoch::{self, Guard};
 
@@ -148,17 +148,18 @@ proptest! {
                     // removed `tat` no later than `now` (asserted), so each
                     // starts the row at `now`, which is what must agree.
                     for a in [&e, &c].into_iter().flatten() {
-                        prop_assert!(!a.created || a.prev <= now, "floor {} after {}", a.prev, now);
+                        let prev = a.prev();
+                        prop_assert!(!a.created || prev <= now, "floor {} after {}", prev, now);
                     }
-                    let start = |r: Result<Admitted, Decision>| {
-                        r.map(|a| Admitted {
-                            prev: if a.created { a.prev.max(now) } else { a.prev },
-                            ..a
+                    let start = |r: &Result<Admitted, Decision>| {
+                        r.map(|a| {
+                            let prev = if a.created { a.prev().max(now) } else { a.prev() };
+                            (a.tat(), prev, a.created, a.beside)
                         })
                     };
-                    prop_assert_eq!(start(e), start(c), "reserve {} x{} at {}", k, n, now);
+                    prop_assert_eq!(start(&e), start(&c), "reserve {} x{} at {}", k, n, now);
                     if let (Ok(e), Ok(c)) = (e, c) {
-                        held.push((k, n, c.tat, e.prev, c.prev));
+                        held.push((k, n, c.tat(), e.prev(), c.prev()));
                     }
                 }
                 Op::Refund { i, dt } => {
@@ -202,7 +203,7 @@ fn extreme_keys_are_rows() {
         for k in [0, 1, u64::MAX] {
             let a = cells.reserve(&limits, &id, k, 1, 0, &g).unwrap();
             assert!(a.created);
-            assert_eq!(cells.peek(k, k, &g), Some(a.tat));
+            assert_eq!(cells.peek(k, k, &g), Some(a.tat()));
             let b = cells.reserve(&limits, &id, k, 1, 0, &g).unwrap();
             assert!(!b.created);
             assert_eq!(
@@ -238,7 +239,10 @@ fn a_full_array_migrates() {
         assert_eq!(cells.len(), 0);
         // Empty now: the sweep shrank it to the table's minimum.
         assert_eq!(cells.cells(&g), 8);
-        assert_eq!(cells.reserve(&limits, &id, 7, 1, 100, &g).unwrap().tat, 110);
+        assert_eq!(
+            cells.reserve(&limits, &id, 7, 1, 100, &g).unwrap().tat(),
+            110
+        );
     }
 }
 
@@ -371,8 +375,8 @@ fn churn_keeps_the_table_at_its_size() {
                     old,
                     Spent {
                         n: 1,
-                        tat: b.tat,
-                        prev: b.prev,
+                        tat: b.tat(),
+                        prev: b.prev(),
                     },
                     0,
                     &g,
@@ -483,9 +487,9 @@ fn a_refund_to_full_raises_the_floor() {
         let id = |k: u64| k;
         // Key 3 debited at 0 (tat 10), then at 10 (prev 10, tat 20).
         let a = t.reserve(&limits, &id, 3, 1, 0, &g).unwrap();
-        assert_eq!((a.prev, a.tat), (0, 10));
+        assert_eq!((a.prev(), a.tat()), (0, 10));
         let b = t.reserve(&limits, &id, 3, 1, 10, &g).unwrap();
-        assert_eq!((b.prev, b.tat), (10, 20));
+        assert_eq!((b.prev(), b.tat()), (10, 20));
         // The second refunded at 15: back to 10, full at 15: removed.
         let r = t.refund(
             &limits,
@@ -493,8 +497,8 @@ fn a_refund_to_full_raises_the_floor() {
             3,
             Spent {
                 n: 1,
-                tat: b.tat,
-                prev: b.prev,
+                tat: b.tat(),
+                prev: b.prev(),
             },
             15,
             &g,
@@ -530,7 +534,7 @@ fn a_sweep_raises_the_floor_its_keys_creators_read() {
         let keys = [3u64, 17, 1 << 40, 99, 12_345, 7 << 50, 61, 1_000_003];
         for &k in &keys {
             // Debited at 0: tat 10, the bucket empty until 10.
-            assert_eq!(t.reserve(&limits, &hash, k, 1, 0, &g).unwrap().tat, 10);
+            assert_eq!(t.reserve(&limits, &hash, k, 1, 0, &g).unwrap().tat(), 10);
         }
         assert_eq!(t.sweep(20, &hash, &g), keys.len(), "every row full at 20");
         assert_eq!(t.len(), 0);
@@ -565,7 +569,7 @@ fn a_migration_removes_full_rows_and_raises_their_floor() {
             t.reserve(&limits, &id, k, 1, 0, &g).unwrap();
         }
         // Key 100's second debit, at 10: its row ends at 20.
-        assert_eq!(t.reserve(&limits, &id, 100, 1, 10, &g).unwrap().tat, 20);
+        assert_eq!(t.reserve(&limits, &id, 100, 1, 10, &g).unwrap().tat(), 20);
         assert_eq!(t.migrations(), 0);
         // Key 200 at 25 finds no room and starts a migration; the chunk its
         // call copies (chunk 0), before its own row, keeps every row.
@@ -618,5 +622,23 @@ fn a_pass_due_during_a_migration_sweeps_at_once() {
         assert!(!migrating(&g), "the pass copied the migration's rest");
         assert_eq!(t.live_keys(&g), vec![200], "the pass swept the target");
         assert_eq!(t.len(), 1);
+    }
+}
+
+impl Admitted {
+    /// A debit's settled `tat` after it.
+    fn tat(&self) -> u64 {
+        match self.taken {
+            Taken::Debit { tat, .. } => tat,
+            Taken::Hold(_) => panic!("a debit, not a hold"),
+        }
+    }
+
+    /// A debit's settled `tat` before it.
+    fn prev(&self) -> u64 {
+        match self.taken {
+            Taken::Debit { prev, .. } => prev,
+            Taken::Hold(_) => panic!("a debit, not a hold"),
+        }
     }
 }

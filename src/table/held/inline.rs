@@ -1,6 +1,8 @@
 //! The inline form of a held row: its whole state in the word's `tat`
 //! field, when it fits ([`Form`]).
 
+use std::num::NonZeroU64;
+
 use super::lot::{opening, raised};
 use super::{Held, Lot, Ticket, HELD, INLINE};
 use crate::bucket::Limits;
@@ -145,7 +147,7 @@ impl Form {
         let count = cc + self.count(cost)?;
         let field = self.word(tat, base, ec, count)?;
         let ticket = Ticket {
-            lot: ec + 1,
+            lot: NonZeroU64::new(ec + 1)?,
             cost,
             at: now,
             row: 0,
@@ -173,7 +175,7 @@ impl Form {
         let (tat, cc, ec) = self.word_parts(field)?;
         // `⌊now/P⌋ > ec`, without the division: the state path would turn
         // the lot previous (or settle it).
-        if cc == 0 || ticket.lot != ec + 1 || now >= (ec + 1).saturating_mul(self.limit) {
+        if cc == 0 || ticket.lot.get() != ec + 1 || now >= (ec + 1).saturating_mul(self.limit) {
             return None;
         }
         let left = cc.checked_sub(self.count(ticket.cost)?)?;

@@ -25,6 +25,8 @@
 //! resolved counts as held until then, and then as kept; and a resolution
 //! whose lot is gone does nothing ([`Resolution::Expired`]).
 
+use std::num::NonZeroU64;
+
 use crate::bucket::{Decision, Limits, MAX_TIME};
 use crate::rule;
 use crate::sync::epoch::Guard;
@@ -78,7 +80,8 @@ const NONE: u64 = 0;
 /// carries it back to the row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Ticket {
-    pub(crate) lot: u64,
+    /// Its lot's id (never [`NONE`], an empty lot's).
+    pub(crate) lot: NonZeroU64,
     pub(crate) cost: u64,
     pub(crate) at: u64,
     /// The key half of the held row's cell (the key's own bits, or its
@@ -108,9 +111,10 @@ pub(crate) fn on_its_row(_bits: u64, _ticket: &Ticket) -> bool {
 }
 
 impl Ticket {
-    /// The ticket of lot `lot` (none for 0: a plain debit).
-    pub(crate) fn unpack(lot: u64, cost: u64, at: u64, row: u64) -> Option<Ticket> {
-        (lot != NONE).then_some(Ticket { lot, cost, at, row })
+    /// This ticket, of the row whose cell's key half is `row`.
+    #[inline(always)]
+    pub(crate) fn on_row(self, row: u64) -> Ticket {
+        Ticket { row, ..self }
     }
 }
 
@@ -289,7 +293,8 @@ impl Held {
         }
         next.cur.cost += cost;
         let ticket = Ticket {
-            lot: next.cur.id,
+            // (An open lot's id is at least 1.)
+            lot: NonZeroU64::new(next.cur.id).unwrap_or(NonZeroU64::MAX),
             cost,
             at: now,
             row: 0,
@@ -302,9 +307,9 @@ impl Held {
     #[inline]
     pub(crate) fn resolve(self, ticket: Ticket, keep: bool, _form: &Form) -> Resolution {
         let mut next = self;
-        let lot = if self.cur.id == ticket.lot && ticket.lot != NONE {
+        let lot = if self.cur.id == ticket.lot.get() {
             &mut next.cur
-        } else if self.prev.id == ticket.lot && ticket.lot != NONE {
+        } else if self.prev.id == ticket.lot.get() {
             &mut next.prev
         } else {
             return Resolution::Expired;
