@@ -125,15 +125,15 @@ impl CellsModel {
     pub fn reserve(&self, key: u64, now: u64) -> Option<u64> {
         let guard = self.epochs.pin();
         self.table
-            .reserve::<_, false, _>(
-                self.ask(1, now),
-                key,
-                &Bits(key),
-                &|| now,
-                &|k| k,
-                &guard,
-                (),
-            )
+            .reserve::<_, crate::table::TakeDebit, _>(crate::table::Reserve {
+                ask: self.ask(1, now),
+                hash: key,
+                key: &Bits(key),
+                reread: &|| now,
+                hash_of: &|k| k,
+                guard: &guard,
+                spot: (),
+            })
             .ok()
             .map(|a| a.end())
     }
@@ -151,15 +151,15 @@ impl CellsModel {
     ) -> Option<u64> {
         let guard = self.epochs.pin();
         self.table
-            .reserve::<_, false, _>(
-                self.ask(n, now),
+            .reserve::<_, crate::table::TakeDebit, _>(crate::table::Reserve {
+                ask: self.ask(n, now),
                 hash,
-                &Bits(key),
-                &|| now,
+                key: &Bits(key),
+                reread: &|| now,
                 hash_of,
-                &guard,
-                (),
-            )
+                guard: &guard,
+                spot: (),
+            })
             .ok()
             .map(|a| a.end())
     }
@@ -268,15 +268,15 @@ impl CellsModel {
         spot: W,
     ) -> Option<crate::table::held::Ticket> {
         self.table
-            .reserve::<_, true, W>(
-                self.ask(n, now),
-                key,
-                &Bits(key),
-                &|| now,
-                &|k| k,
+            .reserve::<_, crate::table::TakeHold, W>(crate::table::Reserve {
+                ask: self.ask(n, now),
+                hash: key,
+                key: &Bits(key),
+                reread: &|| now,
+                hash_of: &|k| k,
                 guard,
                 spot,
-            )
+            })
             .ok()
             .and_then(|a| a.ticket())
     }

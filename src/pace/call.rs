@@ -4,7 +4,7 @@
 //! so nothing of the others' is left in a plain debit).
 
 use crate::sync::epoch::Guard;
-use crate::table::{Spot, SpotSink};
+use crate::table::{Spot, SpotSink, Take, TakeDebit, TakeHold};
 
 /// A reserve's request: `n` tokens of `key` under `quota` (the default
 /// quota when `None`), at the reading `clock` gives (read once, after the
@@ -18,8 +18,8 @@ pub(crate) struct Request<'a, 'q, Q: ?Sized, F> {
 
 /// What a kind of reserve does beside its decision.
 pub(crate) trait Kind: Copy {
-    /// Whether the tokens are held (a hold's lot) rather than debited.
-    const HOLD: bool;
+    /// What the table takes of the key's row: a plain debit or a hold.
+    type Take: Take;
     /// What the call learns beside its debit: nothing, or a turn's slot.
     type Slot;
     /// Where a hold notes the cell its row was left in.
@@ -67,7 +67,7 @@ pub(crate) struct Turn {
 }
 
 impl Kind for Debit {
-    const HOLD: bool = false;
+    type Take = TakeDebit;
     type Slot = ();
     type Spot = ();
     #[inline(always)]
@@ -77,7 +77,7 @@ impl Kind for Debit {
 }
 
 impl Kind for Hold {
-    const HOLD: bool = true;
+    type Take = TakeHold;
     type Slot = ();
     type Spot = ();
     #[inline(always)]
@@ -87,7 +87,7 @@ impl Kind for Hold {
 }
 
 impl<'g> Kind for HoldPinned<'g> {
-    const HOLD: bool = true;
+    type Take = TakeHold;
     type Slot = ();
     type Spot = &'g std::cell::Cell<Spot>;
     #[inline(always)]
@@ -103,7 +103,7 @@ impl<'g> Kind for HoldPinned<'g> {
 }
 
 impl Kind for Turn {
-    const HOLD: bool = false;
+    type Take = TakeDebit;
     /// The instant the turn is let through (ns on the limiter's clock).
     type Slot = u64;
     type Spot = ();

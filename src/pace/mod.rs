@@ -19,7 +19,7 @@ use crate::table::held::Ticket;
 use crate::table::keys::{self, Bits, Boxed};
 use crate::table::quota::QuotaCell;
 use crate::table::words::{Borrowed, WordKey};
-use crate::table::{Admitted, Ask, Cx, Spent, Spot, Table, Taken, SWEEP_FLOOR};
+use crate::table::{Admitted, Ask, Cx, Reserve, Spent, Spot, Table, Taken, SWEEP_FLOOR};
 
 /// Runs `f` on each item, the work of a `Drop` (or of a way out) that calls
 /// keys' `Hash` or `Eq`: each runs whatever an earlier one did, a panic of
@@ -467,7 +467,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        self.reservation_of::<Q, _, false>(key, n, None, || self.clock.now_ns())
+        self.reservation_of(key, n, None, || self.clock.now_ns(), call::Debit)
     }
 
     /// Debits one token from `key`'s bucket under `quota` instead of the
@@ -514,7 +514,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = Some(quota.limits_ref());
-        self.reservation_of::<Q, _, false>(key, n, limits, || self.clock.now_ns())
+        self.reservation_of(key, n, limits, || self.clock.now_ns(), call::Debit)
     }
 
     /// Holds a token of `key` while a presentation is checked: admitted or
@@ -542,7 +542,7 @@ where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
-        let r = self.reservation_of::<Q, _, true>(key, n, None, || self.clock.now_ns())?;
+        let r = self.reservation_of(key, n, None, || self.clock.now_ns(), call::Hold)?;
         Ok(Hold { inner: Some(r) })
     }
 
@@ -560,7 +560,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = Some(quota.limits_ref());
-        let r = self.reservation_of::<Q, _, true>(key, n, limits, || self.clock.now_ns())?;
+        let r = self.reservation_of(key, n, limits, || self.clock.now_ns(), call::Hold)?;
         Ok(Hold { inner: Some(r) })
     }
 
@@ -662,7 +662,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = quota.as_ref().map(Quota::limits_ref);
-        let r = self.reservation_of::<Q, _, true>(key, n, limits, || now)?;
+        let r = self.reservation_of(key, n, limits, || now, call::Hold)?;
         Ok(Hold { inner: Some(r) })
     }
 
@@ -682,7 +682,7 @@ where
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
     {
         let limits = quota.as_ref().map(Quota::limits_ref);
-        self.reservation_of::<Q, _, false>(key, n, limits, || now)
+        self.reservation_of(key, n, limits, || now, call::Debit)
     }
 
     /// The reserve of `req`, as a call of `kind` ([`call`]): a plain debit,
@@ -743,13 +743,16 @@ where
         let spot = kind.spot();
         let result = with_probe!(self.rows, key, hash, guard, |p| {
             let ask = Ask { limits, n, now };
-            if Kd::HOLD {
-                let t = &self.rows.table;
-                t.reserve::<_, true, _>(ask, hash, p, reread, &hash_of, guard, spot)
-            } else {
-                let t = &self.rows.table;
-                t.reserve::<_, false, _>(ask, hash, p, reread, &hash_of, guard, spot)
-            }
+            let t = &self.rows.table;
+            t.reserve::<_, Kd::Take, _>(Reserve {
+                ask,
+                hash,
+                key: p,
+                reread,
+                hash_of: &hash_of,
+                guard,
+                spot,
+            })
         });
         let created = matches!(result, Ok(Admitted { created: true, .. }));
         if call_quota && tau < self.horizon.load(Ordering::Relaxed) {
@@ -779,21 +782,23 @@ where
         }
     }
 
-    /// A reserve (`HOLD` false) or a hold of `n` tokens of `key` under
-    /// `limits` (the default quota when `None`) at the clock's reading
-    /// `clock`, as a [`Reservation`].
+    /// A reserve or a hold (`kind`) of `n` tokens of `key` under `limits`
+    /// (the default quota when `None`) at the clock's reading `clock`, as a
+    /// [`Reservation`].
     #[inline(always)]
-    fn reservation_of<'a, Q, F, const HOLD: bool>(
+    fn reservation_of<'a, Q, F, Kd>(
         &'a self,
         key: &'a Q,
         n: u64,
         limits: Option<&Limits>,
         clock: F,
+        kind: Kd,
     ) -> Result<Reservation<'a, K, Q, S, C>, Denied>
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned<Owned = K>,
         F: Fn() -> u64,
+        Kd: call::Kind<Slot = ()>,
     {
         let req = call::Request {
             key,
@@ -801,11 +806,7 @@ where
             quota: limits,
             clock,
         };
-        if HOLD {
-            self.reserve_slot(req, call::Hold, Self::reservation)
-        } else {
-            self.reserve_slot(req, call::Debit, Self::reservation)
-        }
+        self.reserve_slot(req, kind, Self::reservation)
     }
 
     /// The reservation of `debit` on `key`.

@@ -6,10 +6,12 @@ use crossbeam_utils::Backoff;
 
 use super::array::Array;
 use super::cell::{self, Cell, CellState};
-use super::held::{self, Held, Ticket, HELD};
+use super::held::{self, Held, HELD};
 use super::keys::{NewRow, Probe};
+use super::take::Take;
 use super::{
-    is_migrating, near_after, probe_seq, Admitted, Ask, Cx, Found, Near, Spot, SpotSink, Table,
+    is_migrating, near_after, probe_seq, Admitted, Ask, Cx, Found, Near, Reserve, Spot, SpotSink,
+    Table, Taken,
 };
 use crate::bucket::Decision;
 use crate::sync::epoch::Guard;
@@ -80,27 +82,28 @@ impl Drop for Fresh {
 }
 
 impl Table {
-    /// Debits `n` tokens from `key`'s bucket at `now`, creating its row if
-    /// absent (from its floor). A denial writes and creates nothing.
-    /// `hash_of` gives the hash of a key's own bits (a migration copy needs
-    /// it; boxed keys keep theirs).
+    /// Takes (`T`: a debit or a hold) the request's tokens from its key's
+    /// bucket, creating its row if absent (from its floor). A denial
+    /// writes and creates nothing.
     ///
     /// The key's first cell of a current array that is not migrating is
     /// probed here, inline, and the next few cells out of line
     /// ([`reserve_near`](Table::reserve_near)) when the walk would pass over
     /// the first: a row found there is debited at once.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn reserve<P: NewRow, const HOLD: bool, W: SpotSink>(
+    pub(crate) fn reserve<P: NewRow, T: Take, W: SpotSink>(
         &self,
-        ask: Ask<'_>,
-        hash: u64,
-        key: &P,
-        reread: &dyn Fn() -> u64,
-        hash_of: &dyn Fn(u64) -> u64,
-        guard: &Guard,
-        spot: W,
+        req: Reserve<'_, P, W>,
     ) -> Result<Admitted, Decision> {
+        let Reserve {
+            ask,
+            hash,
+            key,
+            reread,
+            hash_of,
+            guard,
+            spot,
+        } = req;
         let arr = self.array(guard);
         if arr.next.load(Ordering::Relaxed, guard).is_null() {
             let idx = hash as usize & arr.mask();
@@ -110,12 +113,12 @@ impl Table {
                 Some((bits, tat)) if unsafe { key.matches(bits) } => {
                     // (A plain reserve of a held row takes the slow path:
                     // the plain one stays as small as it was.)
-                    if HOLD || tat < HELD {
-                        let r = if HOLD {
+                    if T::HOLD || tat < HELD {
+                        let r = if T::HOLD {
                             if let Some(r) = self.hold_in_word(arr, idx, v, bits, tat, ask, spot) {
                                 return r;
                             }
-                            self.change_held::<HOLD>(arr, idx, v, ask, guard)
+                            self.change_held::<T>(arr, idx, v, ask, guard)
                         } else {
                             self.debit(arr, idx, v, ask)
                         };
@@ -134,12 +137,12 @@ impl Table {
                 None => cell::passed_over(v),
             };
             if passed {
-                if let Some(r) = self.reserve_near::<P, HOLD, W>(arr, idx, key, ask, guard, spot) {
+                if let Some(r) = self.reserve_near::<P, T, W>(arr, idx, key, ask, guard, spot) {
                     return r;
                 }
             }
         }
-        self.reserve_slow::<P, HOLD>(ask, hash, key, reread, hash_of, guard)
+        self.reserve_slow::<P, T>(ask, hash, key, reread, hash_of, guard)
     }
 
     /// [`reserve`](Table::reserve) of a row a few cells on: the cells after
@@ -147,7 +150,7 @@ impl Table {
     /// passes over, probed as the walk does ([`near_after`]), and the key's
     /// row found there debited or held. `None` when the walk must decide.
     #[inline(never)]
-    fn reserve_near<P: Probe, const HOLD: bool, W: SpotSink>(
+    fn reserve_near<P: Probe, T: Take, W: SpotSink>(
         &self,
         arr: &Array,
         first: usize,
@@ -158,11 +161,11 @@ impl Table {
     ) -> Option<Result<Admitted, Decision>> {
         // SAFETY: `arr` was loaded under `guard`, which `key` probes with.
         let Near { idx, v, bits, tat } = unsafe { near_after(arr, first, key) }?;
-        if HOLD {
+        if T::HOLD {
             if let Some(r) = self.hold_in_word(arr, idx, v, bits, tat, ask, spot) {
                 return Some(r);
             }
-            self.change_held::<HOLD>(arr, idx, v, ask, guard)
+            self.change_held::<T>(arr, idx, v, ask, guard)
         } else if tat < HELD {
             self.debit(arr, idx, v, ask)
         } else if let Some(kept) = held::dormant(tat) {
@@ -180,7 +183,7 @@ impl Table {
     /// call's own debit, so a row of its key that is full is debited, not
     /// removed under it first.
     #[inline(never)]
-    fn reserve_slow<P: NewRow, const HOLD: bool>(
+    fn reserve_slow<P: NewRow, T: Take>(
         &self,
         ask: Ask<'_>,
         hash: u64,
@@ -190,7 +193,7 @@ impl Table {
         guard: &Guard,
     ) -> Result<Admitted, Decision> {
         let cx = &Cx::new(hash_of, ask.now);
-        let r = self.reserve_walk::<P, HOLD>(ask, hash, key, reread, cx, guard);
+        let r = self.reserve_walk::<P, T>(ask, hash, key, reread, cx, guard);
         self.shrink_pending(cx, guard);
         if !cx.copied.get() {
             self.help(cx, guard);
@@ -199,7 +202,7 @@ impl Table {
     }
 
     /// [`reserve_slow`](Table::reserve_slow)'s walk, insert and retries.
-    fn reserve_walk<P: NewRow, const HOLD: bool>(
+    fn reserve_walk<P: NewRow, T: Take>(
         &self,
         ask: Ask<'_>,
         hash: u64,
@@ -224,8 +227,8 @@ impl Table {
                     arr, idx, v, tat, ..
                 } => {
                     let ask = Ask { limits, n, now };
-                    let r = if HOLD || tat >= HELD {
-                        self.change_held::<HOLD>(arr, idx, v, ask, guard)
+                    let r = if T::HOLD || tat >= HELD {
+                        self.change_held::<T>(arr, idx, v, ask, guard)
                     } else {
                         self.debit(arr, idx, v, ask)
                     };
@@ -280,7 +283,7 @@ impl Table {
             // them.
             fresh.bits = None;
             let mut ask = Ask { limits, n, now };
-            let made = self.make_row::<P, HOLD>(claim, hash, key, &mut ask, reread);
+            let made = self.make_row::<P, T>(claim, hash, key, &mut ask, reread);
             now = ask.now;
             if let Some(r) = made {
                 return r;
@@ -333,7 +336,7 @@ impl Table {
     /// the claim's CAS to the row with its first debit. `None` when the
     /// claim was withdrawn (look again); `ask.now` is the latest reading.
     #[inline(always)]
-    fn make_row<'g, P: NewRow, const HOLD: bool>(
+    fn make_row<'g, P: NewRow, T: Take>(
         &self,
         claim: Claim<'_, 'g>,
         hash: u64,
@@ -364,21 +367,11 @@ impl Table {
             now = now.max(reread());
             ask.now = now;
         }
-        let made = if HOLD {
-            Held::plain(floor)
-                .hold(limits, now, n, &self.form)
-                .map(|(s, t)| (s.publish(&self.form), s.tat, Some(t)))
-        } else {
-            match limits.reserve(floor, now, n) {
-                Decision::Admit(tat) => Ok((tat, tat, None)),
-                denied => Err(denied),
-            }
-        };
-        match made {
-            Ok((field, tat, ticket)) => {
-                let admitted = match ticket {
-                    Some(t) => Admitted::hold(t.on_row(mine), true),
-                    None => Admitted::debit(tat, floor, true, 0),
+        match T::on_fresh(floor, limits, now, n, &self.form) {
+            Ok((field, taken)) => {
+                let admitted = match taken {
+                    Taken::Hold(t) => Admitted::hold(t.on_row(mine), true),
+                    Taken::Debit { tat, prev } => Admitted::debit(tat, prev, true, 0),
                 };
                 let claimed = CellState::Claimed { key: mine }.encode();
                 let live = CellState::Live {
@@ -709,7 +702,7 @@ impl Table {
     /// replaces the state with one CAS. A plain debit reports the settled
     /// `tat` before and after it (what its refund compares and restores).
     #[inline(never)]
-    fn change_held<const HOLD: bool>(
+    fn change_held<T: Take>(
         &self,
         arr: &Array,
         idx: usize,
@@ -732,21 +725,17 @@ impl Table {
                 // SAFETY: `bits` is the key half of that live cell.
                 was = unsafe { self.revived(was.tat, bits, guard) };
             }
-            let changed: Result<(Held, Option<Ticket>), Decision> = if HOLD {
-                was.hold_at_epoch(limits, now, e, n, form)
-                    .map(|(s, t)| (s, Some(t)))
-            } else {
-                was.debit(limits, now, n).map(|s| (s, None))
-            };
-            let (next, ticket) = match changed {
+            let (next, taken) = match T::on_state(was, limits, now, e, n, form) {
                 Ok(c) => c,
                 Err(denied) => return Some(Err(denied)),
             };
             match self.replace_row(arr, idx, v, next, guard) {
                 Ok(()) => {
-                    return Some(Ok(match ticket {
-                        Some(t) => Admitted::hold(t.on_row(bits), revival),
-                        None => Admitted::debit(next.tat, was.tat, revival, was.held()),
+                    return Some(Ok(match taken {
+                        Taken::Hold(t) => Admitted::hold(t.on_row(bits), revival),
+                        Taken::Debit { tat, prev } => {
+                            Admitted::debit(tat, prev, revival, was.held())
+                        }
                     }));
                 }
                 Err(actual) => match cell::live_tat(actual, bits) {

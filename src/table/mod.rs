@@ -51,6 +51,9 @@ pub(crate) mod quota;
 mod refund;
 pub(crate) use refund::Undone;
 mod sweep;
+mod take;
+pub(crate) use take::Take;
+pub(crate) use take::{Debit as TakeDebit, Hold as TakeHold};
 pub(crate) mod words;
 
 use array::Array;
@@ -255,6 +258,21 @@ pub(crate) struct Ask<'l> {
     pub(crate) limits: &'l Limits,
     pub(crate) n: u64,
     pub(crate) now: u64,
+}
+
+/// A reserve's request to the table ([`Table::reserve`]): `ask` of the
+/// row of `key`, whose hash is `hash`. `reread` reads the clock again (for
+/// a fresh row whose floor is ahead of the reading), `hash_of` hashes a
+/// key's own bits (a migration's copies need it; boxed keys keep theirs),
+/// and a hold reports the cell it left its row in to `spot`.
+pub(crate) struct Reserve<'a, P, W> {
+    pub(crate) ask: Ask<'a>,
+    pub(crate) hash: u64,
+    pub(crate) key: &'a P,
+    pub(crate) reread: &'a dyn Fn() -> u64,
+    pub(crate) hash_of: &'a dyn Fn(u64) -> u64,
+    pub(crate) guard: &'a Guard,
+    pub(crate) spot: W,
 }
 
 /// A plain debit as its refund names it: `n` tokens that moved the row's

@@ -47,10 +47,26 @@ impl T {
         if self.boxed {
             let p = Boxed::<u64, u64>::new(&k, hash, g);
             self.table
-                .reserve::<_, false, _>(ask, hash, &p, &|| now, hash_of, g, ())
+                .reserve::<_, crate::table::TakeDebit, _>(crate::table::Reserve {
+                    ask,
+                    hash,
+                    key: &p,
+                    reread: &|| now,
+                    hash_of,
+                    guard: g,
+                    spot: (),
+                })
         } else {
             self.table
-                .reserve::<_, false, _>(ask, hash, &Bits(k), &|| now, hash_of, g, ())
+                .reserve::<_, crate::table::TakeDebit, _>(crate::table::Reserve {
+                    ask,
+                    hash,
+                    key: &Bits(k),
+                    reread: &|| now,
+                    hash_of,
+                    guard: g,
+                    spot: (),
+                })
         }
     }
 
@@ -454,7 +470,15 @@ fn a_panicking_eq_in_the_check_leaves_counts_exact() {
             now: 0,
         };
         let p = Boxed::<K, K>::new(&key, 0, &g);
-        table.reserve::<_, false, _>(ask, 0, &p, &|| 0, &|_| 0, &g, ())
+        table.reserve::<_, crate::table::TakeDebit, _>(crate::table::Reserve {
+            ask,
+            hash: 0,
+            key: &p,
+            reread: &|| 0,
+            hash_of: &|_| 0,
+            guard: &g,
+            spot: (),
+        })
     };
     assert!(reserve(1).is_ok());
     PANIC_ON_EQ.with(|p| p.set(true));
