@@ -137,7 +137,7 @@ impl Hold {
     /// Keeps (`keep`) or refunds the hold: `Restored` when it was resolved
     /// now, `Expired` when there was nothing to resolve, `Nothing` for zero
     /// tokens; a local refund answers the core's outcome.
-    async fn resolve(mut self, keep: bool, now: Option<u64>) -> Result<Refunded, Error> {
+    async fn resolve(self, keep: bool, now: Option<u64>) -> Result<Refunded, Error> {
         if now.is_some()
             && !self
                 .limiter
@@ -146,26 +146,63 @@ impl Hold {
         {
             return Err(Error::TimeInjectionDisabled);
         }
+        let mut this = match self.resolve_now(keep) {
+            Ok(done) => return Ok(done),
+            Err(server) => server,
+        };
+        let Some(limiter) = this.limiter.take() else {
+            return Ok(Refunded::Nothing);
+        };
+        let key = std::mem::take(&mut this.key);
+        let found = limiter.resolve_hold(&key, this.id, keep, now).await?;
+        Ok(if found {
+            Refunded::Restored
+        } else {
+            Refunded::Expired
+        })
+    }
+
+    /// Keeps the hold at once when that needs no round trip (as
+    /// [`keep`](Hold::keep) answers): a lease's hold ([`Source::Lease`]:
+    /// kept as taken) or the local fallback's. A hold of the server comes
+    /// back as `Err`, for [`keep`](Hold::keep).
+    ///
+    /// # Errors
+    /// The hold itself, when the server holds it.
+    pub fn try_keep_now(self) -> Result<bool, Hold> {
+        self.resolve_now(true).map(|r| r == Refunded::Restored)
+    }
+
+    /// Refunds the hold at once when that needs no round trip (as
+    /// [`refund`](Hold::refund) answers): a lease's hold (back to the
+    /// lease's pool while no report counted it; else it stays kept,
+    /// [`Refunded::Superseded`]) or the local fallback's. A hold of the
+    /// server comes back as `Err`, for [`refund`](Hold::refund).
+    ///
+    /// # Errors
+    /// The hold itself, when the server holds it.
+    pub fn try_refund_now(self) -> Result<Refunded, Hold> {
+        self.resolve_now(false)
+    }
+
+    /// Resolves a hold that needs no round trip; a hold of the server comes
+    /// back as `Err`.
+    fn resolve_now(mut self, keep: bool) -> Result<Refunded, Hold> {
+        if self.source == Source::Server && self.limiter.is_some() {
+            return Err(self);
+        }
         let Some(limiter) = self.limiter.take() else {
             return Ok(Refunded::Nothing);
         };
         let key = std::mem::take(&mut self.key);
-        match self.source {
-            Source::Server => {
-                let found = limiter.resolve_hold(&key, self.id, keep, now).await?;
-                Ok(if found {
-                    Refunded::Restored
-                } else {
-                    Refunded::Expired
-                })
-            }
-            Source::Local => Ok(limiter.resolve_local(&key, self.local.take(), keep)),
+        Ok(match self.source {
+            Source::Local => limiter.resolve_local(&key, self.local.take(), keep),
             // A lease's hold (`id`: the counter's generation that took
             // it): kept as taken, or back to the pool while unreported.
-            Source::Lease if keep => Ok(Refunded::Restored),
-            Source::Lease => Ok(limiter.lease_give_back(&key, self.id, self.n)),
-            _ => Ok(Refunded::Nothing),
-        }
+            Source::Lease if keep => Refunded::Restored,
+            Source::Lease => limiter.lease_give_back(&key, self.id, self.n),
+            _ => Refunded::Nothing,
+        })
     }
 }
 
@@ -311,6 +348,10 @@ impl RedisPace {
         let id = hold_id();
         let cmd = self.hold_cmd(&key, id, call, now);
         let reply = self.eval(&cmd).await;
+        if self.inner.leases.is_some() && now.is_none() && call.quota.is_none() && call.wait == 0 {
+            // A key only held gets hot, and leased, as a reserved one.
+            self.heat(&key);
+        }
         self.finish_hold(key, id, call, sent_at, reply)
     }
 
