@@ -999,6 +999,133 @@ mod redis {
         assert_eq!(stats[1], 0, "a decision of a lease without leases");
     }
 
+    /// The layer exports a shared limit's lease counts (`pace_lease_*`,
+    /// labelled with the limit's name) as its limiter's `stats()` has them
+    /// at the limit's last admission; a limit without leases has none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_lease_counters_reach_the_metrics_recorder() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let server = Server::start();
+        let limiter = connect_leased(
+            &server.url(),
+            "metrics:",
+            100,
+            Some(LeaseConfig {
+                // No renewal falls due, and no quiet release, in the test.
+                lease: Duration::from_secs(60),
+                want: Some(10),
+                hot_after: 2,
+                ..LeaseConfig::default()
+            }),
+        )
+        .await;
+        let local: Arc<Pace<String>> = Arc::new(
+            Pace::builder(Rate::per_second(5).unwrap())
+                .capacity(10_000)
+                .build()
+                .unwrap(),
+        );
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let layer = metrics::with_local_recorder(&recorder, || {
+            PaceLayer::builder()
+                .limit(Limit::new("local", local, client_id()))
+                .limit(Limit::new("client", limiter.clone(), client_id()).refund_if(is_401))
+                .build()
+                .unwrap()
+        });
+        let addr = serve(app(layer)).await;
+        let mut c = Client::connect(addr).await;
+        // Holds of the server until the key is hot and its lease decides
+        // one (a bound only a hang exceeds).
+        let mut sent = 0;
+        while limiter.stats().leased_decisions == 0 {
+            assert!(sent < 10_000, "no leased decision: {:?}", limiter.stats());
+            let r = c.get("/", &[("x-client-id", "hot")]).await;
+            assert_eq!(r.status(), StatusCode::OK);
+            sent += 1;
+        }
+        // Refunded requests, each admission setting the counters, until
+        // they show the limiter's counts: a grant may land after an
+        // admission (a renewal a server decision started), never after the
+        // last one here (a bound only a hang exceeds).
+        type Snap = [(
+            metrics_util::CompositeKey,
+            Option<metrics::Unit>,
+            Option<metrics::SharedString>,
+            DebugValue,
+        )];
+        fn counter(snap: &Snap, name: &str, limit: &str) -> Option<u64> {
+            snap.iter()
+                .find(|(k, _, _, _)| {
+                    k.key().name() == name
+                        && k.key()
+                            .labels()
+                            .any(|l| l.key() == "limit" && l.value() == limit)
+                })
+                .map(|(_, _, _, v)| match v {
+                    DebugValue::Counter(n) => *n,
+                    other => panic!("{name}: {other:?}"),
+                })
+        }
+        let names = [
+            "pace_lease_decisions_total",
+            "pace_lease_granted_tokens_total",
+            "pace_lease_released_tokens_total",
+            "pace_lease_expiries_total",
+            "pace_lease_stranded_tokens_total",
+        ];
+        let mut refunded = 0;
+        let (s, snap) = loop {
+            assert!(refunded < 10_000, "the counters never showed the stats");
+            let r = c
+                .get("/", &[("x-client-id", "hot"), ("x-valid", "no")])
+                .await;
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+            refunded += 1;
+            let s = limiter.stats();
+            let snap = snapshotter.snapshot().into_vec();
+            let counts = [
+                s.leased_decisions,
+                s.lease_grants,
+                s.lease_releases,
+                s.lease_expiries,
+                s.lease_stranded,
+            ];
+            if names
+                .iter()
+                .zip(counts)
+                .all(|(n, v)| counter(&snap, n, "client") == Some(v))
+            {
+                break (s, snap);
+            }
+        };
+        let counter = |name: &str, limit: &str| counter(&snap, name, limit);
+        // The leased decisions: the first one and the refunded requests'.
+        assert!(s.leased_decisions > refunded, "{s:?}");
+        // Grants of the 10 tokens asked for in each call (the bucket has
+        // 100, and a replica alone may hold half of them: one call, or one
+        // more when a server decision follows the first grant); none
+        // released, expired or stranded.
+        assert!(
+            s.lease_grants > 0 && s.lease_grants % 10 == 0 && s.lease_grants <= 50,
+            "{s:?}"
+        );
+        for name in [
+            "pace_lease_released_tokens_total",
+            "pace_lease_expiries_total",
+            "pace_lease_stranded_tokens_total",
+        ] {
+            assert_eq!(counter(name, "client"), Some(0), "{name}");
+        }
+        assert_eq!(counter("pace_lease_decisions_total", "local"), None);
+        assert_eq!(
+            counter("pace_admitted_total", "client"),
+            Some(sent + refunded)
+        );
+        assert_eq!(counter("pace_refunded_total", "client"), Some(refunded));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_shared_and_a_local_limit_all_or_nothing_under_a_flood() {
         let server = Server::start();
