@@ -137,7 +137,7 @@ impl Hold {
     /// Keeps (`keep`) or refunds the hold: `Restored` when it was resolved
     /// now, `Expired` when there was nothing to resolve, `Nothing` for zero
     /// tokens; a local refund answers the core's outcome.
-    async fn resolve(self, keep: bool, now: Option<u64>) -> Result<Refunded, Error> {
+    async fn resolve(mut self, keep: bool, now: Option<u64>) -> Result<Refunded, Error> {
         if now.is_some()
             && !self
                 .limiter
@@ -146,15 +146,14 @@ impl Hold {
         {
             return Err(Error::TimeInjectionDisabled);
         }
-        let mut this = match self.resolve_now(keep) {
-            Ok(done) => return Ok(done),
-            Err(server) => server,
-        };
-        let Some(limiter) = this.limiter.take() else {
+        if let Some(done) = self.resolve_now(keep) {
+            return Ok(done);
+        }
+        let Some(limiter) = self.limiter.take() else {
             return Ok(Refunded::Nothing);
         };
-        let key = std::mem::take(&mut this.key);
-        let found = limiter.resolve_hold(&key, this.id, keep, now).await?;
+        let key = std::mem::take(&mut self.key);
+        let found = limiter.resolve_hold(&key, self.id, keep, now).await?;
         Ok(if found {
             Refunded::Restored
         } else {
@@ -162,40 +161,36 @@ impl Hold {
         })
     }
 
-    /// Keeps the hold at once when that needs no round trip (as
-    /// [`keep`](Hold::keep) answers): a lease's hold ([`Source::Lease`]:
-    /// kept as taken) or the local fallback's. A hold of the server comes
-    /// back as `Err`, for [`keep`](Hold::keep).
-    ///
-    /// # Errors
-    /// The hold itself, when the server holds it.
-    pub fn try_keep_now(self) -> Result<bool, Hold> {
+    /// Keeps the hold at once when that needs no round trip, as
+    /// [`keep`](Hold::keep) answers: a lease's hold ([`Source::Lease`],
+    /// kept as taken) or the local fallback's. `None` for a hold of the
+    /// server, left as it was (for [`keep`](Hold::keep)); once answered,
+    /// the hold is resolved and dropping it does nothing.
+    pub fn try_keep_now(&mut self) -> Option<bool> {
         self.resolve_now(true).map(|r| r == Refunded::Restored)
     }
 
-    /// Refunds the hold at once when that needs no round trip (as
-    /// [`refund`](Hold::refund) answers): a lease's hold (back to the
+    /// Refunds the hold at once when that needs no round trip, as
+    /// [`refund`](Hold::refund) answers: a lease's hold (back to the
     /// lease's pool while no report counted it; else it stays kept,
-    /// [`Refunded::Superseded`]) or the local fallback's. A hold of the
-    /// server comes back as `Err`, for [`refund`](Hold::refund).
-    ///
-    /// # Errors
-    /// The hold itself, when the server holds it.
-    pub fn try_refund_now(self) -> Result<Refunded, Hold> {
+    /// [`Refunded::Superseded`]) or the local fallback's. `None` for a hold
+    /// of the server, left as it was (for [`refund`](Hold::refund)); once
+    /// answered, the hold is resolved and dropping it does nothing.
+    pub fn try_refund_now(&mut self) -> Option<Refunded> {
         self.resolve_now(false)
     }
 
-    /// Resolves a hold that needs no round trip; a hold of the server comes
-    /// back as `Err`.
-    fn resolve_now(mut self, keep: bool) -> Result<Refunded, Hold> {
+    /// Resolves a hold that needs no round trip; `None` for a hold of the
+    /// server, left as it was.
+    fn resolve_now(&mut self, keep: bool) -> Option<Refunded> {
         if self.source == Source::Server && self.limiter.is_some() {
-            return Err(self);
+            return None;
         }
         let Some(limiter) = self.limiter.take() else {
-            return Ok(Refunded::Nothing);
+            return Some(Refunded::Nothing);
         };
         let key = std::mem::take(&mut self.key);
-        Ok(match self.source {
+        Some(match self.source {
             Source::Local => limiter.resolve_local(&key, self.local.take(), keep),
             // A lease's hold (`id`: the counter's generation that took
             // it): kept as taken, or back to the pool while unreported.

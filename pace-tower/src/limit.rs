@@ -679,10 +679,10 @@ mod redis_impl {
         /// a lease's hold is kept at once, without a round trip
         /// (`Hold::try_keep_now`); a reservation is kept already.
         fn keep(&self, _: &K, debit: RedisDebit) {
-            if let RedisDebit::Held(h) = debit {
-                let Err(h) = h.try_keep_now() else {
+            if let RedisDebit::Held(mut h) = debit {
+                if h.try_keep_now().is_some() {
                     return;
-                };
+                }
                 spawn(async move {
                     if let Err(e) = h.keep().await {
                         tracing::warn!(target: "pace_tower", error = %e, "shared keep failed; the hold settles as kept after the hold limit");
@@ -698,11 +698,11 @@ mod redis_impl {
             // Known-wrong variant for mutation tests: a lease's hold is
             // refunded in a spawned task, as a hold of the server.
             let debit = match debit {
-                RedisDebit::Held(h) if !cfg!(pace_mutant = "tower_lease_refund_spawned") => {
-                    match h.try_refund_now() {
-                        Ok(_) => return,
-                        Err(h) => RedisDebit::Held(h),
+                RedisDebit::Held(mut h) if !cfg!(pace_mutant = "tower_lease_refund_spawned") => {
+                    if h.try_refund_now().is_some() {
+                        return;
                     }
+                    RedisDebit::Held(h)
                 }
                 other => other,
             };
