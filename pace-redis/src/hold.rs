@@ -343,6 +343,9 @@ impl RedisPace {
         let id = hold_id();
         let cmd = self.hold_cmd(&key, id, call, now);
         let reply = self.eval(&cmd).await;
+        // Known-wrong variant for mutation tests: a key only held never
+        // gets hot, and no lease decides its holds.
+        #[cfg(not(pace_mutant = "redis_hold_not_leased"))]
         if self.inner.leases.is_some() && now.is_none() && call.quota.is_none() && call.wait == 0 {
             // A key only held gets hot, and leased, as a reserved one.
             self.heat(&key);

@@ -489,9 +489,10 @@ async fn a_held_key_is_leased_and_its_holds_resolve_at_once() {
         .await
         .unwrap();
     // Holds of the server (each refunded by its script call) until the
-    // key's lease decides one; a bound only a hang exceeds.
+    // key's lease decides one (after two, and the grant's round trip); a
+    // bound only a hang exceeds.
     let mut held = None;
-    for _ in 0..10_000 {
+    for _ in 0..2_000 {
         let h = p.hold("h").await.unwrap();
         if h.source() == Source::Lease {
             held = Some(h);

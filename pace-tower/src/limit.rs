@@ -695,10 +695,8 @@ mod redis_impl {
         /// trip (`Hold::try_refund_now`); any other refund is a script call
         /// in a spawned task.
         fn refund(&self, _: &K, debit: RedisDebit) {
-            // Known-wrong variant for mutation tests: a lease's hold is
-            // refunded in a spawned task, as a hold of the server.
             let debit = match debit {
-                RedisDebit::Held(mut h) if !cfg!(pace_mutant = "tower_lease_refund_spawned") => {
+                RedisDebit::Held(mut h) => {
                     if h.try_refund_now().is_some() {
                         return;
                     }
