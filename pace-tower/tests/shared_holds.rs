@@ -35,6 +35,20 @@
 //!   the victim's 20 valid requests all pass, the shared limit decides
 //!   exactly those 20 (the flood never reaches it), and after it the
 //!   victim's bucket refills whole.
+//! * `a_handler_checking_credentials_with_leases_keeps_the_victim_whole`:
+//!   the handler checks the credentials, the shared limit (5/s, capacity
+//!   30: the victim's 20 and the most the other replica's lease pool
+//!   holds) refunded on 401 and built with leases, on two replicas: during
+//!   the 32-connection flood of wrong secrets the victim's 20 requests all
+//!   pass (the flood's holds are the leases', kept or refunded in place),
+//!   the bucket comes back whole (the server's reading: 30 tokens, then 20
+//!   requests in a row pass), and the kept admissions stay within the
+//!   bound over the run. `..._without_leases_keeps_the_victim_whole_after`
+//!   runs the same without leases: the victim's count during the flood is
+//!   reported, not asserted.
+//! * `the_lease_counters_reach_the_metrics_recorder`: the layer's
+//!   `pace_lease_*` counters of a `RedisPace` limit with leases are its
+//!   `stats()`; a limit without leases has none.
 //!
 //! Known-wrong variants these tests catch (`PACE_MUTANT=NAME cargo test -p
 //! pace-tower --all-features --test shared_holds`, as
