@@ -497,6 +497,11 @@ done
 # standby acknowledged it); tests/leases.rs, a few seconds.
 expect_caught redis_lease_wait_ignored leases "panicked" "-p pace-redis" \
     a_grant_no_standby_acknowledged_is_never_used
+# redis_hold_not_leased: a key only held (pace-tower's layer holds a limit
+# it may refund) never gets hot, so no lease decides its holds;
+# tests/leases.rs, about 10 s to build and 8 s to fail.
+expect_caught redis_hold_not_leased leases "panicked" "-p pace-redis" \
+    a_held_key_is_leased_and_its_holds_resolve_at_once
 # An expiry is reached only by histories that wait out the hold limit: the
 # model catches it in every run, the bound over random histories in some.
 expect_caught redis_expiry_refunds holds "panicked" "-p pace-redis" \

@@ -146,26 +146,58 @@ impl Hold {
         {
             return Err(Error::TimeInjectionDisabled);
         }
+        if let Some(done) = self.resolve_now(keep) {
+            return Ok(done);
+        }
         let Some(limiter) = self.limiter.take() else {
             return Ok(Refunded::Nothing);
         };
         let key = std::mem::take(&mut self.key);
-        match self.source {
-            Source::Server => {
-                let found = limiter.resolve_hold(&key, self.id, keep, now).await?;
-                Ok(if found {
-                    Refunded::Restored
-                } else {
-                    Refunded::Expired
-                })
-            }
-            Source::Local => Ok(limiter.resolve_local(&key, self.local.take(), keep)),
+        let found = limiter.resolve_hold(&key, self.id, keep, now).await?;
+        Ok(if found {
+            Refunded::Restored
+        } else {
+            Refunded::Expired
+        })
+    }
+
+    /// Keeps the hold at once when that needs no round trip, as
+    /// [`keep`](Hold::keep) answers: a lease's hold ([`Source::Lease`],
+    /// kept as taken) or the local fallback's. `None` for a hold of the
+    /// server, left as it was (for [`keep`](Hold::keep)); once answered,
+    /// the hold is resolved and dropping it does nothing.
+    pub fn try_keep_now(&mut self) -> Option<bool> {
+        self.resolve_now(true).map(|r| r == Refunded::Restored)
+    }
+
+    /// Refunds the hold at once when that needs no round trip, as
+    /// [`refund`](Hold::refund) answers: a lease's hold (back to the
+    /// lease's pool while no report counted it; else it stays kept,
+    /// [`Refunded::Superseded`]) or the local fallback's. `None` for a hold
+    /// of the server, left as it was (for [`refund`](Hold::refund)); once
+    /// answered, the hold is resolved and dropping it does nothing.
+    pub fn try_refund_now(&mut self) -> Option<Refunded> {
+        self.resolve_now(false)
+    }
+
+    /// Resolves a hold that needs no round trip; `None` for a hold of the
+    /// server, left as it was.
+    fn resolve_now(&mut self, keep: bool) -> Option<Refunded> {
+        if self.source == Source::Server && self.limiter.is_some() {
+            return None;
+        }
+        let Some(limiter) = self.limiter.take() else {
+            return Some(Refunded::Nothing);
+        };
+        let key = std::mem::take(&mut self.key);
+        Some(match self.source {
+            Source::Local => limiter.resolve_local(&key, self.local.take(), keep),
             // A lease's hold (`id`: the counter's generation that took
             // it): kept as taken, or back to the pool while unreported.
-            Source::Lease if keep => Ok(Refunded::Restored),
-            Source::Lease => Ok(limiter.lease_give_back(&key, self.id, self.n)),
-            _ => Ok(Refunded::Nothing),
-        }
+            Source::Lease if keep => Refunded::Restored,
+            Source::Lease => limiter.lease_give_back(&key, self.id, self.n),
+            _ => Refunded::Nothing,
+        })
     }
 }
 
@@ -311,6 +343,13 @@ impl RedisPace {
         let id = hold_id();
         let cmd = self.hold_cmd(&key, id, call, now);
         let reply = self.eval(&cmd).await;
+        // Known-wrong variant for mutation tests: a key only held never
+        // gets hot, and no lease decides its holds.
+        #[cfg(not(pace_mutant = "redis_hold_not_leased"))]
+        if self.inner.leases.is_some() && now.is_none() && call.quota.is_none() && call.wait == 0 {
+            // A key only held gets hot, and leased, as a reserved one.
+            self.heat(&key);
+        }
         self.finish_hold(key, id, call, sent_at, reply)
     }
 

@@ -245,6 +245,12 @@ impl RedisPace {
             .clone()
     }
 
+    /// Whether the limiter was built with leases
+    /// ([`Builder::leases`](crate::Builder::leases)).
+    pub fn has_leases(&self) -> bool {
+        self.inner.leases.is_some()
+    }
+
     /// Counters since the limiter was built.
     pub fn stats(&self) -> Stats {
         let c = &self.inner.counters;

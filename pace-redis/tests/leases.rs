@@ -466,3 +466,60 @@ async fn a_quiet_key_releases_its_lease() {
     );
     assert!(p.stats().lease_grants > s.lease_grants);
 }
+
+/// A key only held (as pace-tower's layer holds a limit it may refund)
+/// gets hot, and a lease, as a reserved one does; its holds are then the
+/// lease's, kept or refunded at once without a round trip
+/// (`Hold::try_keep_now`, `Hold::try_refund_now`), a refund back to the
+/// lease's pool; a hold of the server comes back for its script call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_key_is_leased_and_its_holds_resolve_at_once() {
+    let server = common::RedisServer::start();
+    let p = RedisPace::builder(Rate::per_second(1).unwrap())
+        .capacity(100)
+        .timeout(Duration::from_secs(5))
+        .hold_limit(Duration::from_secs(60))
+        .leases(LeaseConfig {
+            // Long enough that no renewal falls due during the test.
+            lease: Duration::from_secs(60),
+            want: Some(10),
+            ..config()
+        })
+        .connect(&server.url())
+        .await
+        .unwrap();
+    // Holds of the server (each refunded by its script call) until the
+    // key's lease decides one (after two, and the grant's round trip); a
+    // bound only a hang exceeds.
+    let mut held = None;
+    for _ in 0..2_000 {
+        let h = p.hold("h").await.unwrap();
+        if h.source() == Source::Lease {
+            held = Some(h);
+            break;
+        }
+        assert_eq!(h.source(), Source::Server);
+        let mut h = h;
+        assert_eq!(h.try_refund_now(), None, "a hold of the server");
+        assert_eq!(h.refund().await.unwrap(), Refunded::Restored);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut h = held.expect("no hold decided by a lease: a held key never got hot");
+    assert_eq!(h.try_refund_now(), Some(Refunded::Restored));
+    // The lease's pool (10 tokens) takes every hold and every refund back,
+    // with no round trip.
+    let before = p.stats();
+    for i in 0..1_000 {
+        let mut h = p.hold("h").await.unwrap();
+        assert_eq!(h.source(), Source::Lease, "hold {i}");
+        assert_eq!(h.try_refund_now(), Some(Refunded::Restored));
+    }
+    let mut h = p.hold("h").await.unwrap();
+    assert_eq!(h.source(), Source::Lease);
+    assert_eq!(h.try_keep_now(), Some(true));
+    // Resolved: nothing more to settle.
+    assert_eq!(h.try_keep_now(), Some(false));
+    let after = p.stats();
+    assert_eq!(after.round_trips, before.round_trips, "{after:?}");
+    assert_eq!(after.leased_decisions, before.leased_decisions + 1_001);
+}

@@ -34,4 +34,4 @@ pub use crate::layer::{
     PaceLayerBuilder, PaceService, ProblemDetails, Reason, Rejection, Respond, RespondFn,
     ResponseFuture, ResponseHead, MISSING_PEER_ADDR_BODY, TOO_MANY_REQUESTS_BODY, UNAVAILABLE_BODY,
 };
-pub use crate::limit::{Acquire, AsyncLimit, Refusal};
+pub use crate::limit::{Acquire, AsyncLimit, LeaseCounts, Refusal};

@@ -291,6 +291,34 @@ pub trait AsyncLimit<K>: Send + Sync + 'static {
     fn rows(&self) -> Option<usize> {
         None
     }
+
+    /// A shared limit's lease counts since it was built, for the
+    /// `pace_lease_*` counters (`None`, the default: the limit has no
+    /// leases, and the layer registers no such counter for it).
+    fn leases(&self) -> Option<LeaseCounts> {
+        None
+    }
+}
+
+/// A shared limit's lease counts since it was built
+/// ([`AsyncLimit::leases`]; `pace_redis::Stats` for a `RedisPace` with
+/// leases), exported by the layer as counters labelled with the limit's
+/// name: `pace_lease_decisions_total`, `pace_lease_granted_tokens_total`,
+/// `pace_lease_released_tokens_total`, `pace_lease_expiries_total`,
+/// `pace_lease_stranded_tokens_total`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseCounts {
+    /// Decisions a lease made locally (no round trip).
+    pub decisions: u64,
+    /// Tokens granted to the limit's leases.
+    pub granted: u64,
+    /// Tokens the leases gave back to the server unused.
+    pub released: u64,
+    /// Leases found settled at their expiry.
+    pub expiries: u64,
+    /// Tokens such leases held unspent (unavailable until their expiry
+    /// plus the grace; never excess).
+    pub stranded: u64,
 }
 
 impl<K, S, C> AsyncLimit<K> for Pace<K, S, C>
@@ -648,9 +676,13 @@ mod redis_impl {
         }
 
         /// `Hold::keep` in a spawned task (dropping a hold does the same);
-        /// a reservation is kept already.
+        /// a lease's hold is kept at once, without a round trip
+        /// (`Hold::try_keep_now`); a reservation is kept already.
         fn keep(&self, _: &K, debit: RedisDebit) {
-            if let RedisDebit::Held(h) = debit {
+            if let RedisDebit::Held(mut h) = debit {
+                if h.try_keep_now().is_some() {
+                    return;
+                }
                 spawn(async move {
                     if let Err(e) = h.keep().await {
                         tracing::warn!(target: "pace_tower", error = %e, "shared keep failed; the hold settles as kept after the hold limit");
@@ -659,7 +691,19 @@ mod redis_impl {
             }
         }
 
+        /// A lease's hold goes back to its pool at once, without a round
+        /// trip (`Hold::try_refund_now`); any other refund is a script call
+        /// in a spawned task.
         fn refund(&self, _: &K, debit: RedisDebit) {
+            let debit = match debit {
+                RedisDebit::Held(mut h) => {
+                    if h.try_refund_now().is_some() {
+                        return;
+                    }
+                    RedisDebit::Held(h)
+                }
+                other => other,
+            };
             let this = self.clone();
             spawn(async move {
                 let out = match debit {
@@ -682,6 +726,20 @@ mod redis_impl {
 
         fn rate(&self) -> Rate {
             RedisPace::rate(self)
+        }
+
+        fn leases(&self) -> Option<LeaseCounts> {
+            if !self.has_leases() {
+                return None;
+            }
+            let s = self.stats();
+            Some(LeaseCounts {
+                decisions: s.leased_decisions,
+                granted: s.lease_grants,
+                released: s.lease_releases,
+                expiries: s.lease_expiries,
+                stranded: s.lease_stranded,
+            })
         }
     }
 }

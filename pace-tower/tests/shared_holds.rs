@@ -35,6 +35,20 @@
 //!   the victim's 20 valid requests all pass, the shared limit decides
 //!   exactly those 20 (the flood never reaches it), and after it the
 //!   victim's bucket refills whole.
+//! * `a_handler_checking_credentials_with_leases_keeps_the_victim_whole`:
+//!   the handler checks the credentials, the shared limit (5/s, capacity
+//!   30: the victim's 20 and the most the other replica's lease pool
+//!   holds) refunded on 401 and built with leases, on two replicas: during
+//!   the 32-connection flood of wrong secrets the victim's 20 requests all
+//!   pass (the flood's holds are the leases', kept or refunded in place),
+//!   the bucket comes back whole (the server's reading: 30 tokens, then 20
+//!   requests in a row pass), and the kept admissions stay within the
+//!   bound over the run. `..._without_leases_keeps_the_victim_whole_after`
+//!   runs the same without leases: the victim's count during the flood is
+//!   reported, not asserted.
+//! * `the_lease_counters_reach_the_metrics_recorder`: the layer's
+//!   `pace_lease_*` counters of a `RedisPace` limit with leases are its
+//!   `stats()`; a limit without leases has none.
 //!
 //! Known-wrong variants these tests catch (`PACE_MUTANT=NAME cargo test -p
 //! pace-tower --all-features --test shared_holds`, as
@@ -148,7 +162,7 @@ fn a_queueing_limit_the_layer_may_refund_is_refused_at_build() {
 
 #[cfg(feature = "redis")]
 mod redis {
-    use pace_redis::RedisPace;
+    use pace_redis::{LeaseConfig, RedisPace};
 
     use super::*;
 
@@ -222,16 +236,38 @@ mod redis {
 
     /// 5/s with `capacity`.
     async fn connect_with(url: &str, prefix: &str, capacity: u64) -> Arc<RedisPace> {
-        Arc::new(
-            RedisPace::builder(Rate::per_second(5).unwrap())
-                .capacity(capacity)
-                .timeout(HANG)
-                .hold_limit(HANG)
-                .prefix(prefix)
-                .connect(url)
-                .await
-                .unwrap(),
-        )
+        connect_leased(url, prefix, capacity, None).await
+    }
+
+    /// 5/s with `capacity`, with `leases` if any.
+    async fn connect_leased(
+        url: &str,
+        prefix: &str,
+        capacity: u64,
+        leases: Option<LeaseConfig>,
+    ) -> Arc<RedisPace> {
+        let mut b = RedisPace::builder(Rate::per_second(5).unwrap())
+            .capacity(capacity)
+            .timeout(HANG)
+            .hold_limit(HANG)
+            .prefix(prefix);
+        if let Some(l) = leases {
+            b = b.leases(l);
+        }
+        Arc::new(b.connect(url).await.unwrap())
+    }
+
+    /// The leases of the handler-checks replicas: a lease time of 1 s (a
+    /// grant is renewed a quarter of it before its deadline, and a key
+    /// nobody uses for half of it is released), 5 tokens asked for in a
+    /// call, the rest the defaults (a key is hot after 8 server decisions
+    /// within a lease time).
+    fn test_leases() -> LeaseConfig {
+        LeaseConfig {
+            lease: Duration::from_secs(1),
+            want: Some(5),
+            ..LeaseConfig::default()
+        }
     }
 
     /// The secret of each registered client (the credential check).
@@ -264,13 +300,34 @@ mod redis {
         next.run(req).await
     }
 
+    /// The credential check in the handler (the replica kind `handler`):
+    /// 200, counted in `ok`, when `x-client-secret` is the secret of the
+    /// claimed `x-client-id`; 401 otherwise.
+    fn checking_handler(ok: Arc<AtomicU64>) -> axum::routing::MethodRouter {
+        get(move |req: Request| async move {
+            let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+            let valid = header("x-client-id")
+                .and_then(secret_of)
+                .is_some_and(|s| header("x-client-secret") == Some(s));
+            if valid {
+                ok.fetch_add(1, Ordering::Relaxed);
+                StatusCode::OK
+            } else {
+                StatusCode::UNAUTHORIZED
+            }
+        })
+    }
+
     /// A replica's app, by kind: `401` (the shared limit refunded on 401),
     /// `allor` (the shared limit, then a local one per API key of one
     /// token an hour), `turns` (the shared limit queueing up to 2 s; the
     /// handler answers the server's clock in `x-server-now`), `checked` (a
     /// per-source limit on the `X-Forwarded-For` hop after loopback, the
     /// credential check, then the shared limit per client id; `/stats`
-    /// answers the shared limiter's server decisions); `fields`:
+    /// answers the shared limiter's server decisions); `handler` (the
+    /// shared limit per client id refunded on 401, the handler checking
+    /// the credentials; `/stats` answers the shared limiter's server
+    /// decisions, its leased decisions and the handler's 200s); `fields`:
     /// whether admitted responses carry the `RateLimit` fields.
     async fn replica_app(
         kind: &str,
@@ -352,6 +409,29 @@ mod redis {
                         get(move || async move { limiter.stats().server_decisions.to_string() }),
                     ))
             }
+            "handler" => {
+                let ok = Arc::new(AtomicU64::new(0));
+                let layer = PaceLayer::builder()
+                    .rate_limit_headers(fields)
+                    .limit(Limit::new("client", limiter.clone(), client_id()).refund_if(is_401))
+                    .build()
+                    .unwrap();
+                Router::new()
+                    .route("/", checking_handler(ok.clone()))
+                    .layer(layer)
+                    .merge(Router::new().route(
+                        "/stats",
+                        get(move || async move {
+                            let s = limiter.stats();
+                            format!(
+                                "{} {} {}",
+                                s.server_decisions,
+                                s.leased_decisions,
+                                ok.load(Ordering::Relaxed)
+                            )
+                        }),
+                    ))
+            }
             other => panic!("no replica kind {other}"),
         }
     }
@@ -378,8 +458,17 @@ mod redis {
         rt.block_on(async move {
             // The credential check's victim sends 20 requests: a bucket of
             // 20 holds them all, however they bunch.
-            let capacity = if kind == "checked" { 20 } else { 10 };
-            let limiter = connect_with(&url, &prefix, capacity).await;
+            let capacity = match kind.as_str() {
+                "checked" => 20,
+                // The victim's 20 and the most the other replica's lease
+                // pool holds (5 asked for at a time, renewed below 3): a
+                // lease's tokens on one replica are not the other's, and
+                // the victim alternates replicas.
+                "handler" => HANDLER_CAPACITY,
+                _ => 10,
+            };
+            let leases = std::env::var("PACE_TEST_LEASES").as_deref() == Ok("1");
+            let limiter = connect_leased(&url, &prefix, capacity, leases.then(test_leases)).await;
             let probe = connect(&url, "probe:").await;
             let addr = serve(replica_app(&kind, fields, limiter, probe).await).await;
             println!("REPLICA_PORT {}", addr.port());
@@ -399,6 +488,18 @@ mod redis {
 
     impl Replica {
         fn start(kind: &str, server: &Server, prefix: &str, fields: bool) -> Replica {
+            Replica::start_leased(kind, server, prefix, fields, false)
+        }
+
+        /// [`start`](Replica::start), the shared limit with leases
+        /// ([`test_leases`]) when `leases`.
+        fn start_leased(
+            kind: &str,
+            server: &Server,
+            prefix: &str,
+            fields: bool,
+            leases: bool,
+        ) -> Replica {
             let mut child = Command::new(std::env::current_exe().unwrap())
                 .args([
                     "--exact",
@@ -410,6 +511,7 @@ mod redis {
                 .env("PACE_TEST_REDIS", server.url())
                 .env("PACE_TEST_PREFIX", prefix)
                 .env("PACE_TEST_FIELDS", if fields { "1" } else { "0" })
+                .env("PACE_TEST_LEASES", if leases { "1" } else { "0" })
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -771,6 +873,271 @@ mod redis {
                 "the victim's request {i} after the flood"
             );
         }
+    }
+
+    /// The capacity of the shared limit of the kind `handler`.
+    const HANDLER_CAPACITY: u64 = 30;
+
+    /// The `/stats` of replicas of the kind `handler`, summed: server
+    /// decisions, leased decisions, the handlers' 200s.
+    async fn handler_stats(replicas: &[SocketAddr]) -> [u64; 3] {
+        let mut sum = [0; 3];
+        for &addr in replicas {
+            let r = Client::connect(addr).await.get("/stats", &[]).await;
+            let text = std::str::from_utf8(r.body()).unwrap();
+            for (s, v) in sum.iter_mut().zip(text.split(' ')) {
+                *s += v.parse::<u64>().unwrap();
+            }
+        }
+        sum
+    }
+
+    /// The handler checks the credentials (the replica kind `handler`: the
+    /// shared limit, 5/s and capacity 30, refunded on 401) on two replica
+    /// processes, with leases when `leases`: a 32-connection flood of
+    /// wrong secrets naming the victim's client id, and the victim's 20
+    /// valid requests during it, the i-th once the flood has had i/21 of
+    /// its answers, alternating replicas. Checks that every request of the
+    /// flood was answered 401 or 429; that once the flood's holds and the
+    /// leases settled (the server's reading of the key says 20 tokens: an
+    /// event, waited for with a bound only a hang exceeds) 30 tokens, and
+    /// 20 of the victim's requests in a row pass; and that the kept
+    /// admissions (the handlers' 200s: every 401 is refunded) stay within
+    /// the bound over the whole run, `30 + (t1 - t0) / T` on the server's
+    /// clock read
+    /// before the first request and after the last answer. Returns the
+    /// victim's 200s during the flood and the summed `/stats`.
+    async fn handler_checks(leases: bool, prefix: &str) -> (usize, [u64; 3]) {
+        let server = Server::start();
+        let procs: Vec<Replica> = tokio::task::block_in_place(|| {
+            (0..2)
+                .map(|i| Replica::start_leased("handler", &server, prefix, i == 0, leases))
+                .collect()
+        });
+        let limiter = connect_with(&server.url(), prefix, HANDLER_CAPACITY).await;
+        let replicas: Vec<SocketAddr> = procs.iter().map(|r| r.addr).collect();
+        let t0 = limiter
+            .peek("victim")
+            .await
+            .unwrap()
+            .server_now_ns()
+            .unwrap();
+        let wrong: &'static [(&str, &str)] =
+            &[("x-client-id", "victim"), ("x-client-secret", "guess")];
+        let answered = Arc::new(AtomicU64::new(0));
+        let attack = tokio::spawn({
+            let (replicas, answered) = (replicas.clone(), answered.clone());
+            async move { flood(&replicas, wrong, answered).await }
+        });
+        let valid: &[(&str, &str)] = &[
+            ("x-client-id", "victim"),
+            ("x-client-secret", "victim-secret"),
+        ];
+        let mut clients = Vec::new();
+        for &addr in &replicas {
+            clients.push(Client::connect(addr).await);
+        }
+        let mut got = Vec::new();
+        for i in 0..20u64 {
+            progress(&answered, FLOOD * (i + 1) / 21).await;
+            got.push(clients[i as usize % 2].get("/", valid).await.status());
+        }
+        let seen = tokio::time::timeout(HANG, attack)
+            .await
+            .expect("the flood hung")
+            .unwrap();
+        let through = got.iter().filter(|s| **s == StatusCode::OK).count();
+        let during = handler_stats(&replicas).await;
+        eprintln!(
+            "the handler checks credentials, two replicas, leases {leases}: {seen:?}; the victim \
+             got {through} of 20 through: {got:?}; server decisions, leased decisions, 200s: \
+             {during:?}"
+        );
+        assert_eq!(seen.unauthorized + seen.too_many, FLOOD, "{seen:?}");
+        assert_eq!(seen.ok + seen.other, 0, "{seen:?}");
+        assert_eq!(during[2], through as u64, "the handlers' 200s");
+        // Whole: once every hold and lease settled, the server's reading
+        // of the key (holds and leases counted as spent) is a full bucket.
+        let deadline = Instant::now() + HANG;
+        loop {
+            let left = limiter.peek("victim").await.unwrap().remaining();
+            if left == HANDLER_CAPACITY {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the victim's bucket never came back whole: {left} of {HANDLER_CAPACITY}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for i in 0..20 {
+            let r = clients[i % 2].get("/", valid).await;
+            assert_eq!(
+                r.status(),
+                StatusCode::OK,
+                "the victim's request {i} after the flood"
+            );
+        }
+        let t1 = limiter
+            .peek("victim")
+            .await
+            .unwrap()
+            .server_now_ns()
+            .unwrap();
+        let after = handler_stats(&replicas).await;
+        const T: u64 = 200_000_000; // 5/s
+        let bound = HANDLER_CAPACITY + (t1 - t0) / T;
+        assert!(
+            after[2] <= bound,
+            "{} kept admissions over {} ms: the bound is {bound}",
+            after[2],
+            (t1 - t0) / 1_000_000
+        );
+        (through, after)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_handler_checking_credentials_with_leases_keeps_the_victim_whole() {
+        let (through, stats) = handler_checks(true, "leased:").await;
+        assert!(stats[1] > 0, "no decision of a lease: {stats:?}");
+        assert_eq!(through, 20, "the victim during the flood");
+    }
+
+    /// The same without leases: every hold of the flood costs a round-trip
+    /// pair, and the victim passes whenever the flood's holds in flight
+    /// leave a token (reported, not asserted: it depends on the machine's
+    /// load).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_handler_checking_credentials_without_leases_keeps_the_victim_whole_after() {
+        let (_, stats) = handler_checks(false, "unleased:").await;
+        assert_eq!(stats[1], 0, "a decision of a lease without leases");
+    }
+
+    /// The layer exports a shared limit's lease counts (`pace_lease_*`,
+    /// labelled with the limit's name) as its limiter's `stats()` has them
+    /// at the limit's last admission; a limit without leases has none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_lease_counters_reach_the_metrics_recorder() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let server = Server::start();
+        let limiter = connect_leased(
+            &server.url(),
+            "metrics:",
+            100,
+            Some(LeaseConfig {
+                // No renewal falls due, and no quiet release, in the test.
+                lease: Duration::from_secs(60),
+                want: Some(10),
+                hot_after: 2,
+                ..LeaseConfig::default()
+            }),
+        )
+        .await;
+        let local: Arc<Pace<String>> = Arc::new(
+            Pace::builder(Rate::per_second(5).unwrap())
+                .capacity(10_000)
+                .build()
+                .unwrap(),
+        );
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let layer = metrics::with_local_recorder(&recorder, || {
+            PaceLayer::builder()
+                .limit(Limit::new("local", local, client_id()))
+                .limit(Limit::new("client", limiter.clone(), client_id()).refund_if(is_401))
+                .build()
+                .unwrap()
+        });
+        let addr = serve(app(layer)).await;
+        let mut c = Client::connect(addr).await;
+        // Holds of the server until the key is hot and its lease decides
+        // one (a bound only a hang exceeds).
+        let mut sent = 0;
+        while limiter.stats().leased_decisions == 0 {
+            assert!(sent < 10_000, "no leased decision: {:?}", limiter.stats());
+            let r = c.get("/", &[("x-client-id", "hot")]).await;
+            assert_eq!(r.status(), StatusCode::OK);
+            sent += 1;
+        }
+        // Refunded requests, each admission setting the counters, until
+        // they show the limiter's counts: a grant may land after an
+        // admission (a renewal a server decision started), never after the
+        // last one here (a bound only a hang exceeds).
+        type Snap = [(
+            metrics_util::CompositeKey,
+            Option<metrics::Unit>,
+            Option<metrics::SharedString>,
+            DebugValue,
+        )];
+        fn counter(snap: &Snap, name: &str, limit: &str) -> Option<u64> {
+            snap.iter()
+                .find(|(k, _, _, _)| {
+                    k.key().name() == name
+                        && k.key()
+                            .labels()
+                            .any(|l| l.key() == "limit" && l.value() == limit)
+                })
+                .map(|(_, _, _, v)| match v {
+                    DebugValue::Counter(n) => *n,
+                    other => panic!("{name}: {other:?}"),
+                })
+        }
+        let names = [
+            "pace_lease_decisions_total",
+            "pace_lease_granted_tokens_total",
+            "pace_lease_released_tokens_total",
+            "pace_lease_expiries_total",
+            "pace_lease_stranded_tokens_total",
+        ];
+        let mut refunded = 0;
+        let (s, snap) = loop {
+            assert!(refunded < 10_000, "the counters never showed the stats");
+            let r = c
+                .get("/", &[("x-client-id", "hot"), ("x-valid", "no")])
+                .await;
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+            refunded += 1;
+            let s = limiter.stats();
+            let snap = snapshotter.snapshot().into_vec();
+            let counts = [
+                s.leased_decisions,
+                s.lease_grants,
+                s.lease_releases,
+                s.lease_expiries,
+                s.lease_stranded,
+            ];
+            if names
+                .iter()
+                .zip(counts)
+                .all(|(n, v)| counter(&snap, n, "client") == Some(v))
+            {
+                break (s, snap);
+            }
+        };
+        let counter = |name: &str, limit: &str| counter(&snap, name, limit);
+        // The leased decisions: the first one and the refunded requests'.
+        assert!(s.leased_decisions > refunded, "{s:?}");
+        // Grants of the 10 tokens asked for in each call (the bucket has
+        // 100, and a replica alone may hold half of them: one call, or one
+        // more when a server decision follows the first grant); none
+        // released, expired or stranded.
+        assert!(
+            s.lease_grants > 0 && s.lease_grants % 10 == 0 && s.lease_grants <= 50,
+            "{s:?}"
+        );
+        for name in [
+            "pace_lease_released_tokens_total",
+            "pace_lease_expiries_total",
+            "pace_lease_stranded_tokens_total",
+        ] {
+            assert_eq!(counter(name, "client"), Some(0), "{name}");
+        }
+        assert_eq!(counter("pace_lease_decisions_total", "local"), None);
+        assert_eq!(
+            counter("pace_admitted_total", "client"),
+            Some(sent + refunded)
+        );
+        assert_eq!(counter("pace_refunded_total", "client"), Some(refunded));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

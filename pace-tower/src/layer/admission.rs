@@ -197,6 +197,11 @@ where
         if let Some(rows) = self.limiter.rows() {
             self.rows.set(rows as f64);
         }
+        if let Some(c) = &self.leases {
+            if let Some(n) = self.limiter.leases() {
+                c.set(n);
+            }
+        }
     }
 
     /// The request's key on the light path: the extractor's, without the
@@ -419,6 +424,10 @@ where
         m.admitted = counters.admitted.clone();
         m.rows = counters.rows.clone();
         m.outage = counters.outage.clone();
+        m.leases = m
+            .limiter
+            .leases()
+            .map(|_| super::limits::LeaseCounters::new(&m.name));
         metas.push(Meta {
             counters,
             missing_body: reject::missing_key_body(&m.name, m.extractor.describe()),

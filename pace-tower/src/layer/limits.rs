@@ -14,7 +14,9 @@ use super::{BuildError, InvalidPolicyName, ResponseHead};
 #[cfg(doc)]
 use super::{PaceLayer, PaceLayerBuilder};
 use crate::key::RequestHead;
-use crate::limit::{Acquire, Refusal};
+#[cfg(doc)]
+use crate::limit::AsyncLimit;
+use crate::limit::{Acquire, LeaseCounts, Refusal};
 
 /// A limit's counters and row gauge.
 pub(super) struct Counters {
@@ -30,6 +32,38 @@ pub(super) struct Counters {
     /// decision is a `WARN` event, the next ones `DEBUG`, until it decides
     /// again (an `INFO` event).
     pub(super) outage: Arc<AtomicBool>,
+}
+
+/// A shared limit's lease counters ([`AsyncLimit::leases`]), set to the
+/// limit's counts at each of its admissions.
+#[derive(Clone)]
+pub(super) struct LeaseCounters {
+    decisions: Counter,
+    granted: Counter,
+    released: Counter,
+    expiries: Counter,
+    stranded: Counter,
+}
+
+impl LeaseCounters {
+    pub(super) fn new(name: &str) -> LeaseCounters {
+        let c = |metric: &'static str| metrics::counter!(metric, "limit" => name.to_string());
+        LeaseCounters {
+            decisions: c("pace_lease_decisions_total"),
+            granted: c("pace_lease_granted_tokens_total"),
+            released: c("pace_lease_released_tokens_total"),
+            expiries: c("pace_lease_expiries_total"),
+            stranded: c("pace_lease_stranded_tokens_total"),
+        }
+    }
+
+    pub(super) fn set(&self, n: LeaseCounts) {
+        self.decisions.absolute(n.decisions);
+        self.granted.absolute(n.granted);
+        self.released.absolute(n.released);
+        self.expiries.absolute(n.expiries);
+        self.stranded.absolute(n.stranded);
+    }
 }
 
 impl Counters {

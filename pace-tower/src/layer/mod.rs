@@ -115,6 +115,9 @@ pub struct Limit<E: KeyExtractor, A> {
     /// Set while the limit gives no decision (shared with its `Meta`): an
     /// outage is logged once at its start and once at its end.
     outage: Arc<AtomicBool>,
+    /// Its lease counters, for a limit with leases
+    /// ([`AsyncLimit::leases`]; set when the layer is built).
+    leases: Option<limits::LeaseCounters>,
 }
 
 impl<E, A> Limit<E, A>
@@ -143,6 +146,7 @@ where
             admitted: Counter::noop(),
             rows: Gauge::noop(),
             outage: Arc::default(),
+            leases: None,
         }
     }
 
