@@ -60,9 +60,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use common::{Proxy, RedisServer};
+use common::{real_now, Clocks, Proxy, RedisServer};
 use pace::{Quota, Rate, Refunded};
 use pace_redis::{Error, LeaseConfig, RedisPace, Source};
 
@@ -76,39 +76,6 @@ const TASKS: u64 = 3;
 /// A bound only a hang exceeds.
 const HANG: Duration = Duration::from_secs(120);
 const NO_SYNC_DELAY: &[&str] = &["--repl-diskless-sync-delay", "0"];
-
-fn real_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-}
-
-/// A pair of readings of the monotonic and the real-time clocks.
-#[derive(Clone, Copy)]
-struct Clocks {
-    at: Instant,
-    real: u64,
-}
-
-impl Clocks {
-    fn now() -> Clocks {
-        let a = Instant::now();
-        let real = real_now();
-        let b = Instant::now();
-        Clocks {
-            at: a + (b - a) / 2,
-            real,
-        }
-    }
-
-    fn real(&self, at: Instant) -> u64 {
-        match at.checked_duration_since(self.at) {
-            Some(d) => self.real + d.as_nanos() as u64,
-            None => self.real - (self.at - at).as_nanos() as u64,
-        }
-    }
-}
 
 fn lease_config() -> LeaseConfig {
     LeaseConfig {
