@@ -12,43 +12,15 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use common::Clocks;
 
 use pace::{Quota, Rate, Refunded};
 use pace_redis::{Error, LeaseConfig, RedisPace, Reservation, Source};
 
 const INTERVAL_RATE: u64 = 2_000; // per second: 500 us a token
 const CAP: u64 = 20;
-
-/// A pair of readings of the monotonic and the real-time clocks, to place
-/// a local `Instant` on the real-time clock (ns since the Unix epoch).
-#[derive(Clone, Copy)]
-struct Clocks {
-    at: Instant,
-    real: u64,
-}
-
-impl Clocks {
-    fn now() -> Clocks {
-        let a = Instant::now();
-        let real = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64;
-        let b = Instant::now();
-        Clocks {
-            at: a + (b - a) / 2,
-            real,
-        }
-    }
-
-    fn real(&self, at: Instant) -> u64 {
-        match at.checked_duration_since(self.at) {
-            Some(d) => self.real + d.as_nanos() as u64,
-            None => self.real - (self.at - at).as_nanos() as u64,
-        }
-    }
-}
 
 fn config() -> LeaseConfig {
     LeaseConfig {

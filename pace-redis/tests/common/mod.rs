@@ -546,3 +546,41 @@ impl Drop for Sentinel {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A pair of readings of the monotonic and the real-time clocks, to place
+/// a local `Instant` (a leased decision's reading) on the real-time clock
+/// that the server's `TIME` reads (ns since the Unix epoch). The two
+/// clocks advance at the same rate (NTP slews both alike); the pair's
+/// error is half the gap between its readings.
+#[derive(Clone, Copy)]
+pub struct Clocks {
+    at: Instant,
+    real: u64,
+}
+
+impl Clocks {
+    pub fn now() -> Clocks {
+        let a = Instant::now();
+        let real = real_now();
+        let b = Instant::now();
+        Clocks {
+            at: a + (b - a) / 2,
+            real,
+        }
+    }
+
+    pub fn real(&self, at: Instant) -> u64 {
+        match at.checked_duration_since(self.at) {
+            Some(d) => self.real + d.as_nanos() as u64,
+            None => self.real - (self.at - at).as_nanos() as u64,
+        }
+    }
+}
+
+/// The real-time clock, ns since the Unix epoch.
+pub fn real_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
