@@ -387,8 +387,11 @@ async fn a_quiet_key_releases_its_lease() {
         .timeout(Duration::from_secs(5))
         .leases(LeaseConfig {
             want: Some(100),
-            // Long enough that the lease cannot expire before the release.
-            lease: Duration::from_secs(2),
+            // Long enough that the lease cannot expire before the release
+            // (which comes about half a lease time after the last leased
+            // decision), also on a loaded machine: the record expires at
+            // the lease's end, and a release after it finds no record.
+            lease: Duration::from_secs(10),
             ..config()
         })
         .connect(&server.url())
@@ -407,10 +410,16 @@ async fn a_quiet_key_releases_its_lease() {
     // (its cost field); an event, waited for with a bound only a hang
     // exceeds.
     let lease_cost = || {
-        let v: String = redis::cmd("GET")
+        let v: Option<String> = redis::cmd("GET")
             .arg(p.redis_key("q"))
             .query(&mut server.admin())
             .unwrap();
+        let v = v.unwrap_or_else(|| {
+            panic!(
+                "the lease's record expired before its release: {:?}",
+                p.stats()
+            )
+        });
         let entry = v
             .split('|')
             .find(|e| e.split(',').next().is_some_and(|id| id.len() == 48))
