@@ -8,9 +8,10 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use redis::Value;
 
 use crate::lease_counter::{Counter, Word, MAX_LEASED};
@@ -106,7 +107,12 @@ pub(crate) struct Leases {
     pub(crate) max_keys: usize,
     /// This replica's id (random per limiter), 16 hexadecimal digits.
     pub(crate) replica: String,
-    pub(crate) slots: RwLock<HashMap<String, Arc<Slot>>>,
+    /// The leased keys' slots, read without a lock (`ArcSwap::load`): a
+    /// reserve on a leased key is the lookup and one CAS. A new key's slot
+    /// goes into a copy of the map, stored whole under `adding` (at most
+    /// `max_keys` copies in a limiter's life: a slot is never removed).
+    pub(crate) slots: ArcSwap<HashMap<String, Arc<Slot>>>,
+    adding: Mutex<()>,
     /// Server decisions per key in the current lease time: (start, count).
     heat: Mutex<HashMap<String, (u64, u32)>>,
 }
@@ -150,7 +156,8 @@ impl Leases {
                 .max(1),
             max_keys: config.max_keys,
             replica: format!("{:016x}", h.finish()),
-            slots: RwLock::new(HashMap::new()),
+            slots: ArcSwap::from_pointee(HashMap::new()),
+            adding: Mutex::new(()),
             heat: Mutex::new(HashMap::new()),
         })
     }
@@ -232,7 +239,7 @@ impl RedisPace {
             return Err(key);
         };
         let (decided, low) = {
-            let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
+            let slots = leases.slots.load();
             let Some(slot) = slots.get(&key) else {
                 drop(slots);
                 return Err(key);
@@ -286,8 +293,7 @@ impl RedisPace {
         let Some(leases) = &self.inner.leases else {
             return Refunded::Nothing;
         };
-        let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
-        match slots.get(key) {
+        match leases.slots.load().get(key) {
             Some(slot) if slot.counter.give_back(generation, n) => Refunded::Restored,
             _ => Refunded::Superseded,
         }
@@ -302,10 +308,16 @@ impl RedisPace {
         let now = self.lease_clock();
         let hot = {
             let mut heat = leases.heat.lock().unwrap_or_else(|p| p.into_inner());
-            if heat.len() >= 4 * leases.max_keys && !heat.contains_key(key) {
-                heat.clear();
+            // A known key's count without a copy of its name.
+            if !heat.contains_key(key) {
+                if heat.len() >= 4 * leases.max_keys {
+                    heat.clear();
+                }
+                heat.insert(key.to_owned(), (now, 0));
             }
-            let e = heat.entry(key.to_owned()).or_insert((now, 0));
+            let Some(e) = heat.get_mut(key) else {
+                return;
+            };
             if now.saturating_sub(e.0) > leases.lease_ns {
                 *e = (now, 0);
             }
@@ -316,13 +328,15 @@ impl RedisPace {
             return;
         }
         {
-            let mut slots = leases.slots.write().unwrap_or_else(|p| p.into_inner());
+            let _adding = leases.adding.lock().unwrap_or_else(|p| p.into_inner());
+            let slots = leases.slots.load();
             if let Some(slot) = slots.get(key) {
                 slot.cold.store(false, Ordering::Release);
             } else {
                 if slots.len() >= leases.max_keys {
                     return;
                 }
+                let mut slots = HashMap::clone(&slots);
                 slots.insert(
                     key.to_owned(),
                     Arc::new(Slot {
@@ -336,6 +350,7 @@ impl RedisPace {
                         }),
                     }),
                 );
+                leases.slots.store(Arc::new(slots));
             }
         }
         self.spawn_renewal(key);
@@ -345,12 +360,9 @@ impl RedisPace {
         let Some(leases) = self.inner.leases.as_ref() else {
             return;
         };
-        let slot = {
-            let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
-            match slots.get(key) {
-                Some(s) => Arc::clone(s),
-                None => return,
-            }
+        let slot = match leases.slots.load().get(key) {
+            Some(s) => Arc::clone(s),
+            None => return,
         };
         if slot.cold.load(Ordering::Acquire)
             || slot.quiet_until.load(Ordering::Relaxed) > self.lease_clock()
