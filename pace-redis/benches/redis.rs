@@ -806,7 +806,9 @@ fn fair(url: &str, secs: f64, rounds: usize) {
 /// pace-redis without and with leases (`LeaseConfig::default()`). A round
 /// is `PACE_REDIS_BENCH_SLICES` slices, each running both for `secs /
 /// slices`, the first alternating from slice to slice; the ratio per round
-/// and its median.
+/// and its median, and this process's CPU time per decision ("cli us",
+/// user + system; the server's is not in it), less sensitive to a loaded
+/// machine than decisions per second.
 async fn cold(url: &str, secs: f64, rounds: usize) {
     let limiter = |leases: bool| {
         let b = RedisPace::builder(Rate::per_second(1_000).unwrap())
@@ -830,18 +832,21 @@ async fn cold(url: &str, secs: f64, rounds: usize) {
          contender and round in {slices} alternating slices"
     );
     println!(
-        "{:<18} {:>5} {:>12} {:>13} {:>9}",
-        "limiter", "round", "decisions/s", "trips/decision", "leased"
+        "{:<18} {:>5} {:>12} {:>13} {:>9} {:>8}",
+        "limiter", "round", "decisions/s", "trips/decision", "leased", "cli us"
     );
     let mut ratios = Vec::new();
+    let mut cpu_ratios = Vec::new();
     let mut next_key = 0u64;
     for round in 0..rounds {
         let mut decisions = [0u64; 2];
         let mut seconds = [0.0f64; 2];
+        let mut cpu = [0.0f64; 2];
         let before = [limiters[0].stats(), limiters[1].stats()];
         for s in 0..slices {
             let order = if s % 2 == 0 { [0, 1] } else { [1, 0] };
             for leases in order {
+                let cpu0 = client_cpu_us();
                 let end = Instant::now() + slice;
                 let t0 = Instant::now();
                 let mut handles = Vec::new();
@@ -871,6 +876,7 @@ async fn cold(url: &str, secs: f64, rounds: usize) {
                     keys = keys.max(k);
                 }
                 seconds[leases] += t0.elapsed().as_secs_f64();
+                cpu[leases] += client_cpu_us() - cpu0;
                 next_key += keys;
             }
         }
@@ -881,7 +887,7 @@ async fn cold(url: &str, secs: f64, rounds: usize) {
         for leases in 0..2 {
             let after = limiters[leases].stats();
             println!(
-                "{:<18} {:>5} {:>12.0} {:>13.5} {:>9}",
+                "{:<18} {:>5} {:>12.0} {:>13.5} {:>9} {:>8.2}",
                 if leases == 1 {
                     "pace-redis, leases"
                 } else {
@@ -891,19 +897,28 @@ async fn cold(url: &str, secs: f64, rounds: usize) {
                 rates[leases],
                 (after.round_trips - before[leases].round_trips) as f64
                     / decisions[leases].max(1) as f64,
-                after.leased_decisions - before[leases].leased_decisions
+                after.leased_decisions - before[leases].leased_decisions,
+                cpu[leases] / decisions[leases].max(1) as f64
             );
         }
+        let cpu_ratio = (cpu[1] / decisions[1].max(1) as f64)
+            / (cpu[0] / decisions[0].max(1) as f64).max(f64::MIN_POSITIVE);
         ratios.push(rates[1] / rates[0]);
+        cpu_ratios.push(cpu_ratio);
         println!(
-            "{:<18} {:>5} {:>12.3}x",
+            "{:<18} {:>5} {:>12.3}x {:>32.3}x",
             "ratio (leases/not)",
             round + 1,
-            rates[1] / rates[0]
+            rates[1] / rates[0],
+            cpu_ratio
         );
     }
     ratios.sort_by(f64::total_cmp);
-    if let Some(m) = ratios.get(ratios.len() / 2) {
-        println!("cold keys: median ratio (leases / without) {m:.3}x over {rounds} rounds");
+    cpu_ratios.sort_by(f64::total_cmp);
+    if let (Some(m), Some(c)) = (ratios.get(rounds / 2), cpu_ratios.get(rounds / 2)) {
+        println!(
+            "cold keys: median ratio (leases / without) {m:.3}x decisions/s, {c:.3}x client \
+             CPU per decision, over {rounds} rounds"
+        );
     }
 }

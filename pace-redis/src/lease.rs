@@ -232,6 +232,15 @@ impl RedisPace {
         u64::try_from(self.inner.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// Whether any key has a lease slot: else a call looks for none (a cold
+    /// key's decision builds no Redis key for the lookup).
+    pub(crate) fn any_leased(&self) -> bool {
+        self.inner
+            .leases
+            .as_ref()
+            .is_some_and(|l| !l.slots.load().is_empty())
+    }
+
     /// A reserve of `n` tokens of `key` (its Redis key) from its lease, if
     /// it has one that can decide it.
     pub(crate) fn leased(&self, key: String, n: u64) -> Result<Reservation, String> {
