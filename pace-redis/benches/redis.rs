@@ -36,7 +36,8 @@
 //! on to a new key, without and with leases in alternating slices: the
 //! ratio of decisions per second per round and its median.
 //!
-//! `PACE_REDIS_BENCH_CLIENT=CONTENDER:CALLS` (`pace`, `plain` or `raw`)
+//! `PACE_REDIS_BENCH_CLIENT=CONTENDER:CALLS` (`pace`, `pace-leases`, `plain`
+//! or `raw`)
 //! instead makes CALLS decisions of that contender from one task on one
 //! thread and exits: `server_cost.sh client` counts the instructions.
 
@@ -304,9 +305,21 @@ async fn bench(client_mode: Option<String>) {
         let calls: u64 = calls.parse().expect("CONTENDER:CALLS");
         let mut c = match name {
             "pace" => ours,
+            // The same limiter with leases: on these keys (few decisions
+            // each) none is leased; the heat count's cost.
+            "pace-leases" => Contender::Pace(
+                RedisPace::builder(Rate::per_second(1_000).unwrap())
+                    .capacity(1_000)
+                    .timeout(Duration::from_secs(5))
+                    .prefix("pace-leases:")
+                    .leases(LeaseConfig::default())
+                    .connect(&url)
+                    .await
+                    .unwrap(),
+            ),
             "plain" => plain,
             "raw" => raw,
-            _ => panic!("contender: pace, plain or raw"),
+            _ => panic!("contender: pace, pace-leases, plain or raw"),
         };
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         let mut admitted = 0u64;
