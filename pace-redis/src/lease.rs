@@ -201,7 +201,8 @@ fn heat_cells(max_keys: usize) -> usize {
 /// its count (local ns in units of 2^16 ns, 32 bits, wrapping), and the
 /// count (16 bits, saturating). A key whose cell holds another tag starts
 /// a count of its own in it (the other key's count starts again when it
-/// comes back: a lease later, never sooner).
+/// comes back: a lease later); two keys of one cell and one tag count
+/// together (a lease sooner). Either moves only when a lease is taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Heat {
     tag: u64,
