@@ -40,6 +40,7 @@ pub struct LeaseConfig {
     /// one lease time. Default 8. The decisions are counted in
     /// `4 × max_keys` cells (at most 65,536) by the key's hash, without a
     /// lock: a key whose cell another key took starts its count again.
+    /// A count stops at 65,535: a larger value acts as 65,535.
     pub hot_after: u32,
     /// Replicas (standbys) that must hold a grant's writes before it is
     /// used: a `WAIT n` is sent after each granting call, and a grant WAIT
@@ -403,7 +404,7 @@ impl RedisPace {
             count = next.count;
             Some(next.pack())
         });
-        if count < u64::from(leases.hot_after) {
+        if count < u64::from(leases.hot_after).min(0xffff) {
             return;
         }
         {
