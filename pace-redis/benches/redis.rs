@@ -25,7 +25,19 @@
 //! leased decision (`Source::Lease`, timed around the call).
 //! `PACE_REDIS_BENCH_ONLY=hot` runs only that part.
 //!
-//! `PACE_REDIS_BENCH_CLIENT=CONTENDER:CALLS` (`pace`, `plain` or `raw`)
+//! Then fairness (`PACE_REDIS_BENCH_ONLY=fair`): the same processes on one
+//! key of a known rate, each asking 2x (then 4x) an equal share of it, open
+//! loop, without and with leases: admissions over the ideal (capacity +
+//! span / interval, the span on the server's clock) and each process's
+//! admissions over an equal share of the ideal.
+//!
+//! Then cold keys (`PACE_REDIS_BENCH_ONLY=cold`): in this process, 8 tasks
+//! each making 4 decisions per key (below a lease's `hot_after`) and going
+//! on to a new key, without and with leases in alternating slices: the
+//! ratio of decisions per second per round and its median.
+//!
+//! `PACE_REDIS_BENCH_CLIENT=CONTENDER:CALLS` (`pace`, `pace-leases`, `plain`
+//! or `raw`)
 //! instead makes CALLS decisions of that contender from one task on one
 //! thread and exits: `server_cost.sh client` counts the instructions.
 
@@ -216,6 +228,15 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return; // `cargo test --benches` runs bench targets without `--bench`
     }
+    if let Ok(spec) = std::env::var("PACE_REDIS_BENCH_FAIR") {
+        // A replica process of the fairness part: one thread.
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(fair_child(&spec));
+        return;
+    }
     if let Ok(spec) = std::env::var("PACE_REDIS_BENCH_HOT") {
         // A replica process of the hot-key part: one thread.
         tokio::runtime::Builder::new_current_thread()
@@ -284,9 +305,21 @@ async fn bench(client_mode: Option<String>) {
         let calls: u64 = calls.parse().expect("CONTENDER:CALLS");
         let mut c = match name {
             "pace" => ours,
+            // The same limiter with leases: on these keys (few decisions
+            // each) none is leased; the heat count's cost.
+            "pace-leases" => Contender::Pace(
+                RedisPace::builder(Rate::per_second(1_000).unwrap())
+                    .capacity(1_000)
+                    .timeout(Duration::from_secs(5))
+                    .prefix("pace-leases:")
+                    .leases(LeaseConfig::default())
+                    .connect(&url)
+                    .await
+                    .unwrap(),
+            ),
             "plain" => plain,
             "raw" => raw,
-            _ => panic!("contender: pace, plain or raw"),
+            _ => panic!("contender: pace, pace-leases, plain or raw"),
         };
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         let mut admitted = 0u64;
@@ -301,9 +334,11 @@ async fn bench(client_mode: Option<String>) {
     }
 
     let rounds: usize = env_or("PACE_REDIS_BENCH_ROUNDS", 3);
-    if std::env::var("PACE_REDIS_BENCH_ONLY").is_ok_and(|v| v == "hot") {
-        hot(&url, secs, rounds);
-        return;
+    match std::env::var("PACE_REDIS_BENCH_ONLY").as_deref() {
+        Ok("hot") => return hot(&url, secs, rounds),
+        Ok("fair") => return fair(&url, secs, rounds),
+        Ok("cold") => return cold(&url, secs, rounds).await,
+        _ => {}
     }
     let mut admin = redis::Client::open(url.as_str())
         .unwrap()
@@ -426,6 +461,8 @@ async fn bench(client_mode: Option<String>) {
         );
     }
     hot(&url, secs, rounds);
+    fair(&url, secs, rounds);
+    cold(&url, secs, rounds).await;
 }
 
 /// The hot key's limit: 20,000,000 per second, capacity 200,000 (10 ms):
@@ -585,6 +622,316 @@ fn hot(url: &str, secs: f64, rounds: usize) {
             "ratio",
             round + 1,
             rates[1] / rates[0]
+        );
+    }
+}
+
+/// The fairness part's limit: 5,000 per second (an interval of 200 µs),
+/// capacity 500 (100 ms, a lease time).
+const FAIR_RATE: u64 = 5_000;
+const FAIR_CAP: u64 = 500;
+
+/// Unix ms now.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The server's clock (`TIME`), ns.
+async fn server_ns(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    s * 1_000_000_000 + us * 1_000
+}
+
+/// A replica process of the fairness part: `url|leases|secs|start|asks|prefix`
+/// (start: Unix ms at which to begin; asks: reserves per second this process
+/// makes, open loop, over 8 tasks); prints `FAIR asked admitted leased
+/// round_trips first last`, first and last the server's clock (ns) read
+/// before the first reserve and after the last.
+async fn fair_child(spec: &str) {
+    let f: Vec<&str> = spec.split('|').collect();
+    let (url, leases) = (f[0], f[1] == "1");
+    let secs: f64 = f[2].parse().unwrap();
+    let start: u64 = f[3].parse().unwrap();
+    let asks: f64 = f[4].parse().unwrap();
+    let b = RedisPace::builder(Rate::per_second(FAIR_RATE).unwrap())
+        .capacity(FAIR_CAP)
+        .timeout(Duration::from_secs(5))
+        .prefix(f[5]);
+    let b = if leases {
+        b.leases(LeaseConfig::default())
+    } else {
+        b
+    };
+    let p = b.connect(url).await.unwrap();
+    let mut clock = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(start.saturating_sub(unix_ms()))).await;
+    let first = server_ns(&mut clock).await;
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs_f64(secs);
+    let per_task = asks / 8.0;
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        let p = p.clone();
+        handles.push(tokio::spawn(async move {
+            let (mut asked, mut admitted) = (0u64, 0u64);
+            loop {
+                let now = Instant::now();
+                if now >= end {
+                    break;
+                }
+                // Open loop: the reserves due by now, then a millisecond's
+                // sleep.
+                let due = ((now - t0).as_secs_f64() * per_task) as u64 + 1;
+                while asked < due && Instant::now() < end {
+                    asked += 1;
+                    match p.reserve("fair").await {
+                        Ok(_) => admitted += 1,
+                        Err(Error::Denied(_)) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (asked, admitted)
+        }));
+    }
+    let (mut asked, mut admitted) = (0u64, 0u64);
+    for h in handles {
+        let (a, b) = h.await.unwrap();
+        asked += a;
+        admitted += b;
+    }
+    let last = server_ns(&mut clock).await;
+    let s = p.stats();
+    println!(
+        "FAIR {asked} {admitted} {} {} {first} {last}",
+        s.leased_decisions, s.round_trips
+    );
+}
+
+/// The fairness part: `PACE_REDIS_BENCH_PROCS` processes on one key of
+/// 5,000/s and capacity 500, each asking 2x (then 4x) an equal share of
+/// the rate, open loop, for `secs`; without and with leases, alternating.
+/// Admissions over the ideal, capacity + span / interval, the span on the
+/// server's clock (`TIME`) from the earliest reading a process took before
+/// its first reserve to the latest it took after its last (every admission
+/// lies inside it: above 1 would break the bound); and each process's
+/// admissions over an equal share of the ideal.
+fn fair(url: &str, secs: f64, rounds: usize) {
+    let procs: u64 = env_or("PACE_REDIS_BENCH_PROCS", 4);
+    println!(
+        "== fairness: {procs} processes x 8 tasks on one key (limit {FAIR_RATE}/s, capacity \
+         {FAIR_CAP}), each asking 2x then 4x an equal share, {secs} s per contender and round"
+    );
+    println!(
+        "{:<18} {:>6} {:>5} {:>9} {:>9} {:>9} {:>8} {:>13} {:>9} {:>11}",
+        "limiter",
+        "demand",
+        "round",
+        "asked",
+        "admitted",
+        "ideal",
+        "/ideal",
+        "share min-max",
+        "leased",
+        "trips"
+    );
+    let exe = std::env::current_exe().unwrap();
+    for times in [2u64, 4] {
+        for round in 0..rounds {
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for leases in order {
+                let start = unix_ms() + 1_000;
+                let asks = times * FAIR_RATE / procs;
+                let prefix = format!("fair{times}r{round}l{leases}:{start}:");
+                let children: Vec<_> = (0..procs)
+                    .map(|_| {
+                        Command::new(&exe)
+                            .arg("--bench")
+                            .env(
+                                "PACE_REDIS_BENCH_FAIR",
+                                format!("{url}|{leases}|{secs}|{start}|{asks}|{prefix}"),
+                            )
+                            .stdout(Stdio::piped())
+                            .spawn()
+                            .unwrap()
+                    })
+                    .collect();
+                let (mut t0, mut t1) = (u64::MAX, 0u64);
+                let (mut asked, mut admitted, mut leased, mut trips) = (0u64, 0u64, 0u64, 0u64);
+                let mut each = Vec::new();
+                for c in children {
+                    let out = c.wait_with_output().unwrap();
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    let line = text
+                        .lines()
+                        .find(|l| l.starts_with("FAIR "))
+                        .expect("FAIR line");
+                    let f: Vec<u64> = line[5..].split(' ').map(|x| x.parse().unwrap()).collect();
+                    asked += f[0];
+                    admitted += f[1];
+                    leased += f[2];
+                    trips += f[3];
+                    t0 = t0.min(f[4]);
+                    t1 = t1.max(f[5]);
+                    each.push(f[1]);
+                }
+                // The interval is 200,000 ns exactly.
+                let ideal = FAIR_CAP + (t1 - t0) / (1_000_000_000 / FAIR_RATE);
+                let share = |a: u64| a as f64 * procs as f64 / ideal as f64;
+                let (lo, hi) = (
+                    each.iter().copied().min().unwrap_or(0),
+                    each.iter().copied().max().unwrap_or(0),
+                );
+                println!(
+                    "{:<18} {:>5}x {:>5} {:>9} {:>9} {:>9} {:>8.4} {:>6.3}-{:<6.3} {:>9} {:>11}",
+                    if leases == 1 {
+                        "pace-redis, leases"
+                    } else {
+                        "pace-redis"
+                    },
+                    times,
+                    round + 1,
+                    asked,
+                    admitted,
+                    ideal,
+                    admitted as f64 / ideal as f64,
+                    share(lo),
+                    share(hi),
+                    leased,
+                    trips
+                );
+            }
+        }
+    }
+}
+
+/// The cold-key part, in this process: 8 tasks, each deciding 4 times on a
+/// key and then going on to a new one (below a lease's `hot_after` of 8),
+/// on a limit of 1,000/s with capacity 1,000 (every decision admitted),
+/// pace-redis without and with leases (`LeaseConfig::default()`). A round
+/// is `PACE_REDIS_BENCH_SLICES` slices, each running both for `secs /
+/// slices`, the first alternating from slice to slice; the ratio per round
+/// and its median, and this process's CPU time per decision ("cli us",
+/// user + system; the server's is not in it), less sensitive to a loaded
+/// machine than decisions per second.
+async fn cold(url: &str, secs: f64, rounds: usize) {
+    let limiter = |leases: bool| {
+        let b = RedisPace::builder(Rate::per_second(1_000).unwrap())
+            .capacity(1_000)
+            .timeout(Duration::from_secs(5))
+            .prefix(format!("cold{}:{}:", u8::from(leases), unix_ms()));
+        if leases {
+            b.leases(LeaseConfig::default())
+        } else {
+            b
+        }
+    };
+    let limiters = [
+        limiter(false).connect(url).await.unwrap(),
+        limiter(true).connect(url).await.unwrap(),
+    ];
+    let slices: usize = env_or("PACE_REDIS_BENCH_SLICES", 40).max(1);
+    let slice = Duration::from_secs_f64(secs / slices as f64);
+    println!(
+        "== cold keys: 8 tasks, 4 decisions per key and then a new key, {secs} s per \
+         contender and round in {slices} alternating slices"
+    );
+    println!(
+        "{:<18} {:>5} {:>12} {:>13} {:>9} {:>8}",
+        "limiter", "round", "decisions/s", "trips/decision", "leased", "cli us"
+    );
+    let mut ratios = Vec::new();
+    let mut cpu_ratios = Vec::new();
+    let mut next_key = 0u64;
+    for round in 0..rounds {
+        let mut decisions = [0u64; 2];
+        let mut seconds = [0.0f64; 2];
+        let mut cpu = [0.0f64; 2];
+        let before = [limiters[0].stats(), limiters[1].stats()];
+        for s in 0..slices {
+            let order = if s % 2 == 0 { [0, 1] } else { [1, 0] };
+            for leases in order {
+                let cpu0 = client_cpu_us();
+                let end = Instant::now() + slice;
+                let t0 = Instant::now();
+                let mut handles = Vec::new();
+                for t in 0..8u64 {
+                    let p = limiters[leases].clone();
+                    let base = next_key + (t << 40);
+                    handles.push(tokio::spawn(async move {
+                        let mut n = 0u64;
+                        let mut i = base;
+                        while Instant::now() < end {
+                            let key = format!("k{i}");
+                            for _ in 0..4 {
+                                match p.reserve(&key).await {
+                                    Ok(_) | Err(Error::Denied(_)) => n += 1,
+                                    Err(e) => panic!("{e}"),
+                                }
+                            }
+                            i += 1;
+                        }
+                        (n, i - base)
+                    }));
+                }
+                let mut keys = 0;
+                for h in handles {
+                    let (n, k) = h.await.unwrap();
+                    decisions[leases] += n;
+                    keys = keys.max(k);
+                }
+                seconds[leases] += t0.elapsed().as_secs_f64();
+                cpu[leases] += client_cpu_us() - cpu0;
+                next_key += keys;
+            }
+        }
+        let rates = [
+            decisions[0] as f64 / seconds[0],
+            decisions[1] as f64 / seconds[1],
+        ];
+        for leases in 0..2 {
+            let after = limiters[leases].stats();
+            println!(
+                "{:<18} {:>5} {:>12.0} {:>13.5} {:>9} {:>8.2}",
+                if leases == 1 {
+                    "pace-redis, leases"
+                } else {
+                    "pace-redis"
+                },
+                round + 1,
+                rates[leases],
+                (after.round_trips - before[leases].round_trips) as f64
+                    / decisions[leases].max(1) as f64,
+                after.leased_decisions - before[leases].leased_decisions,
+                cpu[leases] / decisions[leases].max(1) as f64
+            );
+        }
+        let cpu_ratio = (cpu[1] / decisions[1].max(1) as f64)
+            / (cpu[0] / decisions[0].max(1) as f64).max(f64::MIN_POSITIVE);
+        ratios.push(rates[1] / rates[0]);
+        cpu_ratios.push(cpu_ratio);
+        println!(
+            "{:<18} {:>5} {:>12.3}x {:>32.3}x",
+            "ratio (leases/not)",
+            round + 1,
+            rates[1] / rates[0],
+            cpu_ratio
+        );
+    }
+    ratios.sort_by(f64::total_cmp);
+    cpu_ratios.sort_by(f64::total_cmp);
+    if let (Some(m), Some(c)) = (ratios.get(rounds / 2), cpu_ratios.get(rounds / 2)) {
+        println!(
+            "cold keys: median ratio (leases / without) {m:.3}x decisions/s, {c:.3}x client \
+             CPU per decision, over {rounds} rounds"
         );
     }
 }

@@ -18,8 +18,10 @@
 #       independent of the machine's load (needs valgrind).
 #   bash pace-redis/benches/server_cost.sh client [CALLS]
 #       the client's side: instructions per decision of benches/redis.rs's
-#       process (one task, the bench's keys; pace-redis's limiter, its script
-#       called directly ("raw"), the plain script) under callgrind, from the
+#       process (one task, the bench's keys; pace-redis's limiter, the same
+#       with leases (no key leased: the cold keys' cost), its script called
+#       directly ("raw"), the plain script; `CONTENDERS="pace pace-leases"`
+#       for some) under callgrind, from the
 #       difference between runs of CALLS and 2 x CALLS decisions (default
 #       5,000); the server runs outside valgrind. Builds the bench first.
 #   bash pace-redis/benches/server_cost.sh holds [CALLS]
@@ -105,7 +107,7 @@ client)
             --callgrind-out-file="$out" "$bin" --bench >/dev/null 2>&1
         sed -n 's/^summary: *//p;s/^totals: *//p' "$out" | head -1
     }
-    for s in pace raw plain; do
+    for s in ${CONTENDERS:-pace pace-leases raw plain}; do
         one=$(count "$s" "$calls")
         two=$(count "$s" $((2 * calls)))
         echo "$s: $(((two - one) / calls)) client instructions per decision"

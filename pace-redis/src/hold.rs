@@ -305,7 +305,7 @@ impl RedisPace {
     }
 
     async fn hold_inner(&self, key: &str, call: Call, now: Option<u64>) -> Result<Hold, Error> {
-        if self.inner.leases.is_some()
+        if self.any_leased()
             && now.is_none()
             && call.quota.is_none()
             && call.wait == 0

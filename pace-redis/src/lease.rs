@@ -8,9 +8,10 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use redis::Value;
 
 use crate::lease_counter::{Counter, Word, MAX_LEASED};
@@ -36,7 +37,10 @@ pub struct LeaseConfig {
     /// least 1.
     pub want: Option<u64>,
     /// A key is hot, and leased, after this many server decisions within
-    /// one lease time. Default 8.
+    /// one lease time. Default 8. The decisions are counted in
+    /// `4 × max_keys` cells (at most 65,536) by the key's hash, without a
+    /// lock: a key whose cell another key took starts its count again.
+    /// A count stops at 65,535: a larger value acts as 65,535.
     pub hot_after: u32,
     /// Replicas (standbys) that must hold a grant's writes before it is
     /// used: a `WAIT n` is sent after each granting call, and a grant WAIT
@@ -106,9 +110,17 @@ pub(crate) struct Leases {
     pub(crate) max_keys: usize,
     /// This replica's id (random per limiter), 16 hexadecimal digits.
     pub(crate) replica: String,
-    pub(crate) slots: RwLock<HashMap<String, Arc<Slot>>>,
-    /// Server decisions per key in the current lease time: (start, count).
-    heat: Mutex<HashMap<String, (u64, u32)>>,
+    /// The leased keys' slots, read without a lock (`ArcSwap::load`): a
+    /// reserve on a leased key is the lookup and one CAS. A new key's slot
+    /// goes into a copy of the map, stored whole under `adding` (at most
+    /// `max_keys` copies in a limiter's life: a slot is never removed).
+    pub(crate) slots: ArcSwap<HashMap<String, Arc<Slot>>>,
+    adding: Mutex<()>,
+    /// Server decisions per key in the current lease time, in cells chosen
+    /// by the key's hash (`Heat`): no lock and no copy of the key's name on
+    /// a cold key's decision.
+    heat: Box<[AtomicU64]>,
+    heat_hasher: RandomState,
 }
 
 impl Leases {
@@ -150,9 +162,23 @@ impl Leases {
                 .max(1),
             max_keys: config.max_keys,
             replica: format!("{:016x}", h.finish()),
-            slots: RwLock::new(HashMap::new()),
-            heat: Mutex::new(HashMap::new()),
+            slots: ArcSwap::from_pointee(HashMap::new()),
+            adding: Mutex::new(()),
+            heat: (0..heat_cells(config.max_keys))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            heat_hasher: RandomState::new(),
         })
+    }
+
+    /// The cell counting `key`'s server decisions and the tag that tells
+    /// its count from another key's.
+    fn heat_cell(&self, key: &str) -> (&AtomicU64, u64) {
+        let h = self.heat_hasher.hash_one(key);
+        // A power of two cells: the low bits pick the cell, the high ones
+        // are the tag.
+        let cell = &self.heat[(h as usize) & (self.heat.len() - 1)];
+        (cell, h >> 48)
     }
 
     /// The local time a grant with `remaining` ns left may be used for.
@@ -160,6 +186,69 @@ impl Leases {
         let r = u128::from(remaining);
         let used = r * u128::from(1_000_000 - self.eps_ppm) / 1_000_000;
         u64::try_from(used).unwrap_or(u64::MAX)
+    }
+}
+
+/// Cells of the heat count: four per leasable key, a power of two, at most
+/// 65,536.
+fn heat_cells(max_keys: usize) -> usize {
+    max_keys
+        .saturating_mul(4)
+        .clamp(1, 1 << 16)
+        .next_power_of_two()
+}
+
+/// A heat cell's word: the tag of the key counted (16 bits), the start of
+/// its count (local ns in units of 2^16 ns, 32 bits, wrapping), and the
+/// count (16 bits, saturating). A key whose cell holds another tag starts
+/// a count of its own in it (the other key's count starts again when it
+/// comes back: a lease later); two keys of one cell and one tag count
+/// together (a lease sooner). Either moves only when a lease is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Heat {
+    tag: u64,
+    start: u64,
+    count: u64,
+}
+
+impl Heat {
+    const UNIT_BITS: u32 = 16;
+    const START_MASK: u64 = (1 << 32) - 1;
+
+    fn unpack(w: u64) -> Heat {
+        Heat {
+            tag: w >> 48,
+            start: (w >> 16) & Self::START_MASK,
+            count: w & 0xffff,
+        }
+    }
+
+    fn pack(self) -> u64 {
+        ((self.tag & 0xffff) << 48)
+            | ((self.start & Self::START_MASK) << 16)
+            | (self.count & 0xffff)
+    }
+
+    /// One more server decision of the key tagged `tag` at local `now_ns`,
+    /// counted afresh when the cell holds another key or a count older
+    /// than `lease_ns`.
+    fn bump(w: u64, tag: u64, now_ns: u64, lease_ns: u64) -> Heat {
+        let now = (now_ns >> Self::UNIT_BITS) & Self::START_MASK;
+        let lease = (lease_ns >> Self::UNIT_BITS).max(1);
+        let cur = Heat::unpack(w);
+        let age = now.wrapping_sub(cur.start) & Self::START_MASK;
+        if w == 0 || cur.tag != tag || age > lease {
+            Heat {
+                tag,
+                start: now,
+                count: 1,
+            }
+        } else {
+            Heat {
+                count: (cur.count + 1).min(0xffff),
+                ..cur
+            }
+        }
     }
 }
 
@@ -225,6 +314,15 @@ impl RedisPace {
         u64::try_from(self.inner.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// Whether any key has a lease slot: else a call looks for none (a cold
+    /// key's decision builds no Redis key for the lookup).
+    pub(crate) fn any_leased(&self) -> bool {
+        self.inner
+            .leases
+            .as_ref()
+            .is_some_and(|l| !l.slots.load().is_empty())
+    }
+
     /// A reserve of `n` tokens of `key` (its Redis key) from its lease, if
     /// it has one that can decide it.
     pub(crate) fn leased(&self, key: String, n: u64) -> Result<Reservation, String> {
@@ -232,7 +330,7 @@ impl RedisPace {
             return Err(key);
         };
         let (decided, low) = {
-            let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
+            let slots = leases.slots.load();
             let Some(slot) = slots.get(&key) else {
                 drop(slots);
                 return Err(key);
@@ -286,8 +384,7 @@ impl RedisPace {
         let Some(leases) = &self.inner.leases else {
             return Refunded::Nothing;
         };
-        let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
-        match slots.get(key) {
+        match leases.slots.load().get(key) {
             Some(slot) if slot.counter.give_back(generation, n) => Refunded::Restored,
             _ => Refunded::Superseded,
         }
@@ -300,29 +397,26 @@ impl RedisPace {
             return;
         };
         let now = self.lease_clock();
-        let hot = {
-            let mut heat = leases.heat.lock().unwrap_or_else(|p| p.into_inner());
-            if heat.len() >= 4 * leases.max_keys && !heat.contains_key(key) {
-                heat.clear();
-            }
-            let e = heat.entry(key.to_owned()).or_insert((now, 0));
-            if now.saturating_sub(e.0) > leases.lease_ns {
-                *e = (now, 0);
-            }
-            e.1 += 1;
-            e.1 >= leases.hot_after
-        };
-        if !hot {
+        let (cell, tag) = leases.heat_cell(key);
+        let mut count = 0;
+        let _ = cell.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+            let next = Heat::bump(w, tag, now, leases.lease_ns);
+            count = next.count;
+            Some(next.pack())
+        });
+        if count < u64::from(leases.hot_after).min(0xffff) {
             return;
         }
         {
-            let mut slots = leases.slots.write().unwrap_or_else(|p| p.into_inner());
+            let _adding = leases.adding.lock().unwrap_or_else(|p| p.into_inner());
+            let slots = leases.slots.load();
             if let Some(slot) = slots.get(key) {
                 slot.cold.store(false, Ordering::Release);
             } else {
                 if slots.len() >= leases.max_keys {
                     return;
                 }
+                let mut slots = HashMap::clone(&slots);
                 slots.insert(
                     key.to_owned(),
                     Arc::new(Slot {
@@ -336,6 +430,7 @@ impl RedisPace {
                         }),
                     }),
                 );
+                leases.slots.store(Arc::new(slots));
             }
         }
         self.spawn_renewal(key);
@@ -345,12 +440,9 @@ impl RedisPace {
         let Some(leases) = self.inner.leases.as_ref() else {
             return;
         };
-        let slot = {
-            let slots = leases.slots.read().unwrap_or_else(|p| p.into_inner());
-            match slots.get(key) {
-                Some(s) => Arc::clone(s),
-                None => return,
-            }
+        let slot = match leases.slots.load().get(key) {
+            Some(s) => Arc::clone(s),
+            None => return,
         };
         if slot.cold.load(Ordering::Acquire)
             || slot.quiet_until.load(Ordering::Relaxed) > self.lease_clock()
@@ -398,11 +490,7 @@ impl RedisPace {
             self.renew(key, slot, true).await;
             // Cold again: a lease once hot again.
             slot.cold.store(true, Ordering::Release);
-            leases
-                .heat
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(key);
+            leases.heat_cell(key).0.store(0, Ordering::Relaxed);
             slot.renewing.store(false, Ordering::Release);
             return;
         }
@@ -550,5 +638,73 @@ impl RedisPace {
             .await
             .and_then(|v| parse_lease(&v))
             .map_err(crate::Error::Unavailable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{heat_cells, Heat};
+
+    const UNIT: u64 = 1 << 16;
+
+    /// `n` decisions of the key tagged `tag`, at the local times `at`.
+    fn count(mut w: u64, tag: u64, at: &[u64], lease: u64) -> (u64, Vec<u64>) {
+        let mut counts = Vec::new();
+        for &t in at {
+            let h = Heat::bump(w, tag, t, lease);
+            counts.push(h.count);
+            w = h.pack();
+        }
+        (w, counts)
+    }
+
+    #[test]
+    fn a_key_counts_its_decisions_within_a_lease_time_and_no_others() {
+        let lease = 100 * UNIT;
+        // Within one lease time (in the cell's units), one count.
+        let (w, c) = count(0, 7, &[0, UNIT, 50 * UNIT, 100 * UNIT], lease);
+        assert_eq!(c, [1, 2, 3, 4]);
+        // Past it, a new count from that decision.
+        let (w, c) = count(w, 7, &[101 * UNIT, 102 * UNIT], lease);
+        assert_eq!(c, [1, 2]);
+        // Another key in the cell starts its own; the first starts again.
+        let (w, c) = count(w, 8, &[103 * UNIT], lease);
+        assert_eq!(c, [1]);
+        let (_, c) = count(w, 7, &[104 * UNIT, 105 * UNIT], lease);
+        assert_eq!(c, [1, 2]);
+    }
+
+    #[test]
+    fn a_count_saturates_and_its_start_wraps() {
+        let lease = 100 * UNIT;
+        let full = Heat {
+            tag: 3,
+            start: 5,
+            count: 0xffff,
+        };
+        assert_eq!(Heat::bump(full.pack(), 3, 5 * UNIT, lease).count, 0xffff);
+        // A start just below the wrap of its 32 bits, a decision after it.
+        let late = Heat {
+            tag: 3,
+            start: (1 << 32) - 10,
+            count: 4,
+        };
+        let after = ((1u64 << 32) + 20) * UNIT;
+        assert_eq!(Heat::bump(late.pack(), 3, after, lease).count, 5);
+        assert_eq!(
+            Heat::bump(late.pack(), 3, after + 100 * UNIT, lease).count,
+            1
+        );
+        for h in [full, late] {
+            assert_eq!(Heat::unpack(h.pack()), h);
+        }
+    }
+
+    #[test]
+    fn heat_cells_are_a_bounded_power_of_two() {
+        assert_eq!(heat_cells(1), 4);
+        assert_eq!(heat_cells(1_000), 4_096);
+        assert_eq!(heat_cells(1_024), 4_096);
+        assert_eq!(heat_cells(usize::MAX), 1 << 16);
     }
 }

@@ -463,7 +463,7 @@ impl RedisPace {
         call: Call,
         now: Option<u64>,
     ) -> Result<Reservation, Error> {
-        if self.inner.leases.is_some() && now.is_none() && !call.own && call.n >= 1 {
+        if self.any_leased() && now.is_none() && !call.own && call.n >= 1 {
             // A lease decides the configuration's quota locally, or the
             // call goes on as without leases.
             let full = self.checked_key(key)?;
