@@ -1,6 +1,12 @@
 //! Waiting for a turn (`acquire`): a slot reserved ahead, then one sleep.
 
-use super::*;
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+use std::time::Duration;
+
+use super::{call, each_in_drop, Denied, Pace, Reservation, Turned};
+use crate::clock::Clock;
+use crate::rate::Quota;
 
 /// A turn being waited for (`Pace::acquire`): refunded if dropped before
 /// the turn comes.
