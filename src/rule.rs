@@ -9,34 +9,27 @@
 //! it with `-- rule: <fn>`; `pace-redis/tests/equivalence.rs` checks that
 //! the two agree (DESIGN.md, "Where each rule lives").
 //!
-//! Known-wrong variants of a rule are written beside it ([`variants!`]), so a
-//! rule reads in one place.
+//! Known-wrong variants of a rule are written beside it, at the top of its
+//! function (`wrong!`), so a rule reads in one place.
 //!
 //! Units: times and costs in ns; a row's state is its settled `tat` and
 //! `held`, the ns of refill its unresolved holds take (DESIGN.md, glossary).
 
 use crate::bucket::{Decision, Limits, Refund, MAX_TIME};
 
-/// A rule function with its known-wrong variants side by side: `right` is
-/// built unless one of the `wrong` variants' `pace_mutant` names is set
-/// (`src/mutants.rs`), which then replaces it.
-macro_rules! variants {
-    (
-        $(#[$attr:meta])*
-        fn $f:ident $args:tt -> $ret:ty;
-        right $right:block
-        $($(#[$wattr:meta])* wrong(pace_mutant = $m:tt) $wrong:block)*
-    ) => {
-        $(#[$attr])*
-        #[cfg(not(any($(pace_mutant = $m),*)))]
-        #[allow(unused_variables)]
-        pub(crate) fn $f $args -> $ret $right
-        $(
-            $(#[$wattr])*
-            #[cfg(pace_mutant = $m)]
-            #[allow(unused_variables)]
-            pub(crate) fn $f $args -> $ret $wrong
-        )*
+/// A known-wrong variant of a rule, at the top of the rule's function, beside
+/// the right body it replaces: `wrong!(pace_mutant = "name" => expr)`
+/// returns `expr` from the function when the build's `pace_mutant` is
+/// `name` (`src/mutants.rs`). The condition is a `cfg!` constant, folded
+/// away in every build: no rule branches on a mutant at run time, and the
+/// wrong body type-checks in every build. (The right body stays a plain
+/// function body, so that `cargo mutants` mutates it; it does not look
+/// inside macro calls, where the wrong bodies are.)
+macro_rules! wrong {
+    (pace_mutant = $m:tt => $wrong:expr) => {
+        if cfg!(pace_mutant = $m) {
+            return $wrong;
+        }
     };
 }
 
@@ -106,32 +99,29 @@ fn gcra_past_time(limits: &Limits, base: u64, now: u64, cost: u64) -> Decision {
     }
 }
 
-variants! {
-    /// A plain refund's bound: undoes a reservation whose debit moved the
-    /// bucket from `prev` to `own_tat`, onto a bucket now at `tat`.
-    /// Restores `prev` iff the bucket still ends where the reservation left
-    /// it (`tat == own_tat`: nothing was debited since), else returns
-    /// nothing. Restoring `prev` is exactly the state in which the
-    /// reservation never happened, so it cannot mint a token whatever the
-    /// refund's clock says. When `prev` is not later than `now` the restored
-    /// bucket is full: the row may be removed.
-    ///
-    /// Script: `refund` (op `'f'`).
-    #[inline]
-    fn refund(limits: &Limits, tat: u64, now: u64, n: u64, own_tat: u64, prev: u64) -> Refund;
-    right {
-        if tat != own_tat {
-            Refund::Unchanged
-        } else if prev <= now {
-            Refund::Full
-        } else {
-            Refund::Set(prev)
-        }
-    }
-    /// Subtracts the undrained part of the reservation,
-    /// `min(n·T, own_tat − now)`, from whatever the bucket holds now, so
-    /// out-of-order and stale refunds mint tokens.
-    wrong(pace_mutant = "refund_undrained") {
+/// A plain refund's bound: undoes a reservation whose debit moved the
+/// bucket from `prev` to `own_tat`, onto a bucket now at `tat`.
+/// Restores `prev` iff the bucket still ends where the reservation left
+/// it (`tat == own_tat`: nothing was debited since), else returns
+/// nothing. Restoring `prev` is exactly the state in which the
+/// reservation never happened, so it cannot mint a token whatever the
+/// refund's clock says. When `prev` is not later than `now` the restored
+/// bucket is full: the row may be removed.
+///
+/// Script: `refund` (op `'f'`).
+#[inline]
+pub(crate) fn refund(
+    limits: &Limits,
+    tat: u64,
+    now: u64,
+    n: u64,
+    own_tat: u64,
+    prev: u64,
+) -> Refund {
+    // Subtracts the undrained part of the reservation,
+    // `min(n·T, own_tat − now)`, from whatever the bucket holds now, so
+    // out-of-order and stale refunds mint tokens.
+    wrong!(pace_mutant = "refund_undrained" => {
         if tat <= now {
             return Refund::Unchanged;
         }
@@ -148,42 +138,39 @@ variants! {
         } else {
             Refund::Set(new)
         }
+    });
+    if tat != own_tat {
+        Refund::Unchanged
+    } else if prev <= now {
+        Refund::Full
+    } else {
+        Refund::Set(prev)
     }
 }
 
-variants! {
-    /// Whether a debit of `n` tokens fits the bucket beside `held` ns of held
-    /// tokens: `held + n·T ≤ C·T`. A plain decision that admits implies it;
-    /// a turn (whose horizon is stretched by its wait) needs it, or no
-    /// instant while the tokens are held is one where its debit fits
-    /// (`n ≤ C` is checked before).
-    ///
-    /// Script: `fits_beside`.
-    #[inline]
-    fn fits_beside(held: u64, limits: &Limits, n: u64) -> bool;
-    right {
-        held == 0 || held <= (limits.capacity() - n) * limits.interval()
-    }
-    /// A turn is placed after held tokens that leave no room for it in
-    /// the bucket.
-    wrong(pace_mutant = "turn_beside_too_many_held") {
-        true
-    }
+/// Whether a debit of `n` tokens fits the bucket beside `held` ns of held
+/// tokens: `held + n·T ≤ C·T`. A plain decision that admits implies it;
+/// a turn (whose horizon is stretched by its wait) needs it, or no
+/// instant while the tokens are held is one where its debit fits
+/// (`n ≤ C` is checked before).
+///
+/// Script: `fits_beside`.
+#[inline]
+pub(crate) fn fits_beside(held: u64, limits: &Limits, n: u64) -> bool {
+    // A turn is placed after held tokens that leave no room for it in
+    // the bucket.
+    wrong!(pace_mutant = "turn_beside_too_many_held" => true);
+    held == 0 || held <= (limits.capacity() - n) * limits.interval()
 }
 
-variants! {
-    /// The held tokens a decision counts, of `held`: all of them.
-    ///
-    /// Script: `decide` (its `held`).
-    #[inline]
-    fn counted(held: u64) -> u64;
-    right {
-        held
-    }
-    /// A decision counts no held token.
-    wrong(pace_mutant = "decision_ignores_held") {
-        0
-    }
+/// The held tokens a decision counts, of `held`: all of them.
+///
+/// Script: `decide` (its `held`).
+#[inline]
+pub(crate) fn counted(held: u64) -> u64 {
+    // A decision counts no held token.
+    wrong!(pace_mutant = "decision_ignores_held" => 0);
+    held
 }
 
 /// The decision on `n` more tokens at `now` beside `held` ns of held
@@ -249,67 +236,52 @@ pub(crate) fn held_wait(tat: u64, held: u64, limits: &Limits, now: u64, n: u64) 
     end.saturating_sub(now.saturating_add(tau))
 }
 
-variants! {
-    /// A kept debit of `cost` decided at reading `at`, settled onto `tat`:
-    /// `max(tat, at) + cost`, how a kept hold and an expired lot settle. At
-    /// the end of the time space it stays at `MAX_TIME`, where every
-    /// decision is `TimeExhausted` (so a settled `tat` is never read as a
-    /// record).
-    ///
-    /// Script: `settle` (a keep, op `'k'`, and an expired hold).
-    #[inline(always)]
-    fn settle(tat: u64, at: u64, cost: u64) -> u64;
-    right {
-        tat.max(at).saturating_add(cost).min(MAX_TIME)
-    }
-    /// A kept hold is added to the settled `tat` without the clamp at its
-    /// own reading, so a hold kept after its bucket refilled is settled in
-    /// the past.
-    wrong(pace_mutant = "settle_unclamped") {
-        (tat + cost).min(MAX_TIME)
-    }
+/// A kept debit of `cost` decided at reading `at`, settled onto `tat`:
+/// `max(tat, at) + cost`, how a kept hold and an expired lot settle. At
+/// the end of the time space it stays at `MAX_TIME`, where every
+/// decision is `TimeExhausted` (so a settled `tat` is never read as a
+/// record).
+///
+/// Script: `settle` (a keep, op `'k'`, and an expired hold).
+#[inline(always)]
+pub(crate) fn settle(tat: u64, at: u64, cost: u64) -> u64 {
+    // A kept hold is added to the settled `tat` without the clamp at its
+    // own reading, so a hold kept after its bucket refilled is settled in
+    // the past.
+    wrong!(pace_mutant = "settle_unclamped" => (tat + cost).min(MAX_TIME));
+    tat.max(at).saturating_add(cost).min(MAX_TIME)
 }
 
-variants! {
-    /// The settled `tat` after a refund of `cost` held: unchanged (a refund
-    /// only takes its tokens off what is held).
-    ///
-    /// Script: `refunded` (a release, op `'x'`).
-    #[inline]
-    fn refunded(tat: u64, cost: u64) -> u64;
-    right {
-        tat
-    }
-    /// A refund also takes its cost off the settled `tat`, returning tokens
-    /// that other debits settled.
-    wrong(pace_mutant = "refund_rewinds_tat") {
-        tat.saturating_sub(cost)
-    }
+/// The settled `tat` after a refund of `cost` held: unchanged (a refund
+/// only takes its tokens off what is held).
+///
+/// Script: `refunded` (a release, op `'x'`).
+#[inline]
+pub(crate) fn refunded(tat: u64, cost: u64) -> u64 {
+    // A refund also takes its cost off the settled `tat`, returning tokens
+    // that other debits settled.
+    wrong!(pace_mutant = "refund_rewinds_tat" => tat.saturating_sub(cost));
+    tat
 }
 
-variants! {
-    /// The turn's slot: when a debit settled at `tat` beside `held` ns of
-    /// held tokens fits a bucket of horizon `tau`, the instant a turn of
-    /// `wait` at most is let through (`Pace::acquire`). Held tokens count
-    /// as debited at every decision, so the slot lies behind them:
-    /// `tat + held − τ` (DESIGN.md §3, "Turns beside holds").
-    ///
-    /// Script: `slot_of` (its wait, in the reply).
-    #[inline]
-    fn slot_of(tat: u64, held: u64, tau: u64, wait: u64) -> u64;
-    right {
-        tat.saturating_add(held).saturating_sub(tau)
-    }
-    /// A turn is let through as soon as it was decided, up to its whole wait
-    /// before its debit fits.
-    wrong(pace_mutant = "turn_before_its_slot") {
+/// The turn's slot: when a debit settled at `tat` beside `held` ns of
+/// held tokens fits a bucket of horizon `tau`, the instant a turn of
+/// `wait` at most is let through (`Pace::acquire`). Held tokens count
+/// as debited at every decision, so the slot lies behind them:
+/// `tat + held − τ` (DESIGN.md §3, "Turns beside holds").
+///
+/// Script: `slot_of` (its wait, in the reply).
+#[inline]
+pub(crate) fn slot_of(tat: u64, held: u64, tau: u64, wait: u64) -> u64 {
+    // A turn is let through as soon as it was decided, up to its whole wait
+    // before its debit fits.
+    wrong!(pace_mutant = "turn_before_its_slot" => {
         tat.saturating_add(held)
             .saturating_sub(tau)
             .saturating_sub(wait)
-    }
-    /// A turn's slot comes from the settled `tat` alone, ahead of the held
-    /// tokens its decision counted.
-    wrong(pace_mutant = "turn_slot_ignores_held") {
-        tat.saturating_sub(tau)
-    }
+    });
+    // A turn's slot comes from the settled `tat` alone, ahead of the held
+    // tokens its decision counted.
+    wrong!(pace_mutant = "turn_slot_ignores_held" => tat.saturating_sub(tau));
+    tat.saturating_add(held).saturating_sub(tau)
 }
