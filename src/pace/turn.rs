@@ -4,7 +4,9 @@ use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
 
-use super::{call, each_in_drop, Denied, Pace, Reservation, Turned};
+#[cfg(feature = "timer")]
+use super::each_in_drop;
+use super::{call, Denied, Pace, Reservation, Turned};
 use crate::clock::Clock;
 use crate::rate::Quota;
 
