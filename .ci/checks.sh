@@ -14,6 +14,11 @@ step() { printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 step "cargo fmt --check"
 cargo fmt --all --check
 
+step "no two modules of a crate import each other (.ci/import_cycles.py, < 1 s)"
+for src in pace-tower/src pace-models/src pace-soak/src pace-lab/src loom-tests/src; do
+    python3 .ci/import_cycles.py "$src" | sed "s|^|$src: |"
+done
+
 step "cargo clippy"
 # --all-targets: the benchmarks (run by hand: docs/bench/README.md) and the
 # examples type-check here.

@@ -6,8 +6,11 @@ Usage: python3 .ci/import_cycles.py [SRC_DIR] (default: src). Reads every
 top-level modules and the submodules of directory modules (src/table/*,
 src/pace/*, pace-tower/src/layer/*), and prints each pair of modules that
 import each other (a module and its own submodules excepted), then the
-counts. Brace groups (`use super::{a, b}`) name items, not modules, and
-are not followed. Not run by CI: a tool for reviews of the module graph.
+counts; exits 1 when any pair imports each other. Brace groups
+(`use super::{a, b}`) name items, not modules, and are not followed.
+.ci/checks.sh runs it on the crates whose graph has no circle
+(pace-tower, pace-models, pace-soak, pace-lab, loom-tests; well under a
+second); on the others it is a tool for reviews of the module graph.
 """
 import os
 import re
@@ -56,3 +59,4 @@ mutual = sorted({tuple(sorted(e)) for e in edges if (e[1], e[0]) in edges})
 for a, b in mutual:
     print(f"{a} <-> {b}")
 print(f"{len(edges)} edges, {len(mutual)} pairs importing each other")
+sys.exit(1 if mutual else 0)

@@ -2,9 +2,10 @@
 // that builds it (`PACE_MUTANT=name`, see build.rs), where its pair of
 // functions lives, and what the wrong one does. Each is a pair of functions
 // of one signature, the right one under `cfg(not(pace_mutant = "name"))`
-// and the wrong one beside it under `cfg(pace_mutant = "name")` (in
-// src/rule.rs written side by side with its `variants!` macro); no
-// protocol function branches on a mutant.
+// and the wrong one beside it under `cfg(pace_mutant = "name")`; in
+// src/rule.rs a rule's wrong variants stand at the top of its function
+// (`wrong!(pace_mutant = "name" => …)`, a `cfg!` constant the compiler
+// folds away). No protocol function branches on a mutant at run time.
 //
 // This list is the registry: build.rs includes this file and declares
 // exactly these names as the values of `cfg(pace_mutant)`, so a variant

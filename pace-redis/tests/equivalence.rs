@@ -84,23 +84,12 @@ fn op(cap: u64) -> impl Strategy<Value = Op> {
     ]
 }
 
-fn interval() -> impl Strategy<Value = u64> {
-    prop_oneof![
-        Just(1u64),
-        Just(7),
-        Just(1_000),
-        Just(333_333_334),
-        Just(1_000_000_007),
-        1u64..5_000_000_000
-    ]
-}
-
 /// The configuration's quota and two of the calls' own, as (interval,
 /// capacity), and the operations.
 type Case = ([(u64, u64); 3], Vec<Op>);
 
 fn case() -> impl Strategy<Value = Case> {
-    proptest::array::uniform3((interval(), 1u64..=8)).prop_flat_map(|quotas| {
+    proptest::array::uniform3((common::interval(), 1u64..=8)).prop_flat_map(|quotas| {
         let cap = quotas.iter().map(|q| q.1).max().unwrap_or(1);
         (Just(quotas), proptest::collection::vec(op(cap), 1..60))
     })

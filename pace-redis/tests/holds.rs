@@ -79,15 +79,32 @@ fn op(cap: u64) -> impl Strategy<Value = Op> {
     ]
 }
 
-fn interval() -> impl Strategy<Value = u64> {
-    prop_oneof![
-        Just(1u64),
-        Just(7),
-        Just(1_000),
-        Just(333_333_334),
-        Just(1_000_000_007),
-        1u64..5_000_000_000
-    ]
+/// The script's denial `d` of a `what` (a reserve or a hold) at `step` is
+/// the model's `(reason, wait, debt)`: its reason, and unless it exceeds the
+/// capacity its wait, remaining tokens and reset time.
+fn denial_agrees(
+    model: &Model,
+    d: &pace_redis::Denied,
+    (reason, wait, debt): (DenyReason, u64, u64),
+    what: &str,
+    step: usize,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(d.reason(), reason, "{} reason, step {}", what, step);
+    if reason != DenyReason::ExceedsCapacity {
+        let wait = Duration::from_nanos(wait);
+        prop_assert_eq!(d.retry_after(), wait, "{} wait, step {}", what, step);
+        let remaining = Some(model.tokens(debt));
+        prop_assert_eq!(
+            d.remaining(),
+            remaining,
+            "{} remaining, step {}",
+            what,
+            step
+        );
+        let reset = Some(Duration::from_nanos(debt));
+        prop_assert_eq!(d.reset_after(), reset, "{} reset, step {}", what, step);
+    }
+    Ok(())
 }
 
 /// (interval, capacity, the two limiters' hold limits as (quarters of tau,
@@ -96,7 +113,7 @@ type Case = (u64, u64, [(u64, u64); 2], Vec<Op>);
 
 fn case() -> impl Strategy<Value = Case> {
     (
-        interval(),
+        common::interval(),
         1u64..=6,
         proptest::array::uniform2((0u64..10, 0u64..1_000_000_000)),
     )
@@ -412,21 +429,8 @@ fn run_histories(compare: bool, cases: u32) {
                                     );
                                 }
                             }
-                            (Err((reason, wait, debt)), Err(Error::Denied(d))) => {
-                                prop_assert_eq!(d.reason(), *reason, "reason, step {}", step);
-                                if *reason != DenyReason::ExceedsCapacity {
-                                    prop_assert_eq!(
-                                        d.retry_after(),
-                                        Duration::from_nanos(*wait),
-                                        "wait, step {}",
-                                        step
-                                    );
-                                    prop_assert_eq!(d.remaining(), Some(model.tokens(*debt)));
-                                    prop_assert_eq!(
-                                        d.reset_after(),
-                                        Some(Duration::from_nanos(*debt))
-                                    );
-                                }
+                            (Err(denial), Err(Error::Denied(d))) => {
+                                denial_agrees(&model, d, *denial, "reserve", step)?;
                             }
                             (e, g) => prop_assert!(
                                 false,
@@ -486,21 +490,8 @@ fn run_histories(compare: bool, cases: u32) {
                                     prop_assert_eq!(h.source(), Source::Request);
                                 }
                             }
-                            (Err((reason, wait, debt)), Err(Error::Denied(d))) => {
-                                prop_assert_eq!(d.reason(), *reason, "hold reason, step {}", step);
-                                if *reason != DenyReason::ExceedsCapacity {
-                                    prop_assert_eq!(
-                                        d.retry_after(),
-                                        Duration::from_nanos(*wait),
-                                        "hold wait, step {}",
-                                        step
-                                    );
-                                    prop_assert_eq!(d.remaining(), Some(model.tokens(*debt)));
-                                    prop_assert_eq!(
-                                        d.reset_after(),
-                                        Some(Duration::from_nanos(*debt))
-                                    );
-                                }
+                            (Err(denial), Err(Error::Denied(d))) => {
+                                denial_agrees(&model, d, *denial, "hold", step)?;
                             }
                             (e, g) => prop_assert!(
                                 false,

@@ -1,6 +1,20 @@
 //! Building a `Pace`: capacity, clock, hasher, key kind and limits.
 
-use super::*;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use super::{Pace, Rows, RowsPick, DEFAULT_MIN_SLOTS, MIN_HORIZON_NS, NEXT_ID};
+use crate::clock::{Clock, DefaultClock};
+use crate::hasher::Sip;
+use crate::rate::{ConfigError, Quota, Rate};
+use crate::sync::{AtomicU64, AtomicUsize, Epochs};
+use crate::table::quota::QuotaCell;
+use crate::table::words::WordKey;
+use crate::table::{keys, Table};
 
 /// Builds a [`Pace`] with a non-default capacity, clock or hasher.
 #[must_use = "a builder does nothing until build() is called"]

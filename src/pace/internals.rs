@@ -1,6 +1,11 @@
 //! `PaceInternals`: explicit-time entry points and probes (feature `__internals`).
 
-use super::*;
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+use super::{Debit, Denied, Hold, Pace, Refunded, Reservation, Turned};
+use crate::clock::Clock;
+use crate::rate::Quota;
 
 /// Explicit-time entry points and state probes of [`Pace`], for models, fuzz
 /// targets, benchmarks and tests: `use pace::internals::PaceInternals;`.

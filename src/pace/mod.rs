@@ -4,7 +4,6 @@ use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use std::marker::PhantomData;
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
@@ -12,14 +11,13 @@ use crossbeam_utils::CachePadded;
 use crate::bucket::{Decision, Limits};
 use crate::clock::{Clock, DefaultClock};
 use crate::hasher::{self, Sip};
-use crate::rate::{ConfigError, Quota, Rate};
+use crate::rate::{Quota, Rate};
 use crate::sync::epoch::Guard;
 use crate::sync::{AtomicU64, AtomicUsize, Epochs, Ordering};
-use crate::table::held::Ticket;
-use crate::table::keys::{self, Bits, Boxed};
+use crate::table::keys;
 use crate::table::quota::QuotaCell;
-use crate::table::words::{Borrowed, WordKey};
-use crate::table::{Admitted, Ask, Cx, Reserve, Spent, Spot, Table, Taken, SWEEP_FLOOR};
+use crate::table::words::WordKey;
+use crate::table::{Admitted, Ask, Reserve, Spot, Table, Taken, SWEEP_FLOOR};
 
 /// Runs `f` on each item, the work of a `Drop` (or of a way out) that calls
 /// keys' `Hash` or `Eq`: each runs whatever an earlier one did, a panic of
@@ -175,16 +173,16 @@ macro_rules! with_probe {
         match $rows.word {
             Some(word) => match word.bits_of($key) {
                 Some(bits) => {
-                    let $p = &Bits(bits);
+                    let $p = &$crate::table::keys::Bits(bits);
                     $body
                 }
                 None => {
-                    let $p = &Borrowed { word, key: $key };
+                    let $p = &$crate::table::words::Borrowed { word, key: $key };
                     $body
                 }
             },
             None => {
-                let $p = &Boxed::<K, _>::new($key, $hash, $guard);
+                let $p = &$crate::table::keys::Boxed::<K, _>::new($key, $hash, $guard);
                 $body
             }
         }

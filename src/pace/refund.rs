@@ -1,7 +1,15 @@
 //! Refunds and the resolution of holds.
 
-use super::*;
-use crate::table::Undone;
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+use super::{Debit, Pace, Refunded};
+#[cfg(doc)]
+use super::{Hold, Reservation};
+use crate::clock::Clock;
+use crate::sync::epoch::Guard;
+use crate::table::held::Ticket;
+use crate::table::{Cx, Spent, Spot, Taken, Undone};
 
 impl<K, S, C> Pace<K, S, C>
 where

@@ -1,6 +1,18 @@
 //! What a call gets back: reservations, holds, detached debits, denials.
 
-use super::*;
+use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::time::Duration;
+
+#[cfg(doc)]
+use super::Builder;
+use super::{each_in_drop, Pace};
+use crate::bucket::Decision;
+use crate::clock::{Clock, DefaultClock};
+use crate::table::held::Ticket;
+use crate::table::Taken;
 
 /// Why a reservation was denied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

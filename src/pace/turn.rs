@@ -1,6 +1,14 @@
 //! Waiting for a turn (`acquire`): a slot reserved ahead, then one sleep.
 
-use super::*;
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+use std::time::Duration;
+
+#[cfg(feature = "timer")]
+use super::each_in_drop;
+use super::{call, Denied, Pace, Reservation, Turned};
+use crate::clock::Clock;
+use crate::rate::Quota;
 
 /// A turn being waited for (`Pace::acquire`): refunded if dropped before
 /// the turn comes.

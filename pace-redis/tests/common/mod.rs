@@ -584,3 +584,18 @@ pub fn real_now() -> u64 {
         .unwrap()
         .as_nanos() as u64
 }
+
+/// The refill intervals of the random histories (`equivalence.rs`,
+/// `holds.rs`), in ns: 1 ns, 7 ns, 1 µs, a third of a second rounded up,
+/// a second and 7 ns, and any up to 5 s.
+pub fn interval() -> impl proptest::strategy::Strategy<Value = u64> {
+    use proptest::prelude::*;
+    prop_oneof![
+        Just(1u64),
+        Just(7),
+        Just(1_000),
+        Just(333_333_334),
+        Just(1_000_000_007),
+        1u64..5_000_000_000
+    ]
+}

@@ -8,8 +8,9 @@ use std::task::{Context, Poll};
 
 use pace::{Quota, Rate};
 
-use super::fields::{refill_ns, FieldAcc};
-use super::limits::{Counters, LimitsImpl, Meta, Src, Step, Stop};
+use super::fields::refill_ns;
+use super::limits::{LimitsImpl, Src, Step, Stop};
+use super::meta::{Counters, FieldAcc, Meta};
 use super::reject;
 use super::{BuildError, InvalidPolicyName, Limit, MissingKey, ResponseHead};
 use crate::headers;

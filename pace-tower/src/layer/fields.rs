@@ -3,7 +3,8 @@
 use http::{HeaderMap, HeaderValue};
 use pace::Rate;
 
-use super::limits::{Limits, Meta, Src};
+use super::limits::{Limits, Src};
+use super::meta::FieldAcc;
 use super::shared::Shared;
 use crate::headers::{self, FieldWriter};
 
@@ -29,16 +30,6 @@ pub(super) fn refill_ns(rate: pace::Rate, tokens: u64) -> u64 {
     }
     let ns = (tokens as u128 * per).div_ceil(rate.count() as u128);
     u64::try_from(ns).unwrap_or(u64::MAX)
-}
-
-/// The `RateLimit` value of a request as its limits add their items, and
-/// whether their quotas are the ones the layer was built with.
-#[doc(hidden)]
-pub struct FieldAcc<'a> {
-    pub(super) w: FieldWriter,
-    pub(super) same: bool,
-    pub(super) metas: &'a [Meta],
-    pub(super) built: &'a [(u64, Rate)],
 }
 
 impl<'a> FieldAcc<'a> {

@@ -1,15 +1,13 @@
 //! The chain of limits a layer reserves, and where a request's
 //! reservations stand.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::StatusCode;
-use metrics::{Counter, Gauge};
-use pace::{DenyReason, Quota, Rate};
+use metrics::Counter;
+use pace::{Quota, Rate};
 
-use super::fields::FieldAcc;
+use super::meta::{FieldAcc, Meta};
 use super::{BuildError, InvalidPolicyName, ResponseHead};
 #[cfg(doc)]
 use super::{PaceLayer, PaceLayerBuilder};
@@ -17,22 +15,6 @@ use crate::key::RequestHead;
 #[cfg(doc)]
 use crate::limit::AsyncLimit;
 use crate::limit::{Acquire, LeaseCounts, Refusal};
-
-/// A limit's counters and row gauge.
-pub(super) struct Counters {
-    pub(super) admitted: Counter,
-    pub(super) refunded: Counter,
-    pub(super) exhausted: Counter,
-    exceeds_capacity: Counter,
-    time_exhausted: Counter,
-    pub(super) missing_key: Counter,
-    pub(super) unavailable: Counter,
-    pub(super) rows: Gauge,
-    /// Set while the limit gives no decision: its first refusal without a
-    /// decision is a `WARN` event, the next ones `DEBUG`, until it decides
-    /// again (an `INFO` event).
-    pub(super) outage: Arc<AtomicBool>,
-}
 
 /// A shared limit's lease counters ([`AsyncLimit::leases`]), set to the
 /// limit's counts at each of its admissions.
@@ -64,43 +46,6 @@ impl LeaseCounters {
         self.expiries.absolute(n.expiries);
         self.stranded.absolute(n.stranded);
     }
-}
-
-impl Counters {
-    pub(super) fn new(name: &str) -> Counters {
-        let limit = name.to_string();
-        let denied = |reason: &'static str| metrics::counter!("pace_denied_total", "limit" => limit.clone(), "reason" => reason);
-        Counters {
-            admitted: metrics::counter!("pace_admitted_total", "limit" => limit.clone()),
-            refunded: metrics::counter!("pace_refunded_total", "limit" => limit.clone()),
-            exhausted: denied("exhausted"),
-            exceeds_capacity: denied("exceeds_capacity"),
-            time_exhausted: denied("time_exhausted"),
-            missing_key: denied("missing_key"),
-            unavailable: denied("unavailable"),
-            rows: metrics::gauge!("pace_rows", "limit" => limit.clone()),
-            outage: Arc::default(),
-        }
-    }
-
-    pub(super) fn denied(&self, reason: DenyReason) -> &Counter {
-        match reason {
-            DenyReason::Exhausted => &self.exhausted,
-            DenyReason::ExceedsCapacity => &self.exceeds_capacity,
-            _ => &self.time_exhausted,
-        }
-    }
-}
-
-/// What the layer keeps of each limit besides the limit itself.
-#[doc(hidden)]
-pub struct Meta {
-    pub(super) name: String,
-    /// The name as a serialized structured-field String.
-    pub(super) sf_name: String,
-    pub(super) counters: Counters,
-    /// The body of the answer to a request without a key for it.
-    pub(super) missing_body: String,
 }
 
 mod sealed {

@@ -9,6 +9,8 @@
 //! * `admission`: each limit's part of the chain (keys, reservations,
 //!   refunds, its `RateLimit` item);
 //! * `fields`: the `RateLimit` / `RateLimit-Policy` values;
+//! * `meta`: what the layer keeps of each limit besides the limit, and the
+//!   `RateLimit` value a request's limits write their items into (a leaf);
 //! * `future`: [`ResponseFuture`], which waits for a limit that answers
 //!   later and settles refunds on the response;
 //! * `reject`: the layer's own answers ([`Rejection`], [`Respond`]).
@@ -17,6 +19,7 @@ mod admission;
 mod fields;
 mod future;
 mod limits;
+mod meta;
 mod reject;
 mod service;
 mod shared;

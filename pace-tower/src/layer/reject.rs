@@ -7,8 +7,8 @@ use std::time::Duration;
 use http::{HeaderValue, Response, StatusCode};
 use pace::DenyReason;
 
-use super::fields::FieldAcc;
-use super::limits::{Limits, Meta, Src, Stop};
+use super::limits::{Limits, Src, Stop};
+use super::meta::{FieldAcc, Meta};
 use super::shared::Shared;
 #[cfg(doc)]
 use super::{MissingKey, PaceLayer, PaceLayerBuilder};

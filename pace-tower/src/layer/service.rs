@@ -8,9 +8,10 @@ use http::{Request, Response, StatusCode};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::fields::{policy_value, FieldAcc};
+use super::fields::policy_value;
 use super::future::ResponseFuture;
 use super::limits::{Limits, Src};
+use super::meta::FieldAcc;
 use super::reject::{DefaultRespond, ProblemDetails, Rejection, Respond, RespondFn};
 use super::shared::Shared;
 use super::{BuildError, Limit};

@@ -7,7 +7,7 @@ use pace::Rate;
 
 #[cfg(doc)]
 use super::limits::LimitsImpl;
-use super::limits::Meta;
+use super::meta::Meta;
 
 /// What every request of a layer reads: its limits, their names and
 /// counters, the `RateLimit-Policy` value it was built with, and how it
