@@ -123,6 +123,24 @@ mod tests {
         Limits::new(T, cap).unwrap()
     }
 
+    /// A turn's limits (`waiting`) admit a debit that fits the bucket up
+    /// to `wait` ns after the reading, exactly: one ns less and it waits
+    /// that ns.
+    #[test]
+    fn waiting_admits_what_fits_within_the_wait_and_no_more() {
+        let l = lim(3);
+        // Three tokens ahead at 1_000: the next fits at 1_100.
+        let tat = 1_300;
+        assert_eq!(l.reserve(tat, 1_000, 1), Decision::Wait(T));
+        let w = l.waiting(T);
+        assert_eq!(w.tau(), 4 * T);
+        assert_eq!((w.capacity(), w.interval()), (3, T));
+        assert_eq!(w.reserve(tat, 1_000, 1), Decision::Admit(1_400));
+        assert_eq!(w.reserve(tat, 1_000, 2), Decision::Wait(T));
+        assert_eq!(l.waiting(T - 1).reserve(tat, 1_000, 1), Decision::Wait(1));
+        assert_eq!(l.waiting(0), l);
+    }
+
     #[test]
     fn fresh_bucket_admits_capacity_then_waits_exactly() {
         let l = lim(3);

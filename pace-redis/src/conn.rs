@@ -10,7 +10,6 @@ use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, ErrorKind, RedisError, Value};
 
-use crate::builder::{check_server, Refused};
 use crate::stats::bump;
 use crate::{BackendError, EvictionCheck, Inner, OnUnavailable, RedisPace};
 
@@ -559,7 +558,7 @@ impl RedisPace {
                             Err(Refused::Login(e)) => Some(e.to_string()),
                         }
                     }
-                    Ok(Err(e)) if crate::builder::refusal_kind(&e).is_some() => Some(e.to_string()),
+                    Ok(Err(e)) if refusal_kind(&e).is_some() => Some(e.to_string()),
                     _ => None,
                 };
                 if let Some(why) = refused {
@@ -801,5 +800,143 @@ impl RedisPace {
             target: "pace_redis",
             "the Sentinels name a new primary, {addr}: decisions move to it"
         );
+    }
+}
+
+// The checks of a server a connection reaches: its login, its TLS
+// handshake, its eviction policy.
+
+/// Whether `policy` can evict keys that have an expiry.
+fn evicts_limiter_keys(policy: &str) -> bool {
+    policy.starts_with("allkeys-") || policy.starts_with("volatile-")
+}
+
+/// Why a server that answered is not used.
+pub(crate) enum Refused {
+    /// Its `maxmemory-policy` can evict keys and the builder refuses it.
+    Policy(String),
+    /// It refused the login (`NOAUTH`, `WRONGPASS`).
+    Login(RedisError),
+}
+
+/// What kind of refusal an error is, if any.
+pub(crate) enum Refusal {
+    /// The server refused the credentials (or their absence).
+    Auth,
+    /// The TLS handshake failed.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    Tls,
+}
+
+/// Whether `e` says the server refused the client (its login or its TLS
+/// handshake) rather than that it cannot be reached.
+pub(crate) fn refusal_kind(e: &RedisError) -> Option<Refusal> {
+    // Known-wrong for mutation tests: every refusal counts as an outage.
+    #[cfg(pace_mutant = "redis_refusal_is_outage")]
+    return None;
+    #[allow(unreachable_code)]
+    if e.kind() == ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
+    {
+        return Some(Refusal::Auth);
+    }
+    #[cfg(feature = "tls")]
+    {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+        while let Some(s) = source {
+            if s.is::<rustls::Error>() {
+                return Some(Refusal::Tls);
+            }
+            if let Some(inner) = s
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                if inner.is::<rustls::Error>() {
+                    return Some(Refusal::Tls);
+                }
+            }
+            source = s.source();
+        }
+    }
+    None
+}
+
+/// Checks a new connection's server: the login (a server with
+/// `requirepass` accepts a connection without a password, then answers
+/// every command `NOAUTH`), then the `maxmemory-policy` (`INFO memory`)
+/// under `check`. `Ok(policy)` to use the server (`None` when the policy
+/// was not read), `Err` to refuse it.
+pub(crate) async fn check_server(
+    conn: &mut Conn,
+    check: EvictionCheck,
+    timeout: Duration,
+) -> Result<Option<String>, Refused> {
+    let cmd = if check == EvictionCheck::Ignore {
+        redis::cmd("PING")
+    } else {
+        let mut c = redis::cmd("INFO");
+        c.arg("memory");
+        c
+    };
+    let read = tokio::time::timeout(timeout, cmd.query_async::<Value>(conn)).await;
+    let reply = match read {
+        Ok(Ok(v)) => Some(v),
+        Ok(Err(e)) if refusal_kind(&e).is_some() => return Err(Refused::Login(e)),
+        _ => None,
+    };
+    if check == EvictionCheck::Ignore {
+        return Ok(None);
+    }
+    let Some(policy) = reply.as_ref().and_then(maxmemory_policy) else {
+        log::warn!(
+            target: "pace_redis",
+            "could not read the server's maxmemory-policy (INFO memory); \
+             if it can evict keys, a lost key hands out a full bucket"
+        );
+        return Ok(None);
+    };
+    if evicts_limiter_keys(&policy) {
+        if check == EvictionCheck::Refuse {
+            return Err(Refused::Policy(policy));
+        }
+        log::warn!(
+            target: "pace_redis",
+            "the server's maxmemory-policy is {policy}: under memory pressure it evicts \
+             the limiter's keys, and each evicted key hands out a full bucket \
+             (at most one capacity of extra admissions); noeviction avoids it"
+        );
+    }
+    Ok(Some(policy))
+}
+
+/// `maxmemory_policy` of an `INFO` reply (one text, or one per node).
+fn maxmemory_policy(v: &Value) -> Option<String> {
+    let text = |v: &Value| -> Option<String> {
+        match v {
+            Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            Value::SimpleString(s) => Some(s.clone()),
+            Value::VerbatimString { text, .. } => Some(text.clone()),
+            _ => None,
+        }
+    };
+    let find = |t: &str| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+            .map(|p| p.trim().to_string())
+    };
+    match v {
+        Value::Map(nodes) => {
+            // Several nodes: the first that evicts, else the first read.
+            let all: Vec<String> = nodes
+                .iter()
+                .filter_map(|(_, v)| text(v))
+                .filter_map(|t| find(&t))
+                .collect();
+            all.iter()
+                .find(|p| evicts_limiter_keys(p))
+                .or(all.first())
+                .cloned()
+        }
+        other => find(&text(other)?),
     }
 }
