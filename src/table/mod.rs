@@ -34,10 +34,10 @@ use std::mem::size_of;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
-use crate::bucket::{Limits, Refund};
+use crate::bucket::Limits;
 use crate::sync::epoch::{Atomic, Guard, Shared};
-use crate::sync::{cas_retry, fence, snooze, AtomicBool, AtomicUsize, Ordering};
-use held::{Held, Resolution, Ticket, HELD};
+use crate::sync::{fence, snooze, AtomicBool, AtomicUsize, Ordering};
+use held::{Held, Ticket};
 
 mod array;
 mod cell;
@@ -1584,13 +1584,6 @@ impl Drop for Table {
             }
         }
     }
-}
-
-/// Known-wrong variant `refund_gives_up_on_frozen`: such a refund gives up,
-/// losing the tokens.
-#[cfg(pace_mutant = "refund_gives_up_on_frozen")]
-const fn refund_follows_copies() -> bool {
-    false
 }
 
 // `__internals`: as src/pace/mod.rs's tests.

@@ -1,7 +1,16 @@
 //! Refunds, the resolution of holds and peeks: a key's row found, then
 //! restored, settled or read.
 
-use super::*;
+use crossbeam_utils::Backoff;
+
+use super::array::Array;
+use super::cell::{self, Cell, CellState};
+use super::held::{self, Held, Resolution, Ticket, HELD};
+use super::keys::Probe;
+use super::{near, Cx, Found, Near, Spent, Spot, Table};
+use crate::bucket::{Limits, Refund};
+use crate::sync::epoch::Guard;
+use crate::sync::{cas_retry, Ordering};
 
 /// What a refund did to its row (the limiter answers it as
 /// [`Refunded`](crate::Refunded), whose variants of the same names mean
@@ -439,6 +448,13 @@ impl Step {
 #[inline]
 const fn refund_follows_copies() -> bool {
     true
+}
+
+/// Known-wrong variant `refund_gives_up_on_frozen`: such a refund gives up,
+/// losing the tokens.
+#[cfg(pace_mutant = "refund_gives_up_on_frozen")]
+const fn refund_follows_copies() -> bool {
+    false
 }
 
 /// [`Table::resolve_spot`]'s write: one CAS from the value the hold wrote.
