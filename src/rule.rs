@@ -387,6 +387,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // exhaustive integer loops, no unsafe: far too slow under Miri
     fn gcra_admits_exactly_what_the_level_covers_and_waits_exactly_for_the_rest() {
         let mut checked = 0u64;
         for (l, w) in buckets() {
@@ -417,6 +418,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // exhaustive integer loops, no unsafe: far too slow under Miri
     fn a_debit_past_the_time_space_waits_when_it_does_not_fit_and_is_time_exhausted_when_it_does() {
         // One token of the longest interval: a second debit ends past
         // MAX_TIME and waits the whole horizon (u128 arithmetic).
@@ -448,6 +450,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // exhaustive integer loops, no unsafe: far too slow under Miri
     fn decisions_beside_held_tokens_count_them_and_wait_for_the_bucket_s_own_horizon() {
         let mut checked = 0u64;
         for (l, _) in buckets() {
@@ -475,6 +478,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // exhaustive integer loops, no unsafe: far too slow under Miri
     fn a_turn_fits_beside_held_tokens_only_within_the_bucket() {
         for (l, _) in buckets() {
             let (t, c) = (l.interval(), l.capacity());
@@ -493,6 +497,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // exhaustive integer loops, no unsafe: far too slow under Miri
     fn a_refund_restores_the_previous_tat_only_onto_its_own_debit() {
         let l = Limits::new(7, 3).unwrap();
         for tat in 0..40 {
@@ -515,6 +520,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // exhaustive integer loops, no unsafe: far too slow under Miri
     fn held_tokens_count_whole_and_settle_at_their_own_reading() {
         for held in [0, 1, 7, MAX_TAU] {
             assert_eq!(counted(held), held);
@@ -536,6 +542,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore)] // exhaustive integer loops, no unsafe: far too slow under Miri
     fn a_turn_s_slot_lies_behind_the_held_tokens_one_horizon_before_the_end() {
         for tat in (0..60).chain([MAX_TIME - 3, MAX_TIME]) {
             for held in [0, 1, 5, 20] {
