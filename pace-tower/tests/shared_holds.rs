@@ -611,6 +611,33 @@ mod redis {
         }
     }
 
+    /// A counted flood of `wrong` beside the victim's 20 `valid` requests
+    /// on `clients` (one per replica), the i-th once the flood has had
+    /// i/21 of its answers, alternating replicas: what the flood saw and
+    /// the victim's statuses.
+    async fn flood_beside_victim(
+        replicas: &[SocketAddr],
+        clients: &mut [Client],
+        wrong: &'static [(&'static str, &'static str)],
+        valid: &[(&str, &str)],
+    ) -> (Seen, Vec<StatusCode>) {
+        let answered = Arc::new(AtomicU64::new(0));
+        let attack = tokio::spawn({
+            let (replicas, answered) = (replicas.to_vec(), answered.clone());
+            async move { flood(&replicas, wrong, answered).await }
+        });
+        let mut got = Vec::new();
+        for i in 0..20u64 {
+            progress(&answered, FLOOD * (i + 1) / 21).await;
+            got.push(clients[i as usize % 2].get("/", valid).await.status());
+        }
+        let seen = tokio::time::timeout(HANG, attack)
+            .await
+            .expect("the flood hung")
+            .unwrap();
+        (seen, got)
+    }
+
     /// A bound only a hang exceeds, for every wait here (a loaded machine
     /// makes the tests slower, never wrong).
     const HANG: Duration = Duration::from_secs(120);
@@ -817,31 +844,16 @@ mod redis {
             ("x-client-id", "victim"),
             ("x-client-secret", "guess"),
         ];
-        let answered = Arc::new(AtomicU64::new(0));
-        let attack = tokio::spawn({
-            let (replicas, answered) = (replicas.clone(), answered.clone());
-            async move { flood(&replicas, wrong, answered).await }
-        });
         let valid: &[(&str, &str)] = &[
             ("x-forwarded-for", "198.51.100.9"),
             ("x-client-id", "victim"),
             ("x-client-secret", "victim-secret"),
         ];
-        // 20 valid requests, the i-th once the flood has had i/21 of its
-        // answers, alternating replicas.
         let mut clients = Vec::new();
         for &addr in &replicas {
             clients.push(Client::connect(addr).await);
         }
-        let mut got = Vec::new();
-        for i in 0..20u64 {
-            progress(&answered, FLOOD * (i + 1) / 21).await;
-            got.push(clients[i as usize % 2].get("/", valid).await.status());
-        }
-        let seen = tokio::time::timeout(HANG, attack)
-            .await
-            .expect("the flood hung")
-            .unwrap();
+        let (seen, got) = flood_beside_victim(&replicas, &mut clients, wrong, valid).await;
         let through = got.iter().filter(|s| **s == StatusCode::OK).count();
         eprintln!(
             "wrong secrets before the per-client limit, two replicas: {seen:?}; the victim got \
@@ -924,11 +936,6 @@ mod redis {
             .unwrap();
         let wrong: &'static [(&str, &str)] =
             &[("x-client-id", "victim"), ("x-client-secret", "guess")];
-        let answered = Arc::new(AtomicU64::new(0));
-        let attack = tokio::spawn({
-            let (replicas, answered) = (replicas.clone(), answered.clone());
-            async move { flood(&replicas, wrong, answered).await }
-        });
         let valid: &[(&str, &str)] = &[
             ("x-client-id", "victim"),
             ("x-client-secret", "victim-secret"),
@@ -937,15 +944,7 @@ mod redis {
         for &addr in &replicas {
             clients.push(Client::connect(addr).await);
         }
-        let mut got = Vec::new();
-        for i in 0..20u64 {
-            progress(&answered, FLOOD * (i + 1) / 21).await;
-            got.push(clients[i as usize % 2].get("/", valid).await.status());
-        }
-        let seen = tokio::time::timeout(HANG, attack)
-            .await
-            .expect("the flood hung")
-            .unwrap();
+        let (seen, got) = flood_beside_victim(&replicas, &mut clients, wrong, valid).await;
         let through = got.iter().filter(|s| **s == StatusCode::OK).count();
         let during = handler_stats(&replicas).await;
         eprintln!(
