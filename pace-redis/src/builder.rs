@@ -10,7 +10,9 @@ use pace::{Pace, Rate};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script};
 
-use crate::conn::{check_server, refusal_kind, Circuit, Conn, Connector, Link, Refusal, Refused};
+use crate::conn::{
+    check_server, refusal_kind, Circuit, Conn, Connector, Link, Refusal, Refused, Wait,
+};
 use crate::lease::{LeaseConfig, Leases};
 use crate::stats::Counters;
 use crate::{
@@ -65,6 +67,7 @@ pub struct Builder {
     eviction: EvictionCheck,
     hold_limit: Duration,
     leases: Option<LeaseConfig>,
+    wait: Option<(u32, Duration)>,
     #[cfg(feature = "tls")]
     tls: Tls,
 }
@@ -145,10 +148,30 @@ impl Builder {
     /// every window; the costs are tokens stranded by a replica that dies
     /// (until the lease's expiry plus its grace), a quiet key's tokens
     /// (about half a lease time, then released) and a share cap.
-    /// Keyless `WAIT` (`wait_replicas`) is not routed in a Cluster: use
-    /// standbys with a single primary or Sentinel.
     pub fn leases(mut self, config: LeaseConfig) -> Self {
         self.leases = Some(config);
+        self
+    }
+
+    /// Standbys that must hold an admission's write before it is used
+    /// (off by default): each call that can admit (a reserve, a hold, a
+    /// turn, a lease's grant; not a refund, a keep or a peek) goes out in
+    /// one pipeline with `WAIT replicas timeout`, so it still costs one
+    /// round trip. An admission fewer standbys acknowledged within
+    /// `timeout` is not used: the call answers
+    /// [`BackendError::NotReplicated`] through the policy
+    /// ([`Error::Unavailable`], or the local fallback), and its tokens stay
+    /// debited on the primary. A failover to a standby that acknowledged
+    /// then loses no used admission (DESIGN.md §11).
+    ///
+    /// `WAIT` blocks the shared connection until the standbys answer
+    /// (every call behind it waits too), and a primary without `replicas`
+    /// standbys admits nothing: set it only where the standbys exist. In a
+    /// Cluster the `WAIT` goes to the primary of the call's key (the
+    /// pipeline's slot). [`LeaseConfig::wait_replicas`] and
+    /// [`LeaseConfig::wait_timeout`] set the same thing.
+    pub fn wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = Some((replicas, timeout));
         self
     }
 
@@ -469,11 +492,37 @@ impl Builder {
                     .ok_or(ConnectError::Config(ConfigError::Leases))?,
             ),
         };
+        let from_leases = self
+            .leases
+            .filter(|c| c.wait_replicas > 0)
+            .map(|c| (c.wait_replicas, c.wait_timeout));
+        let wait = match (self.wait, from_leases) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(ConnectError::Config(ConfigError::WaitReplicas))
+            }
+            (Some(w), _) | (None, Some(w)) => Some(w),
+            (None, None) => None,
+        };
+        let wait = match wait {
+            None => None,
+            Some((replicas, timeout))
+                if replicas == 0 || timeout.is_zero() || timeout > self.timeout =>
+            {
+                return Err(ConnectError::Config(ConfigError::WaitReplicas))
+            }
+            Some((replicas, timeout)) => Some(Wait {
+                replicas,
+                ms: u64::try_from(timeout.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            }),
+        };
         Ok(Checked {
             capacity,
             interval,
             hold_limit,
             leases,
+            wait,
         })
     }
 
@@ -551,6 +600,7 @@ impl Builder {
             interval,
             hold_limit,
             leases,
+            wait,
         } = checked;
         #[cfg(feature = "cluster")]
         let cluster = matches!(how, Connector::Cluster(_));
@@ -584,6 +634,7 @@ impl Builder {
                 hold_limit,
                 origin: Instant::now(),
                 leases,
+                wait,
                 counters: Counters::default(),
             }),
         }
@@ -596,6 +647,7 @@ struct Checked {
     interval: u64,
     hold_limit: u64,
     leases: Option<Leases>,
+    wait: Option<Wait>,
 }
 
 impl RedisPace {
@@ -615,6 +667,7 @@ impl RedisPace {
             eviction: EvictionCheck::Warn,
             hold_limit: DEFAULT_HOLD_LIMIT,
             leases: None,
+            wait: None,
             #[cfg(feature = "tls")]
             tls: Tls::default(),
         }

@@ -321,6 +321,50 @@ fn not_primary_reply(v: &Value) -> Option<RedisError> {
     }
 }
 
+/// [`Builder::wait_replicas`](crate::Builder::wait_replicas): the
+/// standbys an admission needs and `WAIT`'s timeout (ms, at least 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Wait {
+    pub(crate) replicas: u32,
+    pub(crate) ms: u64,
+}
+
+/// Whether an admitting call's write reached the standbys it needs: `Err`
+/// holds what an admission answers instead.
+pub(crate) type Replicated = Result<(), BackendError>;
+
+impl Wait {
+    fn cmd(self) -> Cmd {
+        let mut c = redis::cmd("WAIT");
+        c.arg(self.replicas).arg(self.ms);
+        c
+    }
+
+    /// `WAIT`'s answer `v`, checked: enough standbys, or why not.
+    fn check(self, v: &Value) -> Replicated {
+        match v {
+            Value::Int(acked) if *acked >= i64::from(self.replicas) => Ok(()),
+            Value::Int(acked) => Err(BackendError::NotReplicated {
+                acked: u64::try_from(*acked).unwrap_or(0),
+                wanted: self.replicas,
+            }),
+            other => Err(BackendError::BadReply(format!("WAIT answered {other:?}"))),
+        }
+    }
+}
+
+/// `replicated` once more, for another admission of the same pipeline.
+pub(crate) fn again(replicated: &Replicated) -> Replicated {
+    match replicated {
+        Ok(()) => Ok(()),
+        Err(BackendError::NotReplicated { acked, wanted }) => Err(BackendError::NotReplicated {
+            acked: *acked,
+            wanted: *wanted,
+        }),
+        Err(e) => Err(BackendError::BadReply(e.to_string())),
+    }
+}
+
 fn is_noscript(v: &Value) -> bool {
     match v {
         Value::ServerError(e) => e.code() == "NOSCRIPT",
@@ -329,6 +373,24 @@ fn is_noscript(v: &Value) -> bool {
 }
 
 impl RedisPace {
+    /// Whether an admission whose standbys answered `replicated` may be
+    /// used (`Ok`), counted in [`Stats::unreplicated`](crate::Stats) when
+    /// not: every admission the server makes (a reserve, a hold, a turn, a
+    /// grant) passes here before it is used.
+    pub(crate) fn usable(&self, replicated: Replicated) -> Replicated {
+        // Known-wrong for mutation tests: an admission used whatever WAIT
+        // answered.
+        #[cfg(pace_mutant = "redis_wait_ignored")]
+        let replicated: Replicated = {
+            let _ = replicated;
+            Ok(())
+        };
+        if replicated.is_err() {
+            bump(&self.inner.counters.shard().unreplicated, 1);
+        }
+        replicated
+    }
+
     /// ns since the limiter's origin.
     fn now_ns(&self) -> u64 {
         self.inner.origin.elapsed().as_nanos() as u64
@@ -642,13 +704,46 @@ impl RedisPace {
         self.inner.script.load_async(conn).await.map(|_| ())
     }
 
+    /// One EVALSHA that can admit (a reserve, a hold, a turn, a grant):
+    /// without [`Builder::wait_replicas`](crate::Builder::wait_replicas),
+    /// [`eval`](RedisPace::eval); with it, one pipeline of the call and
+    /// `WAIT`. The second value is `Ok` when the standbys acknowledged the
+    /// call's write (or none are required), else the error an admission
+    /// answers instead: the one place an admission waits for standbys.
+    pub(crate) async fn eval_admitting(
+        &self,
+        cmd: &Cmd,
+    ) -> Result<(Value, Replicated), BackendError> {
+        if self.inner.wait.is_none() {
+            return self.eval(cmd).await.map(|v| (v, Ok(())));
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone());
+        let (mut values, replicated) = self.pipeline(&pipe, 1, true).await?;
+        let value = values.pop().unwrap_or(Value::Nil);
+        match value.extract_error() {
+            Ok(v) => Ok((v, replicated)),
+            Err(e) => {
+                let e = BackendError::Redis(e);
+                self.trip(&e, self.circuit(cmd));
+                Err(e)
+            }
+        }
+    }
+
     /// A pipeline of `count` EVALSHAs; those answered NOSCRIPT are sent again
-    /// after a load (the others ran and must not run twice).
+    /// after a load (the others ran and must not run twice). With `waited`
+    /// and [`Builder::wait_replicas`](crate::Builder::wait_replicas), `WAIT`
+    /// ends the pipeline (and the part sent again after a NOSCRIPT: a
+    /// `WAIT` covers the writes before it), and its answer comes back as
+    /// [`Replicated`] (always `Ok` otherwise).
     pub(crate) async fn pipeline(
         &self,
         pipe: &redis::Pipeline,
         count: usize,
-    ) -> Result<Vec<Value>, BackendError> {
+        waited: bool,
+    ) -> Result<(Vec<Value>, Replicated), BackendError> {
+        let wait = self.inner.wait.filter(|_| waited);
         // A pipeline holds the calls of one slot (one node) in a cluster.
         let circuit = match pipe.cmd_iter().next() {
             Some(first) => self.circuit(first),
@@ -661,11 +756,24 @@ impl RedisPace {
         let Some(mut conn) = self.conn() else {
             return Err(BackendError::NotConnected);
         };
+        // The commands sent: the pipeline, then WAIT when waited.
+        let extra = usize::from(wait.is_some());
+        let waited_pipe;
+        let sent = match wait {
+            None => pipe,
+            Some(w) => {
+                let mut p = pipe.clone();
+                p.add_command(w.cmd());
+                waited_pipe = p;
+                &waited_pipe
+            }
+        };
         let work = async {
             bump(&inner.counters.shard().round_trips, 1);
-            let mut values = conn.req_packed_commands(pipe, 0, count).await?;
+            let mut values = conn.req_packed_commands(sent, 0, count + extra).await?;
             let missing: Vec<usize> = values
                 .iter()
+                .take(count)
                 .enumerate()
                 .filter(|(_, v)| is_noscript(v))
                 .map(|(i, _)| i)
@@ -677,8 +785,17 @@ impl RedisPace {
                 for &i in &missing {
                     again.add_command(cmds[i].clone());
                 }
+                if let Some(w) = wait {
+                    again.add_command(w.cmd());
+                }
                 bump(&inner.counters.shard().round_trips, 1);
-                let redone = conn.req_packed_commands(&again, 0, missing.len()).await?;
+                let mut redone = conn
+                    .req_packed_commands(&again, 0, missing.len() + extra)
+                    .await?;
+                if extra == 1 && redone.len() == missing.len() + 1 && values.len() == count + 1 {
+                    // The new WAIT's answer replaces the first one's.
+                    values[count] = redone.pop().unwrap_or(Value::Nil);
+                }
                 for (i, v) in missing.into_iter().zip(redone) {
                     values[i] = v;
                 }
@@ -686,10 +803,17 @@ impl RedisPace {
             Ok::<_, RedisError>(values)
         };
         let result = match tokio::time::timeout(inner.timeout, work).await {
-            Ok(Ok(v)) if v.len() == count => Ok(v),
+            Ok(Ok(mut v)) if v.len() == count + extra => {
+                let replicated = match wait {
+                    None => Ok(()),
+                    Some(w) => w.check(&v.pop().unwrap_or(Value::Nil)),
+                };
+                Ok((v, replicated))
+            }
             Ok(Ok(v)) => Err(BackendError::BadReply(format!(
-                "{} replies to {count} commands",
-                v.len()
+                "{} replies to {} commands",
+                v.len(),
+                count + extra
             ))),
             Ok(Err(e)) if e.is_timeout() => Err(BackendError::Timeout(inner.timeout)),
             Ok(Err(e)) => Err(BackendError::Redis(e)),
@@ -697,7 +821,7 @@ impl RedisPace {
         };
         match &result {
             Err(e) => self.trip(e, circuit),
-            Ok(values) => match values.iter().find_map(not_primary_reply) {
+            Ok((values, _)) => match values.iter().find_map(not_primary_reply) {
                 Some(e) => self.trip(&BackendError::Redis(e), circuit),
                 None => self.answered(circuit),
             },

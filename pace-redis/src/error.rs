@@ -46,6 +46,10 @@ pub enum ConfigError {
     /// or `max_keys`, or with `wait_replicas`, a zero `wait_timeout` or one
     /// above the limiter's timeout.
     Leases,
+    /// [`Builder::wait_replicas`]: zero standbys, a zero timeout or one
+    /// above the limiter's timeout, or a `wait_replicas` of
+    /// [`Builder::leases`] that differs from the builder's.
+    WaitReplicas,
 }
 
 impl fmt::Display for ConfigError {
@@ -68,6 +72,10 @@ impl fmt::Display for ConfigError {
             ConfigError::Leases => f.write_str(
                 "leases: a zero lease time or hot_after or max_keys, lease + grace above 2^50 ns, \
                  eps_ppm of 10^6 or more, or a wait_timeout of zero or above the timeout",
+            ),
+            ConfigError::WaitReplicas => f.write_str(
+                "wait_replicas: zero standbys, a timeout of zero or above the limiter's, \
+                 or two different settings (the builder's and the leases')",
             ),
             ConfigError::HoldLimit { ns } => write!(
                 f,
@@ -97,6 +105,16 @@ pub enum BackendError {
     /// No connection yet: the server was unreachable at start and the
     /// limiter connects in the background.
     NotConnected,
+    /// The server admitted, but fewer standbys than
+    /// [`Builder::wait_replicas`] acknowledged the admission's write within
+    /// its timeout: a failover could lose it, so it is not used (its tokens
+    /// stay debited on the primary: fewer admissions, never more).
+    NotReplicated {
+        /// Standbys that acknowledged (`WAIT`'s answer).
+        acked: u64,
+        /// Standbys required.
+        wanted: u32,
+    },
 }
 
 impl fmt::Display for BackendError {
@@ -110,6 +128,10 @@ impl fmt::Display for BackendError {
             }
             BackendError::BadReply(s) => write!(f, "unexpected script reply: {s}"),
             BackendError::NotConnected => f.write_str("not connected to redis yet"),
+            BackendError::NotReplicated { acked, wanted } => write!(
+                f,
+                "{acked} of {wanted} standbys acknowledged the admission in time: not used"
+            ),
         }
     }
 }

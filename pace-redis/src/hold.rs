@@ -9,6 +9,7 @@ use pace::{DenyReason, Quota};
 use redis::{Cmd, Value};
 
 use crate::call::{Call, Prepared};
+use crate::conn::Replicated;
 use crate::reply::{parse_hold, parse_resolve, HoldReply};
 use crate::stats::bump;
 #[cfg(doc)]
@@ -342,7 +343,7 @@ impl RedisPace {
         };
         let id = hold_id();
         let cmd = self.hold_cmd(&key, id, call, now);
-        let reply = self.eval(&cmd).await;
+        let reply = self.eval_admitting(&cmd).await;
         // Known-wrong variant for mutation tests: a key only held never
         // gets hot, and no lease decides its holds.
         #[cfg(not(pace_mutant = "redis_hold_not_leased"))]
@@ -378,10 +379,19 @@ impl RedisPace {
         id: u64,
         call: Call,
         sent_at: Instant,
-        reply: Result<Value, BackendError>,
+        reply: Result<(Value, Replicated), BackendError>,
     ) -> Result<Hold, Error> {
-        match reply.and_then(|v| parse_hold(&v)) {
-            Ok(decided) => self.server_hold(key, id, call, sent_at, decided),
+        match reply.and_then(|(v, replicated)| parse_hold(&v).map(|d| (d, replicated))) {
+            Ok((decided @ HoldReply::Admitted { .. }, replicated)) => {
+                match self.usable(replicated) {
+                    Ok(()) => self.server_hold(key, id, call, sent_at, decided),
+                    Err(e) => {
+                        bump(&self.inner.counters.shard().server_decisions, 1);
+                        self.local_hold(key, call, e)
+                    }
+                }
+            }
+            Ok((decided, _)) => self.server_hold(key, id, call, sent_at, decided),
             Err(e) => self.local_hold(key, call, e),
         }
     }

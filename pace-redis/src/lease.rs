@@ -14,6 +14,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use redis::Value;
 
+#[cfg(pace_mutant = "redis_lease_wait_ignored")]
+use crate::conn::Replicated;
 use crate::lease_counter::{Counter, Word, MAX_LEASED};
 use crate::stats::bump;
 use crate::{BackendError, RedisPace, Refunded, Reservation, Source, MAX_TAU_NS};
@@ -42,11 +44,13 @@ pub struct LeaseConfig {
     /// lock: a key whose cell another key took starts its count again.
     /// A count stops at 65,535: a larger value acts as 65,535.
     pub hot_after: u32,
-    /// Replicas (standbys) that must hold a grant's writes before it is
-    /// used: a `WAIT n` is sent after each granting call, and a grant WAIT
-    /// reports fewer acknowledgements for is not used (its tokens stay
-    /// held on the server until a later call's grant is acknowledged, or
-    /// expire).
+    /// Replicas (standbys) that must hold an admission's writes before it
+    /// is used, as [`Builder::wait_replicas`](crate::Builder::wait_replicas)
+    /// (which it sets, with `wait_timeout`): a `WAIT n` ends each granting
+    /// call's pipeline, and a grant WAIT reports fewer acknowledgements
+    /// for is not used (its tokens stay held on the server until a later
+    /// call's grant is acknowledged, or expire); the server's own
+    /// admissions wait the same way.
     /// 0 (default): no standby.
     pub wait_replicas: u32,
     /// How long a `WAIT` may block (it holds the shared connection: every
@@ -105,8 +109,6 @@ pub(crate) struct Leases {
     pub(crate) eps_ppm: u64,
     pub(crate) want: u64,
     pub(crate) hot_after: u32,
-    pub(crate) wait_replicas: u32,
-    pub(crate) wait_ms: u64,
     pub(crate) max_keys: usize,
     /// This replica's id (random per limiter), 16 hexadecimal digits.
     pub(crate) replica: String,
@@ -156,10 +158,6 @@ impl Leases {
             eps_ppm: u64::from(config.eps_ppm),
             want,
             hot_after: config.hot_after,
-            wait_replicas: config.wait_replicas,
-            wait_ms: u64::try_from(config.wait_timeout.as_millis())
-                .unwrap_or(u64::MAX)
-                .max(1),
             max_keys: config.max_keys,
             replica: format!("{:016x}", h.finish()),
             slots: ArcSwap::from_pointee(HashMap::new()),
@@ -531,14 +529,20 @@ impl RedisPace {
             .arg(want)
             .arg(leases.lease_ns)
             .arg(leases.grace_ns);
-        let answer = self.eval(&cmd).await.and_then(|v| parse_lease(&v));
+        let answer = self
+            .eval_admitting(&cmd)
+            .await
+            .and_then(|(v, replicated)| parse_lease(&v).map(|a| (a, replicated)));
         match answer {
-            Ok(LeaseAnswer::Granted {
-                granted,
-                remaining,
-                born,
-                ..
-            }) => {
+            Ok((
+                LeaseAnswer::Granted {
+                    granted,
+                    remaining,
+                    born,
+                    ..
+                },
+                replicated,
+            )) => {
                 {
                     let b = slot.books.lock().unwrap_or_else(|p| p.into_inner());
                     if b.born.is_some_and(|was| was != born) {
@@ -547,25 +551,20 @@ impl RedisPace {
                         return;
                     }
                 }
-                if leases.wait_replicas > 0 {
-                    let mut wait = redis::cmd("WAIT");
-                    wait.arg(leases.wait_replicas).arg(leases.wait_ms);
-                    let answer = self.eval(&wait).await;
-                    // Known-wrong: a grant used whatever WAIT answered.
-                    #[cfg(pace_mutant = "redis_lease_wait_ignored")]
-                    let answer = answer.map(|_| Value::Int(i64::from(leases.wait_replicas)));
-                    match answer {
-                        Ok(Value::Int(acked)) if acked >= i64::from(leases.wait_replicas) => {}
-                        _ => {
-                            // Not on the standbys: not used, and no lease
-                            // asked for during one lease time.
-                            slot.quiet_until.store(
-                                self.lease_clock().saturating_add(leases.lease_ns),
-                                Ordering::Relaxed,
-                            );
-                            return;
-                        }
-                    }
+                // Known-wrong: a grant used whatever WAIT answered.
+                #[cfg(pace_mutant = "redis_lease_wait_ignored")]
+                let replicated: Replicated = {
+                    let _ = replicated;
+                    Ok(())
+                };
+                if self.usable(replicated).is_err() {
+                    // Not on the standbys: not used, and no lease asked for
+                    // during one lease time.
+                    slot.quiet_until.store(
+                        self.lease_clock().saturating_add(leases.lease_ns),
+                        Ordering::Relaxed,
+                    );
+                    return;
                 }
                 let new = {
                     let mut b = slot.books.lock().unwrap_or_else(|p| p.into_inner());
@@ -579,8 +578,8 @@ impl RedisPace {
                 slot.counter.grant(new, deadline);
                 bump(&counters.shard().lease_grants, new);
             }
-            Ok(LeaseAnswer::Unknown) => self.strand(slot),
-            Ok(LeaseAnswer::ClockBack) | Err(_) => {}
+            Ok((LeaseAnswer::Unknown, _)) => self.strand(slot),
+            Ok((LeaseAnswer::ClockBack, _)) | Err(_) => {}
         }
     }
 

@@ -186,6 +186,8 @@ pub(crate) struct Inner {
     pub(crate) origin: Instant,
     /// [`Builder::leases`]: `None` without.
     pub(crate) leases: Option<lease::Leases>,
+    /// [`Builder::wait_replicas`]: `None` without.
+    pub(crate) wait: Option<conn::Wait>,
     pub(crate) counters: Counters,
 }
 
@@ -268,6 +270,7 @@ impl RedisPace {
             lease_releases: c.sum(|s| &s.lease_releases),
             lease_expiries: c.sum(|s| &s.lease_expiries),
             lease_stranded: c.sum(|s| &s.lease_stranded),
+            unreplicated: c.sum(|s| &s.unreplicated),
         }
     }
 }

@@ -7,7 +7,7 @@ use pace::{DenyReason, Quota};
 use redis::{Cmd, Value};
 
 use crate::call::{Call, Limits, Prepared};
-use crate::conn::key_slot;
+use crate::conn::{again, key_slot, Replicated};
 use crate::reply::{parse_peek, parse_refund, parse_reserve, ReserveReply};
 use crate::stats::bump;
 use crate::{
@@ -217,7 +217,7 @@ impl RedisPace {
             Prepared::Send { key, call } => (key, call),
         };
         let cmd = self.reserve_cmd(&key, call, None);
-        let reply = self.eval(&cmd).await;
+        let reply = self.eval_admitting(&cmd).await;
         let (key, err) = match self.server_decision(key, call, sent_at, reply) {
             Ok(decided) => {
                 let r = decided?;
@@ -288,9 +288,10 @@ impl RedisPace {
         let replies = self.pipelines(&groups).await;
         for ((_, _, pending), reply) in groups.into_iter().zip(replies) {
             match reply {
-                Ok(values) => {
+                Ok((values, replicated)) => {
                     for ((i, key, call), v) in pending.into_iter().zip(values) {
-                        out[i] = Some(self.finish_reserve(key, call, sent_at, Ok(v)));
+                        let reply = Ok((v, again(&replicated)));
+                        out[i] = Some(self.finish_reserve(key, call, sent_at, reply));
                     }
                 }
                 Err(e) => {
@@ -308,19 +309,22 @@ impl RedisPace {
     }
 
     /// Sends the pipelines, concurrently when there are several.
-    async fn pipelines(&self, groups: &[Group]) -> Vec<Result<Vec<Value>, BackendError>> {
+    async fn pipelines(
+        &self,
+        groups: &[Group],
+    ) -> Vec<Result<(Vec<Value>, Replicated), BackendError>> {
         #[cfg(feature = "cluster")]
         if groups.len() > 1 {
             return futures_util::future::join_all(
                 groups
                     .iter()
-                    .map(|(_, pipe, p)| self.pipeline(pipe, p.len())),
+                    .map(|(_, pipe, p)| self.pipeline(pipe, p.len(), true)),
             )
             .await;
         }
         let mut out = Vec::with_capacity(groups.len());
         for (_, pipe, p) in groups {
-            out.push(self.pipeline(pipe, p.len()).await);
+            out.push(self.pipeline(pipe, p.len(), true).await);
         }
         out
     }
@@ -478,7 +482,7 @@ impl RedisPace {
             Prepared::Done(r) => r,
             Prepared::Send { key, call } => {
                 let cmd = self.reserve_cmd(&key, call, now);
-                let reply = self.eval(&cmd).await;
+                let reply = self.eval_admitting(&cmd).await;
                 if self.inner.leases.is_some() && now.is_none() && !call.own {
                     self.heat(&key);
                 }
@@ -515,11 +519,14 @@ impl RedisPace {
         key: String,
         call: Call,
         sent_at: Instant,
-        reply: Result<Value, BackendError>,
+        reply: Result<(Value, Replicated), BackendError>,
     ) -> Result<Result<Reservation, Error>, (String, BackendError)> {
         let inner = &*self.inner;
         let Call { n, limits, .. } = call;
-        let decided = match reply.and_then(|v| parse_reserve(&v, n, limits.interval)) {
+        let decided = reply.and_then(|(v, replicated)| {
+            parse_reserve(&v, n, limits.interval).map(|d| (d, replicated))
+        });
+        let (decided, replicated) = match decided {
             Ok(decided) => decided,
             Err(e) => return Err((key, e)),
         };
@@ -532,6 +539,9 @@ impl RedisPace {
                 wait,
             } => {
                 bump(&inner.counters.shard().server_decisions, 1);
+                if let Err(e) = self.usable(replicated) {
+                    return Err((key, e));
+                }
                 // The key's holds count as debt.
                 let debt = tat.saturating_sub(now).saturating_add(held);
 
@@ -596,7 +606,7 @@ impl RedisPace {
         key: String,
         call: Call,
         sent_at: Instant,
-        reply: Result<Value, BackendError>,
+        reply: Result<(Value, Replicated), BackendError>,
     ) -> Result<Reservation, Error> {
         let (key, err) = match self.server_decision(key, call, sent_at, reply) {
             Ok(decided) => return decided,

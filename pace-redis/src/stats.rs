@@ -44,6 +44,12 @@ pub struct Stats {
     /// Tokens such leases held unspent locally: unavailable to every
     /// replica until their expiry plus the grace (never excess).
     pub lease_stranded: u64,
+    /// Admissions the server made but fewer standbys than
+    /// [`Builder::wait_replicas`](crate::Builder::wait_replicas)
+    /// acknowledged in time: not used (answered as
+    /// [`BackendError::NotReplicated`](crate::BackendError::NotReplicated),
+    /// then the policy's), grants included.
+    pub unreplicated: u64,
 }
 
 /// The counters of [`Stats`], in one shard per thread (up to
@@ -73,6 +79,7 @@ pub(crate) struct Shard {
     pub(crate) lease_releases: AtomicU64,
     pub(crate) lease_expiries: AtomicU64,
     pub(crate) lease_stranded: AtomicU64,
+    pub(crate) unreplicated: AtomicU64,
 }
 
 impl Counters {

@@ -289,3 +289,127 @@ async fn a_connection_manager_or_client_passed_in() {
         .unwrap();
     assert_eq!(v, s.tat_ns());
 }
+
+/// `wait_replicas(1, ..)`: an admission is used only once a standby holds
+/// it. The standby B is cut from the primary A (`REPLICAOF NO ONE`): A still
+/// admits every reserve, call with a quota of its own, hold, turn and
+/// `reserve_many` that follows, but none is used (each answers
+/// `NotReplicated`). A dies and the address moves to B, which lacks A's
+/// writes after the cut: the admissions used before and after the move are
+/// exactly the capacity. The known-wrong variant `redis_wait_ignored` uses
+/// A's admissions after the cut: 16 of a capacity of 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_loses_no_admission_the_standby_acknowledged() {
+    use pace::Quota;
+    let mut a = RedisServer::start_args(NO_SYNC_DELAY);
+    let b = RedisServer::start_args(NO_SYNC_DELAY);
+    b.replicate(&a);
+    let proxy = Proxy::start(a.port).await;
+    let p = builder()
+        .capacity(10)
+        .wait_replicas(1, Duration::from_millis(200))
+        .connect(&proxy.url())
+        .await
+        .unwrap();
+    let quota = Quota::new(Rate::new(1, HOUR).unwrap(), 10).unwrap();
+    // Before the cut: 4 admissions, each acknowledged and used.
+    let mut used = 0u64;
+    p.reserve("k").await.unwrap();
+    p.reserve_with("k", quota).await.unwrap();
+    p.hold("k").await.unwrap().keep().await.unwrap();
+    p.acquire("k", Duration::ZERO).await.unwrap();
+    used += 4;
+    assert_eq!(p.stats().unreplicated, 0);
+
+    b.promote();
+    // Each answer after the cut: used (counted) or not replicated.
+    let mut unused = 0u64;
+    let mut count = |r: Result<(), Error>| match r {
+        Ok(()) => used += 1,
+        Err(Error::Unavailable(BackendError::NotReplicated {
+            acked: 0,
+            wanted: 1,
+        })) => unused += 1,
+        Err(e) => panic!("{e}"),
+    };
+    count(p.reserve("k").await.map(drop));
+    count(p.reserve_with("k", quota).await.map(drop));
+    count(match p.hold("k").await {
+        Ok(h) => h.keep().await.map(drop),
+        Err(e) => Err(e),
+    });
+    count(p.acquire("k", Duration::ZERO).await.map(drop));
+    for r in p.reserve_many(&[("k", 1), ("k", 1)]).await {
+        count(r.map(drop));
+    }
+    // A admitted them all: its bucket is empty (fewer admissions, never
+    // more).
+    match p.reserve("k").await {
+        Err(Error::Denied(d)) => assert_eq!(d.remaining(), Some(0)),
+        other => panic!("{other:?}"),
+    }
+
+    // A dies; the address moves to B (with a standby C of its own): B's
+    // bucket has the 4 used admissions.
+    let c = RedisServer::start_args(NO_SYNC_DELAY);
+    c.replicate(&b);
+    a.stop();
+    proxy.switch(b.port);
+    let (first, before) = until(&p, "k", |r| {
+        is_server_admit(r) || matches!(r, Err(Error::Denied(_)))
+    })
+    .await;
+    for r in &before {
+        // The lost connection, then (at most) B's admissions made before
+        // C caught up with it: unused, so they only lower the count.
+        assert!(matches!(r, Err(Error::Unavailable(_))), "{r:?}");
+    }
+    let early = p.stats().unreplicated.saturating_sub(unused);
+    let mut more = u64::from(first.is_ok());
+    loop {
+        match p.reserve("k").await {
+            Ok(r) => {
+                assert_eq!(r.source(), Source::Server);
+                more += 1;
+            }
+            Err(Error::Denied(_)) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(
+        used + more + early,
+        10,
+        "{used} admissions used before the failover, {more} after it, \
+         {early} made on B before its standby held them"
+    );
+    assert_eq!(unused, 6, "every admission after the cut is unused");
+    assert_eq!(early, 0, "C held B's admissions at once");
+}
+
+/// `wait_replicas` is checked: zero standbys, a zero timeout or one above
+/// the limiter's, or leases asking for another setting.
+#[tokio::test]
+async fn wait_replicas_is_checked() {
+    use pace_redis::{ConfigError, ConnectError, LeaseConfig};
+    let url = format!("redis://127.0.0.1:{}/", free_port());
+    let refused = |r: Result<RedisPace, ConnectError>| match r {
+        Err(ConnectError::Config(ConfigError::WaitReplicas)) => {}
+        other => panic!("{:?}", other.map(|_| ())),
+    };
+    let ms = Duration::from_millis;
+    refused(builder().wait_replicas(0, ms(10)).connect(&url).await);
+    refused(builder().wait_replicas(1, ms(0)).connect(&url).await);
+    refused(builder().wait_replicas(1, ms(501)).connect(&url).await);
+    let leases = LeaseConfig {
+        wait_replicas: 2,
+        wait_timeout: ms(10),
+        ..LeaseConfig::default()
+    };
+    refused(
+        builder()
+            .wait_replicas(1, ms(10))
+            .leases(leases)
+            .connect(&url)
+            .await,
+    );
+}

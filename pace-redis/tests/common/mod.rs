@@ -322,6 +322,47 @@ impl RedisServer {
             assert!(Instant::now() < deadline, "replication link never came up");
             std::thread::sleep(Duration::from_millis(20));
         }
+        // ... and for the primary to count it online (a `WAIT` counts only
+        // the replicas it sees online).
+        let mine = format!("port={},state=online", self.port);
+        while !(0..16).any(|i| {
+            primary
+                .info_field("replication", &format!("slave{i}"))
+                .is_some_and(|line| line.contains(&mine))
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "the primary never saw the replica online"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // ... and for a write's `WAIT` to count every replica: for a few
+        // hundred ms after a sync, `WAIT` times out (redis-server 7.0).
+        let mut admin = primary.admin();
+        loop {
+            let replicas: i64 = primary
+                .info_field("replication", "connected_slaves")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let acked: i64 = redis::pipe()
+                .cmd("SET")
+                .arg("pace-test:sync")
+                .arg(1)
+                .ignore()
+                .cmd("DEL")
+                .arg("pace-test:sync")
+                .ignore()
+                .cmd("WAIT")
+                .arg(replicas)
+                .arg(100)
+                .query::<(i64,)>(&mut admin)
+                .unwrap()
+                .0;
+            if acked >= replicas {
+                break;
+            }
+            assert!(Instant::now() < deadline, "WAIT never counted the replicas");
+        }
     }
 
     /// `REPLICAOF NO ONE`: a primary again.
