@@ -301,13 +301,13 @@ impl RedisServer {
     /// Makes this server a replica of `primary` and waits (at most 10 s) for
     /// the link to be up.
     pub fn replicate(&self, primary: &RedisServer) {
-        self.replicate_via(primary.port);
+        self.replicate_via(primary, primary.port);
     }
 
-    /// Makes this server a replica of the primary at loopback `port` (the
-    /// primary's own, or a [`Proxy`] in front of it) and waits (at most
-    /// 10 s) for the link to be up.
-    pub fn replicate_via(&self, port: u16) {
+    /// Makes this server a replica of `primary` reached at loopback `port`
+    /// (the primary's own, or a [`Proxy`] in front of it) and waits (at
+    /// most 10 s) for the link to be up.
+    pub fn replicate_via(&self, primary: &RedisServer, port: u16) {
         let _: () = redis::cmd("REPLICAOF")
             .arg("127.0.0.1")
             .arg(port)
@@ -338,8 +338,10 @@ impl RedisServer {
         }
         // ... and for a write's `WAIT` to count every replica: for a few
         // hundred ms after a sync, `WAIT` times out (redis-server 7.0).
+        // (Not when `primary` is itself a replica, which takes no write:
+        // its replicas count once it is promoted.)
         let mut admin = primary.admin();
-        loop {
+        while primary.info_field("replication", "role").as_deref() == Some("master") {
             let replicas: i64 = primary
                 .info_field("replication", "connected_slaves")
                 .and_then(|n| n.parse().ok())
