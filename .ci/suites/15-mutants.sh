@@ -497,6 +497,12 @@ done
 # standby acknowledged it); tests/leases.rs, a few seconds.
 expect_caught redis_lease_wait_ignored leases "panicked" "-p pace-redis" \
     a_grant_no_standby_acknowledged_is_never_used
+# redis_wait_ignored: an admission of the server's (a reserve, a call with a
+# quota of its own, a hold, a turn, reserve_many) is used whatever WAIT
+# answered; tests/failover.rs, a few seconds: 16 admissions used of a
+# capacity of 10 across the failover.
+expect_caught redis_wait_ignored failover "admissions used before the failover" "-p pace-redis" \
+    a_failover_loses_no_admission_the_standby_acknowledged
 # redis_hold_not_leased: a key only held (pace-tower's layer holds a limit
 # it may refund) never gets hot, so no lease decides its holds;
 # tests/leases.rs, about 10 s to build and 8 s to fail.

@@ -19,7 +19,7 @@ use crate::{
     script_source, ConfigError, ConnectError, Inner, RedisPace, DEFAULT_HOLD_LIMIT, MAX_TAU_NS,
 };
 #[cfg(doc)]
-use crate::{Error, Hold, Refunded, Source};
+use crate::{BackendError, Error, Hold, Refunded, Source};
 
 /// What happens when Redis cannot answer in time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

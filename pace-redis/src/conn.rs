@@ -770,7 +770,18 @@ impl RedisPace {
         };
         let work = async {
             bump(&inner.counters.shard().round_trips, 1);
-            let mut values = conn.req_packed_commands(sent, 0, count + extra).await?;
+            let mut values = match conn.req_packed_commands(sent, 0, count + extra).await {
+                // A cluster connection answers a pipeline with one error
+                // when a reply is one. The pipeline's EVALSHAs share one
+                // node (one slot), so a NOSCRIPT there is every EVALSHA's:
+                // none ran, and the whole pipeline is sent again.
+                Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                    self.load(&mut conn).await?;
+                    bump(&inner.counters.shard().round_trips, 1);
+                    conn.req_packed_commands(sent, 0, count + extra).await?
+                }
+                other => other?,
+            };
             let missing: Vec<usize> = values
                 .iter()
                 .take(count)

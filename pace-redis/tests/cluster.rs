@@ -294,3 +294,111 @@ async fn one_primary_down_leaves_the_others_deciding() {
     assert!(dead_failed > 0, "the dead primary's keys never failed");
     assert!(server > 0, "no healthy call was decided: {errors:?}");
 }
+
+/// A fresh cluster's first script call is a pipeline (`reserve_many`):
+/// answered after a load. Then `wait_replicas` in a Cluster: the `WAIT` of
+/// a call's pipeline goes to the primary of the call's key. With the replica of one primary stopped
+/// (`SIGSTOP`), that primary's keys are admitted there but not used
+/// (`NotReplicated`), and the keys of the other primaries are used as
+/// before; once the replica runs again, so are the first primary's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_replicas_asks_the_keys_own_primary() {
+    let cluster = common::Cluster::start_with(1, &[]);
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let p = RedisPace::builder(Rate::new(1, Duration::from_secs(10)).unwrap())
+        .capacity(100_000)
+        .timeout(Duration::from_secs(2))
+        .wait_replicas(1, Duration::from_millis(100))
+        .deny_cache(false)
+        .prefix("w:")
+        .connect_cluster(&nodes)
+        .await
+        .unwrap();
+    // The first script call of a fresh cluster, a pipeline: the cluster
+    // connection answers it with one NOSCRIPT error, and the limiter loads
+    // the script and sends the pipeline again.
+    let q = builder("m:").connect_cluster(&nodes).await.unwrap();
+    for r in q.reserve_many(&[("a", 1), ("a", 1), ("a", 1)]).await {
+        match r {
+            Ok(r) => assert_eq!(r.source(), Source::Server),
+            Err(Error::Denied(_)) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let primaries: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|&i| {
+            cluster.nodes[i]
+                .info_field("replication", "role")
+                .as_deref()
+                == Some("master")
+        })
+        .collect();
+    assert_eq!(primaries.len(), 3);
+    let mut admins: Vec<redis::Connection> = primaries
+        .iter()
+        .map(|&i| cluster.nodes[i].admin())
+        .collect();
+    // Used at last, each key: for a few hundred ms after a replica's sync
+    // its primary's WAIT does not count it.
+    let used = |r: &Result<pace_redis::Reservation, Error>| match r {
+        Ok(r) => {
+            assert_eq!(r.source(), Source::Server);
+            true
+        }
+        Err(Error::Unavailable(BackendError::NotReplicated { .. })) => false,
+        Err(e) => panic!("{e}"),
+    };
+    let keys: Vec<String> = (0..30).map(|i| format!("key-{i}")).collect();
+    let mut on = Vec::new();
+    for k in &keys {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !used(&p.reserve(k).await) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{k}: never replicated"
+            );
+        }
+        let at = holder(&mut admins, &p.redis_key(k));
+        assert_eq!(at.len(), 1, "{k}: {at:?}");
+        on.push(at[0].0);
+    }
+    // The replica of the first primary, stopped.
+    let primary_port = cluster.nodes[primaries[0]].port.to_string();
+    let replica = (0..cluster.nodes.len())
+        .find(|&i| {
+            cluster.nodes[i]
+                .info_field("replication", "master_port")
+                .as_deref()
+                == Some(primary_port.as_str())
+        })
+        .expect("the first primary's replica");
+    cluster.nodes[replica].signal("STOP");
+    let (mut unused, mut others) = (0, 0);
+    for (k, &at) in keys.iter().zip(&on) {
+        let r = p.reserve(k).await;
+        if at == 0 {
+            match r {
+                Err(Error::Unavailable(BackendError::NotReplicated {
+                    acked: 0,
+                    wanted: 1,
+                })) => unused += 1,
+                other => panic!("{k} on the primary whose replica stopped: {other:?}"),
+            }
+        } else {
+            assert!(used(&r), "{k} on a primary whose replica runs: {r:?}");
+            others += 1;
+        }
+    }
+    assert!(unused > 0 && others > 0, "{on:?}");
+    cluster.nodes[replica].signal("CONT");
+    for (k, &at) in keys.iter().zip(&on) {
+        if at == 0 {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !used(&p.reserve(k).await) {
+                assert!(std::time::Instant::now() < deadline, "{k}: never again");
+            }
+        }
+    }
+    assert!(p.stats().unreplicated >= unused);
+}

@@ -314,10 +314,10 @@ async fn a_failover_loses_no_admission_the_standby_acknowledged() {
     let quota = Quota::new(Rate::new(1, HOUR).unwrap(), 10).unwrap();
     // Before the cut: 4 admissions, each acknowledged and used.
     let mut used = 0u64;
-    p.reserve("k").await.unwrap();
-    p.reserve_with("k", quota).await.unwrap();
+    let _ = p.reserve("k").await.unwrap();
+    let _ = p.reserve_with("k", quota).await.unwrap();
     p.hold("k").await.unwrap().keep().await.unwrap();
-    p.acquire("k", Duration::ZERO).await.unwrap();
+    let _ = p.acquire("k", Duration::ZERO).await.unwrap();
     used += 4;
     assert_eq!(p.stats().unreplicated, 0);
 
