@@ -52,9 +52,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{real_now, Clocks, Proxy, RedisServer, Sentinel};
+use common::{failover_leases, real_now, Clocks, Proxy, RedisServer, Sentinel};
 use pace::{Quota, Rate, Refunded};
-use pace_redis::{Error, LeaseConfig, RedisPace, Source};
+use pace_redis::{Error, RedisPace, Source};
 
 /// 100 tokens a second (10 ms each), capacity 1,000: a horizon `τ` of
 /// 10 s, longer than a stall and a failover's gap together (the Sentinel
@@ -77,18 +77,6 @@ const LOST: u64 = 100;
 /// A bound only a hang exceeds.
 const HANG: Duration = Duration::from_secs(120);
 const NO_SYNC_DELAY: &[&str] = &["--repl-diskless-sync-delay", "0"];
-
-fn lease_config() -> LeaseConfig {
-    LeaseConfig {
-        lease: Duration::from_millis(200),
-        grace: Duration::from_millis(20),
-        hot_after: 2,
-        want: Some(12),
-        wait_replicas: 1,
-        wait_timeout: Duration::from_millis(10),
-        ..LeaseConfig::default()
-    }
-}
 
 /// A kept admission: its true instant (ns on the real-time clock), its
 /// tokens, and whether a lease decided it.
@@ -353,7 +341,7 @@ impl Run {
                 .capacity(CAP)
                 .timeout(Duration::from_millis(500))
                 .backoff(Duration::from_millis(50))
-                .leases(lease_config())
+                .leases(failover_leases())
                 .connect_sentinel(&[url.as_str()], "pace")
                 .await
                 .unwrap();
@@ -480,7 +468,7 @@ fn tat(server: &RedisServer) -> u64 {
 /// A lease time and its grace, in ns: a grant of A is used no later than
 /// this after its call.
 fn lease_span() -> u64 {
-    let c = lease_config();
+    let c = failover_leases();
     (c.lease + c.grace).as_nanos() as u64
 }
 
@@ -524,20 +512,8 @@ async fn a_graceful_failover_costs_no_excess_with_leases() {
     let run = Run::start(&d).await;
     run.until_each_admits(0, u64::MAX, "leases on A").await;
     run.until_drained().await;
-    let mut admin = d.sentinel.admin();
     let failed = real_now();
-    let deadline = Instant::now() + HANG;
-    loop {
-        let r: redis::RedisResult<()> = redis::cmd("SENTINEL")
-            .arg("FAILOVER")
-            .arg("pace")
-            .query(&mut admin);
-        match r {
-            Ok(()) => break,
-            Err(e) => assert!(Instant::now() < deadline, "SENTINEL FAILOVER: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    d.sentinel.failover("pace", Instant::now() + HANG).await;
     let switched = d.await_switch().await;
     println!(
         "graceful failover: the Sentinel switched {} ms after SENTINEL FAILOVER",

@@ -638,6 +638,42 @@ impl Sentinel {
     }
 }
 
+impl Sentinel {
+    /// `SENTINEL FAILOVER service`, sent again every 20 ms while the
+    /// Sentinel refuses it (it has no replica to promote yet), until
+    /// `deadline`.
+    pub async fn failover(&self, service: &str, deadline: Instant) {
+        let mut admin = self.admin();
+        loop {
+            let r: redis::RedisResult<()> = redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg(service)
+                .query(&mut admin);
+            match r {
+                Ok(()) => return,
+                Err(e) => assert!(Instant::now() < deadline, "SENTINEL FAILOVER: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The lease settings of the failover tests (`leases_processes.rs`,
+/// `sentinel_leases.rs`): a lease of 200 ms and a grace of 20 ms, a key
+/// hot after 2 server decisions, 12 tokens asked for at a time, a grant
+/// used once 1 standby acknowledged it within 10 ms.
+pub fn failover_leases() -> pace_redis::LeaseConfig {
+    pace_redis::LeaseConfig {
+        lease: Duration::from_millis(200),
+        grace: Duration::from_millis(20),
+        hot_after: 2,
+        want: Some(12),
+        wait_replicas: 1,
+        wait_timeout: Duration::from_millis(10),
+        ..pace_redis::LeaseConfig::default()
+    }
+}
+
 impl Drop for Sentinel {
     fn drop(&mut self) {
         let _ = self.child.kill();
