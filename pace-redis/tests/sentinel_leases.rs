@@ -18,6 +18,8 @@
 //!   FAILOVER`, A still up and accepting writes until the Sentinel turns
 //!   it into a replica, the limiters moving at `+switch-master`: what A
 //!   writes after B's promotion is lost.
+//! * `two_standbys_of_the_primary_need_wait_replicas_2`: the same with a
+//!   second standby of A (C, never promoted) and `wait_replicas: 2`.
 //!
 //! Every kept admission, at its true instant, is checked over every window
 //! against the bound (`pace_models::bound`, exact integers): 0 excess, no
@@ -42,7 +44,7 @@
 //! Runs end on counted admissions and debits, never on time; every wait is
 //! bounded only by [`HANG`]. The tasks' sleeps (after a denial, after an
 //! unavailable server) shape their demand; nothing asserted depends on
-//! them. Each test runs 5–10 s.
+//! them. Each test runs 5–12 s.
 #![cfg(feature = "sentinel")]
 
 mod common;
@@ -54,7 +56,7 @@ use std::time::{Duration, Instant};
 
 use common::{failover_leases, real_now, Clocks, Proxy, RedisServer, Sentinel};
 use pace::{Quota, Rate, Refunded};
-use pace_redis::{Error, RedisPace, Source};
+use pace_redis::{Error, LeaseConfig, RedisPace, Source};
 
 /// 100 tokens a second (10 ms each), capacity 1,000: a horizon `τ` of
 /// 10 s, longer than a stall and a failover's gap together (the Sentinel
@@ -199,8 +201,22 @@ struct Deployment {
     a: RedisServer,
     b: RedisServer,
     c: RedisServer,
+    /// With two standbys of A: B's own standby.
+    _d: Option<RedisServer>,
     link: Option<Link>,
     sentinel: Sentinel,
+}
+
+/// Where C replicates from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Standbys {
+    /// C replicates B: A has one standby, B.
+    Chained,
+    /// C replicates A too (`replica-priority 0`: never promoted, the
+    /// Sentinel sets it to the new primary after the switch), and D
+    /// replicates B: A has two standbys, B has one before the failover
+    /// and two after it.
+    TwoOfA,
 }
 
 /// The forwarder of B's replication, on a runtime of its own (one thread),
@@ -240,13 +256,27 @@ impl Drop for Link {
 }
 
 impl Deployment {
-    async fn start() -> Deployment {
+    async fn start(standbys: Standbys) -> Deployment {
         let a = RedisServer::start_args(NO_SYNC_DELAY);
         let b = RedisServer::start_args(NO_SYNC_DELAY);
-        let c = RedisServer::start_args(NO_SYNC_DELAY);
         let link = Link::start(a.port);
         b.replicate_via(&a, link.proxy.as_ref().unwrap().port);
-        c.replicate(&b);
+        let (c, d) = match standbys {
+            Standbys::Chained => {
+                let c = RedisServer::start_args(NO_SYNC_DELAY);
+                c.replicate(&b);
+                (c, None)
+            }
+            Standbys::TwoOfA => {
+                let c = RedisServer::start_args(
+                    &[NO_SYNC_DELAY, &["--replica-priority", "0"]].concat(),
+                );
+                c.replicate(&a);
+                let d = RedisServer::start_args(NO_SYNC_DELAY);
+                d.replicate(&b);
+                (c, Some(d))
+            }
+        };
         let sentinel = Sentinel::start("pace", a.port);
         let mut admin = sentinel.admin();
         // B names the forwarder as its primary, not A's address: a
@@ -279,6 +309,7 @@ impl Deployment {
             a,
             b,
             c,
+            _d: d,
             link: Some(link),
             sentinel,
         }
@@ -296,8 +327,8 @@ impl Deployment {
             && self.b.info_field("replication", "role").as_deref() == Some("master")
     }
 
-    /// Waits until the Sentinel has switched to B; then checks that C
-    /// replicates B (the standby `WAIT 1` counts on B).
+    /// Waits until the Sentinel has switched to B, then until C
+    /// replicates B (the standby `WAIT` counts on B, beside D).
     async fn await_switch(&self) -> u64 {
         let deadline = Instant::now() + HANG;
         while !self.switched_to_b() {
@@ -308,11 +339,11 @@ impl Deployment {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let switched = real_now();
-        assert_eq!(
-            self.c.info_field("replication", "master_port"),
-            Some(self.b.port.to_string()),
-            "C replicates B"
-        );
+        let b = Some(self.b.port.to_string());
+        while self.c.info_field("replication", "master_port") != b {
+            assert!(Instant::now() < deadline, "hang: C never replicated B");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         switched
     }
 }
@@ -326,7 +357,7 @@ struct Run {
 }
 
 impl Run {
-    async fn start(d: &Deployment) -> Run {
+    async fn start(d: &Deployment, leases: LeaseConfig) -> Run {
         let url = d.sentinel.url();
         let clocks = Clocks::now();
         let stop = Arc::new(AtomicBool::new(false));
@@ -341,7 +372,7 @@ impl Run {
                 .capacity(CAP)
                 .timeout(Duration::from_millis(500))
                 .backoff(Duration::from_millis(50))
-                .leases(failover_leases())
+                .leases(leases)
                 .connect_sentinel(&[url.as_str()], "pace")
                 .await
                 .unwrap();
@@ -479,8 +510,8 @@ fn lease_span() -> u64 {
 /// Sentinel promotes B, which lacks every write A made during the stall.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_costs_no_excess_with_leases() {
-    let mut d = Deployment::start().await;
-    let run = Run::start(&d).await;
+    let mut d = Deployment::start(Standbys::Chained).await;
+    let run = Run::start(&d, failover_leases()).await;
     run.until_each_admits(0, u64::MAX, "leases on A").await;
     run.until_drained().await;
     let stalled = real_now();
@@ -506,21 +537,40 @@ async fn a_killed_primary_costs_no_excess_with_leases() {
     run.check("killed primary", stalled, switched, after).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_graceful_failover_costs_no_excess_with_leases() {
-    let d = Deployment::start().await;
-    let run = Run::start(&d).await;
+/// `SENTINEL FAILOVER` over `standbys`, the limiters leasing with `leases`.
+async fn graceful(what: &str, standbys: Standbys, leases: LeaseConfig) {
+    let d = Deployment::start(standbys).await;
+    let run = Run::start(&d, leases).await;
     run.until_each_admits(0, u64::MAX, "leases on A").await;
     run.until_drained().await;
     let failed = real_now();
     d.sentinel.failover("pace", Instant::now() + HANG).await;
     let switched = d.await_switch().await;
     println!(
-        "graceful failover: the Sentinel switched {} ms after SENTINEL FAILOVER",
+        "{what}: the Sentinel switched {} ms after SENTINEL FAILOVER",
         (switched - failed) / 1_000_000
     );
     let after = switched + lease_span();
     run.until_each_admits(after, u64::MAX, "leases on B").await;
-    run.check("graceful failover", failed, switched, after)
-        .await;
+    run.check(what, failed, switched, after).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_failover_costs_no_excess_with_leases() {
+    graceful("graceful failover", Standbys::Chained, failover_leases()).await;
+}
+
+/// Two standbys of A: after B's promotion, C still acknowledges A's
+/// writes until the Sentinel sets it to B, so `WAIT 1` on A lets A's
+/// admissions of that gap through, and B lacks them (with `wait_replicas:
+/// 1` this test's kept admissions are 67, 77 and 81 tokens over the bound
+/// in 3 runs). Every standby of A a `WAIT` may count has to acknowledge:
+/// `wait_replicas: 2`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_standbys_of_the_primary_need_wait_replicas_2() {
+    let leases = LeaseConfig {
+        wait_replicas: 2,
+        ..failover_leases()
+    };
+    graceful("two standbys", Standbys::TwoOfA, leases).await;
 }
