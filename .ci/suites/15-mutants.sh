@@ -522,9 +522,9 @@ expect_caught redis_lease_wait_ignored leases_processes "grants the standby lack
 # failover (`SENTINEL FAILOVER`) is over by 3-6 tokens only: not
 # registered. redis_wait_ignored (an admission used whatever WAIT
 # answered) fails both (83-102 and 32-39 tokens over, 3 of 3 runs each).
-# About 2 min in all: pace-redis and the test built twice with
-# --all-features (the dependencies are the tests' own build), runs of 8
-# and 12 s.
+# About 30-35 s in all (measured twice, load 2 and 6, 2-core VM): pace-redis and the
+# test rebuilt incrementally twice with --all-features (the dependencies are
+# the tests' own build), runs of 7 and 12 s.
 expect_caught redis_lease_wait_ignored sentinel_leases "exceed the bound by" \
     "-p pace-redis --all-features" a_killed_primary_costs_no_excess_with_leases
 expect_caught redis_wait_ignored sentinel_leases "exceed the bound by" \
