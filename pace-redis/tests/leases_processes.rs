@@ -62,9 +62,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{real_now, Clocks, Proxy, RedisServer};
+use common::{failover_leases, real_now, Clocks, Proxy, RedisServer};
 use pace::{Quota, Rate, Refunded};
-use pace_redis::{Error, LeaseConfig, RedisPace, Source};
+use pace_redis::{Error, RedisPace, Source};
 
 /// 100 tokens a second (10 ms each), capacity 100: a horizon `τ` of 1 s,
 /// long beside the failover's gap (tens of ms from A's death to B's first
@@ -76,18 +76,6 @@ const TASKS: u64 = 3;
 /// A bound only a hang exceeds.
 const HANG: Duration = Duration::from_secs(120);
 const NO_SYNC_DELAY: &[&str] = &["--repl-diskless-sync-delay", "0"];
-
-fn lease_config() -> LeaseConfig {
-    LeaseConfig {
-        lease: Duration::from_millis(200),
-        grace: Duration::from_millis(20),
-        hot_after: 2,
-        want: Some(12),
-        wait_replicas: 1,
-        wait_timeout: Duration::from_millis(10),
-        ..LeaseConfig::default()
-    }
-}
 
 /// Which server decisions a child lets through: all (0), none
 /// (`u64::MAX`: leased only), or those read at or after the value.
@@ -249,7 +237,7 @@ async fn lease_process_child() {
         .capacity(CAP)
         .timeout(Duration::from_secs(2))
         .backoff(Duration::from_millis(20))
-        .leases(lease_config())
+        .leases(failover_leases())
         .connect(&url)
         .await
         .unwrap();

@@ -188,17 +188,7 @@ async fn a_graceful_failover_does_not_split_the_limit() {
 
     let t0 = Instant::now();
     in_window.store(true, Ordering::Relaxed);
-    loop {
-        let r: redis::RedisResult<()> = redis::cmd("SENTINEL")
-            .arg("FAILOVER")
-            .arg("pace")
-            .query(&mut admin);
-        match r {
-            Ok(()) => break,
-            Err(e) => assert!(Instant::now() < deadline, "SENTINEL FAILOVER: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    sentinel.failover("pace", deadline).await;
     // The switch, then a limiter connected after it.
     while primary_port(&mut admin) != b.port.to_string() {
         assert!(Instant::now() < deadline, "the failover never switched");

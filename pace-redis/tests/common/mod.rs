@@ -301,9 +301,16 @@ impl RedisServer {
     /// Makes this server a replica of `primary` and waits (at most 10 s) for
     /// the link to be up.
     pub fn replicate(&self, primary: &RedisServer) {
+        self.replicate_via(primary, primary.port);
+    }
+
+    /// Makes this server a replica of `primary` reached at loopback `port`
+    /// (the primary's own, or a [`Proxy`] in front of it) and waits (at
+    /// most 10 s) for the link to be up.
+    pub fn replicate_via(&self, primary: &RedisServer, port: u16) {
         let _: () = redis::cmd("REPLICAOF")
             .arg("127.0.0.1")
-            .arg(primary.port)
+            .arg(port)
             .query(&mut self.admin())
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -331,8 +338,10 @@ impl RedisServer {
         }
         // ... and for a write's `WAIT` to count every replica: for a few
         // hundred ms after a sync, `WAIT` times out (redis-server 7.0).
+        // (Not when `primary` is itself a replica, which takes no write:
+        // its replicas count once it is promoted.)
         let mut admin = primary.admin();
-        loop {
+        while primary.info_field("replication", "role").as_deref() == Some("master") {
             let replicas: i64 = primary
                 .info_field("replication", "connected_slaves")
                 .and_then(|n| n.parse().ok())
@@ -370,11 +379,39 @@ impl RedisServer {
 
 /// A loopback TCP forwarder whose target can be switched: new connections go
 /// to the current target, open ones stay where they are (as with a DNS name
-/// or a virtual address that moves after a failover). Stops on drop.
+/// or a virtual address that moves after a failover). It can also stall:
+/// from [`Proxy::stall`] on, nothing more crosses it either way (what it
+/// reads is held, as by a link that stopped delivering). Stops on drop,
+/// dropping what it holds.
 pub struct Proxy {
     pub port: u16,
     target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    stalled: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// One direction of a forwarded connection: what `from` sends goes to
+/// `to`, except while stalled.
+async fn forward(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut stalled: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => {
+                let _ = to.shutdown().await;
+                return;
+            }
+            Ok(n) => n,
+        };
+        // Read during a stall: held (never sent).
+        if stalled.wait_for(|s| !*s).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
 }
 
 impl Proxy {
@@ -384,21 +421,37 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let target = std::sync::Arc::new(AtomicU16::new(target));
         let to = target.clone();
+        let (stalled, watch) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             let mut open = tokio::task::JoinSet::new();
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
+                let Ok((inbound, _)) = listener.accept().await else {
                     return;
                 };
                 let port = to.load(Ordering::SeqCst);
+                let watch = watch.clone();
                 open.spawn(async move {
-                    if let Ok(mut out) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    if let Ok(out) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                        // Small writes (a replica's acknowledgement) cross
+                        // at once, as on a direct connection: no Nagle.
+                        let _ = inbound.set_nodelay(true);
+                        let _ = out.set_nodelay(true);
+                        let (in_read, in_write) = inbound.into_split();
+                        let (out_read, out_write) = out.into_split();
+                        tokio::join!(
+                            forward(in_read, out_write, watch.clone()),
+                            forward(out_read, in_write, watch)
+                        );
                     }
                 });
             }
         });
-        Proxy { port, target, task }
+        Proxy {
+            port,
+            target,
+            stalled,
+            task,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -408,6 +461,11 @@ impl Proxy {
     /// New connections go to `port` from now on.
     pub fn switch(&self, port: u16) {
         self.target.store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Nothing more crosses the open connections, either way.
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
     }
 }
 
@@ -577,6 +635,42 @@ impl Sentinel {
             .unwrap()
             .get_connection()
             .expect("sentinel connection")
+    }
+}
+
+impl Sentinel {
+    /// `SENTINEL FAILOVER service`, sent again every 20 ms while the
+    /// Sentinel refuses it (it has no replica to promote yet), until
+    /// `deadline`.
+    pub async fn failover(&self, service: &str, deadline: Instant) {
+        let mut admin = self.admin();
+        loop {
+            let r: redis::RedisResult<()> = redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg(service)
+                .query(&mut admin);
+            match r {
+                Ok(()) => return,
+                Err(e) => assert!(Instant::now() < deadline, "SENTINEL FAILOVER: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The lease settings of the failover tests (`leases_processes.rs`,
+/// `sentinel_leases.rs`): a lease of 200 ms and a grace of 20 ms, a key
+/// hot after 2 server decisions, 12 tokens asked for at a time, a grant
+/// used once 1 standby acknowledged it within 10 ms.
+pub fn failover_leases() -> pace_redis::LeaseConfig {
+    pace_redis::LeaseConfig {
+        lease: Duration::from_millis(200),
+        grace: Duration::from_millis(20),
+        hot_after: 2,
+        want: Some(12),
+        wait_replicas: 1,
+        wait_timeout: Duration::from_millis(10),
+        ..pace_redis::LeaseConfig::default()
     }
 }
 
