@@ -503,6 +503,11 @@ expect_caught redis_lease_wait_ignored leases "panicked" "-p pace-redis" \
 # capacity of 10 across the failover.
 expect_caught redis_wait_ignored failover "admissions used before the failover" "-p pace-redis" \
     a_failover_loses_no_admission_the_standby_acknowledged
+# redis_unused_kept: an admission no standby acknowledged stays debited
+# (a hold settles as kept at its expiry); tests/failover.rs, about 10 s
+# to fail (the wait for the tokens' return).
+expect_caught redis_unused_kept failover "never given back" "-p pace-redis" \
+    an_admission_not_used_goes_back
 # redis_hold_not_leased: a key only held (pace-tower's layer holds a limit
 # it may refund) never gets hot, so no lease decides its holds;
 # tests/leases.rs, about 10 s to build and 8 s to fail.

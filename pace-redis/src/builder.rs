@@ -160,8 +160,10 @@ impl Builder {
     /// round trip. An admission fewer standbys acknowledged within
     /// `timeout` is not used: the call answers
     /// [`BackendError::NotReplicated`] through the policy
-    /// ([`Error::Unavailable`], or the local fallback), and its tokens stay
-    /// debited on the primary. A failover to a standby that acknowledged
+    /// ([`Error::Unavailable`], or the local fallback), and its tokens go
+    /// back in the background (a hold released, a reserve or a turn
+    /// refunded; a grant stays held until a later grant or its expiry).
+    /// A failover to a standby that acknowledged
     /// then loses no used admission (DESIGN.md §11).
     ///
     /// `WAIT` blocks the shared connection until the standbys answer

@@ -108,7 +108,8 @@ pub enum BackendError {
     /// The server admitted, but fewer standbys than
     /// [`Builder::wait_replicas`] acknowledged the admission's write within
     /// its timeout: a failover could lose it, so it is not used (its tokens
-    /// stay debited on the primary: fewer admissions, never more).
+    /// go back in the background: a hold released, a reserve or a turn
+    /// refunded).
     NotReplicated {
         /// Standbys that acknowledged (`WAIT`'s answer).
         acked: u64,

@@ -387,6 +387,11 @@ impl RedisPace {
                     Ok(()) => self.server_hold(key, id, call, sent_at, decided),
                     Err(e) => {
                         bump(&self.inner.counters.shard().server_decisions, 1);
+                        // Not used: the hold is released (exact), or it
+                        // would settle as kept at its expiry (the
+                        // known-wrong variant `redis_unused_kept`).
+                        #[cfg(not(pace_mutant = "redis_unused_kept"))]
+                        self.release_in_background(key.clone(), id);
                         self.local_hold(key, call, e)
                     }
                 }
@@ -497,6 +502,19 @@ impl RedisPace {
             reset_ns: None,
             leased_at: None,
         }
+    }
+
+    /// Refunds the server's hold `id` of `key` in a task spawned on the
+    /// current runtime (a hold the standbys did not acknowledge); without
+    /// a runtime it settles as kept at its expiry (fewer admissions).
+    fn release_in_background(&self, key: String, id: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let limiter = self.clone();
+        runtime.spawn(async move {
+            let _ = limiter.resolve_hold(&key, id, false, None).await;
+        });
     }
 
     /// Keeps or refunds the server's hold `id` of `key`: true when the key

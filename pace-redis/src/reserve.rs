@@ -25,16 +25,9 @@ struct Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        let Some(r) = self.reservation.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime left: the debit stays (fewer admissions)
-        };
-        let limiter = self.limiter.clone();
-        runtime.spawn(async move {
-            let _ = limiter.refund(r).await;
-        });
+        if let Some(r) = self.reservation.take() {
+            self.limiter.refund_in_background(r);
+        }
     }
 }
 
@@ -539,13 +532,9 @@ impl RedisPace {
                 wait,
             } => {
                 bump(&inner.counters.shard().server_decisions, 1);
-                if let Err(e) = self.usable(replicated) {
-                    return Err((key, e));
-                }
                 // The key's holds count as debt.
                 let debt = tat.saturating_sub(now).saturating_add(held);
-
-                Ok(Ok(Reservation {
+                let r = Reservation {
                     key,
                     n,
                     prev,
@@ -557,7 +546,19 @@ impl RedisPace {
                     wait,
                     held,
                     lease: None,
-                }))
+                };
+                match self.usable(replicated) {
+                    Ok(()) => Ok(Ok(r)),
+                    Err(e) => {
+                        // Not used: its tokens go back by the refund rule.
+                        // (Known-wrong variant `redis_unused_kept`: they
+                        // stay debited.)
+                        let key = r.key.clone();
+                        #[cfg(not(pace_mutant = "redis_unused_kept"))]
+                        self.refund_in_background(r);
+                        Err((key, e))
+                    }
+                }
             }
             ReserveReply::Denied { wait, debt, now } => {
                 bump(&inner.counters.shard().server_decisions, 1);
@@ -620,6 +621,19 @@ impl RedisPace {
             }
             .map(|kept| kept.detach())
         })
+    }
+
+    /// Refunds `r` in a task spawned on the current runtime (a turn
+    /// dropped before its slot, an admission the standbys did not
+    /// acknowledge); without a runtime the debit stays (fewer admissions).
+    pub(crate) fn refund_in_background(&self, r: Reservation) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let limiter = self.clone();
+        runtime.spawn(async move {
+            let _ = limiter.refund(r).await;
+        });
     }
 
     async fn refund_inner(&self, r: Reservation, now: Option<u64>) -> Result<Refunded, Error> {
