@@ -36,6 +36,25 @@ fn holder(admins: &mut [redis::Connection], redis_key: &str) -> Vec<(usize, u64)
     found
 }
 
+/// The cluster's 3 primaries (their indices in `nodes`) and a connection
+/// to each.
+fn primaries(cluster: &common::Cluster) -> (Vec<usize>, Vec<redis::Connection>) {
+    let primaries: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|&i| {
+            cluster.nodes[i]
+                .info_field("replication", "role")
+                .as_deref()
+                == Some("master")
+        })
+        .collect();
+    assert_eq!(primaries.len(), 3);
+    let admins = primaries
+        .iter()
+        .map(|&i| cluster.nodes[i].admin())
+        .collect();
+    (primaries, admins)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_hundred_keys_on_a_three_primary_cluster() {
     let cluster = common::Cluster::start();
@@ -206,19 +225,7 @@ async fn one_primary_down_leaves_the_others_deciding() {
         .await
         .unwrap();
     // Where each key lives: the primary that holds it after a first call.
-    let primaries: Vec<usize> = (0..cluster.nodes.len())
-        .filter(|&i| {
-            cluster.nodes[i]
-                .info_field("replication", "role")
-                .as_deref()
-                == Some("master")
-        })
-        .collect();
-    assert_eq!(primaries.len(), 3);
-    let mut admins: Vec<redis::Connection> = primaries
-        .iter()
-        .map(|&i| cluster.nodes[i].admin())
-        .collect();
+    let (primaries, mut admins) = primaries(&cluster);
     let keys: Vec<String> = (0..60).map(|i| format!("key-{i}")).collect();
     let mut on = Vec::new();
     for k in &keys {
@@ -326,19 +333,7 @@ async fn wait_replicas_asks_the_keys_own_primary() {
             Err(e) => panic!("{e}"),
         }
     }
-    let primaries: Vec<usize> = (0..cluster.nodes.len())
-        .filter(|&i| {
-            cluster.nodes[i]
-                .info_field("replication", "role")
-                .as_deref()
-                == Some("master")
-        })
-        .collect();
-    assert_eq!(primaries.len(), 3);
-    let mut admins: Vec<redis::Connection> = primaries
-        .iter()
-        .map(|&i| cluster.nodes[i].admin())
-        .collect();
+    let (primaries, mut admins) = primaries(&cluster);
     // Used at last, each key: for a few hundred ms after a replica's sync
     // its primary's WAIT does not count it.
     let used = |r: &Result<pace_redis::Reservation, Error>| match r {
