@@ -365,6 +365,7 @@ impl Manual {
         }
     }
 
+    #[inline]
     fn now(&self) -> u64 {
         self.ns.load(Ordering::SeqCst)
     }
@@ -479,6 +480,7 @@ impl ManualClock {
 
     /// Moves the clock forward by `d` (saturating at `u64::MAX` nanoseconds)
     /// and wakes the turns whose slot it reaches.
+    #[inline]
     pub fn advance(&self, d: Duration) {
         let d = duration_ns(d);
         // A CAS loop rather than `fetch_update`, which nightly deprecates
@@ -510,11 +512,20 @@ impl ManualClock {
         self.inner.lock().list.len()
     }
 
+    /// After a move: wakes the turns whose slot the reading reaches, if any
+    /// wait (one load when none does).
+    #[inline]
     fn moved(&self) {
-        let m = &*self.inner;
-        if m.waiting.load(Ordering::SeqCst) == 0 {
-            return; // nobody to wake (see `Manual::waiting`)
+        if self.inner.waiting.load(Ordering::SeqCst) != 0 {
+            self.wake(); // (see `Manual::waiting`)
         }
+    }
+
+    /// [`moved`](ManualClock::moved) with turns waiting: wakes those whose
+    /// slot the reading reaches.
+    #[cold]
+    fn wake(&self) {
+        let m = &*self.inner;
         let mut w = m.lock();
         m.release(&mut w);
         m.unlock(w);

@@ -24,7 +24,12 @@
 //! a clock that advances 300 ns per op, so sweeps remove a row per op). `pace` keeps its
 //! `u64` rows in cells; `entries`, `entries-foldhash-fixed` and
 //! `entries-churn` are the same with rows in the slot table
-//! (`Builder::boxed_keys`). Arguments: mode, ops, keys (cycled in order).
+//! (`Builder::boxed_keys`). `pace-returning`, `-returning-2s` and
+//! `-returning-20ms` (and `governor-` ones) are the returning clients of
+//! `benches/returning.rs` on fake clocks; `pace-returning-str`,
+//! `-returning-str-2s` and `-returning-str-20ms` the same with `String` keys;
+//! each with `-sip0` appended uses SipHash under fixed keys, as `pace-sip0`.
+//! Arguments: mode, ops, keys (cycled in order).
 //! Quanta's one-time calibration varies from run to run: subtract its
 //! count (`callgrind_annotate --inclusive=yes`, the line
 //! `once_cell::imp::OnceCell<T>::initialize`) from both totals.
@@ -251,47 +256,14 @@ fn main() {
                 }
             }
         }
-        "pace-returning"
-        | "governor-returning"
-        | "pace-returning-2s"
-        | "governor-returning-2s"
-        | "pace-returning-20ms"
-        | "governor-returning-20ms" => {
-            // Returning clients (benches/returning.rs's workloads, on fake
-            // clocks): `nkeys` clients asked in turn, two warm-up turns
-            // first. `-returning`: 1,000 per second, capacity 1, the clock
-            // advanced 150 ns per op (20,000 clients come back every 3 ms,
-            // three horizons); `-2s`: 10 per second, capacity 10, 100 µs
-            // per op (every 2 s, two horizons); `-20ms`: the same, 1 µs per
-            // op (every 20 ms: rows stay live, the live-row price).
-            let (per_s, cap, step) = if mode.ends_with("-2s") {
-                (10, 10, 100_000)
-            } else if mode.ends_with("-20ms") {
-                (10, 10, 1_000)
+        m if m.starts_with("pace-returning") || m.starts_with("governor-returning") => {
+            if m.contains("-str") {
+                // `String` keys (`client-000000000042`), each call borrowing
+                // its key as `&str`.
+                let strs: Vec<String> = (0..nkeys).map(|i| format!("client-{i:012}")).collect();
+                returning(mode, &strs, |k: &String| k.as_str(), ops);
             } else {
-                (1000, 1, 150)
-            };
-            let warm = 2 * nkeys;
-            if mode.starts_with("governor") {
-                let clock = governor::clock::FakeRelativeClock::default();
-                let q = governor::Quota::per_second(NonZeroU32::new(per_s).unwrap())
-                    .allow_burst(NonZeroU32::new(cap).unwrap());
-                let g = governor::RateLimiter::dashmap_with_clock(q, clock.clone());
-                for i in 0..warm + ops {
-                    clock.advance(Duration::from_nanos(step));
-                    black_box(g.check_key(&keys[(i % nkeys) as usize]).is_ok());
-                }
-            } else {
-                let clock = pace::ManualClock::new();
-                let p = Pace::builder(Rate::per_second(u64::from(per_s)).unwrap())
-                    .capacity(u64::from(cap))
-                    .clock(clock.clone())
-                    .build()
-                    .unwrap();
-                for i in 0..warm + ops {
-                    clock.advance(Duration::from_nanos(step));
-                    black_box(p.reserve(&keys[(i % nkeys) as usize]).is_ok());
-                }
+                returning(mode, &keys, |k: &u64| k, ops);
             }
         }
         "governor-churn" => {
@@ -306,5 +278,79 @@ fn main() {
     if ops > 0 {
         let ns = t.elapsed().as_nanos() as f64 / ops as f64;
         eprintln!("{mode}: {ns:.1} ns/op (wall, includes setup)");
+    }
+}
+
+/// The returning modes (see `main`): `nkeys` clients asked in turn on fake
+/// clocks, each call borrowing its key as `borrow` gives it.
+fn returning<K, Q>(mode: &str, keys: &[K], borrow: impl Fn(&K) -> &Q, ops: u64)
+where
+    K: std::hash::Hash + Eq + Clone + std::borrow::Borrow<Q>,
+    Q: ?Sized + std::hash::Hash + Eq + ToOwned<Owned = K>,
+{
+    let nkeys = keys.len() as u64;
+    // Returning clients (benches/returning.rs's workloads, on fake
+    // clocks): `nkeys` clients asked in turn, two warm-up turns
+    // first. `-returning`: 1,000 per second, capacity 1, the clock
+    // advanced 150 ns per op (20,000 clients come back every 3 ms,
+    // three horizons); `-2s`: 10 per second, capacity 10, 100 µs
+    // per op (every 2 s, two horizons); `-20ms`: the same, 1 µs per
+    // op (every 20 ms: rows stay live, the live-row price).
+    // `-sip0`: pace with SipHash under fixed (zero) keys, `u64` keys in
+    // their cells, as `pace-sip0`: the same cells in every run, so that
+    // counts compare builds exactly (the default hasher's random keys move
+    // a run's count by a few instructions).
+    let sip0 = mode.ends_with("-sip0");
+    let mode = mode.trim_end_matches("-sip0");
+    let (per_s, cap, step) = if mode.ends_with("-2s") {
+        (10, 10, 100_000)
+    } else if mode.ends_with("-20ms") {
+        (10, 10, 1_000)
+    } else {
+        (1000, 1, 150)
+    };
+    let warm = 2 * nkeys;
+    if mode.starts_with("governor") {
+        let clock = governor::clock::FakeRelativeClock::default();
+        let q = governor::Quota::per_second(NonZeroU32::new(per_s).unwrap())
+            .allow_burst(NonZeroU32::new(cap).unwrap());
+        let g = governor::RateLimiter::dashmap_with_clock(q, clock.clone());
+        for i in 0..warm + ops {
+            clock.advance(Duration::from_nanos(step));
+            black_box(g.check_key(&keys[(i % nkeys) as usize]).is_ok());
+        }
+        return;
+    }
+    let clock = pace::ManualClock::new();
+    let b = Pace::builder(Rate::per_second(u64::from(per_s)).unwrap())
+        .capacity(u64::from(cap))
+        .clock(clock.clone());
+    if sip0 {
+        let h = BuildHasherDefault::<DefaultHasher>::default();
+        let p = b.hasher(h).inline_keys_any_hasher().build().unwrap();
+        turns(&p, &clock, keys, &borrow, step, warm + ops);
+    } else {
+        turns(&b.build().unwrap(), &clock, keys, &borrow, step, warm + ops);
+    }
+}
+
+/// `calls` calls of the returning modes, the keys in turn, the clock
+/// advanced `step` ns before each.
+fn turns<K, Q, S>(
+    p: &Pace<K, S, pace::ManualClock>,
+    clock: &pace::ManualClock,
+    keys: &[K],
+    borrow: &impl Fn(&K) -> &Q,
+    step: u64,
+    calls: u64,
+) where
+    K: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
+    Q: ?Sized + std::hash::Hash + Eq + ToOwned<Owned = K>,
+    S: BuildHasher,
+{
+    let n = keys.len() as u64;
+    for i in 0..calls {
+        clock.advance(Duration::from_nanos(step));
+        black_box(p.reserve(borrow(&keys[(i % n) as usize])).is_ok());
     }
 }

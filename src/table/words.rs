@@ -28,7 +28,7 @@ enum Kind {
 }
 
 impl Kind {
-    #[inline]
+    #[inline(always)]
     fn of<T: ?Sized>() -> Option<Kind> {
         let id = typeid::of::<T>();
         let is = |other: TypeId| id == other;
@@ -95,6 +95,17 @@ impl<K> WordKey<K> {
         })
     }
 
+    /// `K`'s kind, as [`new`](WordKey::new) found it: found again from the
+    /// type ids, which the compiler folds to a constant for each `K`, so
+    /// that a key's bits are read with the one load of its kind, not a jump
+    /// on the stored kind.
+    #[inline(always)]
+    fn kind(&self) -> Kind {
+        let kind = Kind::of::<K>();
+        debug_assert_eq!(kind, Some(self.kind));
+        kind.unwrap_or(self.kind)
+    }
+
     /// The bits of `key`.
     #[inline]
     pub(crate) fn bits(&self, key: &K) -> u64 {
@@ -118,13 +129,14 @@ impl<K> WordKey<K> {
     }
 
     /// # Safety
-    /// `p` points to a valid value of the type of `self.kind`.
+    /// `p` points to a valid value of the type of [`kind`](WordKey::kind)
+    /// (`K`, the type of `self.kind` too).
     #[inline]
     unsafe fn read(&self, p: *const u8) -> u64 {
         // SAFETY: every arm: the caller's contract; each arm reads the type
         // of its kind, aligned as a reference to it was.
         unsafe {
-            match self.kind {
+            match self.kind() {
                 Kind::U64 => *p.cast::<u64>(),
                 Kind::U32 => u64::from(*p.cast::<u32>()),
                 Kind::Usize => *p.cast::<usize>() as u64,
@@ -156,11 +168,11 @@ impl<K> WordKey<K> {
             // SAFETY: the caller's contract: `T` and `K` are one type.
             unsafe { std::mem::transmute_copy::<T, K>(&*v) }
         }
-        // SAFETY: every arm: `self.kind` was found from `K`'s type id, so
+        // SAFETY: every arm: `self.kind()` is found from `K`'s type id, so
         // `K` is the type each arm builds. Truncating casts undo `read`'s
         // widening.
         unsafe {
-            match self.kind {
+            match self.kind() {
                 Kind::U64 => cast::<u64, K>(bits),
                 Kind::U32 => cast::<u32, K>(bits as u32),
                 Kind::Usize => cast::<usize, K>(bits as usize),
