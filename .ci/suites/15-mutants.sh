@@ -530,6 +530,17 @@ expect_caught redis_lease_wait_ignored sentinel_leases "exceed the bound by" \
 expect_caught redis_wait_ignored sentinel_leases "exceed the bound by" \
     "-p pace-redis --all-features" a_killed_primary_costs_no_excess_with_leases \
     a_graceful_failover_costs_no_excess_with_leases
+# ... and by a Cluster primary killed (tests/cluster_leases.rs, feature
+# cluster: 3 primaries with a replica each, two limiters, the primary's
+# replica stopped until the primary holds 100 tokens of debits it lacks, the
+# primary killed, the replica promoted by the node timeout): the server's
+# admissions made while the replica was stopped are used and lost with the
+# primary (94-106 tokens over the bound, 6 of 6 runs). redis_lease_wait_ignored
+# is over by 16-30 tokens in 3 of 4 runs only: not registered here. About
+# 25 s (measured at load 4.7, 2-core VM): the test built with the variant's
+# library (built just above; 15 s), a run of 7-10 s.
+expect_caught redis_wait_ignored cluster_leases "exceed the bound by" \
+    "-p pace-redis --all-features" a_killed_cluster_primary_costs_no_excess_with_leases
 # An expiry is reached only by histories that wait out the hold limit: the
 # model catches it in every run, the bound over random histories in some.
 expect_caught redis_expiry_refunds holds "panicked" "-p pace-redis" \
