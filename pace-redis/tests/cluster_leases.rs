@@ -10,10 +10,10 @@
 //! * a 32 MB write on A's slot fills the kernel's buffers of the
 //!   replication link, so that what A writes after it stays in A's memory
 //!   (A's output buffer to B is not empty when A dies: checked);
-//! * once A holds `LOST` tokens of debits more, A is killed, B runs again
+//! * once A holds `STOPPED` tokens of debits more, A is killed, B runs again
 //!   (`SIGCONT`), reads what its socket held, then the link's end: it
 //!   lacks every write A made after the large one (checked: B's `tat` of
-//!   "hot", read before its promotion, is at least `LOST` tokens behind
+//!   "hot", read before its promotion, is at least `STOPPED` tokens behind
 //!   A's last);
 //! * the cluster promotes B (the node timeout: no `CLUSTER FAILOVER`), the
 //!   limiters' cluster client finds B serving the slot, and A, restarted
@@ -21,13 +21,14 @@
 //!   counts).
 //!
 //! Every kept admission, at its true instant, is checked over every window
-//! against the bound: 0 excess. Not vacuous: each limiter lets through
+//! against the bound once B's bucket is drained again (B's room, where the
+//! debits it lacks would show, used up): 0 excess. Not vacuous: each limiter lets through
 //! leased and server decisions before the stop and after B's promotion
 //! plus a lease time and its grace (no grant of A is in use any more:
 //! none made after the stop was used), which only B can have decided: the
 //! limiters reached the new primary. Runs end on counted admissions and
 //! debits, never on time; every wait is bounded only by `HANG`. About
-//! 6-10 s.
+//! 8-12 s.
 #![cfg(feature = "cluster")]
 
 mod common;
@@ -36,6 +37,12 @@ use std::time::{Duration, Instant};
 
 use common::mixed::{builder, lease_span, tat, tat_on, Run, HANG, INTERVAL, LIMITERS, LOST};
 use common::{failover_leases, real_now, Cluster, RedisServer};
+
+/// Tokens of debits A makes while B is stopped: three seconds of the rate
+/// (with one, grants used whatever `WAIT` answered,
+/// `redis_lease_wait_ignored`, show as excess in some runs only). A stop
+/// and a failover together stay well within the horizon `τ` (10 s).
+const STOPPED: u64 = 3 * LOST;
 
 /// Bytes of the write that fills the replication link's kernel buffers
 /// (the loopback's are at most a few MB each way).
@@ -126,7 +133,7 @@ async fn a_killed_cluster_primary_costs_no_excess_with_leases() {
         .unwrap();
     let from = tat(&cluster.nodes[a]);
     until("debits while B is stopped", || {
-        tat(&cluster.nodes[a]) >= from + LOST * INTERVAL
+        tat(&cluster.nodes[a]) >= from + STOPPED * INTERVAL
     })
     .await;
     let held = replica_omem(&cluster.nodes[a]);
@@ -149,8 +156,8 @@ async fn a_killed_cluster_primary_costs_no_excess_with_leases() {
         "read before promotion"
     );
     assert!(
-        lacks + LOST * INTERVAL <= last,
-        "B lacks less than {LOST} tokens of A's debits: {} ns",
+        lacks + STOPPED * INTERVAL <= last,
+        "B lacks less than {STOPPED} tokens of A's debits: {} ns",
         last.saturating_sub(lacks)
     );
     until("B promoted", || {
