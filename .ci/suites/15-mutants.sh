@@ -541,8 +541,8 @@ expect_caught redis_wait_ignored sentinel_leases "exceed the bound by" \
     "-p pace-redis --all-features" a_killed_primary_costs_no_excess_with_leases \
     a_graceful_failover_costs_no_excess_with_leases
 # ... and by the Cluster primary killed: the server's admissions made while
-# the replica was stopped are used and lost with the primary (257-301
-# tokens over, 3 of 3 runs). About 25 s, as above (runs of 8-10 s).
+# the replica was stopped are used and lost with the primary (257-303
+# tokens over, 5 of 5 runs). About 25 s, as above (runs of 8-10 s).
 expect_caught redis_wait_ignored cluster_leases "exceed the bound by" \
     "-p pace-redis --all-features" a_killed_cluster_primary_costs_no_excess_with_leases
 # An expiry is reached only by histories that wait out the hold limit: the
