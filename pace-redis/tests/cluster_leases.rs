@@ -39,9 +39,9 @@ use common::mixed::{builder, lease_span, tat, tat_on, Run, HANG, INTERVAL, LIMIT
 use common::{failover_leases, real_now, Cluster, RedisServer};
 
 /// Tokens of debits A makes while B is stopped: three seconds of the rate
-/// (with one, grants used whatever `WAIT` answered,
-/// `redis_lease_wait_ignored`, show as excess in some runs only). A stop
-/// and a failover together stay well within the horizon `τ` (10 s).
+/// (with one second's, `LOST`, the grants `redis_lease_wait_ignored` uses
+/// whatever `WAIT` answered show as excess in some runs only). A stop and
+/// a failover together stay well within the horizon `τ` (10 s).
 const STOPPED: u64 = 3 * LOST;
 
 /// Bytes of the write that fills the replication link's kernel buffers
