@@ -50,151 +50,14 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{failover_leases, real_now, Clocks, Proxy, RedisServer, Sentinel};
-use pace::{Quota, Rate, Refunded};
-use pace_redis::{Error, LeaseConfig, RedisPace, Source};
+use common::mixed::{builder, lease_span, tat, Run, HANG, INTERVAL, LIMITERS, LOST};
+use common::{failover_leases, real_now, Proxy, RedisServer, Sentinel};
+use pace_redis::LeaseConfig;
 
-/// 100 tokens a second (10 ms each), capacity 1,000: a horizon `τ` of
-/// 10 s, longer than a stall and a failover's gap together (the Sentinel
-/// sees a dead primary down after 1 s, and switches a second or two
-/// later), so that a debit the new primary lacks shows as excess: with a
-/// `τ` shorter than the gap, its bucket would be whole again before any
-/// limiter reached it, whatever it lost.
-const RATE: u64 = 100;
-const CAP: u64 = 1_000;
-const INTERVAL: u64 = 1_000_000_000 / RATE;
-const LIMITERS: usize = 2;
-const TASKS: u64 = 3;
-/// Admissions of each kind each limiter lets through before the failover
-/// and after it.
-const LEASED: usize = 50;
-const SERVER: usize = 5;
-/// Tokens of debits A makes while the standby's link stalls (a second of
-/// the rate).
-const LOST: u64 = 100;
-/// A bound only a hang exceeds.
-const HANG: Duration = Duration::from_secs(120);
 const NO_SYNC_DELAY: &[&str] = &["--repl-diskless-sync-delay", "0"];
 
-/// A kept admission: its true instant (ns on the real-time clock), its
-/// tokens, and whether a lease decided it.
-type Kept = (u64, u64, bool);
-
-/// One limiter's kept admissions.
-#[derive(Default)]
-struct Record {
-    kept: Mutex<Vec<Kept>>,
-}
-
-impl Record {
-    fn keep(&self, at: u64, n: u64, source: Source) {
-        let leased = match source {
-            Source::Lease => true,
-            Source::Server => false,
-            s => panic!("an admission of source {s:?}"),
-        };
-        self.kept.lock().unwrap().push((at, n, leased));
-    }
-
-    /// Leased and server admissions at or after `from` (and before `to`).
-    fn count(&self, from: u64, to: u64) -> (usize, usize) {
-        let kept = self.kept.lock().unwrap();
-        let within = |leased: bool| {
-            kept.iter()
-                .filter(|k| k.2 == leased && k.0 >= from && k.0 < to)
-                .count()
-        };
-        (within(true), within(false))
-    }
-}
-
-/// The true instant of an admission of `source`: the server's reading, or
-/// the lease's local reading on the real-time clock.
-fn instant(clocks: &Clocks, source: Source, server: Option<u64>, leased: Option<Instant>) -> u64 {
-    match source {
-        Source::Server => server.unwrap(),
-        Source::Lease => clocks.real(leased.unwrap()),
-        s => panic!("an admission of source {s:?}"),
-    }
-}
-
-/// After a denial: its retry time, at most 10 ms.
-async fn denied(d: &pace_redis::Denied) {
-    tokio::time::sleep(d.retry_after().min(Duration::from_millis(10))).await;
-}
-
-async fn unavailable() {
-    tokio::time::sleep(Duration::from_millis(5)).await;
-}
-
-/// One task: until `stop`, 1 or 2 tokens of "hot" per call (the mix of
-/// the file's header). A refund that does not restore leaves the tokens
-/// kept; a keep that fails leaves the hold to expire as kept.
-async fn task(p: RedisPace, record: Arc<Record>, clocks: Clocks, stop: Arc<AtomicBool>, seed: u64) {
-    let own = Quota::new(Rate::per_second(RATE).unwrap(), CAP).unwrap();
-    let mut i = seed;
-    while !stop.load(Ordering::Relaxed) {
-        i += 1;
-        let n = 1 + i % 2;
-        if i.is_multiple_of(11) {
-            match p.hold_n("hot", n).await {
-                Ok(h) => {
-                    let source = h.source();
-                    let at = instant(&clocks, source, h.server_now_ns(), h.leased_at());
-                    if (i / 11).is_multiple_of(2) {
-                        let _ = h.keep().await;
-                        record.keep(at, n, source);
-                    } else if !matches!(h.refund().await, Ok(Refunded::Restored)) {
-                        record.keep(at, n, source);
-                    }
-                }
-                Err(Error::Denied(d)) => denied(&d).await,
-                Err(Error::Unavailable(_)) => unavailable().await,
-                Err(e) => panic!("{e}"),
-            }
-        } else if i.is_multiple_of(31) {
-            match p.acquire_n("hot", n, Duration::from_millis(10)).await {
-                Ok(r) => {
-                    assert_eq!(r.source(), Source::Server, "a turn is the server's");
-                    let slot = r.server_now_ns().unwrap() + r.wait().as_nanos() as u64;
-                    record.keep(slot, n, Source::Server);
-                }
-                Err(Error::Denied(d)) => denied(&d).await,
-                Err(Error::Unavailable(_)) => unavailable().await,
-                Err(e) => panic!("{e}"),
-            }
-        } else {
-            let r = if i.is_multiple_of(7) {
-                p.reserve_n_with("hot", n, own).await
-            } else {
-                p.reserve_n("hot", n).await
-            };
-            match r {
-                Ok(r) => {
-                    let source = r.source();
-                    let at = instant(&clocks, source, r.server_now_ns(), r.leased_at());
-                    if !i.is_multiple_of(5)
-                        || !matches!(
-                            p.refund(r).await,
-                            Ok(Refunded::Restored | Refunded::Removed)
-                        )
-                    {
-                        record.keep(at, n, source);
-                    }
-                }
-                Err(Error::Denied(d)) => denied(&d).await,
-                Err(Error::Unavailable(_)) => unavailable().await,
-                Err(e) => panic!("{e}"),
-            }
-        }
-    }
-}
-
-/// The servers and the Sentinel: A primary, B its standby (replicating A
 /// through a forwarder that can stall), C B's standby, the Sentinel
 /// monitoring A and knowing B.
 struct Deployment {
@@ -346,161 +209,28 @@ impl Deployment {
         }
         switched
     }
-}
 
-/// The limiters and their tasks.
-struct Run {
-    limiters: Vec<RedisPace>,
-    records: Vec<Arc<Record>>,
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Run {
-    async fn start(d: &Deployment, leases: LeaseConfig) -> Run {
-        let url = d.sentinel.url();
-        let clocks = Clocks::now();
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut run = Run {
-            limiters: Vec::new(),
-            records: Vec::new(),
-            stop: stop.clone(),
-            tasks: Vec::new(),
-        };
-        for l in 0..LIMITERS as u64 {
-            let p = RedisPace::builder(Rate::per_second(RATE).unwrap())
-                .capacity(CAP)
-                .timeout(Duration::from_millis(500))
-                .backoff(Duration::from_millis(50))
-                .leases(leases)
-                .connect_sentinel(&[url.as_str()], "pace")
-                .await
-                .unwrap();
-            let record = Arc::new(Record::default());
-            for t in 0..TASKS {
-                run.tasks.push(tokio::spawn(task(
-                    p.clone(),
-                    record.clone(),
-                    clocks,
-                    stop.clone(),
-                    l * 1_000 + t * 7,
-                )));
-            }
-            run.limiters.push(p);
-            run.records.push(record);
-        }
-        run
-    }
-
-    /// Waits until the bucket is drained (a `peek` of 0 tokens): a debit a
-    /// failover loses is then one too many, not room the bucket had.
-    async fn until_drained(&self) {
-        let deadline = Instant::now() + HANG;
-        loop {
-            if let Ok(peek) = self.limiters[0].peek("hot").await {
-                if peek.remaining() == 0 {
-                    return;
-                }
-            }
-            assert!(Instant::now() < deadline, "hang: the bucket never drained");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Waits until each limiter has let through `LEASED` leased and
-    /// `SERVER` server admissions at instants in `[from, to)`.
-    async fn until_each_admits(&self, from: u64, to: u64, what: &str) {
-        let deadline = Instant::now() + HANG;
-        while self.records.iter().any(|r| {
-            let (leased, server) = r.count(from, to);
-            leased < LEASED || server < SERVER
-        }) {
-            assert!(Instant::now() < deadline, "hang: {what}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Stops the tasks and checks every window: 0 excess. `failed` is the
-    /// instant the failover began, `switched` the one the Sentinel named B
-    /// at, `after` the one from which admissions count as after it.
-    async fn check(self, what: &str, failed: u64, switched: u64, after: u64) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.tasks {
-            t.await.unwrap();
-        }
-        let mut all: Vec<Kept> = Vec::new();
-        for (i, (r, p)) in self.records.iter().zip(&self.limiters).enumerate() {
-            let (lb, sb) = r.count(0, failed);
-            let (la, sa) = r.count(after, u64::MAX);
-            let s = p.stats();
-            println!(
-                "{what}: limiter {i}: {lb} leased and {sb} server admissions before the \
-                 failover, {la} and {sa} after it; stats: {} leased decisions, {} server \
-                 decisions, {} tokens granted, {} expiries, {} stranded, {} connects",
-                s.leased_decisions,
-                s.server_decisions,
-                s.lease_grants,
-                s.lease_expiries,
-                s.lease_stranded,
-                s.connects
+    /// `LIMITERS` limiters connected through the Sentinel.
+    async fn limiters(&self, leases: LeaseConfig) -> Vec<pace_redis::RedisPace> {
+        let url = self.sentinel.url();
+        let mut limiters = Vec::new();
+        for _ in 0..LIMITERS {
+            limiters.push(
+                builder(leases)
+                    .connect_sentinel(&[url.as_str()], "pace")
+                    .await
+                    .unwrap(),
             );
-            // Reaching the new primary meant a new connection.
-            assert!(s.connects >= 1, "limiter {i} never moved");
-            all.extend(r.kept.lock().unwrap().iter());
         }
-        let tokens: u64 = all.iter().map(|k| k.1).sum();
-        let leased = all.iter().filter(|k| k.2).count();
-        let n = all.len() as u64;
-        let mut kept: Vec<(u64, u64)> = all.iter().map(|&(at, n, _)| (at, n)).collect();
-        let excess = pace_models::bound::worst_excess_ns(&mut kept, CAP, INTERVAL);
-        println!(
-            "{what}: {n} kept admissions ({tokens} tokens, {leased} leased), {} windows; \
-             worst excess {excess} ns",
-            n * (n + 1) / 2
-        );
-        // Where an excess would come from: the tokens let through from the
-        // failover's start to the switch, and the worst excess without the
-        // server's decisions among them (those a lost write can cost).
-        let split = |leased: bool| -> u64 {
-            all.iter()
-                .filter(|k| k.2 == leased && k.0 >= failed && k.0 < switched)
-                .map(|k| k.1)
-                .sum()
-        };
-        let mut rest: Vec<(u64, u64)> = all
-            .iter()
-            .filter(|k| k.2 || k.0 < failed || k.0 >= switched)
-            .map(|&(at, n, _)| (at, n))
-            .collect();
-        println!(
-            "{what}: from the failover's start to the switch, {} server and {} leased tokens; \
-             worst excess without those server ones {} ns",
-            split(false),
-            split(true),
-            pace_models::bound::worst_excess_ns(&mut rest, CAP, INTERVAL)
-        );
-        assert!(
-            excess <= 0,
-            "{what}: the kept admissions exceed the bound by {excess} ns ({} tokens)",
-            excess as f64 / INTERVAL as f64
-        );
+        limiters
     }
 }
 
-/// The settled `tat` of "hot" on `server`, ns (0 without the key).
-fn tat(server: &RedisServer) -> u64 {
-    let v: Option<String> = redis::cmd("GET")
-        .arg("pace:hot")
-        .query(&mut server.admin())
-        .unwrap();
-    v.map_or(0, |v| v.split('|').next().unwrap().parse().unwrap())
-}
-
-/// A lease time and its grace, in ns: a grant of A is used no later than
-/// this after its call.
-fn lease_span() -> u64 {
-    let c = failover_leases();
-    (c.lease + c.grace).as_nanos() as u64
+/// Each limiter reached the new primary through a new connection.
+fn moved(run: &Run) {
+    for (i, p) in run.limiters.iter().enumerate() {
+        assert!(p.stats().connects >= 1, "limiter {i} never moved");
+    }
 }
 
 /// The standby falls behind, then the primary dies: B's link to A stalls
@@ -511,7 +241,7 @@ fn lease_span() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_costs_no_excess_with_leases() {
     let mut d = Deployment::start(Standbys::Chained).await;
-    let run = Run::start(&d, failover_leases()).await;
+    let run = Run::start(d.limiters(failover_leases()).await);
     run.until_each_admits(0, u64::MAX, "leases on A").await;
     run.until_drained().await;
     let stalled = real_now();
@@ -534,13 +264,14 @@ async fn a_killed_primary_costs_no_excess_with_leases() {
     );
     let after = switched + lease_span();
     run.until_each_admits(after, u64::MAX, "leases on B").await;
+    moved(&run);
     run.check("killed primary", stalled, switched, after).await;
 }
 
 /// `SENTINEL FAILOVER` over `standbys`, the limiters leasing with `leases`.
 async fn graceful(what: &str, standbys: Standbys, leases: LeaseConfig) {
     let d = Deployment::start(standbys).await;
-    let run = Run::start(&d, leases).await;
+    let run = Run::start(d.limiters(leases).await);
     run.until_each_admits(0, u64::MAX, "leases on A").await;
     run.until_drained().await;
     let failed = real_now();
@@ -552,6 +283,7 @@ async fn graceful(what: &str, standbys: Standbys, leases: LeaseConfig) {
     );
     let after = switched + lease_span();
     run.until_each_admits(after, u64::MAX, "leases on B").await;
+    moved(&run);
     run.check(what, failed, switched, after).await;
 }
 

@@ -4,6 +4,8 @@
 //! Missing `redis-server` fails the test.
 #![allow(dead_code)]
 
+pub mod mixed;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
