@@ -503,6 +503,11 @@ expect_caught redis_lease_wait_ignored leases "panicked" "-p pace-redis" \
 # capacity of 10 across the failover.
 expect_caught redis_wait_ignored failover "admissions used before the failover" "-p pace-redis" \
     a_failover_loses_no_admission_the_standby_acknowledged
+# redis_unreplicated_sent: within the backoff after a WAIT counted too few
+# standbys, decisions are still sent (each holds the connection in WAIT);
+# tests/failover.rs, a few seconds.
+expect_caught redis_unreplicated_sent failover "decisions sent within the backoff" "-p pace-redis" \
+    decisions_wait_out_a_backoff_once_the_standbys_miss_a_wait
 # redis_unused_kept: an admission no standby acknowledged stays debited
 # (a hold settles as kept at its expiry); tests/failover.rs, about 10 s
 # to fail (the wait for the tokens' return).

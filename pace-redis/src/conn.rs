@@ -156,6 +156,11 @@ pub(crate) struct Circuit {
     until: AtomicU64,
     /// An outage is under way: its start was logged, its end will be.
     outage: AtomicBool,
+    /// ns since the limiter's origin before which a server decision is
+    /// answered `NotReplicated` without being sent (0: never): its
+    /// standbys missed a `WAIT` less than `backoff` ago
+    /// ([`Builder::wait_replicas`](crate::Builder::wait_replicas)).
+    unreplicated_until: AtomicU64,
 }
 
 impl Circuit {
@@ -174,6 +179,11 @@ impl Circuit {
         #[cfg(pace_mutant = "redis_warn_every_trip")]
         let first = true;
         first
+    }
+    /// Whether a server decision is answered `NotReplicated` unsent.
+    fn unreplicated(&self, now: u64) -> bool {
+        let until = self.unreplicated_until.load(Ordering::Relaxed);
+        until != 0 && now < until
     }
     /// Marks an answer: true if it ends an outage.
     fn answered(&self) -> bool {
@@ -332,6 +342,22 @@ pub(crate) struct Wait {
 /// Whether an admitting call's write reached the standbys it needs: `Err`
 /// holds what an admission answers instead.
 pub(crate) type Replicated = Result<(), BackendError>;
+
+/// What a pipeline waits for
+/// ([`Builder::wait_replicas`](crate::Builder::wait_replicas)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Waited {
+    /// No `WAIT` (a refund, a keep, a peek, or no standbys configured).
+    No,
+    /// A lease's grant: `WAIT` ends the pipeline.
+    Grant,
+    /// A server decision: `WAIT` ends the pipeline, and for `backoff` after
+    /// a `WAIT` of the node counted too few standbys the pipeline is
+    /// answered `NotReplicated` unsent (its admissions could not be used:
+    /// sending them would hold the shared connection in `WAIT` for each,
+    /// and a caller that gives up before the answer leaves its debit).
+    Decision,
+}
 
 impl Wait {
     fn cmd(self) -> Cmd {
@@ -713,13 +739,14 @@ impl RedisPace {
     pub(crate) async fn eval_admitting(
         &self,
         cmd: &Cmd,
+        waited: Waited,
     ) -> Result<(Value, Replicated), BackendError> {
         if self.inner.wait.is_none() {
             return self.eval(cmd).await.map(|v| (v, Ok(())));
         }
         let mut pipe = redis::pipe();
         pipe.add_command(cmd.clone());
-        let (mut values, replicated) = self.pipeline(&pipe, 1, true).await?;
+        let (mut values, replicated) = self.pipeline(&pipe, 1, waited).await?;
         let value = values.pop().unwrap_or(Value::Nil);
         match value.extract_error() {
             Ok(v) => Ok((v, replicated)),
@@ -732,8 +759,9 @@ impl RedisPace {
     }
 
     /// A pipeline of `count` EVALSHAs; those answered NOSCRIPT are sent again
-    /// after a load (the others ran and must not run twice). With `waited`
-    /// and [`Builder::wait_replicas`](crate::Builder::wait_replicas), `WAIT`
+    /// after a load (the others ran and must not run twice). Unless `waited`
+    /// is [`Waited::No`], with
+    /// [`Builder::wait_replicas`](crate::Builder::wait_replicas) `WAIT`
     /// ends the pipeline (and the part sent again after a NOSCRIPT: a
     /// `WAIT` covers the writes before it), and its answer comes back as
     /// [`Replicated`] (always `Ok` otherwise).
@@ -741,9 +769,9 @@ impl RedisPace {
         &self,
         pipe: &redis::Pipeline,
         count: usize,
-        waited: bool,
+        waited: Waited,
     ) -> Result<(Vec<Value>, Replicated), BackendError> {
-        let wait = self.inner.wait.filter(|_| waited);
+        let wait = self.inner.wait.filter(|_| waited != Waited::No);
         // A pipeline holds the calls of one slot (one node) in a cluster.
         let circuit = match pipe.cmd_iter().next() {
             Some(first) => self.circuit(first),
@@ -751,6 +779,17 @@ impl RedisPace {
         };
         if circuit.is_open(self.now_ns()) {
             return Err(BackendError::CircuitOpen);
+        }
+        if let Some(w) = wait {
+            // Known-wrong for mutation tests: decisions sent (and each
+            // holding the connection in WAIT) while the standbys are away.
+            #[cfg(not(pace_mutant = "redis_unreplicated_sent"))]
+            if waited == Waited::Decision && circuit.unreplicated(self.now_ns()) {
+                return Err(BackendError::NotReplicated {
+                    acked: 0,
+                    wanted: w.replicas,
+                });
+            }
         }
         let inner = &*self.inner;
         let Some(mut conn) = self.conn() else {
@@ -819,6 +858,19 @@ impl RedisPace {
                     None => Ok(()),
                     Some(w) => w.check(&v.pop().unwrap_or(Value::Nil)),
                 };
+                // (The known-wrong variant `redis_wait_ignored` ignores
+                // WAIT's answer here too.)
+                #[cfg(not(pace_mutant = "redis_wait_ignored"))]
+                if let Err(BackendError::NotReplicated { .. }) = replicated {
+                    // The node's standbys are away: its decisions are
+                    // answered unsent for a backoff.
+                    let until = self
+                        .now_ns()
+                        .saturating_add(inner.backoff.as_nanos() as u64);
+                    circuit
+                        .unreplicated_until
+                        .store(until.max(1), Ordering::Relaxed);
+                }
                 Ok((v, replicated))
             }
             Ok(Ok(v)) => Err(BackendError::BadReply(format!(

@@ -9,7 +9,7 @@ use pace::{DenyReason, Quota};
 use redis::{Cmd, Value};
 
 use crate::call::{Call, Prepared};
-use crate::conn::Replicated;
+use crate::conn::{Replicated, Waited};
 use crate::reply::{parse_hold, parse_resolve, HoldReply};
 use crate::stats::bump;
 #[cfg(doc)]
@@ -343,7 +343,7 @@ impl RedisPace {
         };
         let id = hold_id();
         let cmd = self.hold_cmd(&key, id, call, now);
-        let reply = self.eval_admitting(&cmd).await;
+        let reply = self.eval_admitting(&cmd, Waited::Decision).await;
         // Known-wrong variant for mutation tests: a key only held never
         // gets hot, and no lease decides its holds.
         #[cfg(not(pace_mutant = "redis_hold_not_leased"))]

@@ -16,6 +16,7 @@ use redis::Value;
 
 #[cfg(pace_mutant = "redis_lease_wait_ignored")]
 use crate::conn::Replicated;
+use crate::conn::Waited;
 use crate::lease_counter::{Counter, Word, MAX_LEASED};
 use crate::stats::bump;
 use crate::{BackendError, RedisPace, Refunded, Reservation, Source, MAX_TAU_NS};
@@ -530,7 +531,7 @@ impl RedisPace {
             .arg(leases.lease_ns)
             .arg(leases.grace_ns);
         let answer = self
-            .eval_admitting(&cmd)
+            .eval_admitting(&cmd, Waited::Grant)
             .await
             .and_then(|(v, replicated)| parse_lease(&v).map(|a| (a, replicated)));
         match answer {

@@ -7,7 +7,7 @@ use pace::{DenyReason, Quota};
 use redis::{Cmd, Value};
 
 use crate::call::{Call, Limits, Prepared};
-use crate::conn::{again, key_slot, Replicated};
+use crate::conn::{again, key_slot, Replicated, Waited};
 use crate::reply::{parse_peek, parse_refund, parse_reserve, ReserveReply};
 use crate::stats::bump;
 use crate::{
@@ -210,7 +210,7 @@ impl RedisPace {
             Prepared::Send { key, call } => (key, call),
         };
         let cmd = self.reserve_cmd(&key, call, None);
-        let reply = self.eval_admitting(&cmd).await;
+        let reply = self.eval_admitting(&cmd, Waited::Decision).await;
         let (key, err) = match self.server_decision(key, call, sent_at, reply) {
             Ok(decided) => {
                 let r = decided?;
@@ -288,9 +288,19 @@ impl RedisPace {
                     }
                 }
                 Err(e) => {
+                    // Each request of the pipeline answers NotReplicated
+                    // (its own copy); otherwise the first the error, the
+                    // others an open circuit.
+                    let unreplicated = match e {
+                        BackendError::NotReplicated { acked, wanted } => Some((acked, wanted)),
+                        _ => None,
+                    };
                     let mut e = Some(e);
                     for (i, key, call) in pending {
-                        let err = e.take().unwrap_or(BackendError::CircuitOpen);
+                        let err = match unreplicated {
+                            Some((acked, wanted)) => BackendError::NotReplicated { acked, wanted },
+                            None => e.take().unwrap_or(BackendError::CircuitOpen),
+                        };
                         out[i] = Some(self.finish_reserve(key, call, sent_at, Err(err)));
                     }
                 }
@@ -311,13 +321,13 @@ impl RedisPace {
             return futures_util::future::join_all(
                 groups
                     .iter()
-                    .map(|(_, pipe, p)| self.pipeline(pipe, p.len(), true)),
+                    .map(|(_, pipe, p)| self.pipeline(pipe, p.len(), Waited::Decision)),
             )
             .await;
         }
         let mut out = Vec::with_capacity(groups.len());
         for (_, pipe, p) in groups {
-            out.push(self.pipeline(pipe, p.len(), true).await);
+            out.push(self.pipeline(pipe, p.len(), Waited::Decision).await);
         }
         out
     }
@@ -475,7 +485,7 @@ impl RedisPace {
             Prepared::Done(r) => r,
             Prepared::Send { key, call } => {
                 let cmd = self.reserve_cmd(&key, call, now);
-                let reply = self.eval_admitting(&cmd).await;
+                let reply = self.eval_admitting(&cmd, Waited::Decision).await;
                 if self.inner.leases.is_some() && now.is_none() && !call.own {
                     self.heat(&key);
                 }

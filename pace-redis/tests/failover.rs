@@ -424,13 +424,18 @@ async fn wait_replicas_is_checked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admission_not_used_goes_back() {
     let server = RedisServer::start();
-    let p = builder()
-        .capacity(10)
-        .hold_limit(HOUR)
-        .wait_replicas(1, Duration::from_millis(20))
-        .connect(&server.url())
-        .await
-        .unwrap();
+    // One limiter a call: a limiter answers its next decisions unsent for
+    // a backoff after a WAIT found too few standbys (below).
+    let limiter = || async {
+        builder()
+            .capacity(10)
+            .hold_limit(HOUR)
+            .wait_replicas(1, Duration::from_millis(20))
+            .connect(&server.url())
+            .await
+            .unwrap()
+    };
+    let p = limiter().await;
     let whole = || async {
         // An event: the background refund's answer (a bound only a hang
         // exceeds).
@@ -456,9 +461,50 @@ async fn an_admission_not_used_goes_back() {
     };
     not_replicated(p.hold_n("k", 3).await.map(drop));
     whole().await;
-    not_replicated(p.reserve_n("k", 4).await.map(drop));
+    let q = limiter().await;
+    not_replicated(q.reserve_n("k", 4).await.map(drop));
     whole().await;
-    not_replicated(p.acquire_n("k", 2, Duration::ZERO).await.map(drop));
+    let r = limiter().await;
+    not_replicated(r.acquire_n("k", 2, Duration::ZERO).await.map(drop));
     whole().await;
-    assert_eq!(p.stats().unreplicated, 3);
+    for l in [&p, &q, &r] {
+        assert_eq!(l.stats().unreplicated, 1);
+    }
+}
+
+/// For `backoff` after a `WAIT` counted too few standbys, a decision is
+/// answered `NotReplicated` without a round trip: it could not be used,
+/// each would hold the shared connection in `WAIT`, and a caller that gives
+/// up first (its timeout) would leave its debit (a hold, until its limit).
+/// A lease's grant is still sent. The known-wrong variant
+/// `redis_unreplicated_sent` sends each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_wait_out_a_backoff_once_the_standbys_miss_a_wait() {
+    let server = RedisServer::start();
+    let p = builder()
+        .capacity(10)
+        // Longer than the test: the decisions below all fall within it.
+        .backoff(HOUR)
+        .wait_replicas(1, Duration::from_millis(20))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let not_replicated = |r: Result<(), Error>| match r {
+        Err(Error::Unavailable(BackendError::NotReplicated { acked: 0, .. })) => {}
+        other => panic!("{other:?}"),
+    };
+    not_replicated(p.reserve("k").await.map(drop));
+    not_replicated(p.reserve("k").await.map(drop));
+    not_replicated(p.hold("k").await.map(drop));
+    not_replicated(p.acquire("k", Duration::ZERO).await.map(drop));
+    for r in p.reserve_many(&[("k", 1), ("j", 1)]).await {
+        not_replicated(r.map(drop));
+    }
+    // One admission by the server, not used; the others never sent (one
+    // sent would be admitted, the key has the tokens, and count one more).
+    assert_eq!(
+        p.stats().unreplicated,
+        1,
+        "decisions sent within the backoff"
+    );
 }
