@@ -508,6 +508,11 @@ expect_caught redis_wait_ignored failover "admissions used before the failover" 
 # tests/failover.rs, a few seconds.
 expect_caught redis_unreplicated_sent failover "decisions sent within the backoff" "-p pace-redis" \
     decisions_wait_out_a_backoff_once_the_standbys_miss_a_wait
+# redis_release_once: a hold's release is sent once, even when no standby
+# acknowledged it; tests/failover.rs, about 10 s to fail (the wait for the
+# tokens on the new primary).
+expect_caught redis_release_once failover "the release never reached B" "-p pace-redis" \
+    a_release_the_standby_missed_is_sent_again_after_a_failover
 # redis_unused_kept: an admission no standby acknowledged stays debited
 # (a hold settles as kept at its expiry); tests/failover.rs, about 10 s
 # to fail (the wait for the tokens' return).

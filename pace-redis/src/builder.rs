@@ -164,7 +164,11 @@ impl Builder {
     /// back in the background (a hold released, a reserve or a turn
     /// refunded; a grant stays held until a later grant or its expiry).
     /// A failover to a standby that acknowledged
-    /// then loses no used admission (DESIGN.md §11).
+    /// then loses no used admission (DESIGN.md §11). A hold's release goes
+    /// out with `WAIT` too and is sent again every `backoff` (for the hold
+    /// limit at most) until the standbys acknowledge it; for `backoff`
+    /// after a `WAIT` counted too few standbys, decisions are answered
+    /// `NotReplicated` without being sent.
     ///
     /// `WAIT` blocks the shared connection until the standbys answer
     /// (every call behind it waits too), and a primary without `replicas`

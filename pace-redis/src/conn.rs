@@ -349,8 +349,8 @@ pub(crate) type Replicated = Result<(), BackendError>;
 pub(crate) enum Waited {
     /// No `WAIT` (a refund, a keep, a peek, or no standbys configured).
     No,
-    /// A lease's grant: `WAIT` ends the pipeline.
-    Grant,
+    /// A lease's grant, or a hold's release: `WAIT` ends the pipeline.
+    Always,
     /// A server decision: `WAIT` ends the pipeline, and for `backoff` after
     /// a `WAIT` of the node counted too few standbys the pipeline is
     /// answered `NotReplicated` unsent (its admissions could not be used:
@@ -756,6 +756,52 @@ impl RedisPace {
                 Err(e)
             }
         }
+    }
+
+    /// A hold's release (`cmd`): sent as [`eval`](RedisPace::eval), with
+    /// `WAIT` when standbys are required. When it gets no answer, or its
+    /// standbys do not acknowledge it, it is sent again in the background
+    /// every `backoff` for `for_ns` at most, until an answer the standbys
+    /// acknowledged: neither a failover nor a timeout then leaves the hold
+    /// to settle as kept (a flood's holds spending its victim's tokens).
+    /// Sent again, a release finds no hold and changes nothing. (A
+    /// reserve's refund is not sent again: it would undo a later debit that
+    /// ended at the same `tat`.)
+    pub(crate) async fn eval_release(&self, cmd: &Cmd, for_ns: u64) -> Result<Value, BackendError> {
+        let first = self.eval_admitting(cmd, Waited::Always).await;
+        // Known-wrong for mutation tests: a release sent once.
+        #[cfg(not(pace_mutant = "redis_release_once"))]
+        if !matches!(first, Ok((_, Ok(())))) {
+            self.release_later(cmd.clone(), for_ns);
+        }
+        first.map(|(v, _)| v)
+    }
+
+    /// Sends the release `cmd` again, every `backoff` (at least 10 ms) for
+    /// `for_ns` at most, until an answer its standbys acknowledged; ends
+    /// when the limiter is dropped.
+    fn release_later(&self, cmd: Cmd, for_ns: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let weak = Arc::downgrade(&self.inner);
+        let start = self.now_ns();
+        runtime.spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let pause = inner.backoff.max(Duration::from_millis(10));
+                drop(inner);
+                tokio::time::sleep(pause).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let this = RedisPace { inner };
+                if this.now_ns().saturating_sub(start) >= for_ns {
+                    return;
+                }
+                if let Ok((_, Ok(()))) = this.eval_admitting(&cmd, Waited::Always).await {
+                    return;
+                }
+            }
+        });
     }
 
     /// A pipeline of `count` EVALSHAs; those answered NOSCRIPT are sent again

@@ -532,7 +532,14 @@ impl RedisPace {
         if let Some(now) = now {
             cmd.arg(now);
         }
-        match self.eval(&cmd).await.and_then(|v| parse_resolve(&v)) {
+        let reply = if keep {
+            // A keep lost with its primary leaves the hold to settle as
+            // kept at its expiry: fewer admissions, never more.
+            self.eval(&cmd).await
+        } else {
+            self.eval_release(&cmd, inner.hold_limit).await
+        };
+        match reply.and_then(|v| parse_resolve(&v)) {
             Ok(found) => {
                 bump(&inner.counters.shard().server_decisions, 1);
                 if found && !keep {

@@ -531,7 +531,7 @@ impl RedisPace {
             .arg(leases.lease_ns)
             .arg(leases.grace_ns);
         let answer = self
-            .eval_admitting(&cmd, Waited::Grant)
+            .eval_admitting(&cmd, Waited::Always)
             .await
             .and_then(|(v, replicated)| parse_lease(&v).map(|a| (a, replicated)));
         match answer {

@@ -508,3 +508,49 @@ async fn decisions_wait_out_a_backoff_once_the_standbys_miss_a_wait() {
         "decisions sent within the backoff"
     );
 }
+
+/// A hold's release its standby missed is sent again until a standby
+/// acknowledges it: the standby B is cut from the primary A after a hold
+/// of 4 tokens reached it, the release reaches A alone, then A dies and
+/// the address moves to B (with a standby C of its own), which still holds
+/// the 4 tokens: the release sent again frees them on B (the bucket whole
+/// again, an event waited for with a bound only a hang exceeds). Without
+/// it (the known-wrong variant `redis_release_once`) B keeps the hold until
+/// its limit (an hour), then settles it as kept: a flood's holds released
+/// across a failover would spend its victim's tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_the_standby_missed_is_sent_again_after_a_failover() {
+    let mut a = RedisServer::start_args(NO_SYNC_DELAY);
+    let b = RedisServer::start_args(NO_SYNC_DELAY);
+    b.replicate(&a);
+    let proxy = Proxy::start(a.port).await;
+    let p = builder()
+        .capacity(10)
+        .hold_limit(HOUR)
+        .wait_replicas(1, Duration::from_millis(100))
+        .connect(&proxy.url())
+        .await
+        .unwrap();
+    let hold = p.hold_n("k", 4).await.unwrap();
+    b.promote();
+    let c = RedisServer::start_args(NO_SYNC_DELAY);
+    c.replicate(&b);
+    // A frees the tokens; its standby is gone.
+    assert_eq!(hold.refund().await.unwrap(), pace_redis::Refunded::Restored);
+    a.stop();
+    proxy.switch(b.port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match p.peek("k").await {
+            Ok(peek) if peek.remaining() == 10 => break,
+            Ok(_) | Err(Error::Unavailable(_)) => {}
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the release never reached B: {:?}",
+            p.peek("k").await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
