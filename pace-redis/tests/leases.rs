@@ -408,11 +408,14 @@ async fn a_quiet_key_releases_its_lease() {
         .timeout(Duration::from_secs(5))
         .leases(LeaseConfig {
             want: Some(100),
-            // Long enough that the lease cannot expire before the release
-            // (which comes about half a lease time after the last leased
-            // decision), also on a loaded machine: the record expires at
-            // the lease's end, and a release after it finds no record.
+            // Long enough that the lease cannot expire before the release,
+            // also on a loaded machine: the record expires at the lease's
+            // end plus the grace, and a release after it finds no record.
+            // The release comes one or two checks (half a lease time each)
+            // after the last leased decision: here, made at once, the
+            // second check, at the lease's end; the grace covers it.
             lease: Duration::from_secs(10),
+            grace: Duration::from_secs(5),
             ..config()
         })
         .connect(&server.url())
