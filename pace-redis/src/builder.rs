@@ -155,7 +155,7 @@ impl Builder {
 
     /// Standbys that must hold an admission's write before it is used
     /// (off by default): each call that can admit (a reserve, a hold, a
-    /// turn, a lease's grant; not a refund, a keep or a peek) goes out in
+    /// turn, a lease's grant; not a reserve's refund, a keep or a peek) goes out in
     /// one pipeline with `WAIT replicas timeout`, so it still costs one
     /// round trip. An admission fewer standbys acknowledged within
     /// `timeout` is not used: the call answers

@@ -56,6 +56,28 @@ where
     }
 }
 
+/// A primary A, its standby B (replicating, counted by A's `WAIT`), and a
+/// forwarder standing for the service's address, at A.
+async fn primary_standby_proxy() -> (RedisServer, RedisServer, Proxy) {
+    let a = RedisServer::start_args(NO_SYNC_DELAY);
+    let b = RedisServer::start_args(NO_SYNC_DELAY);
+    b.replicate(&a);
+    let proxy = Proxy::start(a.port).await;
+    (a, b, proxy)
+}
+
+/// An admission the one required standby did not acknowledge (or, within
+/// the backoff after such an answer, not sent).
+fn not_replicated(r: Result<(), Error>) {
+    match r {
+        Err(Error::Unavailable(BackendError::NotReplicated {
+            acked: 0,
+            wanted: 1,
+        })) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
 fn is_server_admit(r: &Result<pace_redis::Reservation, Error>) -> bool {
     matches!(r, Ok(r) if r.source() == Source::Server)
 }
@@ -141,10 +163,7 @@ async fn fail_closed_at_start_still_fails_without_a_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readonly_after_a_failover_reconnects_to_the_new_primary() {
-    let a = RedisServer::start_args(NO_SYNC_DELAY);
-    let b = RedisServer::start_args(NO_SYNC_DELAY);
-    b.replicate(&a);
-    let proxy = Proxy::start(a.port).await;
+    let (a, b, proxy) = primary_standby_proxy().await;
     let p = builder().connect(&proxy.url()).await.unwrap();
     let r1 = p.reserve("k").await.unwrap();
     assert_eq!((r1.source(), r1.prev_ns()), (Source::Server, 0));
@@ -301,10 +320,7 @@ async fn a_connection_manager_or_client_passed_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_loses_no_admission_the_standby_acknowledged() {
     use pace::Quota;
-    let mut a = RedisServer::start_args(NO_SYNC_DELAY);
-    let b = RedisServer::start_args(NO_SYNC_DELAY);
-    b.replicate(&a);
-    let proxy = Proxy::start(a.port).await;
+    let (mut a, b, proxy) = primary_standby_proxy().await;
     let p = builder()
         .capacity(10)
         .wait_replicas(1, Duration::from_millis(200))
@@ -452,13 +468,6 @@ async fn an_admission_not_used_goes_back() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
-    let not_replicated = |r: Result<(), Error>| match r {
-        Err(Error::Unavailable(BackendError::NotReplicated {
-            acked: 0,
-            wanted: 1,
-        })) => {}
-        other => panic!("{other:?}"),
-    };
     not_replicated(p.hold_n("k", 3).await.map(drop));
     whole().await;
     let q = limiter().await;
@@ -489,10 +498,6 @@ async fn decisions_wait_out_a_backoff_once_the_standbys_miss_a_wait() {
         .connect(&server.url())
         .await
         .unwrap();
-    let not_replicated = |r: Result<(), Error>| match r {
-        Err(Error::Unavailable(BackendError::NotReplicated { acked: 0, .. })) => {}
-        other => panic!("{other:?}"),
-    };
     not_replicated(p.reserve("k").await.map(drop));
     not_replicated(p.reserve("k").await.map(drop));
     not_replicated(p.hold("k").await.map(drop));
@@ -520,10 +525,7 @@ async fn decisions_wait_out_a_backoff_once_the_standbys_miss_a_wait() {
 /// across a failover would spend its victim's tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_the_standby_missed_is_sent_again_after_a_failover() {
-    let mut a = RedisServer::start_args(NO_SYNC_DELAY);
-    let b = RedisServer::start_args(NO_SYNC_DELAY);
-    b.replicate(&a);
-    let proxy = Proxy::start(a.port).await;
+    let (mut a, b, proxy) = primary_standby_proxy().await;
     let p = builder()
         .capacity(10)
         .hold_limit(HOUR)
